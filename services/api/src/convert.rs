@@ -1,0 +1,199 @@
+//! Conversions between the proto contract and domain types, validating every
+//! field on the way in.
+
+use chrono::{DateTime, NaiveDateTime, Utc};
+use notify_core::domain::{self, AudienceKind, Content, Priority, SendStatus};
+use notify_core::send::{MessageView, Progress};
+use notify_core::{Error, Result};
+use notify_proto::v1;
+
+/// Converts a stored UTC time to a proto timestamp.
+pub fn timestamp(at: NaiveDateTime) -> prost_types::Timestamp {
+    let utc = at.and_utc();
+    prost_types::Timestamp { seconds: utc.timestamp(), nanos: utc.timestamp_subsec_nanos() as i32 }
+}
+
+/// Converts an optional stored time.
+pub fn opt_timestamp(at: Option<NaiveDateTime>) -> Option<prost_types::Timestamp> {
+    at.map(timestamp)
+}
+
+/// Parses a proto timestamp, naming `field` when it is out of range.
+pub fn parse_timestamp(ts: &prost_types::Timestamp, field: &str) -> Result<NaiveDateTime> {
+    if !(0..1_000_000_000).contains(&ts.nanos) {
+        return Err(Error::invalid(field, "nanos must be in 0..1e9"));
+    }
+    DateTime::<Utc>::from_timestamp(ts.seconds, ts.nanos as u32)
+        .map(|t| t.naive_utc())
+        .ok_or_else(|| Error::invalid(field, "is out of range"))
+}
+
+/// Validates and converts content; `field` names it in errors.
+pub fn content(raw: Option<v1::Content>, field: &str) -> Result<Content> {
+    let raw = raw.ok_or_else(|| Error::invalid(field, "is required"))?;
+    let content = Content {
+        title: raw.title,
+        body: raw.body,
+        category: raw.category,
+        data: raw.data.into_iter().collect(),
+    };
+    content.validate(field)?;
+    Ok(content)
+}
+
+/// Converts content to its proto form.
+pub fn content_to_proto(content: Content) -> v1::Content {
+    v1::Content {
+        title: content.title,
+        body: content.body,
+        category: content.category,
+        data: content.data.into_iter().collect(),
+    }
+}
+
+/// Parses a priority enum value.
+pub fn priority(raw: i32) -> Result<Priority> {
+    match v1::Priority::try_from(raw) {
+        Ok(v1::Priority::Unspecified | v1::Priority::Normal) => Ok(Priority::Normal),
+        Ok(v1::Priority::High) => Ok(Priority::High),
+        Err(_) => Err(Error::invalid("priority", &format!("unknown value {raw}"))),
+    }
+}
+
+/// Validates `send_at` and `expire_at` against now and each other.
+pub fn schedule(
+    send_at: Option<&prost_types::Timestamp>,
+    expire_at: Option<&prost_types::Timestamp>,
+    past_tolerance_secs: i64,
+) -> Result<(Option<NaiveDateTime>, Option<NaiveDateTime>)> {
+    let now = Utc::now().naive_utc();
+    let send_at = send_at.map(|ts| parse_timestamp(ts, "send_at")).transpose()?;
+    if let Some(at) = send_at
+        && (now - at).num_seconds() > past_tolerance_secs
+    {
+        return Err(Error::invalid(
+            "send_at",
+            &format!("is more than {past_tolerance_secs} s in the past"),
+        ));
+    }
+    let expire_at = expire_at.map(|ts| parse_timestamp(ts, "expire_at")).transpose()?;
+    if let Some(expire) = expire_at {
+        if expire <= now {
+            return Err(Error::invalid("expire_at", "must be in the future"));
+        }
+        if send_at.is_some_and(|at| expire <= at) {
+            return Err(Error::invalid("expire_at", "must be after send_at"));
+        }
+    }
+    Ok((send_at, expire_at))
+}
+
+/// Validates the fields shared by SendMessage and CreateMessage.
+pub fn new_send(
+    sender: String,
+    idempotency_key: String,
+    raw_content: Option<v1::Content>,
+    audience: AudienceKind,
+    raw_priority: i32,
+    times: (Option<&prost_types::Timestamp>, Option<&prost_types::Timestamp>),
+    past_tolerance_secs: i64,
+) -> Result<notify_core::send::NewSend> {
+    domain::validate_sender(&sender, "sender")?;
+    domain::validate_idempotency_key(&idempotency_key, "idempotency_key")?;
+    let content = content(raw_content, "content")?;
+    let priority = priority(raw_priority)?;
+    let (send_at, expire_at) = schedule(times.0, times.1, past_tolerance_secs)?;
+    Ok(notify_core::send::NewSend {
+        sender,
+        idempotency_key: (!idempotency_key.is_empty()).then_some(idempotency_key),
+        content,
+        audience,
+        priority,
+        send_at,
+        expire_at,
+    })
+}
+
+/// Converts a stored status to the proto enum.
+pub fn status_to_proto(status: SendStatus) -> v1::MessageStatus {
+    match status {
+        SendStatus::NotStarted => v1::MessageStatus::NotStarted,
+        SendStatus::Sending => v1::MessageStatus::Sending,
+        SendStatus::Paused => v1::MessageStatus::Paused,
+        SendStatus::Completed => v1::MessageStatus::Completed,
+        SendStatus::Cancelled => v1::MessageStatus::Cancelled,
+    }
+}
+
+/// Converts progress to the proto form.
+pub fn progress_to_proto(progress: &Progress) -> v1::Progress {
+    v1::Progress {
+        total: progress.total,
+        delivered: progress.delivered,
+        failed: progress.failed,
+        read: progress.read,
+        pending: progress.pending,
+        cancelled: progress.cancelled,
+        pending_chunks: progress.pending_chunks,
+    }
+}
+
+/// Converts a send with its progress to the proto `Message`.
+pub fn message_to_proto(view: MessageView) -> Result<v1::Message> {
+    let row = view.row;
+    let status = status_to_proto(row.status()?);
+    let audience = if row.audience == AudienceKind::AllUsers as u8 {
+        v1::AudienceKind::AllUsers
+    } else {
+        v1::AudienceKind::Users
+    };
+    let priority = if row.priority == Priority::High as u8 {
+        v1::Priority::High
+    } else {
+        v1::Priority::Normal
+    };
+    Ok(v1::Message {
+        message_id: row.message_id,
+        sender: row.sender.clone(),
+        status: status as i32,
+        progress: Some(progress_to_proto(&view.progress)),
+        content: Some(content_to_proto(row.content())),
+        audience: audience as i32,
+        priority: priority as i32,
+        send_at: opt_timestamp(row.send_at),
+        expire_at: opt_timestamp(row.expire_at),
+        created_at: Some(timestamp(row.created_at)),
+        started_at: opt_timestamp(row.started_at),
+        finished_at: opt_timestamp(row.finished_at),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn send_at_far_in_the_past_is_rejected_but_slightly_late_is_fine() {
+        let now = Utc::now().timestamp();
+        let old = prost_types::Timestamp { seconds: now - 3600, nanos: 0 };
+        let err = schedule(Some(&old), None, 300).unwrap_err();
+        assert_eq!(err.to_string(), "send_at: is more than 300 s in the past");
+        let late = prost_types::Timestamp { seconds: now - 10, nanos: 0 };
+        assert!(schedule(Some(&late), None, 300).is_ok());
+    }
+
+    #[test]
+    fn expire_at_must_follow_send_at() {
+        let now = Utc::now().timestamp();
+        let send = prost_types::Timestamp { seconds: now + 100, nanos: 0 };
+        let expire = prost_types::Timestamp { seconds: now + 50, nanos: 0 };
+        let err = schedule(Some(&send), Some(&expire), 300).unwrap_err();
+        assert_eq!(err.to_string(), "expire_at: must be after send_at");
+    }
+
+    #[test]
+    fn unknown_priority_is_rejected() {
+        assert_eq!(priority(9).unwrap_err().to_string(), "priority: unknown value 9");
+        assert_eq!(priority(0).unwrap(), Priority::Normal);
+    }
+}

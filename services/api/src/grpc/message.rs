@@ -1,0 +1,285 @@
+//! `notify.v1.MessageService`: sends to user lists and their lifecycle.
+
+use std::pin::Pin;
+use std::time::Duration;
+
+use futures::Stream;
+use notify_core::domain::{self, AudienceKind, MessageId};
+use notify_core::send::{self, MessageView};
+use notify_core::{Context, Error};
+use notify_proto::v1;
+use notify_proto::v1::message_service_server::MessageService;
+use tokio_stream::wrappers::ReceiverStream;
+use tokio_util::sync::CancellationToken;
+use tonic::{Request, Response, Status};
+use tracing::instrument;
+
+use crate::convert;
+use crate::status::IntoStatus;
+
+const DRAFT_FLOW_HINT: &str =
+    "; use CreateMessage, AppendRecipients and StartMessage for larger sends";
+const DEFAULT_LIST_PAGE: u32 = 20;
+const MAX_LIST_PAGE: u32 = 100;
+
+/// Implements `MessageService` over the shared [`Context`].
+#[derive(Clone)]
+pub struct MessageApi {
+    ctx: Context,
+    shutdown: CancellationToken,
+}
+
+impl MessageApi {
+    /// Creates the service; `shutdown` ends open watch streams.
+    pub fn new(ctx: Context, shutdown: CancellationToken) -> Self {
+        Self { ctx, shutdown }
+    }
+}
+
+fn message_id(raw: u64) -> Result<MessageId, Status> {
+    MessageId::parse(raw, "message_id").into_status()
+}
+
+fn reply(view: notify_core::Result<MessageView>) -> Result<Response<v1::Message>, Status> {
+    view.and_then(convert::message_to_proto).map(Response::new).into_status()
+}
+
+#[tonic::async_trait]
+impl MessageService for MessageApi {
+    #[instrument(skip_all, fields(sender = %request.get_ref().sender))]
+    async fn send_message(
+        &self,
+        request: Request<v1::SendMessageRequest>,
+    ) -> Result<Response<v1::SendMessageResponse>, Status> {
+        let req = request.into_inner();
+        let limits = &self.ctx.settings.send;
+        let (audience, user_ids) = match req.audience {
+            Some(v1::send_message_request::Audience::Users(users)) => {
+                let ids = domain::validate_user_ids(
+                    &users.user_ids,
+                    limits.max_inline_recipients,
+                    "audience.users.user_ids",
+                    DRAFT_FLOW_HINT,
+                )
+                .into_status()?;
+                (AudienceKind::Users, ids)
+            }
+            Some(v1::send_message_request::Audience::AllUsers(_)) => {
+                return Err(Status::unimplemented("audience.all_users is not implemented yet"));
+            }
+            None => {
+                return Err(Error::invalid("audience", "must be set to users or all_users"))
+                    .into_status();
+            }
+        };
+        let new_send = convert::new_send(
+            req.sender,
+            req.idempotency_key,
+            req.content,
+            audience,
+            req.priority,
+            (req.send_at.as_ref(), req.expire_at.as_ref()),
+            limits.send_at_past_tolerance_secs,
+        )
+        .into_status()?;
+        let (created, status) =
+            send::send_to_users(&self.ctx, &new_send, &user_ids).await.into_status()?;
+        Ok(Response::new(v1::SendMessageResponse {
+            message_id: created.message_id.get(),
+            status: convert::status_to_proto(status) as i32,
+            deduplicated: created.deduplicated,
+        }))
+    }
+
+    #[instrument(skip_all, fields(sender = %request.get_ref().sender))]
+    async fn create_message(
+        &self,
+        request: Request<v1::CreateMessageRequest>,
+    ) -> Result<Response<v1::CreateMessageResponse>, Status> {
+        let req = request.into_inner();
+        let new_send = convert::new_send(
+            req.sender,
+            req.idempotency_key,
+            req.content,
+            AudienceKind::Users,
+            req.priority,
+            (req.send_at.as_ref(), req.expire_at.as_ref()),
+            self.ctx.settings.send.send_at_past_tolerance_secs,
+        )
+        .into_status()?;
+        let created = send::create(&self.ctx, &new_send).await.into_status()?;
+        Ok(Response::new(v1::CreateMessageResponse {
+            message_id: created.message_id.get(),
+            deduplicated: created.deduplicated,
+        }))
+    }
+
+    #[instrument(skip_all, fields(message_id = request.get_ref().message_id, batch = request.get_ref().batch_number))]
+    async fn append_recipients(
+        &self,
+        request: Request<v1::AppendRecipientsRequest>,
+    ) -> Result<Response<v1::AppendRecipientsResponse>, Status> {
+        let req = request.into_inner();
+        let id = message_id(req.message_id)?;
+        if req.batch_number == 0 || req.batch_number > send::plan::MAX_BATCH_NUMBER {
+            return Err(Error::invalid(
+                "batch_number",
+                &format!("must be in 1..={}", send::plan::MAX_BATCH_NUMBER),
+            ))
+            .into_status();
+        }
+        let ids = domain::validate_user_ids(
+            &req.user_ids,
+            self.ctx.settings.send.max_batch_recipients,
+            "user_ids",
+            "; split the list into more batches",
+        )
+        .into_status()?;
+        let appended = send::append(&self.ctx, id, req.batch_number, &ids).await.into_status()?;
+        Ok(Response::new(v1::AppendRecipientsResponse {
+            message_id: id.get(),
+            batch_number: req.batch_number,
+            accepted: appended.accepted,
+            duplicate_batch: appended.duplicate_batch,
+        }))
+    }
+
+    async fn start_message(
+        &self,
+        request: Request<v1::StartMessageRequest>,
+    ) -> Result<Response<v1::Message>, Status> {
+        let id = message_id(request.into_inner().message_id)?;
+        reply(send::start(&self.ctx, id).await)
+    }
+
+    async fn get_message(
+        &self,
+        request: Request<v1::GetMessageRequest>,
+    ) -> Result<Response<v1::Message>, Status> {
+        let id = message_id(request.into_inner().message_id)?;
+        reply(send::get(&self.ctx, id).await)
+    }
+
+    type WatchMessageStream = Pin<Box<dyn Stream<Item = Result<v1::Message, Status>> + Send>>;
+
+    async fn watch_message(
+        &self,
+        request: Request<v1::WatchMessageRequest>,
+    ) -> Result<Response<Self::WatchMessageStream>, Status> {
+        let req = request.into_inner();
+        let id = message_id(req.message_id)?;
+        let interval_ms = match req.interval_ms {
+            0 => 500,
+            ms @ 100..=60_000 => ms,
+            _ => {
+                return Err(Error::invalid("interval_ms", "must be 0 (default) or in 100..=60000"))
+                    .into_status();
+            }
+        };
+        // Fail fast on an unknown id instead of opening an empty stream.
+        let first =
+            send::get(&self.ctx, id).await.and_then(convert::message_to_proto).into_status()?;
+        let (tx, rx) = tokio::sync::mpsc::channel(4);
+        let ctx = self.ctx.clone();
+        let shutdown = self.shutdown.clone();
+        tokio::spawn(async move {
+            let mut last = first;
+            if tx.send(Ok(last.clone())).await.is_err() {
+                return;
+            }
+            let mut ticker = tokio::time::interval(Duration::from_millis(u64::from(interval_ms)));
+            while !is_final(&last) {
+                tokio::select! {
+                    _ = ticker.tick() => {}
+                    () = tx.closed() => return,
+                    () = shutdown.cancelled() => return,
+                }
+                let next = send::get(&ctx, id).await.and_then(convert::message_to_proto);
+                match next {
+                    Ok(message) if message == last => {}
+                    Ok(message) => {
+                        if tx.send(Ok(message.clone())).await.is_err() {
+                            return;
+                        }
+                        last = message;
+                    }
+                    Err(e) => {
+                        let _ = tx.send(Err(crate::status::to_status(e))).await;
+                        return;
+                    }
+                }
+            }
+        });
+        Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
+    }
+
+    async fn pause_message(
+        &self,
+        request: Request<v1::PauseMessageRequest>,
+    ) -> Result<Response<v1::Message>, Status> {
+        let id = message_id(request.into_inner().message_id)?;
+        reply(send::pause(&self.ctx, id).await)
+    }
+
+    async fn resume_message(
+        &self,
+        request: Request<v1::ResumeMessageRequest>,
+    ) -> Result<Response<v1::Message>, Status> {
+        let id = message_id(request.into_inner().message_id)?;
+        reply(send::resume(&self.ctx, id).await)
+    }
+
+    async fn cancel_message(
+        &self,
+        request: Request<v1::CancelMessageRequest>,
+    ) -> Result<Response<v1::Message>, Status> {
+        let id = message_id(request.into_inner().message_id)?;
+        reply(send::cancel(&self.ctx, id).await)
+    }
+
+    async fn list_messages(
+        &self,
+        request: Request<v1::ListMessagesRequest>,
+    ) -> Result<Response<v1::ListMessagesResponse>, Status> {
+        let req = request.into_inner();
+        domain::validate_sender(&req.sender, "sender").into_status()?;
+        let page_size = match req.page_size {
+            0 => DEFAULT_LIST_PAGE,
+            n @ 1..=MAX_LIST_PAGE => n,
+            _ => {
+                return Err(Error::invalid(
+                    "page_size",
+                    &format!("must be at most {MAX_LIST_PAGE}"),
+                ))
+                .into_status();
+            }
+        };
+        let before =
+            notify_core::inbox::decode_cursor(&req.page_token, "page_token").into_status()?;
+        let views =
+            send::list(&self.ctx, &req.sender, before, page_size + 1).await.into_status()?;
+        let has_more = views.len() > page_size as usize;
+        let messages = views
+            .into_iter()
+            .take(page_size as usize)
+            .map(convert::message_to_proto)
+            .collect::<Result<Vec<_>, _>>()
+            .into_status()?;
+        let next_page_token = if has_more {
+            messages
+                .last()
+                .map(|m| notify_core::inbox::encode_cursor(m.message_id))
+                .unwrap_or_default()
+        } else {
+            String::new()
+        };
+        Ok(Response::new(v1::ListMessagesResponse { messages, next_page_token }))
+    }
+}
+
+fn is_final(message: &v1::Message) -> bool {
+    matches!(
+        v1::MessageStatus::try_from(message.status),
+        Ok(v1::MessageStatus::Completed | v1::MessageStatus::Cancelled)
+    )
+}

@@ -1,0 +1,5 @@
+//! The gRPC service implementations.
+
+pub mod group;
+pub mod inbox;
+pub mod message;

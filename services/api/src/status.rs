@@ -1,0 +1,55 @@
+//! The one place where domain errors become gRPC statuses. Client mistakes
+//! are explained; internal details are logged and never sent.
+
+use notify_core::Error;
+use tonic::Status;
+use tracing::{error, warn};
+
+/// Maps a domain error to the status the client sees.
+pub fn to_status(err: Error) -> Status {
+    match err {
+        Error::InvalidArgument { .. } => Status::invalid_argument(err.to_string()),
+        Error::NotFound(_) => Status::not_found(err.to_string()),
+        Error::FailedPrecondition(message) => Status::failed_precondition(message),
+        Error::PermissionDenied(message) => Status::permission_denied(message),
+        Error::Unavailable(_) | Error::Database(_) | Error::Broker(_) | Error::Cache(_)
+            if err.is_transient() =>
+        {
+            warn!(error = %err, "dependency unavailable");
+            Status::unavailable("a dependency is temporarily unavailable, retry later")
+        }
+        other => {
+            error!(error = %other, "internal error");
+            Status::internal("internal error")
+        }
+    }
+}
+
+/// Shorthand for handlers: `result.map_err(to_status)`.
+pub trait IntoStatus<T> {
+    /// Converts the error side to a [`Status`].
+    fn into_status(self) -> Result<T, Status>;
+}
+
+impl<T> IntoStatus<T> for Result<T, Error> {
+    fn into_status(self) -> Result<T, Status> {
+        self.map_err(to_status)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tonic::Code;
+
+    #[test]
+    fn client_errors_keep_their_message_and_internal_ones_hide_it() {
+        let status = to_status(Error::invalid("content.title", "must not be empty"));
+        assert_eq!(status.code(), Code::InvalidArgument);
+        assert_eq!(status.message(), "content.title: must not be empty");
+        assert_eq!(to_status(Error::NotFound("message 7".into())).code(), Code::NotFound);
+        let internal = to_status(Error::Internal("secret detail".into()));
+        assert_eq!(internal.code(), Code::Internal);
+        assert!(!internal.message().contains("secret"));
+    }
+}

@@ -1,0 +1,9 @@
+//! Integration tests of `notify-api` (with an in-process worker) against the
+//! real MariaDB, RabbitMQ and Redis.
+
+mod helpers;
+mod inbox;
+mod lifecycle;
+mod send;
+mod server;
+mod validation;

@@ -1,0 +1,130 @@
+//! Sending to user lists: exactly one item per recipient.
+
+use notify_proto::v1;
+use notify_testkit::spawn_app;
+
+use crate::helpers::{get, send, send_request, wait_for_status};
+
+#[tokio::test]
+async fn every_recipient_gets_exactly_one_item_and_progress_adds_up() {
+    let app = spawn_app().await;
+    // 2,400 ids with 400 duplicates: 2,000 distinct recipients over 4 shards.
+    let mut ids: Vec<u64> = (1..=2_000).collect();
+    ids.extend(1..=400);
+    let message_id = send(&app, ids).await;
+
+    let done = wait_for_status(&app, message_id, v1::MessageStatus::Completed).await;
+    let progress = done.progress.expect("progress");
+    assert_eq!(progress.total, 2_000);
+    assert_eq!(progress.delivered, 2_000);
+    assert_eq!(progress.pending, 0);
+    assert_eq!(progress.failed, 0);
+    assert_eq!(progress.pending_chunks, 0);
+    assert_eq!(app.item_users(message_id).await, (1..=2_000).collect::<Vec<u64>>());
+    app.cleanup().await;
+}
+
+#[tokio::test]
+async fn draft_flow_appends_batches_once_and_starts() {
+    let app = spawn_app().await;
+    let mut client = app.messages();
+    let created = client
+        .create_message(v1::CreateMessageRequest {
+            sender: "tests".into(),
+            content: Some(crate::helpers::content("draft")),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let id = created.message_id;
+    for batch in 1..=3u64 {
+        let user_ids: Vec<u64> = ((batch - 1) * 1000 + 1..=batch * 1000).collect();
+        let request = v1::AppendRecipientsRequest { message_id: id, batch_number: batch, user_ids };
+        let first = client.append_recipients(request.clone()).await.unwrap().into_inner();
+        assert!(!first.duplicate_batch);
+        assert_eq!(first.accepted, 1000);
+        // A retried batch is recognised and adds nothing.
+        let retry = client.append_recipients(request).await.unwrap().into_inner();
+        assert!(retry.duplicate_batch);
+    }
+    // Overlapping batch: 500 already appended users and 500 new ones.
+    let overlap = v1::AppendRecipientsRequest {
+        message_id: id,
+        batch_number: 4,
+        user_ids: (2_501..=3_500).collect(),
+    };
+    client.append_recipients(overlap).await.unwrap();
+
+    let draft = get(&app, id).await;
+    assert_eq!(draft.status, v1::MessageStatus::NotStarted as i32);
+    assert_eq!(app.count_items(id).await, 0, "a draft delivers nothing");
+
+    client.start_message(v1::StartMessageRequest { message_id: id }).await.unwrap();
+    let done = wait_for_status(&app, id, v1::MessageStatus::Completed).await;
+    let progress = done.progress.unwrap();
+    assert_eq!(progress.total, 3_500);
+    assert_eq!(progress.delivered, 3_500);
+    assert_eq!(app.item_users(id).await, (1..=3_500).collect::<Vec<u64>>());
+
+    // A started send takes no more recipients.
+    let late = client
+        .append_recipients(v1::AppendRecipientsRequest {
+            message_id: id,
+            batch_number: 9,
+            user_ids: vec![7],
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(late.code(), tonic::Code::FailedPrecondition);
+    app.cleanup().await;
+}
+
+#[tokio::test]
+async fn idempotency_key_returns_the_first_send_and_creates_nothing() {
+    let app = spawn_app().await;
+    let mut request = send_request((1..=50).collect());
+    request.idempotency_key = "order-42".into();
+    let mut client = app.messages();
+    let first = client.send_message(request.clone()).await.unwrap().into_inner();
+    let again = client.send_message(request.clone()).await.unwrap().into_inner();
+    assert!(!first.deduplicated);
+    assert!(again.deduplicated);
+    assert_eq!(first.message_id, again.message_id);
+
+    wait_for_status(&app, first.message_id, v1::MessageStatus::Completed).await;
+    assert_eq!(app.count_items(first.message_id).await, 50);
+    let listed = client
+        .list_messages(v1::ListMessagesRequest { sender: "tests".into(), ..Default::default() })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(listed.messages.len(), 1, "the retry created no second send");
+
+    // Another sender may use the same key.
+    request.sender = "billing".into();
+    let other = client.send_message(request).await.unwrap().into_inner();
+    assert_ne!(other.message_id, first.message_id);
+    app.cleanup().await;
+}
+
+#[tokio::test]
+async fn a_small_send_completes_promptly_while_a_large_send_runs() {
+    let mut settings = notify_testkit::test_settings();
+    settings.send.small_send_threshold = 100;
+    settings.worker.concurrency = 2;
+    let app = notify_testkit::spawn_app_with(settings, true).await;
+    let large = send(&app, (1..=60_000).collect()).await;
+    let small = send(&app, vec![999_999]).await;
+
+    let done = wait_for_status(&app, small, v1::MessageStatus::Completed).await;
+    assert_eq!(done.progress.unwrap().delivered, 1);
+    let large_state = get(&app, large).await;
+    assert_eq!(
+        large_state.status,
+        v1::MessageStatus::Sending as i32,
+        "the small send finished while the large one still ran"
+    );
+    wait_for_status(&app, large, v1::MessageStatus::Completed).await;
+    app.cleanup().await;
+}

@@ -1,0 +1,386 @@
+//! Chunks on their target shard: storing them with the shard's content copy,
+//! applying one in a single transaction (the exactly-once guard), and the
+//! queries the scheduler, sweeper, resume and cancel need.
+
+use chrono::NaiveDateTime;
+use sqlx::{MySqlPool, QueryBuilder};
+
+use crate::domain::{Content, MessageId};
+use crate::error::{Error, Result};
+
+/// Chunk states as stored.
+pub mod state {
+    /// Waiting to be applied.
+    pub const PENDING: u8 = 0;
+    /// Applied: its items exist.
+    pub const DONE: u8 = 1;
+    /// Dead-lettered after too many failed attempts.
+    pub const FAILED: u8 = 2;
+    /// Left undelivered by a cancel.
+    pub const CANCELLED: u8 = 3;
+}
+
+/// Stats rows per message and shard; chunks spread their updates over them.
+pub const STATS_SLOTS: u64 = 8;
+
+/// One chunk about to be stored.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ChunkPlan {
+    /// `batch_number << 16 | sequence`: unique within the message.
+    pub chunk_id: u64,
+    /// Sorted, distinct recipients on one shard.
+    pub user_ids: Vec<u64>,
+}
+
+/// The content copy stored once per shard with recipients.
+#[derive(Debug, Clone)]
+pub struct ContentCopy<'a> {
+    /// What recipients see.
+    pub content: &'a Content,
+    /// Expiry of the message.
+    pub expire_at: Option<NaiveDateTime>,
+    /// Creation time of the message.
+    pub created_at: NaiveDateTime,
+}
+
+/// Packs user ids as little-endian u64s.
+pub fn encode_user_ids(user_ids: &[u64]) -> Vec<u8> {
+    user_ids.iter().flat_map(|id| id.to_le_bytes()).collect()
+}
+
+/// Unpacks user ids stored by [`encode_user_ids`].
+pub fn decode_user_ids(bytes: &[u8]) -> Result<Vec<u64>> {
+    if !bytes.len().is_multiple_of(8) {
+        return Err(Error::Internal(format!("chunk user_ids has {} bytes", bytes.len())));
+    }
+    Ok(bytes
+        .chunks_exact(8)
+        .map(|b| u64::from_le_bytes([b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7]]))
+        .collect())
+}
+
+/// Stores one batch's chunks for one shard, with the shard's content copy and
+/// totals, in one transaction. Idempotent: storing the same chunks again adds
+/// nothing. Returns the recipients newly stored.
+pub async fn store(
+    pool: &MySqlPool,
+    message_id: MessageId,
+    copy: &ContentCopy<'_>,
+    chunks: &[ChunkPlan],
+) -> Result<u64> {
+    if chunks.is_empty() {
+        return Ok(0);
+    }
+    let mut tx = pool.begin().await?;
+    sqlx::query(
+        "INSERT IGNORE INTO message_contents (message_id, title, body, category, data, expire_at, created_at) \
+         VALUES (?, ?, ?, ?, ?, ?, ?)",
+    )
+    .bind(message_id.get())
+    .bind(&copy.content.title)
+    .bind(&copy.content.body)
+    .bind(&copy.content.category)
+    .bind(copy.content.data_json())
+    .bind(copy.expire_at)
+    .bind(copy.created_at)
+    .execute(&mut *tx)
+    .await?;
+
+    let mut insert = QueryBuilder::new(
+        "INSERT IGNORE INTO message_chunks (message_id, chunk_id, recipients, user_ids) ",
+    );
+    insert.push_values(chunks, |mut row, chunk| {
+        row.push_bind(message_id.get())
+            .push_bind(chunk.chunk_id)
+            .push_bind(chunk.user_ids.len() as u16)
+            .push_bind(encode_user_ids(&chunk.user_ids));
+    });
+    let inserted = insert.build().execute(&mut *tx).await?.rows_affected();
+    if inserted == 0 {
+        // The whole batch was stored by an earlier attempt.
+        tx.rollback().await?;
+        return Ok(0);
+    }
+    if inserted != chunks.len() as u64 {
+        return Err(Error::Internal(format!(
+            "message {message_id}: {inserted} of {} chunks of one batch already existed",
+            chunks.len()
+        )));
+    }
+    let recipients: u64 = chunks.iter().map(|c| c.user_ids.len() as u64).sum();
+    sqlx::query(
+        "INSERT INTO message_shard_stats (message_id, slot, total, chunks) VALUES (?, 0, ?, ?) \
+         ON DUPLICATE KEY UPDATE total = total + VALUES(total), chunks = chunks + VALUES(chunks)",
+    )
+    .bind(message_id.get())
+    .bind(recipients)
+    .bind(inserted)
+    .execute(&mut *tx)
+    .await?;
+    tx.commit().await?;
+    Ok(recipients)
+}
+
+/// What applying a chunk did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ApplyOutcome {
+    /// The chunk was pending and is now done.
+    Applied {
+        /// Its recipients.
+        user_ids: Vec<u64>,
+        /// Items written (recipients minus those that already had the item).
+        delivered: u64,
+    },
+    /// An earlier attempt already applied (or failed, or cancelled) it.
+    AlreadyFinished {
+        /// Its recipients, so their counters can be invalidated again.
+        user_ids: Vec<u64>,
+    },
+    /// No such chunk on this shard (a draft that never committed, say).
+    Missing,
+}
+
+/// Applies a pending chunk in ONE transaction: the chunk row is locked and
+/// moved pending -> done (the guard), the recipients' items are inserted and
+/// the shard stats are bumped. A redelivered task finds the chunk done and
+/// changes nothing.
+pub async fn apply(pool: &MySqlPool, message_id: MessageId, chunk_id: u64) -> Result<ApplyOutcome> {
+    let content: Option<(String, Option<NaiveDateTime>)> =
+        sqlx::query_as("SELECT category, expire_at FROM message_contents WHERE message_id = ?")
+            .bind(message_id.get())
+            .fetch_optional(pool)
+            .await?;
+    let Some((category, expire_at)) = content else {
+        return Ok(ApplyOutcome::Missing);
+    };
+
+    let mut tx = pool.begin().await?;
+    let chunk: Option<(u8, Vec<u8>)> = sqlx::query_as(
+        "SELECT state, user_ids FROM message_chunks WHERE message_id = ? AND chunk_id = ? FOR UPDATE",
+    )
+    .bind(message_id.get())
+    .bind(chunk_id)
+    .fetch_optional(&mut *tx)
+    .await?;
+    let Some((chunk_state, packed)) = chunk else {
+        return Ok(ApplyOutcome::Missing);
+    };
+    let user_ids = decode_user_ids(&packed)?;
+    if chunk_state != state::PENDING {
+        tx.rollback().await?;
+        return Ok(ApplyOutcome::AlreadyFinished { user_ids });
+    }
+
+    let mut insert = QueryBuilder::new(
+        "INSERT IGNORE INTO message_items (user_id, message_id, category, expire_at) ",
+    );
+    insert.push_values(&user_ids, |mut row, user_id| {
+        row.push_bind(*user_id)
+            .push_bind(message_id.get())
+            .push_bind(&category)
+            .push_bind(expire_at);
+    });
+    let delivered = insert.build().execute(&mut *tx).await?.rows_affected();
+    let duplicates = user_ids.len() as u64 - delivered;
+
+    sqlx::query(
+        "UPDATE message_chunks SET state = 1, attempts = attempts + 1, updated_at = UTC_TIMESTAMP(3) \
+         WHERE message_id = ? AND chunk_id = ?",
+    )
+    .bind(message_id.get())
+    .bind(chunk_id)
+    .execute(&mut *tx)
+    .await?;
+    bump_stats(&mut tx, message_id, chunk_id, "delivered", delivered, duplicates).await?;
+    tx.commit().await?;
+    Ok(ApplyOutcome::Applied { user_ids, delivered })
+}
+
+async fn bump_stats(
+    tx: &mut sqlx::Transaction<'_, sqlx::MySql>,
+    message_id: MessageId,
+    chunk_id: u64,
+    column: &'static str,
+    recipients: u64,
+    duplicates: u64,
+) -> Result<()> {
+    // `column` is one of a fixed set of names chosen by this module.
+    let sql = format!(
+        "INSERT INTO message_shard_stats (message_id, slot, {column}, duplicates, done_chunks) \
+         VALUES (?, ?, ?, ?, 1) ON DUPLICATE KEY UPDATE {column} = {column} + VALUES({column}), \
+         duplicates = duplicates + VALUES(duplicates), done_chunks = done_chunks + 1"
+    );
+    sqlx::query(sqlx::AssertSqlSafe(sql))
+        .bind(message_id.get())
+        .bind(1 + chunk_id % (STATS_SLOTS - 1))
+        .bind(recipients)
+        .bind(duplicates)
+        .execute(&mut **tx)
+        .await?;
+    Ok(())
+}
+
+/// Records a pending chunk as failed after its last attempt: its recipients
+/// count as failed in progress. Returns false if it was no longer pending.
+pub async fn mark_failed(pool: &MySqlPool, message_id: MessageId, chunk_id: u64) -> Result<bool> {
+    finish_pending(pool, message_id, chunk_id, state::FAILED, "failed").await
+}
+
+async fn finish_pending(
+    pool: &MySqlPool,
+    message_id: MessageId,
+    chunk_id: u64,
+    new_state: u8,
+    column: &'static str,
+) -> Result<bool> {
+    let mut tx = pool.begin().await?;
+    let recipients: Option<u16> = sqlx::query_scalar(
+        "SELECT recipients FROM message_chunks WHERE message_id = ? AND chunk_id = ? AND state = 0 FOR UPDATE",
+    )
+    .bind(message_id.get())
+    .bind(chunk_id)
+    .fetch_optional(&mut *tx)
+    .await?;
+    let Some(recipients) = recipients else {
+        tx.rollback().await?;
+        return Ok(false);
+    };
+    sqlx::query(
+        "UPDATE message_chunks SET state = ?, updated_at = UTC_TIMESTAMP(3) WHERE message_id = ? AND chunk_id = ?",
+    )
+    .bind(new_state)
+    .bind(message_id.get())
+    .bind(chunk_id)
+    .execute(&mut *tx)
+    .await?;
+    bump_stats(&mut tx, message_id, chunk_id, column, u64::from(recipients), 0).await?;
+    tx.commit().await?;
+    Ok(true)
+}
+
+/// Cancels every pending chunk of a message on this shard. Returns how many.
+pub async fn cancel_pending(pool: &MySqlPool, message_id: MessageId) -> Result<u64> {
+    let pending = pending_ids(pool, message_id).await?;
+    let mut cancelled = 0;
+    for chunk_id in pending {
+        if finish_pending(pool, message_id, chunk_id, state::CANCELLED, "cancelled").await? {
+            cancelled += 1;
+        }
+    }
+    Ok(cancelled)
+}
+
+/// Moves failed chunks back to pending (re-drive) and returns their ids.
+pub async fn reset_failed(pool: &MySqlPool, message_id: MessageId) -> Result<Vec<u64>> {
+    let mut tx = pool.begin().await?;
+    let failed: Vec<(u64, u16)> = sqlx::query_as(
+        "SELECT chunk_id, recipients FROM message_chunks WHERE message_id = ? AND state = 2 FOR UPDATE",
+    )
+    .bind(message_id.get())
+    .fetch_all(&mut *tx)
+    .await?;
+    if failed.is_empty() {
+        tx.rollback().await?;
+        return Ok(Vec::new());
+    }
+    let recipients: u64 = failed.iter().map(|(_, r)| u64::from(*r)).sum();
+    sqlx::query(
+        "UPDATE message_chunks SET state = 0, attempts = 0, updated_at = UTC_TIMESTAMP(3) \
+         WHERE message_id = ? AND state = 2",
+    )
+    .bind(message_id.get())
+    .execute(&mut *tx)
+    .await?;
+    // Failed counts are spread over slots; subtracting in slot 0 keeps
+    // every sum exact (stats columns are signed for this reason).
+    sqlx::query(
+        "INSERT INTO message_shard_stats (message_id, slot, failed, done_chunks) VALUES (?, 0, ?, ?) \
+         ON DUPLICATE KEY UPDATE failed = failed + VALUES(failed), done_chunks = done_chunks + VALUES(done_chunks)",
+    )
+    .bind(message_id.get())
+    .bind(-(recipients as i64))
+    .bind(-(failed.len() as i64))
+    .execute(&mut *tx)
+    .await?;
+    tx.commit().await?;
+    Ok(failed.into_iter().map(|(id, _)| id).collect())
+}
+
+/// Returns the ids of a message's pending chunks on this shard.
+pub async fn pending_ids(pool: &MySqlPool, message_id: MessageId) -> Result<Vec<u64>> {
+    Ok(sqlx::query_scalar(
+        "SELECT chunk_id FROM message_chunks WHERE message_id = ? AND state = 0 ORDER BY chunk_id",
+    )
+    .bind(message_id.get())
+    .fetch_all(pool)
+    .await?)
+}
+
+/// Marks a message's pending chunks on this shard as just published, so the
+/// sweeper does not re-publish them before the timeout.
+pub async fn touch_pending(pool: &MySqlPool, message_id: MessageId) -> Result<()> {
+    sqlx::query(
+        "UPDATE message_chunks SET updated_at = UTC_TIMESTAMP(3) WHERE message_id = ? AND state = 0",
+    )
+    .bind(message_id.get())
+    .execute(pool)
+    .await?;
+    Ok(())
+}
+
+/// Returns true if the message has a pending chunk on this shard.
+pub async fn has_pending(pool: &MySqlPool, message_id: MessageId) -> Result<bool> {
+    let found: Option<u64> = sqlx::query_scalar(
+        "SELECT chunk_id FROM message_chunks WHERE message_id = ? AND state = 0 LIMIT 1",
+    )
+    .bind(message_id.get())
+    .fetch_optional(pool)
+    .await?;
+    Ok(found.is_some())
+}
+
+/// Returns pending chunks not touched for `older_than_secs`, oldest first.
+pub async fn stale_pending(
+    pool: &MySqlPool,
+    older_than_secs: u64,
+    limit: u32,
+) -> Result<Vec<(u64, u64)>> {
+    Ok(sqlx::query_as(
+        "SELECT message_id, chunk_id FROM message_chunks WHERE state = 0 \
+         AND updated_at < UTC_TIMESTAMP(3) - INTERVAL ? SECOND ORDER BY updated_at LIMIT ?",
+    )
+    .bind(older_than_secs)
+    .bind(limit)
+    .fetch_all(pool)
+    .await?)
+}
+
+/// Marks chunks as just re-published.
+pub async fn touch(pool: &MySqlPool, message_id: MessageId, chunk_ids: &[u64]) -> Result<()> {
+    if chunk_ids.is_empty() {
+        return Ok(());
+    }
+    let mut update = QueryBuilder::new(
+        "UPDATE message_chunks SET updated_at = UTC_TIMESTAMP(3) WHERE state = 0 AND message_id = ",
+    );
+    update.push_bind(message_id.get()).push(" AND chunk_id IN (");
+    let mut ids = update.separated(", ");
+    for id in chunk_ids {
+        ids.push_bind(*id);
+    }
+    update.push(")");
+    update.build().execute(pool).await?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn user_ids_round_trip_through_their_packed_form() {
+        let ids = vec![1, 42, u64::MAX];
+        assert_eq!(decode_user_ids(&encode_user_ids(&ids)).unwrap(), ids);
+        assert!(decode_user_ids(&[1, 2, 3]).is_err());
+    }
+}

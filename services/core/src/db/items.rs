@@ -1,0 +1,164 @@
+//! A user's items on the user's shard: inbox pages, unread counts, mark-read.
+
+use chrono::NaiveDateTime;
+use sqlx::{FromRow, MySqlPool, QueryBuilder};
+
+use crate::error::Result;
+
+/// One inbox entry with its content.
+#[derive(Debug, Clone, FromRow)]
+pub struct InboxRow {
+    /// Message id (also the cursor).
+    pub message_id: u64,
+    /// Read state.
+    pub is_read: bool,
+    /// When it was read.
+    pub read_at: Option<NaiveDateTime>,
+    /// Title.
+    pub title: String,
+    /// Body.
+    pub body: String,
+    /// Category.
+    pub category: String,
+    /// Data as a JSON object.
+    pub data: String,
+    /// Message creation time.
+    pub created_at: NaiveDateTime,
+    /// Expiry.
+    pub expire_at: Option<NaiveDateTime>,
+}
+
+/// Filters of an inbox page.
+#[derive(Debug, Clone, Default)]
+pub struct InboxQuery<'a> {
+    /// Only ids below this one (the cursor); `u64::MAX` for the first page.
+    pub before: u64,
+    /// Rows to return.
+    pub limit: u32,
+    /// Only unread items.
+    pub unread_only: bool,
+    /// Only this category, when set.
+    pub category: Option<&'a str>,
+}
+
+/// Reads one inbox page, newest first, in one query on the user's shard.
+/// Expired items are skipped.
+pub async fn list(pool: &MySqlPool, user_id: u64, query: &InboxQuery<'_>) -> Result<Vec<InboxRow>> {
+    let mut sql = QueryBuilder::new(
+        "SELECT i.message_id, i.is_read, i.read_at, c.title, c.body, c.category, c.data, \
+         c.created_at, c.expire_at FROM message_items i \
+         JOIN message_contents c ON c.message_id = i.message_id WHERE i.user_id = ",
+    );
+    sql.push_bind(user_id).push(" AND i.message_id < ").push_bind(query.before);
+    if query.unread_only {
+        sql.push(" AND i.is_read = 0");
+    }
+    if let Some(category) = query.category {
+        sql.push(" AND i.category = ").push_bind(category.to_owned());
+    }
+    sql.push(" AND (i.expire_at IS NULL OR i.expire_at > UTC_TIMESTAMP(3))")
+        .push(" ORDER BY i.message_id DESC LIMIT ")
+        .push_bind(query.limit);
+    Ok(sql.build_query_as().fetch_all(pool).await?)
+}
+
+/// The database truth of a badge.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct UnreadTruth {
+    /// Unread, unexpired items.
+    pub unread: u64,
+    /// Earliest expiry among them: the count changes then.
+    pub next_expiry: Option<NaiveDateTime>,
+}
+
+/// Counts a user's unread, unexpired items (index range scan on one shard).
+pub async fn count_unread(pool: &MySqlPool, user_id: u64) -> Result<UnreadTruth> {
+    let (unread, next_expiry): (i64, Option<NaiveDateTime>) = sqlx::query_as(
+        "SELECT COUNT(*), MIN(expire_at) FROM message_items WHERE user_id = ? AND is_read = 0 \
+         AND (expire_at IS NULL OR expire_at > UTC_TIMESTAMP(3))",
+    )
+    .bind(user_id)
+    .fetch_one(pool)
+    .await?;
+    Ok(UnreadTruth { unread: unread.max(0) as u64, next_expiry })
+}
+
+/// Marks the given messages read for a user. Returns the ids that changed and
+/// the ids the user has no item for. Read stats follow in the same transaction.
+pub async fn mark_read(
+    pool: &MySqlPool,
+    user_id: u64,
+    message_ids: &[u64],
+) -> Result<(Vec<u64>, Vec<u64>)> {
+    let mut tx = pool.begin().await?;
+    let mut select =
+        QueryBuilder::new("SELECT message_id, is_read FROM message_items WHERE user_id = ");
+    select.push_bind(user_id).push(" AND message_id IN (");
+    let mut ids = select.separated(", ");
+    for id in message_ids {
+        ids.push_bind(*id);
+    }
+    select.push(") FOR UPDATE");
+    let found: Vec<(u64, bool)> = select.build_query_as().fetch_all(&mut *tx).await?;
+    let unknown: Vec<u64> =
+        message_ids.iter().copied().filter(|id| !found.iter().any(|(f, _)| f == id)).collect();
+    let to_mark: Vec<u64> = found.iter().filter(|(_, read)| !read).map(|(id, _)| *id).collect();
+    mark_ids(&mut tx, user_id, &to_mark).await?;
+    tx.commit().await?;
+    Ok((to_mark, unknown))
+}
+
+/// Marks every unread item read, optionally only one category and only ids
+/// up to `up_to`. Returns how many changed.
+pub async fn mark_all_read(
+    pool: &MySqlPool,
+    user_id: u64,
+    category: Option<&str>,
+    up_to: Option<u64>,
+) -> Result<u64> {
+    let mut tx = pool.begin().await?;
+    let mut select =
+        QueryBuilder::new("SELECT message_id FROM message_items WHERE is_read = 0 AND user_id = ");
+    select.push_bind(user_id);
+    if let Some(category) = category {
+        select.push(" AND category = ").push_bind(category.to_owned());
+    }
+    if let Some(up_to) = up_to {
+        select.push(" AND message_id <= ").push_bind(up_to);
+    }
+    select.push(" FOR UPDATE");
+    let to_mark: Vec<u64> = select.build_query_scalar().fetch_all(&mut *tx).await?;
+    mark_ids(&mut tx, user_id, &to_mark).await?;
+    tx.commit().await?;
+    Ok(to_mark.len() as u64)
+}
+
+async fn mark_ids(
+    tx: &mut sqlx::Transaction<'_, sqlx::MySql>,
+    user_id: u64,
+    message_ids: &[u64],
+) -> Result<()> {
+    if message_ids.is_empty() {
+        return Ok(());
+    }
+    let mut update = QueryBuilder::new(
+        "UPDATE message_items SET is_read = 1, read_at = UTC_TIMESTAMP(3) WHERE is_read = 0 AND user_id = ",
+    );
+    update.push_bind(user_id).push(" AND message_id IN (");
+    let mut ids = update.separated(", ");
+    for id in message_ids {
+        ids.push_bind(*id);
+    }
+    update.push(")");
+    update.build().execute(&mut **tx).await?;
+
+    // One read per message; slot 0 holds read counts.
+    let mut stats =
+        QueryBuilder::new("INSERT INTO message_shard_stats (message_id, slot, read_count) ");
+    stats.push_values(message_ids, |mut row, id| {
+        row.push_bind(*id).push_bind(0u8).push_bind(1i64);
+    });
+    stats.push(" ON DUPLICATE KEY UPDATE read_count = read_count + VALUES(read_count)");
+    stats.build().execute(&mut **tx).await?;
+    Ok(())
+}

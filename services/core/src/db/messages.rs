@@ -1,0 +1,321 @@
+//! Control records of sends on their home shard: create, read, transition,
+//! idempotency keys, appended batches, and progress summed from shard stats.
+
+use chrono::NaiveDateTime;
+use sqlx::{FromRow, MySqlPool};
+
+use crate::domain::{AudienceKind, Content, MessageId, SendStatus};
+use crate::error::{Error, Result};
+
+/// MySQL's error code for a duplicate key.
+const ER_DUP_ENTRY: &str = "23000";
+
+/// A control record about to be written.
+#[derive(Debug, Clone)]
+pub struct NewMessage {
+    /// Its id, which also picks its home shard.
+    pub message_id: MessageId,
+    /// Calling service.
+    pub sender: String,
+    /// Optional idempotency key.
+    pub idempotency_key: Option<String>,
+    /// Who it goes to.
+    pub audience: AudienceKind,
+    /// Requested priority (1 normal, 2 high).
+    pub priority: u8,
+    /// What recipients see.
+    pub content: Content,
+    /// When to start; `None` means on start.
+    pub send_at: Option<NaiveDateTime>,
+    /// When it leaves inboxes.
+    pub expire_at: Option<NaiveDateTime>,
+}
+
+/// A control record as stored.
+#[derive(Debug, Clone, FromRow)]
+pub struct MessageRow {
+    /// Id.
+    pub message_id: u64,
+    /// Calling service.
+    pub sender: String,
+    /// Stored audience kind.
+    pub audience: u8,
+    /// Stored status (0..4).
+    pub status: u8,
+    /// Set once StartMessage was called.
+    pub start_requested: bool,
+    /// Requested priority.
+    pub priority: u8,
+    /// Lane chosen at start.
+    pub lane: u8,
+    /// Title.
+    pub title: String,
+    /// Body.
+    pub body: String,
+    /// Category.
+    pub category: String,
+    /// Data as a JSON object.
+    pub data: String,
+    /// Scheduled start.
+    pub send_at: Option<NaiveDateTime>,
+    /// Expiry.
+    pub expire_at: Option<NaiveDateTime>,
+    /// Creation time.
+    pub created_at: NaiveDateTime,
+    /// When it went SENDING.
+    pub started_at: Option<NaiveDateTime>,
+    /// When it completed or was cancelled.
+    pub finished_at: Option<NaiveDateTime>,
+}
+
+impl MessageRow {
+    /// Decodes the stored status.
+    pub fn status(&self) -> Result<SendStatus> {
+        SendStatus::from_db(self.status)
+    }
+
+    /// Rebuilds the content.
+    pub fn content(&self) -> Content {
+        Content {
+            title: self.title.clone(),
+            body: self.body.clone(),
+            category: self.category.clone(),
+            data: Content::data_from_json(&self.data),
+        }
+    }
+}
+
+const MESSAGE_COLUMNS: &str = "message_id, sender, audience, status, start_requested, priority, lane, \
+    title, body, category, data, send_at, expire_at, created_at, started_at, finished_at";
+
+/// Inserts a control record in NOT_STARTED. Returns false when the id is taken.
+pub async fn insert(pool: &MySqlPool, message: &NewMessage) -> Result<bool> {
+    let result = sqlx::query(
+        "INSERT INTO messages (message_id, sender, idempotency_key, audience, status, priority, \
+         title, body, category, data, send_at, expire_at) \
+         VALUES (?, ?, ?, ?, 0, ?, ?, ?, ?, ?, ?, ?)",
+    )
+    .bind(message.message_id.get())
+    .bind(&message.sender)
+    .bind(&message.idempotency_key)
+    .bind(message.audience as u8)
+    .bind(message.priority)
+    .bind(&message.content.title)
+    .bind(&message.content.body)
+    .bind(&message.content.category)
+    .bind(message.content.data_json())
+    .bind(message.send_at)
+    .bind(message.expire_at)
+    .execute(pool)
+    .await;
+    match result {
+        Ok(_) => Ok(true),
+        Err(sqlx::Error::Database(e)) if e.code().as_deref() == Some(ER_DUP_ENTRY) => Ok(false),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// Claims `(sender, key)` for `candidate`, or returns the id that already holds it.
+pub async fn claim_idempotency_key(
+    pool: &MySqlPool,
+    sender: &str,
+    key: &str,
+    candidate: MessageId,
+) -> Result<MessageId> {
+    sqlx::query(
+        "INSERT IGNORE INTO idempotency_keys (sender, idempotency_key, message_id) VALUES (?, ?, ?)",
+    )
+    .bind(sender)
+    .bind(key)
+    .bind(candidate.get())
+    .execute(pool)
+    .await?;
+    let holder: u64 = sqlx::query_scalar(
+        "SELECT message_id FROM idempotency_keys WHERE sender = ? AND idempotency_key = ?",
+    )
+    .bind(sender)
+    .bind(key)
+    .fetch_one(pool)
+    .await?;
+    Ok(MessageId::from_raw(holder))
+}
+
+/// Reads a control record.
+pub async fn fetch(pool: &MySqlPool, message_id: MessageId) -> Result<Option<MessageRow>> {
+    let sql = format!("SELECT {MESSAGE_COLUMNS} FROM messages WHERE message_id = ?");
+    Ok(sqlx::query_as(sqlx::AssertSqlSafe(sql)).bind(message_id.get()).fetch_optional(pool).await?)
+}
+
+/// Reads a control record or fails with NOT_FOUND.
+pub async fn fetch_existing(pool: &MySqlPool, message_id: MessageId) -> Result<MessageRow> {
+    fetch(pool, message_id).await?.ok_or_else(|| Error::NotFound(format!("message {message_id}")))
+}
+
+/// Reads only the status.
+pub async fn fetch_status(pool: &MySqlPool, message_id: MessageId) -> Result<Option<SendStatus>> {
+    let status: Option<u8> = sqlx::query_scalar("SELECT status FROM messages WHERE message_id = ?")
+        .bind(message_id.get())
+        .fetch_optional(pool)
+        .await?;
+    status.map(SendStatus::from_db).transpose()
+}
+
+/// Moves a message to `to` if its status is one of `from`. Returns true when
+/// this call made the change (so only one of several racing callers wins).
+pub async fn transition(
+    pool: &MySqlPool,
+    message_id: MessageId,
+    from: &[SendStatus],
+    to: SendStatus,
+) -> Result<bool> {
+    let allowed: Vec<String> = from.iter().map(|s| s.to_db().to_string()).collect();
+    let stamp = match to {
+        SendStatus::Sending => ", started_at = COALESCE(started_at, UTC_TIMESTAMP(3))",
+        SendStatus::Completed | SendStatus::Cancelled => ", finished_at = UTC_TIMESTAMP(3)",
+        _ => "",
+    };
+    let sql = format!(
+        "UPDATE messages SET status = ?{stamp} WHERE message_id = ? AND status IN ({})",
+        allowed.join(",")
+    );
+    let result = sqlx::query(sqlx::AssertSqlSafe(sql))
+        .bind(to.to_db())
+        .bind(message_id.get())
+        .execute(pool)
+        .await?;
+    Ok(result.rows_affected() == 1)
+}
+
+/// Records StartMessage on a NOT_STARTED message: picks the lane and, when
+/// `start_now`, moves it to SENDING. Returns false if it was not NOT_STARTED.
+pub async fn request_start(
+    pool: &MySqlPool,
+    message_id: MessageId,
+    lane: u8,
+    start_now: bool,
+) -> Result<bool> {
+    let sql = if start_now {
+        "UPDATE messages SET start_requested = 1, lane = ?, status = 1, \
+         started_at = UTC_TIMESTAMP(3) WHERE message_id = ? AND status = 0"
+    } else {
+        "UPDATE messages SET start_requested = 1, lane = ? WHERE message_id = ? AND status = 0"
+    };
+    let result = sqlx::query(sql).bind(lane).bind(message_id.get()).execute(pool).await?;
+    Ok(result.rows_affected() == 1)
+}
+
+/// Starts a scheduled send whose time has come. Returns true for the one
+/// caller (of several worker replicas) whose update won.
+pub async fn start_scheduled(pool: &MySqlPool, message_id: MessageId) -> Result<bool> {
+    let result = sqlx::query(
+        "UPDATE messages SET status = 1, started_at = UTC_TIMESTAMP(3) WHERE message_id = ? \
+         AND status = 0 AND start_requested = 1 AND send_at <= UTC_TIMESTAMP(3)",
+    )
+    .bind(message_id.get())
+    .execute(pool)
+    .await?;
+    Ok(result.rows_affected() == 1)
+}
+
+/// Returns scheduled sends whose `send_at` has come.
+pub async fn due_scheduled(pool: &MySqlPool, limit: u32) -> Result<Vec<u64>> {
+    Ok(sqlx::query_scalar(
+        "SELECT message_id FROM messages WHERE status = 0 AND start_requested = 1 \
+         AND send_at <= UTC_TIMESTAMP(3) ORDER BY send_at LIMIT ?",
+    )
+    .bind(limit)
+    .fetch_all(pool)
+    .await?)
+}
+
+/// Returns the ids of sends in SENDING on this home shard.
+pub async fn sending(pool: &MySqlPool, limit: u32) -> Result<Vec<u64>> {
+    Ok(sqlx::query_scalar("SELECT message_id FROM messages WHERE status = 1 LIMIT ?")
+        .bind(limit)
+        .fetch_all(pool)
+        .await?)
+}
+
+/// Lists a sender's messages on this shard with ids below `before`, newest first.
+pub async fn list_by_sender(
+    pool: &MySqlPool,
+    sender: &str,
+    before: u64,
+    limit: u32,
+) -> Result<Vec<MessageRow>> {
+    let sql = format!(
+        "SELECT {MESSAGE_COLUMNS} FROM messages WHERE sender = ? AND message_id < ? \
+         ORDER BY message_id DESC LIMIT ?"
+    );
+    Ok(sqlx::query_as(sqlx::AssertSqlSafe(sql))
+        .bind(sender)
+        .bind(before)
+        .bind(limit)
+        .fetch_all(pool)
+        .await?)
+}
+
+/// Returns true when `batch_number` was already appended to the message.
+pub async fn batch_exists(pool: &MySqlPool, message_id: MessageId, batch: u64) -> Result<bool> {
+    let found: Option<u64> = sqlx::query_scalar(
+        "SELECT batch_number FROM message_batches WHERE message_id = ? AND batch_number = ?",
+    )
+    .bind(message_id.get())
+    .bind(batch)
+    .fetch_optional(pool)
+    .await?;
+    Ok(found.is_some())
+}
+
+/// Per-shard counters of a send, summed over slots.
+#[derive(Debug, Clone, Copy, Default, FromRow, PartialEq, Eq)]
+pub struct ShardStats {
+    /// Recipients stored (deduplicated within each batch).
+    pub total: u64,
+    /// Items written.
+    pub delivered: u64,
+    /// Recipients that already had the item (duplicates across batches).
+    pub duplicates: u64,
+    /// Recipients of dead-lettered chunks.
+    pub failed: u64,
+    /// Recipients of chunks cancelled before delivery.
+    pub cancelled: u64,
+    /// Items read.
+    pub read_count: u64,
+    /// Chunks stored.
+    pub chunks: u64,
+    /// Chunks done, failed or cancelled.
+    pub done_chunks: u64,
+}
+
+impl ShardStats {
+    /// Adds another shard's counters.
+    pub fn add(&mut self, other: &ShardStats) {
+        self.total += other.total;
+        self.delivered += other.delivered;
+        self.duplicates += other.duplicates;
+        self.failed += other.failed;
+        self.cancelled += other.cancelled;
+        self.read_count += other.read_count;
+        self.chunks += other.chunks;
+        self.done_chunks += other.done_chunks;
+    }
+}
+
+/// Sums a send's counters on one shard (one indexed query over a few slots).
+pub async fn shard_stats(pool: &MySqlPool, message_id: MessageId) -> Result<ShardStats> {
+    Ok(sqlx::query_as(
+        "SELECT CAST(COALESCE(SUM(total), 0) AS UNSIGNED) AS total, \
+         CAST(COALESCE(SUM(delivered), 0) AS UNSIGNED) AS delivered, \
+         CAST(COALESCE(SUM(duplicates), 0) AS UNSIGNED) AS duplicates, \
+         CAST(COALESCE(SUM(failed), 0) AS UNSIGNED) AS failed, \
+         CAST(COALESCE(SUM(cancelled), 0) AS UNSIGNED) AS cancelled, \
+         CAST(COALESCE(SUM(read_count), 0) AS UNSIGNED) AS read_count, \
+         CAST(COALESCE(SUM(chunks), 0) AS UNSIGNED) AS chunks, \
+         CAST(COALESCE(SUM(done_chunks), 0) AS UNSIGNED) AS done_chunks \
+         FROM message_shard_stats WHERE message_id = ?",
+    )
+    .bind(message_id.get())
+    .fetch_one(pool)
+    .await?)
+}

@@ -1,0 +1,155 @@
+//! MySQL shards: one pool per shard, database creation and migrations.
+
+pub mod chunks;
+pub mod items;
+pub mod messages;
+
+use std::str::FromStr;
+use std::time::Duration;
+
+use shard_router::{ShardId, Shards};
+use sqlx::mysql::{MySqlConnectOptions, MySqlPool, MySqlPoolOptions};
+use sqlx::{ConnectOptions, Connection, MySqlConnection};
+use tracing::info;
+
+use crate::error::{Error, Result};
+use crate::settings::{Settings, ShardSettings};
+
+/// Every shard's connection pool, routed by the shard map.
+pub type ShardPools = Shards<MySqlPool>;
+
+/// The shard schema, embedded from `migrations/` at build time.
+pub static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("../../migrations");
+
+/// What `migrate` did on one shard.
+#[derive(Debug, Clone)]
+pub struct MigrationReport {
+    /// The shard.
+    pub shard: ShardId,
+    /// Its database name.
+    pub database: String,
+    /// True when the database did not exist and was created.
+    pub created_database: bool,
+    /// Versions applied by this run (empty when already up to date).
+    pub applied: Vec<i64>,
+}
+
+fn shard_options(settings: &Settings, shard: &ShardSettings) -> Result<MySqlConnectOptions> {
+    let url = settings.shard_server_url(shard);
+    let options = MySqlConnectOptions::from_str(&url).map_err(|e| {
+        Error::Internal(format!("database.shards[{}].url: not a mysql url ({e})", shard.id))
+    })?;
+    Ok(options
+        .database(&shard.database)
+        .charset("utf8mb4")
+        .log_statements(tracing::log::LevelFilter::Trace)
+        .log_slow_statements(tracing::log::LevelFilter::Warn, Duration::from_millis(500)))
+}
+
+/// Connects a pool to every shard and checks that each one answers.
+///
+/// The error names the shard's setting, so an unreachable MySQL fails the
+/// process at start with one clear line.
+pub async fn connect(settings: &Settings) -> Result<ShardPools> {
+    let map = settings.shard_map().map_err(|e| Error::Internal(e.to_string()))?;
+    let mut pools = Vec::new();
+    for (index, shard) in settings.database.shards.iter().enumerate() {
+        let options = shard_options(settings, shard)?;
+        let pool = MySqlPoolOptions::new()
+            .max_connections(settings.database.pool_max)
+            .min_connections(1)
+            .acquire_timeout(Duration::from_secs(settings.database.connect_timeout_secs))
+            .connect_with(options)
+            .await
+            .map_err(|e| {
+                Error::Unavailable(format!(
+                    "database.shards[{index}] (shard {}, database {}): cannot connect: {e}",
+                    shard.id, shard.database
+                ))
+            })?;
+        pools.push((shard.id, pool));
+    }
+    Shards::build(map, |id| {
+        pools
+            .iter()
+            .find(|(shard, _)| *shard == id)
+            .map(|(_, pool)| pool.clone())
+            .ok_or_else(|| Error::Internal(format!("no pool for shard {id}")))
+    })
+}
+
+/// Creates every shard database that does not exist and applies pending
+/// migrations to each. Idempotent: a second run applies nothing.
+pub async fn migrate_all(settings: &Settings) -> Result<Vec<MigrationReport>> {
+    let mut reports = Vec::new();
+    for (index, shard) in settings.database.shards.iter().enumerate() {
+        let created_database = create_database(settings, shard, index).await?;
+        let options = shard_options(settings, shard)?;
+        let mut conn = MySqlConnection::connect_with(&options).await?;
+        let before = applied_versions(&mut conn).await;
+        MIGRATOR
+            .run(&mut conn)
+            .await
+            .map_err(|e| Error::Internal(format!("shard {} migration failed: {e}", shard.id)))?;
+        let after = applied_versions(&mut conn).await;
+        conn.close().await?;
+        let applied = after.into_iter().filter(|v| !before.contains(v)).collect();
+        let report = MigrationReport {
+            shard: shard.id,
+            database: shard.database.clone(),
+            created_database,
+            applied,
+        };
+        info!(shard = %report.shard, database = %report.database, created = report.created_database, applied = ?report.applied, "shard migrated");
+        reports.push(report);
+    }
+    Ok(reports)
+}
+
+async fn create_database(settings: &Settings, shard: &ShardSettings, index: usize) -> Result<bool> {
+    let url = settings.shard_server_url(shard);
+    let options = MySqlConnectOptions::from_str(&url)
+        .map_err(|e| Error::Internal(format!("database.shards[{index}].url: {e}")))?;
+    let mut conn = MySqlConnection::connect_with(&options).await.map_err(|e| {
+        Error::Unavailable(format!(
+            "database.shards[{index}] (shard {}): cannot connect: {e}",
+            shard.id
+        ))
+    })?;
+    let exists: Option<(String,)> =
+        sqlx::query_as("SELECT SCHEMA_NAME FROM information_schema.SCHEMATA WHERE SCHEMA_NAME = ?")
+            .bind(&shard.database)
+            .fetch_optional(&mut conn)
+            .await?;
+    if exists.is_none() {
+        // The name was validated as [A-Za-z0-9_] with the settings.
+        let statement = format!(
+            "CREATE DATABASE IF NOT EXISTS `{}` CHARACTER SET utf8mb4 COLLATE utf8mb4_bin",
+            shard.database
+        );
+        sqlx::raw_sql(sqlx::AssertSqlSafe(statement)).execute(&mut conn).await?;
+    }
+    conn.close().await?;
+    Ok(exists.is_none())
+}
+
+/// Drops every shard database. Used by tests and benchmarks to clean up.
+pub async fn drop_all(settings: &Settings) -> Result<()> {
+    for (index, shard) in settings.database.shards.iter().enumerate() {
+        let url = settings.shard_server_url(shard);
+        let options = MySqlConnectOptions::from_str(&url)
+            .map_err(|e| Error::Internal(format!("database.shards[{index}].url: {e}")))?;
+        let mut conn = MySqlConnection::connect_with(&options).await?;
+        let statement = format!("DROP DATABASE IF EXISTS `{}`", shard.database);
+        sqlx::raw_sql(sqlx::AssertSqlSafe(statement)).execute(&mut conn).await?;
+        conn.close().await?;
+    }
+    Ok(())
+}
+
+async fn applied_versions(conn: &mut MySqlConnection) -> Vec<i64> {
+    sqlx::query_scalar("SELECT version FROM _sqlx_migrations WHERE success = TRUE")
+        .fetch_all(conn)
+        .await
+        .unwrap_or_default()
+}

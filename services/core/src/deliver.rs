@@ -1,0 +1,88 @@
+//! Applying one chunk task: the worker's unit of work.
+//!
+//! Order of effects, each safe to repeat:
+//! 1. check the send's status (cache, else home shard); not SENDING -> skip,
+//!    the chunk stays pending (paused) or is cancelled later (cancelled);
+//! 2. apply the chunk in one transaction on its shard (the guard);
+//! 3. invalidate the recipients' cached badges (also when step 2 finds the
+//!    chunk already done: a worker may have died between commit and here);
+//! 4. complete the send if this shard has no pending chunk left and no other
+//!    shard has either.
+//!
+//! The task is acknowledged only after all of it, so a crash anywhere means a
+//! redelivery, and a redelivery changes nothing that already happened.
+
+use shard_router::ShardId;
+use tracing::{debug, instrument};
+
+use crate::context::Context;
+use crate::db::chunks::{self, ApplyOutcome};
+use crate::domain::{MessageId, SendStatus};
+use crate::error::{Error, Result};
+use crate::queue::ChunkTask;
+use crate::send;
+
+/// What handling a task did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TaskOutcome {
+    /// The chunk's items were written.
+    Delivered {
+        /// Items written.
+        items: u64,
+    },
+    /// The chunk was already applied; nothing changed.
+    AlreadyDone,
+    /// The send is paused, cancelled or not started; the chunk stays as it is.
+    Skipped(SendStatus),
+    /// The send or the chunk does not exist; the task is dropped.
+    Dropped,
+}
+
+/// Applies one chunk task (steps 1-4 above).
+#[instrument(skip_all, fields(message_id = task.message_id, chunk_id = task.chunk_id, shard = task.shard))]
+pub async fn apply_task(ctx: &Context, task: &ChunkTask) -> Result<TaskOutcome> {
+    let message_id = MessageId::from_raw(task.message_id);
+    let Some(status) = send::status_of(ctx, message_id).await? else {
+        debug!("message does not exist, dropping task");
+        return Ok(TaskOutcome::Dropped);
+    };
+    if !matches!(status, SendStatus::Sending | SendStatus::Completed) {
+        return Ok(TaskOutcome::Skipped(status));
+    }
+    let pool = ctx
+        .pools
+        .get(ShardId(task.shard))
+        .ok_or_else(|| Error::Internal(format!("task names unknown shard {}", task.shard)))?;
+    match chunks::apply(pool, message_id, task.chunk_id).await? {
+        ApplyOutcome::Applied { user_ids, delivered } => {
+            ctx.cache.invalidate_counts(&user_ids).await?;
+            metrics::counter!("notify_items_delivered_total").increment(delivered);
+            if !chunks::has_pending(pool, message_id).await? {
+                send::complete_if_done(ctx, message_id).await?;
+            }
+            Ok(TaskOutcome::Delivered { items: delivered })
+        }
+        ApplyOutcome::AlreadyFinished { user_ids } => {
+            ctx.cache.invalidate_counts(&user_ids).await?;
+            if status == SendStatus::Sending && !chunks::has_pending(pool, message_id).await? {
+                send::complete_if_done(ctx, message_id).await?;
+            }
+            Ok(TaskOutcome::AlreadyDone)
+        }
+        ApplyOutcome::Missing => Ok(TaskOutcome::Dropped),
+    }
+}
+
+/// Records a task's chunk as failed after its last attempt, so its
+/// recipients show as failed in progress and the send can complete.
+pub async fn record_failure(ctx: &Context, task: &ChunkTask) -> Result<()> {
+    let message_id = MessageId::from_raw(task.message_id);
+    let pool = ctx
+        .pools
+        .get(ShardId(task.shard))
+        .ok_or_else(|| Error::Internal(format!("task names unknown shard {}", task.shard)))?;
+    if chunks::mark_failed(pool, message_id, task.chunk_id).await? {
+        send::complete_if_done(ctx, message_id).await?;
+    }
+    Ok(())
+}

@@ -1,0 +1,64 @@
+//! The error type of the domain and storage layers. The api maps it to a gRPC
+//! status in exactly one place; internal details are logged, never sent.
+
+/// Shorthand for results of this crate.
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// Everything that can go wrong below the gRPC layer.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// A request field is missing or out of range.
+    #[error("{field}: {reason}")]
+    InvalidArgument {
+        /// Request field, dotted (`content.title`).
+        field: String,
+        /// Why it was rejected.
+        reason: String,
+    },
+    /// The addressed entity does not exist.
+    #[error("{0} not found")]
+    NotFound(String),
+    /// The operation is illegal in the entity's current state.
+    #[error("{0}")]
+    FailedPrecondition(String),
+    /// The caller may not do this.
+    #[error("{0}")]
+    PermissionDenied(String),
+    /// A dependency is down; the caller may retry.
+    #[error("unavailable: {0}")]
+    Unavailable(String),
+    /// A MySQL error.
+    #[error("database: {0}")]
+    Database(#[from] sqlx::Error),
+    /// A RabbitMQ error.
+    #[error("broker: {0}")]
+    Broker(#[from] lapin::Error),
+    /// A Redis error.
+    #[error("cache: {0}")]
+    Cache(#[from] redis::RedisError),
+    /// A broken invariant.
+    #[error("internal: {0}")]
+    Internal(String),
+}
+
+impl Error {
+    /// Builds an `InvalidArgument` error for `field`.
+    pub fn invalid(field: &str, reason: &str) -> Self {
+        Self::InvalidArgument { field: field.to_owned(), reason: reason.to_owned() }
+    }
+
+    /// Returns true when retrying the same operation later may succeed.
+    pub fn is_transient(&self) -> bool {
+        match self {
+            Self::Database(e) => !matches!(
+                e,
+                sqlx::Error::RowNotFound
+                    | sqlx::Error::ColumnDecode { .. }
+                    | sqlx::Error::Decode(_)
+                    | sqlx::Error::TypeNotFound { .. }
+            ),
+            Self::Broker(_) | Self::Cache(_) | Self::Unavailable(_) => true,
+            _ => false,
+        }
+    }
+}

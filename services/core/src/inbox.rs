@@ -1,0 +1,171 @@
+//! The read side: inbox pages, mark-read and unread badges, with the counter
+//! protocol of [`crate::cache`] (MySQL is the truth, Redis a leased copy).
+
+use std::collections::HashMap;
+
+use base64::Engine;
+use base64::engine::general_purpose::URL_SAFE_NO_PAD;
+use chrono::Utc;
+use tracing::{instrument, warn};
+
+use crate::context::Context;
+use crate::db::items::{self, InboxQuery, InboxRow};
+use crate::domain::UserId;
+use crate::error::{Error, Result};
+
+/// Largest inbox page.
+pub const MAX_PAGE_SIZE: u32 = 100;
+/// Default inbox page.
+pub const DEFAULT_PAGE_SIZE: u32 = 20;
+/// Most ids in MarkRead or BatchGetUnreadCounts.
+pub const MAX_BATCH_IDS: usize = 1000;
+
+const CURSOR_VERSION: &str = "v1";
+
+/// Encodes an opaque page token for "ids below `message_id`".
+pub fn encode_cursor(message_id: u64) -> String {
+    URL_SAFE_NO_PAD.encode(format!("{CURSOR_VERSION}:{message_id}"))
+}
+
+/// Decodes a page token; an empty token means the first page.
+pub fn decode_cursor(token: &str, field: &str) -> Result<u64> {
+    if token.is_empty() {
+        return Ok(u64::MAX);
+    }
+    let malformed = || Error::invalid(field, "is not a page token returned by this service");
+    let bytes = URL_SAFE_NO_PAD.decode(token).map_err(|_| malformed())?;
+    let text = String::from_utf8(bytes).map_err(|_| malformed())?;
+    let (version, id) = text.split_once(':').ok_or_else(malformed)?;
+    if version != CURSOR_VERSION {
+        return Err(malformed());
+    }
+    id.parse().map_err(|_| malformed())
+}
+
+/// One inbox page.
+#[derive(Debug, Clone)]
+pub struct InboxPage {
+    /// Items, newest first.
+    pub items: Vec<InboxRow>,
+    /// Token of the next page, if there is one.
+    pub next_page_token: Option<String>,
+}
+
+/// Lists a user's inbox page in one query on the user's shard.
+#[instrument(skip_all, fields(user_id = user_id.get()))]
+pub async fn list(ctx: &Context, user_id: UserId, query: &InboxQuery<'_>) -> Result<InboxPage> {
+    let pool = ctx.pools.for_user(user_id.get()).1;
+    let fetch = InboxQuery { limit: query.limit + 1, ..query.clone() };
+    let mut rows = items::list(pool, user_id.get(), &fetch).await?;
+    let next_page_token = if rows.len() > query.limit as usize {
+        rows.truncate(query.limit as usize);
+        rows.last().map(|row| encode_cursor(row.message_id))
+    } else {
+        None
+    };
+    Ok(InboxPage { items: rows, next_page_token })
+}
+
+/// Marks messages read; returns (ids changed, ids unknown).
+#[instrument(skip_all, fields(user_id = user_id.get(), ids = message_ids.len()))]
+pub async fn mark_read(
+    ctx: &Context,
+    user_id: UserId,
+    message_ids: &[u64],
+) -> Result<(Vec<u64>, Vec<u64>)> {
+    let pool = ctx.pools.for_user(user_id.get()).1;
+    ctx.cache.begin_count_change(user_id.get()).await?;
+    let result = items::mark_read(pool, user_id.get(), message_ids).await;
+    finish_count_change(ctx, user_id).await;
+    result
+}
+
+/// Marks all (or a category's, or up to an id) unread items read.
+#[instrument(skip_all, fields(user_id = user_id.get()))]
+pub async fn mark_all_read(
+    ctx: &Context,
+    user_id: UserId,
+    category: Option<&str>,
+    up_to: Option<u64>,
+) -> Result<u64> {
+    let pool = ctx.pools.for_user(user_id.get()).1;
+    ctx.cache.begin_count_change(user_id.get()).await?;
+    let result = items::mark_all_read(pool, user_id.get(), category, up_to).await;
+    finish_count_change(ctx, user_id).await;
+    result
+}
+
+async fn finish_count_change(ctx: &Context, user_id: UserId) {
+    // On failure the dirty marker expires by itself and caching resumes.
+    if let Err(e) = ctx.cache.end_count_change(user_id.get()).await {
+        warn!(error = %e, user_id = user_id.get(), "could not clear a badge change marker");
+    }
+}
+
+/// Returns users' unread counts, in input order, from Redis where cached,
+/// rebuilt from each user's shard (one query per shard) where not.
+#[instrument(skip_all, fields(users = user_ids.len()))]
+pub async fn unread_counts(ctx: &Context, user_ids: &[u64]) -> Result<Vec<u64>> {
+    let cached = match ctx.cache.cached_counts(user_ids).await {
+        Ok(cached) => cached,
+        Err(e) => {
+            warn!(error = %e, "badge cache unavailable, counting in mysql");
+            vec![None; user_ids.len()]
+        }
+    };
+    let missing: Vec<u64> =
+        user_ids.iter().zip(&cached).filter(|(_, c)| c.is_none()).map(|(u, _)| *u).collect();
+    if missing.is_empty() {
+        metrics::counter!("notify_badge_cache_hits_total").increment(user_ids.len() as u64);
+        return Ok(cached.into_iter().map(|c| c.unwrap_or(0)).collect());
+    }
+    metrics::counter!("notify_badge_cache_misses_total").increment(missing.len() as u64);
+    let rebuilt = rebuild(ctx, &missing).await?;
+    Ok(user_ids
+        .iter()
+        .zip(cached)
+        .map(|(user, cached)| cached.or_else(|| rebuilt.get(user).copied()).unwrap_or(0))
+        .collect())
+}
+
+async fn rebuild(ctx: &Context, user_ids: &[u64]) -> Result<HashMap<u64, u64>> {
+    let leases = ctx.cache.take_leases(user_ids).await.ok();
+    let counts = user_ids.iter().map(|user_id| async move {
+        let pool = ctx.pools.for_user(*user_id).1;
+        items::count_unread(pool, *user_id).await.map(|truth| (*user_id, truth))
+    });
+    let truths = futures::future::try_join_all(counts).await?;
+    if let Some(tokens) = leases {
+        let max_ttl_ms = ctx.settings.inbox.counter_ttl_secs * 1000;
+        let now = Utc::now().naive_utc();
+        let entries: Vec<(u64, u64, u64, u64)> = truths
+            .iter()
+            .zip(tokens)
+            .map(|((user_id, truth), token)| {
+                let ttl_ms = truth
+                    .next_expiry
+                    .map(|at| (at - now).num_milliseconds().max(1) as u64)
+                    .map_or(max_ttl_ms, |until_expiry| until_expiry.min(max_ttl_ms));
+                (*user_id, token, truth.unread, ttl_ms)
+            })
+            .collect();
+        if let Err(e) = ctx.cache.store_counts(&entries).await {
+            warn!(error = %e, "could not cache rebuilt badges");
+        }
+    }
+    Ok(truths.into_iter().map(|(user, truth)| (user, truth.unread)).collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cursor_round_trips_and_rejects_garbage() {
+        assert_eq!(decode_cursor(&encode_cursor(42), "page_token").unwrap(), 42);
+        assert_eq!(decode_cursor("", "page_token").unwrap(), u64::MAX);
+        let err = decode_cursor("not-a-token!", "page_token").unwrap_err();
+        assert!(err.to_string().starts_with("page_token: "), "{err}");
+        assert!(decode_cursor(&URL_SAFE_NO_PAD.encode("v9:1"), "page_token").is_err());
+    }
+}

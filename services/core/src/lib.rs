@@ -1,0 +1,21 @@
+//! Notify's domain and storage: settings, ids, the shard schema and its
+//! repositories, the RabbitMQ topology, the Redis cache, and the send,
+//! delivery and inbox logic shared by `notify-api`, `notify-worker` and
+//! `notifyctl`.
+
+pub mod cache;
+pub mod context;
+pub mod db;
+pub mod deliver;
+pub mod domain;
+pub mod error;
+pub mod ids;
+pub mod inbox;
+pub mod queue;
+pub mod send;
+pub mod settings;
+pub mod telemetry;
+
+pub use context::Context;
+pub use error::{Error, Result};
+pub use settings::Settings;

@@ -1,0 +1,262 @@
+//! RabbitMQ: the chunk-task topology, the task format, and a publisher that
+//! waits for broker confirms and reconnects after a broker restart.
+//!
+//! Topology (names under `rabbitmq.prefix`):
+//! - `{p}.chunks` direct exchange; routing keys `high` and `bulk`.
+//! - `{p}.chunks.high`, `{p}.chunks.bulk`: durable queues (quorum by default,
+//!   so they survive a broker restart and cap redeliveries of poison tasks),
+//!   dead-lettering to `{p}.chunks.dlx`.
+//! - `{p}.chunks.dlx` fanout exchange -> `{p}.chunks.dead`: tasks that failed
+//!   their last attempt or were redelivered too often, kept for inspection.
+
+use std::time::Duration;
+
+use lapin::options::{
+    BasicPublishOptions, ConfirmSelectOptions, ExchangeDeclareOptions, ExchangeDeleteOptions,
+    QueueBindOptions, QueueDeclareOptions, QueueDeleteOptions,
+};
+use lapin::types::{AMQPValue, FieldTable};
+use lapin::{BasicProperties, Channel, Connection, ConnectionProperties, ExchangeKind};
+use secrecy::ExposeSecret;
+use serde::{Deserialize, Serialize};
+use tokio::sync::Mutex;
+use tracing::{info, warn};
+
+use crate::domain::Lane;
+use crate::error::{Error, Result};
+use crate::settings::RabbitSettings;
+
+/// Redeliveries after which a quorum queue dead-letters a task. Guards against
+/// a task that kills every worker that takes it.
+const DELIVERY_LIMIT: i64 = 20;
+
+/// One chunk to apply: small, so a million-recipient send is 2,000 tiny tasks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ChunkTask {
+    /// The send.
+    #[serde(rename = "m")]
+    pub message_id: u64,
+    /// The chunk within the send.
+    #[serde(rename = "c")]
+    pub chunk_id: u64,
+    /// Shard that stores the chunk.
+    #[serde(rename = "s")]
+    pub shard: u32,
+}
+
+impl ChunkTask {
+    /// Encodes the task body.
+    pub fn encode(&self) -> Vec<u8> {
+        serde_json::to_vec(self).unwrap_or_default()
+    }
+
+    /// Decodes a task body.
+    pub fn decode(bytes: &[u8]) -> Result<Self> {
+        serde_json::from_slice(bytes)
+            .map_err(|e| Error::Internal(format!("malformed chunk task: {e}")))
+    }
+}
+
+/// Names of the exchanges and queues under a prefix.
+#[derive(Debug, Clone)]
+pub struct Topology {
+    prefix: String,
+    queue_type: String,
+}
+
+impl Topology {
+    /// Builds the names for `settings.prefix`.
+    pub fn new(settings: &RabbitSettings) -> Self {
+        Self { prefix: settings.prefix.clone(), queue_type: settings.queue_type.clone() }
+    }
+
+    /// The direct exchange tasks are published to.
+    pub fn exchange(&self) -> String {
+        format!("{}.chunks", self.prefix)
+    }
+
+    /// The queue of a lane.
+    pub fn queue(&self, lane: Lane) -> String {
+        format!("{}.chunks.{}", self.prefix, lane.name())
+    }
+
+    /// The dead-letter exchange.
+    pub fn dead_letter_exchange(&self) -> String {
+        format!("{}.chunks.dlx", self.prefix)
+    }
+
+    /// The queue that keeps dead-lettered tasks.
+    pub fn dead_queue(&self) -> String {
+        format!("{}.chunks.dead", self.prefix)
+    }
+
+    /// Declares every exchange and queue (idempotent).
+    pub async fn declare(&self, channel: &Channel) -> Result<()> {
+        let durable = ExchangeDeclareOptions { durable: true, ..Default::default() };
+        channel
+            .exchange_declare(
+                self.exchange().into(),
+                ExchangeKind::Direct,
+                durable,
+                FieldTable::default(),
+            )
+            .await?;
+        channel
+            .exchange_declare(
+                self.dead_letter_exchange().into(),
+                ExchangeKind::Fanout,
+                durable,
+                FieldTable::default(),
+            )
+            .await?;
+        let queue_options = QueueDeclareOptions { durable: true, ..Default::default() };
+        let mut dead_args = FieldTable::default();
+        dead_args
+            .insert("x-queue-type".into(), AMQPValue::LongString(self.queue_type.as_str().into()));
+        channel.queue_declare(self.dead_queue().into(), queue_options, dead_args).await?;
+        channel
+            .queue_bind(
+                self.dead_queue().into(),
+                self.dead_letter_exchange().into(),
+                "".into(),
+                QueueBindOptions::default(),
+                FieldTable::default(),
+            )
+            .await?;
+        for lane in [Lane::High, Lane::Bulk] {
+            let mut args = FieldTable::default();
+            args.insert(
+                "x-queue-type".into(),
+                AMQPValue::LongString(self.queue_type.as_str().into()),
+            );
+            args.insert(
+                "x-dead-letter-exchange".into(),
+                AMQPValue::LongString(self.dead_letter_exchange().as_str().into()),
+            );
+            if self.queue_type == "quorum" {
+                args.insert("x-delivery-limit".into(), AMQPValue::LongLongInt(DELIVERY_LIMIT));
+            }
+            channel.queue_declare(self.queue(lane).into(), queue_options, args).await?;
+            channel
+                .queue_bind(
+                    self.queue(lane).into(),
+                    self.exchange().into(),
+                    lane.name().into(),
+                    QueueBindOptions::default(),
+                    FieldTable::default(),
+                )
+                .await?;
+        }
+        Ok(())
+    }
+
+    /// Deletes every exchange and queue. Used by tests to clean up.
+    pub async fn delete(&self, channel: &Channel) -> Result<()> {
+        for queue in [self.queue(Lane::High), self.queue(Lane::Bulk), self.dead_queue()] {
+            channel.queue_delete(queue.into(), QueueDeleteOptions::default()).await?;
+        }
+        for exchange in [self.exchange(), self.dead_letter_exchange()] {
+            channel.exchange_delete(exchange.into(), ExchangeDeleteOptions::default()).await?;
+        }
+        Ok(())
+    }
+}
+
+/// Connects to the broker, naming the setting when it is unreachable.
+pub async fn connect(settings: &RabbitSettings, name: &str) -> Result<Connection> {
+    let properties = ConnectionProperties::default().with_connection_name(name.into());
+    Connection::connect(settings.url.expose_secret(), properties)
+        .await
+        .map_err(|e| Error::Unavailable(format!("rabbitmq.url: cannot connect: {e}")))
+}
+
+/// Publishes chunk tasks as persistent messages and waits for the broker's
+/// confirms, so a task counts as queued only once RabbitMQ has it on disk.
+pub struct Publisher {
+    settings: RabbitSettings,
+    topology: Topology,
+    channel: Mutex<Option<(Connection, Channel)>>,
+}
+
+impl Publisher {
+    /// Connects, declares the topology and opens a confirm-mode channel.
+    pub async fn connect(settings: &RabbitSettings) -> Result<Self> {
+        let publisher = Self {
+            settings: settings.clone(),
+            topology: Topology::new(settings),
+            channel: Mutex::new(None),
+        };
+        publisher.channel().await?;
+        Ok(publisher)
+    }
+
+    /// Returns the topology names.
+    pub fn topology(&self) -> &Topology {
+        &self.topology
+    }
+
+    async fn channel(&self) -> Result<Channel> {
+        let mut guard = self.channel.lock().await;
+        if let Some((connection, channel)) = guard.as_ref() {
+            if connection.status().connected() && channel.status().connected() {
+                return Ok(channel.clone());
+            }
+            warn!("rabbitmq publisher channel lost, reconnecting");
+        }
+        let connection = connect(&self.settings, "notify-publisher").await?;
+        let channel = connection.create_channel().await?;
+        self.topology.declare(&channel).await?;
+        channel.confirm_select(ConfirmSelectOptions::default()).await?;
+        info!("rabbitmq publisher connected");
+        *guard = Some((connection, channel.clone()));
+        Ok(channel)
+    }
+
+    /// Publishes tasks to a lane and returns once every one is confirmed.
+    /// On a broken connection it reconnects and retries the whole set once;
+    /// a task published twice is harmless (the chunk guard makes it a no-op).
+    pub async fn publish(&self, lane: Lane, tasks: &[ChunkTask]) -> Result<()> {
+        if tasks.is_empty() {
+            return Ok(());
+        }
+        match self.publish_once(lane, tasks).await {
+            Ok(()) => Ok(()),
+            Err(first) => {
+                warn!(error = %first, tasks = tasks.len(), "publish failed, retrying on a new channel");
+                self.channel.lock().await.take();
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                self.publish_once(lane, tasks).await
+            }
+        }
+    }
+
+    async fn publish_once(&self, lane: Lane, tasks: &[ChunkTask]) -> Result<()> {
+        let channel = self.channel().await?;
+        let exchange = self.topology.exchange();
+        let properties = BasicProperties::default()
+            .with_delivery_mode(2)
+            .with_content_type("application/json".into());
+        let mut confirms = Vec::with_capacity(tasks.len());
+        for task in tasks {
+            let confirm = channel
+                .basic_publish(
+                    exchange.as_str().into(),
+                    lane.name().into(),
+                    BasicPublishOptions::default(),
+                    &task.encode(),
+                    properties.clone(),
+                )
+                .await?;
+            confirms.push(confirm);
+        }
+        for confirm in confirms {
+            let confirmation = confirm.await?;
+            if !confirmation.is_ack() {
+                return Err(Error::Unavailable("rabbitmq refused a chunk task".to_owned()));
+            }
+        }
+        metrics::counter!("notify_tasks_published_total", "lane" => lane.name())
+            .increment(tasks.len() as u64);
+        Ok(())
+    }
+}

@@ -1,0 +1,232 @@
+//! Lifecycle transitions of a send and the status checks workers rely on.
+//!
+//! The home shard's `messages.status` is the truth. Every transition writes
+//! it first, then overwrites the Redis status cache before returning, so a
+//! worker that checks the cache after PauseMessage returns sees PAUSED.
+//! Workers fill the cache with SET NX, so a stale read never overwrites a
+//! newer status written by a transition.
+
+use tracing::{info, instrument, warn};
+
+use super::{MessageView, get};
+use crate::context::Context;
+use crate::db::{chunks, messages};
+use crate::domain::{Lane, MessageId, Priority, SendStatus};
+use crate::error::{Error, Result};
+use crate::queue::ChunkTask;
+
+/// Returns a send's status: from the cache, else from its home shard (then
+/// cached). `None` when the send does not exist.
+pub async fn status_of(ctx: &Context, message_id: MessageId) -> Result<Option<SendStatus>> {
+    match ctx.cache.cached_status(message_id.get()).await {
+        Ok(Some(status)) => return SendStatus::from_db(status).map(Some),
+        Ok(None) => {}
+        Err(e) => {
+            warn!(error = %e, message_id = %message_id, "status cache unavailable, reading the home shard")
+        }
+    }
+    let home = ctx.pools.for_message(message_id.get()).1;
+    let status = messages::fetch_status(home, message_id).await?;
+    if let Some(status) = status {
+        let ttl = ctx.settings.send.status_cache_ttl_secs;
+        if let Err(e) = ctx.cache.fill_status(message_id.get(), status.to_db(), ttl).await {
+            warn!(error = %e, message_id = %message_id, "could not cache a message status");
+        }
+    }
+    Ok(status)
+}
+
+async fn write_status(ctx: &Context, message_id: MessageId, status: SendStatus) -> Result<()> {
+    let ttl = ctx.settings.send.status_cache_ttl_secs;
+    ctx.cache.write_status(message_id.get(), status.to_db(), ttl).await
+}
+
+/// Moves `from -> to`, or explains why not: NOT_FOUND, or FAILED_PRECONDITION
+/// naming the current status. Returns true if this call changed the status,
+/// false if it already was `to` (repeating a pause or cancel is harmless).
+async fn transition(
+    ctx: &Context,
+    message_id: MessageId,
+    from: &[SendStatus],
+    to: SendStatus,
+    verb: &str,
+) -> Result<bool> {
+    let home = ctx.pools.for_message(message_id.get()).1;
+    if messages::transition(home, message_id, from, to).await? {
+        write_status(ctx, message_id, to).await?;
+        return Ok(true);
+    }
+    let current = messages::fetch_status(home, message_id)
+        .await?
+        .ok_or_else(|| Error::NotFound(format!("message {message_id}")))?;
+    if current == to {
+        write_status(ctx, message_id, to).await?;
+        return Ok(false);
+    }
+    Err(Error::FailedPrecondition(format!(
+        "cannot {verb} message {message_id}: it is {}",
+        current.name()
+    )))
+}
+
+/// Starts a draft: now, or at its `send_at` if that is in the future (the
+/// scheduler then starts it). Picks the lane from priority and size.
+#[instrument(skip_all, fields(message_id = %message_id))]
+pub async fn start(ctx: &Context, message_id: MessageId) -> Result<MessageView> {
+    let home = ctx.pools.for_message(message_id.get()).1;
+    let row = messages::fetch_existing(home, message_id).await?;
+    let status = row.status()?;
+    if status != SendStatus::NotStarted || row.start_requested {
+        let state = if status == SendStatus::NotStarted { "scheduled" } else { status.name() };
+        return Err(Error::FailedPrecondition(format!(
+            "cannot start message {message_id}: it is already {state}"
+        )));
+    }
+    let progress = super::progress(ctx, message_id).await?;
+    if progress.total == 0 {
+        return Err(Error::FailedPrecondition(format!(
+            "cannot start message {message_id}: no recipients were appended"
+        )));
+    }
+    let lane = if row.priority == Priority::High as u8
+        || progress.total <= ctx.settings.send.small_send_threshold
+    {
+        Lane::High
+    } else {
+        Lane::Bulk
+    };
+    let start_now = row.send_at.is_none_or(|at| at <= super::now());
+    if !messages::request_start(home, message_id, lane as u8, start_now).await? {
+        return Err(Error::FailedPrecondition(format!(
+            "cannot start message {message_id}: it was started concurrently"
+        )));
+    }
+    if start_now {
+        write_status(ctx, message_id, SendStatus::Sending).await?;
+        publish_or_leave_to_sweeper(ctx, message_id, lane).await;
+    }
+    info!(lane = lane.name(), start_now, total = progress.total, "message started");
+    get(ctx, message_id).await
+}
+
+/// Starts a scheduled send that is due (called by the scheduler; safe with
+/// several worker replicas: only the one whose update wins publishes).
+#[instrument(skip_all, fields(message_id = %message_id))]
+pub async fn start_due(ctx: &Context, message_id: MessageId) -> Result<bool> {
+    let home = ctx.pools.for_message(message_id.get()).1;
+    if !messages::start_scheduled(home, message_id).await? {
+        return Ok(false);
+    }
+    write_status(ctx, message_id, SendStatus::Sending).await?;
+    let lane = Lane::from_db(messages::fetch_existing(home, message_id).await?.lane);
+    publish_or_leave_to_sweeper(ctx, message_id, lane).await;
+    info!(lane = lane.name(), "scheduled message started");
+    Ok(true)
+}
+
+/// Publishes one task per pending chunk of a send, on every shard.
+pub async fn publish_pending(ctx: &Context, message_id: MessageId, lane: Lane) -> Result<u64> {
+    let mut published = 0;
+    for (shard, pool) in ctx.pools.iter() {
+        chunks::touch_pending(pool, message_id).await?;
+        let tasks: Vec<ChunkTask> = chunks::pending_ids(pool, message_id)
+            .await?
+            .into_iter()
+            .map(|chunk_id| ChunkTask { message_id: message_id.get(), chunk_id, shard: shard.0 })
+            .collect();
+        ctx.publisher.publish(lane, &tasks).await?;
+        published += tasks.len() as u64;
+    }
+    Ok(published)
+}
+
+/// Publishes pending chunks; on failure the send stays SENDING and the
+/// sweeper re-publishes its chunks after `worker.sweep_timeout_secs`.
+async fn publish_or_leave_to_sweeper(ctx: &Context, message_id: MessageId, lane: Lane) {
+    if let Err(e) = publish_pending(ctx, message_id, lane).await {
+        warn!(error = %e, message_id = %message_id, "publishing chunks failed, the sweeper will retry");
+    }
+}
+
+/// Pauses a sending send. After this returns, workers skip its chunks.
+#[instrument(skip_all, fields(message_id = %message_id))]
+pub async fn pause(ctx: &Context, message_id: MessageId) -> Result<MessageView> {
+    transition(ctx, message_id, &[SendStatus::Sending], SendStatus::Paused, "pause").await?;
+    get(ctx, message_id).await
+}
+
+/// Resumes a paused send by re-publishing exactly its pending chunks.
+#[instrument(skip_all, fields(message_id = %message_id))]
+pub async fn resume(ctx: &Context, message_id: MessageId) -> Result<MessageView> {
+    let changed =
+        transition(ctx, message_id, &[SendStatus::Paused], SendStatus::Sending, "resume").await?;
+    if changed {
+        let home = ctx.pools.for_message(message_id.get()).1;
+        let lane = Lane::from_db(messages::fetch_existing(home, message_id).await?.lane);
+        publish_or_leave_to_sweeper(ctx, message_id, lane).await;
+        complete_if_done(ctx, message_id).await?;
+    }
+    get(ctx, message_id).await
+}
+
+/// Cancels a send that has not completed; its pending chunks are marked
+/// cancelled (and the sweeper finishes the job if a shard is down now).
+#[instrument(skip_all, fields(message_id = %message_id))]
+pub async fn cancel(ctx: &Context, message_id: MessageId) -> Result<MessageView> {
+    let from = [SendStatus::NotStarted, SendStatus::Sending, SendStatus::Paused];
+    transition(ctx, message_id, &from, SendStatus::Cancelled, "cancel").await?;
+    for (shard, pool) in ctx.pools.iter() {
+        if let Err(e) = chunks::cancel_pending(pool, message_id).await {
+            warn!(error = %e, shard = %shard, message_id = %message_id, "cancelling chunks failed, the sweeper will retry");
+        }
+    }
+    get(ctx, message_id).await
+}
+
+/// Moves a send's failed chunks back to pending and publishes them again.
+/// Allowed while the send is SENDING or COMPLETED (it goes back to SENDING).
+#[instrument(skip_all, fields(message_id = %message_id))]
+pub async fn redrive(ctx: &Context, message_id: MessageId) -> Result<MessageView> {
+    let home = ctx.pools.for_message(message_id.get()).1;
+    let row = messages::fetch_existing(home, message_id).await?;
+    let status = row.status()?;
+    if !matches!(status, SendStatus::Sending | SendStatus::Completed) {
+        return Err(Error::FailedPrecondition(format!(
+            "cannot redrive message {message_id}: it is {}",
+            status.name()
+        )));
+    }
+    let mut reset = 0;
+    for (_, pool) in ctx.pools.iter() {
+        reset += chunks::reset_failed(pool, message_id).await?.len();
+    }
+    if reset > 0 {
+        let home = ctx.pools.for_message(message_id.get()).1;
+        if messages::transition(home, message_id, &[SendStatus::Completed], SendStatus::Sending)
+            .await?
+        {
+            write_status(ctx, message_id, SendStatus::Sending).await?;
+        }
+        publish_or_leave_to_sweeper(ctx, message_id, Lane::from_db(row.lane)).await;
+    }
+    get(ctx, message_id).await
+}
+
+/// Marks a SENDING send COMPLETED once no shard has a pending chunk of it.
+/// Safe to call from anywhere, any number of times.
+pub async fn complete_if_done(ctx: &Context, message_id: MessageId) -> Result<bool> {
+    for (_, pool) in ctx.pools.iter() {
+        if chunks::has_pending(pool, message_id).await? {
+            return Ok(false);
+        }
+    }
+    let home = ctx.pools.for_message(message_id.get()).1;
+    let completed =
+        messages::transition(home, message_id, &[SendStatus::Sending], SendStatus::Completed)
+            .await?;
+    if completed {
+        write_status(ctx, message_id, SendStatus::Completed).await?;
+        info!(message_id = %message_id, "message completed");
+    }
+    Ok(completed)
+}

@@ -1,0 +1,232 @@
+//! Sends to explicit user lists: create, append recipients, start, pause,
+//! resume, cancel, progress. Every step is idempotent so a retried call, or a
+//! call retried after a crash, converges on the same state.
+
+mod lifecycle;
+pub mod plan;
+mod progress;
+
+use chrono::{NaiveDateTime, Utc};
+use tracing::{info, instrument};
+
+use crate::context::Context;
+use crate::db::chunks::{self, ContentCopy};
+use crate::db::messages::{self, MessageRow, NewMessage};
+use crate::domain::{AudienceKind, Content, MessageId, Priority, SendStatus};
+use crate::error::{Error, Result};
+
+pub use lifecycle::{complete_if_done, publish_pending, start_due, status_of};
+pub use progress::{Progress, progress};
+
+/// Batch number used for the inline recipients of `SendMessage`; client
+/// batches of `AppendRecipients` start at 1.
+pub const INLINE_BATCH: u64 = 0;
+
+/// A validated request to create a send.
+#[derive(Debug, Clone)]
+pub struct NewSend {
+    /// Calling service.
+    pub sender: String,
+    /// Optional idempotency key.
+    pub idempotency_key: Option<String>,
+    /// What recipients see.
+    pub content: Content,
+    /// Who it goes to.
+    pub audience: AudienceKind,
+    /// Requested priority.
+    pub priority: Priority,
+    /// Scheduled start.
+    pub send_at: Option<NaiveDateTime>,
+    /// Expiry.
+    pub expire_at: Option<NaiveDateTime>,
+}
+
+/// A send with its progress.
+#[derive(Debug, Clone)]
+pub struct MessageView {
+    /// The control record.
+    pub row: MessageRow,
+    /// Its counters.
+    pub progress: Progress,
+}
+
+/// Result of creating a send.
+#[derive(Debug, Clone, Copy)]
+pub struct Created {
+    /// The send's id.
+    pub message_id: MessageId,
+    /// True when the idempotency key matched an earlier send.
+    pub deduplicated: bool,
+}
+
+/// Result of appending a batch.
+#[derive(Debug, Clone, Copy)]
+pub struct Appended {
+    /// Distinct recipients in the batch.
+    pub accepted: u64,
+    /// True when the batch number had been appended before.
+    pub duplicate_batch: bool,
+}
+
+/// Creates a draft (NOT_STARTED) control record, or returns the send that
+/// already holds the idempotency key.
+#[instrument(skip_all, fields(sender = %send.sender))]
+pub async fn create(ctx: &Context, send: &NewSend) -> Result<Created> {
+    let Some(key) = &send.idempotency_key else {
+        return Ok(Created {
+            message_id: insert_with_fresh_id(ctx, send).await?,
+            deduplicated: false,
+        });
+    };
+    let candidate = ctx.ids.next_id();
+    let key_pool = ctx.pools.for_key(&format!("{}\u{1f}{key}", send.sender)).1;
+    let holder = messages::claim_idempotency_key(key_pool, &send.sender, key, candidate).await?;
+    // The holder's control record may be missing if the first attempt died
+    // right after claiming the key: write it now (a no-op if it exists).
+    let home = ctx.pools.for_message(holder.get()).1;
+    messages::insert(home, &new_message(send, holder)).await?;
+    Ok(Created { message_id: holder, deduplicated: holder != candidate })
+}
+
+async fn insert_with_fresh_id(ctx: &Context, send: &NewSend) -> Result<MessageId> {
+    for _ in 0..8 {
+        let id = ctx.ids.next_id();
+        let home = ctx.pools.for_message(id.get()).1;
+        if messages::insert(home, &new_message(send, id)).await? {
+            return Ok(id);
+        }
+    }
+    Err(Error::Internal("could not allocate a free message id".to_owned()))
+}
+
+fn new_message(send: &NewSend, message_id: MessageId) -> NewMessage {
+    NewMessage {
+        message_id,
+        sender: send.sender.clone(),
+        idempotency_key: send.idempotency_key.clone(),
+        audience: send.audience,
+        priority: send.priority as u8,
+        content: send.content.clone(),
+        send_at: send.send_at,
+        expire_at: send.expire_at,
+    }
+}
+
+/// Appends one numbered batch of sorted, distinct recipients to a draft.
+///
+/// The draft's control row is share-locked on its home shard for the whole
+/// call, so a concurrent StartMessage waits until the batch is stored on
+/// every target shard. Each shard stores its chunks idempotently, and the
+/// batch number is recorded last: a retry after any failure stores the
+/// missing part and nothing twice.
+#[instrument(skip_all, fields(message_id = %message_id, batch_number, recipients = user_ids.len()))]
+pub async fn append(
+    ctx: &Context,
+    message_id: MessageId,
+    batch_number: u64,
+    user_ids: &[u64],
+) -> Result<Appended> {
+    let home = ctx.pools.for_message(message_id.get()).1;
+    let mut tx = home.begin().await?;
+    let row: Option<(u8, bool, Option<NaiveDateTime>, NaiveDateTime, u8)> = sqlx::query_as(
+        "SELECT status, start_requested, expire_at, created_at, audience FROM messages \
+         WHERE message_id = ? LOCK IN SHARE MODE",
+    )
+    .bind(message_id.get())
+    .fetch_optional(&mut *tx)
+    .await?;
+    let Some((status, start_requested, expire_at, created_at, audience)) = row else {
+        return Err(Error::NotFound(format!("message {message_id}")));
+    };
+    if audience != AudienceKind::Users as u8 {
+        return Err(Error::FailedPrecondition(format!(
+            "message {message_id} goes to all users; recipients cannot be appended"
+        )));
+    }
+    if SendStatus::from_db(status)? != SendStatus::NotStarted || start_requested {
+        return Err(Error::FailedPrecondition(format!(
+            "message {message_id} was already started; recipients can only be appended to a draft"
+        )));
+    }
+    if messages::batch_exists(home, message_id, batch_number).await? {
+        return Ok(Appended { accepted: user_ids.len() as u64, duplicate_batch: true });
+    }
+    let content = messages::fetch_existing(home, message_id).await?.content();
+    let copy = ContentCopy { content: &content, expire_at, created_at };
+    let planned =
+        plan::plan_batch(ctx.pools.map(), batch_number, user_ids, ctx.settings.send.chunk_size)?;
+    let stores = planned.iter().map(|(shard, chunk_plans)| {
+        let copy = &copy;
+        async move {
+            let pool = ctx
+                .pools
+                .get(*shard)
+                .ok_or_else(|| Error::Internal(format!("no pool for shard {shard}")))?;
+            chunks::store(pool, message_id, copy, chunk_plans).await
+        }
+    });
+    futures::future::try_join_all(stores).await?;
+    sqlx::query("INSERT IGNORE INTO message_batches (message_id, batch_number, recipients) VALUES (?, ?, ?)")
+        .bind(message_id.get())
+        .bind(batch_number)
+        .bind(user_ids.len() as u32)
+        .execute(&mut *tx)
+        .await?;
+    tx.commit().await?;
+    info!(accepted = user_ids.len(), "recipients appended");
+    Ok(Appended { accepted: user_ids.len() as u64, duplicate_batch: false })
+}
+
+/// Creates, fills and starts a send in one call (`SendMessage`). A retry with
+/// the same idempotency key resumes an attempt that died halfway.
+#[instrument(skip_all, fields(sender = %send.sender, recipients = user_ids.len()))]
+pub async fn send_to_users(
+    ctx: &Context,
+    send: &NewSend,
+    user_ids: &[u64],
+) -> Result<(Created, SendStatus)> {
+    let created = create(ctx, send).await?;
+    let home = ctx.pools.for_message(created.message_id.get()).1;
+    let row = messages::fetch_existing(home, created.message_id).await?;
+    if row.status()? != SendStatus::NotStarted || row.start_requested {
+        return Ok((created, row.status()?));
+    }
+    append(ctx, created.message_id, INLINE_BATCH, user_ids).await?;
+    let view = start(ctx, created.message_id).await?;
+    Ok((created, view.row.status()?))
+}
+
+/// Returns a send with its progress, or NOT_FOUND.
+pub async fn get(ctx: &Context, message_id: MessageId) -> Result<MessageView> {
+    let home = ctx.pools.for_message(message_id.get()).1;
+    let row = messages::fetch_existing(home, message_id).await?;
+    let progress = progress(ctx, message_id).await?;
+    Ok(MessageView { row, progress })
+}
+
+/// Lists a sender's sends with ids below `before`, newest first, over all shards.
+pub async fn list(
+    ctx: &Context,
+    sender: &str,
+    before: u64,
+    limit: u32,
+) -> Result<Vec<MessageView>> {
+    let pages =
+        ctx.pools.iter().map(|(_, pool)| messages::list_by_sender(pool, sender, before, limit));
+    let mut rows: Vec<MessageRow> =
+        futures::future::try_join_all(pages).await?.into_iter().flatten().collect();
+    rows.sort_unstable_by_key(|row| std::cmp::Reverse(row.message_id));
+    rows.truncate(limit as usize);
+    let views = rows.into_iter().map(|row| async move {
+        let progress = progress(ctx, MessageId::from_raw(row.message_id)).await?;
+        Ok::<_, Error>(MessageView { row, progress })
+    });
+    futures::future::try_join_all(views).await
+}
+
+/// Returns the current UTC time as stored in the database.
+pub fn now() -> NaiveDateTime {
+    Utc::now().naive_utc()
+}
+
+pub use lifecycle::{cancel, pause, redrive, resume, start};

@@ -1,0 +1,76 @@
+//! Progress of a send, summed from per-shard stats: O(shards), never a COUNT
+//! over items.
+
+use crate::context::Context;
+use crate::db::messages::{self, ShardStats};
+use crate::domain::MessageId;
+use crate::error::Result;
+
+/// Counters of a send.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Progress {
+    /// Distinct recipients.
+    pub total: u64,
+    /// Items written.
+    pub delivered: u64,
+    /// Recipients of dead-lettered chunks.
+    pub failed: u64,
+    /// Items read.
+    pub read: u64,
+    /// Recipients still to deliver.
+    pub pending: u64,
+    /// Recipients left undelivered by a cancel.
+    pub cancelled: u64,
+    /// Chunks still pending.
+    pub pending_chunks: u64,
+}
+
+impl Progress {
+    /// Derives the counters from summed shard stats.
+    pub fn from_stats(stats: &ShardStats) -> Self {
+        let total = stats.total.saturating_sub(stats.duplicates);
+        Self {
+            total,
+            delivered: stats.delivered,
+            failed: stats.failed,
+            read: stats.read_count,
+            pending: total.saturating_sub(stats.delivered + stats.failed + stats.cancelled),
+            cancelled: stats.cancelled,
+            pending_chunks: stats.chunks.saturating_sub(stats.done_chunks),
+        }
+    }
+}
+
+/// Sums a send's stats over every shard, in parallel.
+pub async fn progress(ctx: &Context, message_id: MessageId) -> Result<Progress> {
+    let per_shard = ctx.pools.iter().map(|(_, pool)| messages::shard_stats(pool, message_id));
+    let mut sum = ShardStats::default();
+    for stats in futures::future::try_join_all(per_shard).await? {
+        sum.add(&stats);
+    }
+    Ok(Progress::from_stats(&sum))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn duplicates_are_not_counted_as_recipients_or_pending() {
+        let stats = ShardStats {
+            total: 1000,
+            delivered: 700,
+            duplicates: 100,
+            failed: 50,
+            cancelled: 0,
+            read_count: 7,
+            chunks: 4,
+            done_chunks: 3,
+        };
+        let progress = Progress::from_stats(&stats);
+        assert_eq!(progress.total, 900);
+        assert_eq!(progress.pending, 150);
+        assert_eq!(progress.pending_chunks, 1);
+        assert_eq!(progress.read, 7);
+    }
+}

@@ -1,0 +1,116 @@
+//! `notifyctl`: the operator CLI. Migrates shards directly; everything else
+//! goes through the api over gRPC.
+
+mod inbox;
+mod recipients;
+mod sends;
+
+use clap::{Parser, Subcommand};
+use tonic::transport::Channel;
+
+/// Operator CLI for Notify.
+#[derive(Debug, Parser)]
+#[command(name = "notifyctl", version, about)]
+struct Cli {
+    /// Address of notify-api.
+    #[arg(long, global = true, env = "NOTIFY_ADDR", default_value = "http://127.0.0.1:50051")]
+    addr: String,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Creates missing shard databases and applies pending migrations to every shard
+    /// (reads the same configuration as the services).
+    Migrate,
+    /// Sends a message to users: ids from a range (1..1000000), a file, or stdin.
+    Send(sends::SendArgs),
+    /// Shows a send's status and progress; --watch follows it with a progress bar.
+    Status {
+        /// Message id.
+        message_id: u64,
+        /// Follow until the send ends.
+        #[arg(long)]
+        watch: bool,
+    },
+    /// Pauses a send.
+    Pause {
+        /// Message id.
+        message_id: u64,
+    },
+    /// Resumes a paused send.
+    Resume {
+        /// Message id.
+        message_id: u64,
+    },
+    /// Cancels a send.
+    Cancel {
+        /// Message id.
+        message_id: u64,
+    },
+    /// Lists a sender's sends, newest first.
+    List {
+        /// Sender name.
+        #[arg(long, default_value = "notifyctl")]
+        sender: String,
+        /// How many.
+        #[arg(long, default_value_t = 20)]
+        limit: u32,
+    },
+    /// Shows a user's inbox, newest first.
+    Inbox(inbox::InboxArgs),
+    /// Shows users' unread badge counts.
+    Badge {
+        /// User ids.
+        #[arg(required = true)]
+        user_ids: Vec<u64>,
+    },
+}
+
+#[tokio::main]
+async fn main() {
+    let cli = Cli::parse();
+    if let Err(e) = run(cli).await {
+        eprintln!("notifyctl: {e:#}");
+        std::process::exit(1);
+    }
+}
+
+async fn run(cli: Cli) -> anyhow::Result<()> {
+    if let Command::Migrate = cli.command {
+        return migrate().await;
+    }
+    let channel = Channel::from_shared(cli.addr.clone())?
+        .connect()
+        .await
+        .map_err(|e| anyhow::anyhow!("cannot reach notify-api at {}: {e}", cli.addr))?;
+    match cli.command {
+        Command::Migrate => unreachable!("handled above"),
+        Command::Send(args) => sends::send(channel, args).await,
+        Command::Status { message_id, watch } => sends::status(channel, message_id, watch).await,
+        Command::Pause { message_id } => sends::pause(channel, message_id).await,
+        Command::Resume { message_id } => sends::resume(channel, message_id).await,
+        Command::Cancel { message_id } => sends::cancel(channel, message_id).await,
+        Command::List { sender, limit } => sends::list(channel, sender, limit).await,
+        Command::Inbox(args) => inbox::inbox(channel, args).await,
+        Command::Badge { user_ids } => inbox::badge(channel, user_ids).await,
+    }
+}
+
+async fn migrate() -> anyhow::Result<()> {
+    let settings = notify_core::Settings::load()?;
+    let reports = notify_core::db::migrate_all(&settings).await?;
+    for report in reports {
+        let created = if report.created_database { " (database created)" } else { "" };
+        if report.applied.is_empty() {
+            println!("shard {} {}: up to date{created}", report.shard, report.database);
+        } else {
+            println!(
+                "shard {} {}: applied {:?}{created}",
+                report.shard, report.database, report.applied
+            );
+        }
+    }
+    Ok(())
+}

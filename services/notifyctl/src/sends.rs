@@ -1,0 +1,252 @@
+//! `send`, `status`, `pause`, `resume`, `cancel`, `list`.
+
+use std::path::PathBuf;
+
+use anyhow::{Context, bail};
+use chrono::{DateTime, Utc};
+use clap::Args;
+use indicatif::{ProgressBar, ProgressStyle};
+use notify_proto::v1;
+use notify_proto::v1::message_service_client::MessageServiceClient;
+use tokio_stream::StreamExt;
+use tonic::transport::Channel;
+
+use crate::recipients;
+
+/// Most ids sent inline; larger lists use the draft flow.
+const INLINE_LIMIT: usize = 100_000;
+
+/// Arguments of `notifyctl send`.
+#[derive(Debug, Args)]
+pub struct SendArgs {
+    /// Recipients as a range: 1..1000000 or 1..=1000000.
+    #[arg(long, conflicts_with_all = ["users_file", "stdin"])]
+    users: Option<String>,
+    /// File of ids (whitespace or comma separated).
+    #[arg(long)]
+    users_file: Option<PathBuf>,
+    /// Read ids from standard input.
+    #[arg(long)]
+    stdin: bool,
+    /// Title.
+    #[arg(long)]
+    title: String,
+    /// Body.
+    #[arg(long, default_value = "")]
+    body: String,
+    /// Category.
+    #[arg(long, default_value = "")]
+    category: String,
+    /// Start time (RFC 3339, e.g. 2026-12-01T09:00:00Z); default now.
+    #[arg(long)]
+    at: Option<DateTime<Utc>>,
+    /// Expiry time (RFC 3339).
+    #[arg(long)]
+    expire: Option<DateTime<Utc>>,
+    /// Use the high-priority lane.
+    #[arg(long)]
+    high: bool,
+    /// Sender name.
+    #[arg(long, default_value = "notifyctl")]
+    sender: String,
+    /// Idempotency key.
+    #[arg(long, default_value = "")]
+    idempotency_key: String,
+    /// Follow progress until the send ends.
+    #[arg(long)]
+    watch: bool,
+}
+
+fn timestamp(at: DateTime<Utc>) -> prost_types::Timestamp {
+    prost_types::Timestamp { seconds: at.timestamp(), nanos: at.timestamp_subsec_nanos() as i32 }
+}
+
+fn read_recipients(args: &SendArgs) -> anyhow::Result<Vec<u64>> {
+    if let Some(range) = &args.users {
+        return recipients::parse_range(range);
+    }
+    if let Some(path) = &args.users_file {
+        let file = std::fs::File::open(path).with_context(|| format!("--users-file {path:?}"))?;
+        return recipients::read_ids(std::io::BufReader::new(file), &path.display().to_string());
+    }
+    if args.stdin {
+        return recipients::read_ids(std::io::stdin().lock(), "stdin");
+    }
+    bail!("give recipients with --users A..B, --users-file FILE or --stdin")
+}
+
+/// Sends inline (up to 100,000 ids) or through the draft flow.
+pub async fn send(channel: Channel, args: SendArgs) -> anyhow::Result<()> {
+    let ids = read_recipients(&args)?;
+    let mut client = MessageServiceClient::new(channel.clone());
+    let content = v1::Content {
+        title: args.title.clone(),
+        body: args.body.clone(),
+        category: args.category.clone(),
+        data: Default::default(),
+    };
+    let priority = if args.high { v1::Priority::High } else { v1::Priority::Normal } as i32;
+    let message_id = if ids.len() <= INLINE_LIMIT {
+        let response = client
+            .send_message(v1::SendMessageRequest {
+                sender: args.sender.clone(),
+                idempotency_key: args.idempotency_key.clone(),
+                content: Some(content),
+                audience: Some(v1::send_message_request::Audience::Users(v1::UserAudience {
+                    user_ids: ids.clone(),
+                })),
+                send_at: args.at.map(timestamp),
+                expire_at: args.expire.map(timestamp),
+                priority,
+            })
+            .await?
+            .into_inner();
+        response.message_id
+    } else {
+        let created = client
+            .create_message(v1::CreateMessageRequest {
+                sender: args.sender.clone(),
+                idempotency_key: args.idempotency_key.clone(),
+                content: Some(content),
+                send_at: args.at.map(timestamp),
+                expire_at: args.expire.map(timestamp),
+                priority,
+            })
+            .await?
+            .into_inner();
+        let bar = bar(ids.len() as u64, "appending");
+        for (index, batch) in ids.chunks(INLINE_LIMIT).enumerate() {
+            client
+                .append_recipients(v1::AppendRecipientsRequest {
+                    message_id: created.message_id,
+                    batch_number: index as u64 + 1,
+                    user_ids: batch.to_vec(),
+                })
+                .await?;
+            bar.inc(batch.len() as u64);
+        }
+        bar.finish();
+        client.start_message(v1::StartMessageRequest { message_id: created.message_id }).await?;
+        created.message_id
+    };
+    println!("message {message_id} accepted for {} recipients", ids.len());
+    if args.watch {
+        watch(channel, message_id).await?;
+    }
+    Ok(())
+}
+
+fn bar(len: u64, what: &str) -> ProgressBar {
+    let bar = ProgressBar::new(len);
+    if let Ok(style) = ProgressStyle::with_template(
+        "{msg:>10} [{elapsed_precise}] {wide_bar} {pos}/{len} ({per_sec}, eta {eta})",
+    ) {
+        bar.set_style(style);
+    }
+    bar.set_message(what.to_owned());
+    bar
+}
+
+fn status_name(status: i32) -> &'static str {
+    match v1::MessageStatus::try_from(status) {
+        Ok(v1::MessageStatus::NotStarted) => "not_started",
+        Ok(v1::MessageStatus::Sending) => "sending",
+        Ok(v1::MessageStatus::Paused) => "paused",
+        Ok(v1::MessageStatus::Completed) => "completed",
+        Ok(v1::MessageStatus::Cancelled) => "cancelled",
+        _ => "unknown",
+    }
+}
+
+fn print_message(message: &v1::Message) {
+    let p = message.progress.unwrap_or_default();
+    println!(
+        "message {} [{}] total={} delivered={} failed={} read={} pending={} cancelled={} pending_chunks={}",
+        message.message_id,
+        status_name(message.status),
+        p.total,
+        p.delivered,
+        p.failed,
+        p.read,
+        p.pending,
+        p.cancelled,
+        p.pending_chunks
+    );
+}
+
+async fn watch(channel: Channel, message_id: u64) -> anyhow::Result<()> {
+    let mut client = MessageServiceClient::new(channel);
+    let mut stream = client
+        .watch_message(v1::WatchMessageRequest { message_id, interval_ms: 250 })
+        .await?
+        .into_inner();
+    let bar = bar(0, "delivering");
+    let mut last = None;
+    while let Some(message) = stream.next().await {
+        let message = message?;
+        let p = message.progress.unwrap_or_default();
+        bar.set_length(p.total);
+        bar.set_position(p.delivered + p.failed + p.cancelled);
+        bar.set_message(status_name(message.status).to_owned());
+        last = Some(message);
+    }
+    bar.finish();
+    if let Some(message) = last {
+        print_message(&message);
+    }
+    Ok(())
+}
+
+/// Prints a send's state, or follows it.
+pub async fn status(channel: Channel, message_id: u64, follow: bool) -> anyhow::Result<()> {
+    if follow {
+        return watch(channel, message_id).await;
+    }
+    let mut client = MessageServiceClient::new(channel);
+    let message = client.get_message(v1::GetMessageRequest { message_id }).await?.into_inner();
+    print_message(&message);
+    Ok(())
+}
+
+/// Pauses a send.
+pub async fn pause(channel: Channel, message_id: u64) -> anyhow::Result<()> {
+    let mut client = MessageServiceClient::new(channel);
+    let message = client.pause_message(v1::PauseMessageRequest { message_id }).await?.into_inner();
+    print_message(&message);
+    Ok(())
+}
+
+/// Resumes a send.
+pub async fn resume(channel: Channel, message_id: u64) -> anyhow::Result<()> {
+    let mut client = MessageServiceClient::new(channel);
+    let message =
+        client.resume_message(v1::ResumeMessageRequest { message_id }).await?.into_inner();
+    print_message(&message);
+    Ok(())
+}
+
+/// Cancels a send.
+pub async fn cancel(channel: Channel, message_id: u64) -> anyhow::Result<()> {
+    let mut client = MessageServiceClient::new(channel);
+    let message =
+        client.cancel_message(v1::CancelMessageRequest { message_id }).await?.into_inner();
+    print_message(&message);
+    Ok(())
+}
+
+/// Lists a sender's sends.
+pub async fn list(channel: Channel, sender: String, limit: u32) -> anyhow::Result<()> {
+    let mut client = MessageServiceClient::new(channel);
+    let response = client
+        .list_messages(v1::ListMessagesRequest {
+            sender,
+            page_size: limit,
+            page_token: String::new(),
+        })
+        .await?
+        .into_inner();
+    for message in &response.messages {
+        print_message(message);
+    }
+    Ok(())
+}

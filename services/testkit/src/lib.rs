@@ -1,0 +1,255 @@
+//! Test harness: starts `notify-api` and `notify-worker` in-process on port 0
+//! against the real local MariaDB, RabbitMQ and Redis, with fresh shard
+//! databases, queue names and Redis key prefix per test, and removes them
+//! afterwards.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use notify_api::Application;
+use notify_core::queue::{self, Topology};
+use notify_core::{Context, Settings, telemetry};
+use notify_proto::v1::inbox_service_client::InboxServiceClient;
+use notify_proto::v1::message_service_client::MessageServiceClient;
+use notify_worker::Worker;
+use redis::AsyncCommands;
+use secrecy::ExposeSecret;
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+use tonic::transport::Channel;
+
+/// Settings for one test: unique names for everything, fast background loops.
+pub fn test_settings() -> Settings {
+    let mut settings = Settings::defaults().expect("built-in defaults load");
+    let tag: String = format!("t{:08x}", rand::random::<u32>());
+    for shard in &mut settings.database.shards {
+        shard.database = format!("notify_{tag}_{}", shard.id);
+    }
+    settings.database.pool_max = 6;
+    settings.api.listen = "127.0.0.1:0".into();
+    settings.api.metrics_listen = "127.0.0.1:0".into();
+    settings.worker.metrics_listen = "127.0.0.1:0".into();
+    settings.worker.scheduler_interval_ms = 100;
+    settings.worker.sweep_interval_secs = 1;
+    settings.worker.sweep_timeout_secs = 3;
+    settings.worker.retry_base_ms = 20;
+    settings.rabbitmq.prefix = format!("notify_{tag}");
+    settings.redis.key_prefix = format!("notify_{tag}:");
+    settings.log.filter = std::env::var("TEST_LOG").unwrap_or_else(|_| "warn".into());
+    settings
+}
+
+/// A worker running in this process.
+pub struct WorkerHandle {
+    shutdown: CancellationToken,
+    task: JoinHandle<anyhow::Result<()>>,
+}
+
+impl WorkerHandle {
+    /// Stops the worker gracefully and waits for it.
+    pub async fn stop(self) {
+        self.shutdown.cancel();
+        self.task.await.expect("worker task joins").expect("worker stops cleanly");
+    }
+}
+
+/// A running api (and usually a worker) with its own databases and names.
+pub struct TestApp {
+    /// The settings the processes run with.
+    pub settings: Settings,
+    /// gRPC address of the api.
+    pub addr: SocketAddr,
+    /// Metrics address of the api.
+    pub metrics_addr: SocketAddr,
+    /// The api's shared context, for inspecting state directly.
+    pub ctx: Context,
+    /// The in-process worker, if running.
+    pub worker: Option<WorkerHandle>,
+    api_shutdown: CancellationToken,
+    api_task: JoinHandle<anyhow::Result<()>>,
+    channel: Channel,
+}
+
+/// Migrates fresh shard databases and starts api and worker.
+pub async fn spawn_app() -> TestApp {
+    spawn_app_with(test_settings(), true).await
+}
+
+/// Migrates the settings' databases and starts the api, plus a worker if asked.
+pub async fn spawn_app_with(settings: Settings, with_worker: bool) -> TestApp {
+    telemetry::init_tracing(&settings.log);
+    notify_core::db::migrate_all(&settings).await.expect("shards migrate");
+    let app = Application::build(settings.clone()).await.expect("api builds");
+    let addr = app.local_addr().expect("api bound");
+    let metrics_addr = app.metrics_addr().expect("metrics bound");
+    let ctx = app.context().clone();
+    let api_shutdown = CancellationToken::new();
+    let api_task = tokio::spawn(app.run_until_stopped(api_shutdown.clone()));
+    let channel = Channel::from_shared(format!("http://{addr}"))
+        .expect("valid uri")
+        .connect_timeout(Duration::from_secs(5))
+        .connect()
+        .await
+        .expect("api accepts connections");
+    let mut app = TestApp {
+        settings,
+        addr,
+        metrics_addr,
+        ctx,
+        worker: None,
+        api_shutdown,
+        api_task,
+        channel,
+    };
+    if with_worker {
+        app.start_worker().await;
+    }
+    app
+}
+
+impl TestApp {
+    /// A client of `MessageService`.
+    pub fn messages(&self) -> MessageServiceClient<Channel> {
+        MessageServiceClient::new(self.channel.clone())
+    }
+
+    /// A client of `InboxService`.
+    pub fn inbox(&self) -> InboxServiceClient<Channel> {
+        InboxServiceClient::new(self.channel.clone())
+    }
+
+    /// The gRPC channel to the api.
+    pub fn channel(&self) -> Channel {
+        self.channel.clone()
+    }
+
+    /// Starts an in-process worker (if none runs).
+    pub async fn start_worker(&mut self) {
+        if self.worker.is_some() {
+            return;
+        }
+        let worker = Worker::build(self.settings.clone()).await.expect("worker builds");
+        let shutdown = CancellationToken::new();
+        let task = tokio::spawn(worker.run_until_stopped(shutdown.clone()));
+        self.worker = Some(WorkerHandle { shutdown, task });
+    }
+
+    /// Stops the in-process worker gracefully.
+    pub async fn stop_worker(&mut self) {
+        if let Some(worker) = self.worker.take() {
+            worker.stop().await;
+        }
+    }
+
+    /// Writes the settings as a config file for a worker started as a child
+    /// process (`NOTIFY_CONFIG=<path>`).
+    pub fn write_config_file(&self) -> PathBuf {
+        let s = &self.settings;
+        let shards: Vec<String> = s
+            .database
+            .shards
+            .iter()
+            .map(|shard| format!("{{ id = {}, database = \"{}\" }}", shard.id, shard.database))
+            .collect();
+        let toml = format!(
+            "[worker]\nmetrics_listen = \"127.0.0.1:0\"\nscheduler_interval_ms = {}\nsweep_interval_secs = {}\n\
+             sweep_timeout_secs = {}\nretry_base_ms = {}\n\n[database]\npool_max = {}\nshards = [{}]\n\n\
+             [rabbitmq]\nprefix = \"{}\"\n\n[redis]\nkey_prefix = \"{}\"\n\n[log]\nfilter = \"{}\"\n",
+            s.worker.scheduler_interval_ms,
+            s.worker.sweep_interval_secs,
+            s.worker.sweep_timeout_secs,
+            s.worker.retry_base_ms,
+            s.database.pool_max,
+            shards.join(", "),
+            s.rabbitmq.prefix,
+            s.redis.key_prefix,
+            s.log.filter,
+        );
+        let path = std::env::temp_dir().join(format!("{}.toml", s.rabbitmq.prefix));
+        std::fs::write(&path, toml).expect("config file written");
+        path
+    }
+
+    /// Counts rows of `message_items` over every shard (test assertions only).
+    pub async fn count_items(&self, message_id: u64) -> u64 {
+        let mut total = 0;
+        for (_, pool) in self.ctx.pools.iter() {
+            let n: i64 =
+                sqlx::query_scalar("SELECT COUNT(*) FROM message_items WHERE message_id = ?")
+                    .bind(message_id)
+                    .fetch_one(pool)
+                    .await
+                    .expect("count items");
+            total += n as u64;
+        }
+        total
+    }
+
+    /// Returns every (user_id, count) with more than one item for a message,
+    /// and the number of distinct users with an item.
+    pub async fn item_users(&self, message_id: u64) -> Vec<u64> {
+        let mut users = Vec::new();
+        for (_, pool) in self.ctx.pools.iter() {
+            let rows: Vec<u64> =
+                sqlx::query_scalar("SELECT user_id FROM message_items WHERE message_id = ?")
+                    .bind(message_id)
+                    .fetch_all(pool)
+                    .await
+                    .expect("list items");
+            users.extend(rows);
+        }
+        users.sort_unstable();
+        users
+    }
+
+    /// Unread, unexpired items of a user, counted in MySQL (the truth).
+    pub async fn unread_truth(&self, user_id: u64) -> u64 {
+        let pool = self.ctx.pools.for_user(user_id).1;
+        notify_core::db::items::count_unread(pool, user_id).await.expect("count unread").unread
+    }
+
+    /// Stops everything and removes the test's databases, queues and keys.
+    pub async fn cleanup(mut self) {
+        self.stop_worker().await;
+        self.api_shutdown.cancel();
+        let _ = self.api_task.await;
+        for (_, pool) in self.ctx.pools.iter() {
+            pool.close().await;
+        }
+        notify_core::db::drop_all(&self.settings).await.expect("drop test databases");
+        if let Ok(connection) = queue::connect(&self.settings.rabbitmq, "notify-test-cleanup").await
+        {
+            if let Ok(channel) = connection.create_channel().await {
+                let _ = Topology::new(&self.settings.rabbitmq).delete(&channel).await;
+            }
+            let _ = connection.close(200, "done".into()).await;
+        }
+        let client =
+            redis::Client::open(self.settings.redis.url.expose_secret()).expect("redis url");
+        if let Ok(mut conn) = client.get_multiplexed_async_connection().await {
+            let pattern = format!("{}*", self.settings.redis.key_prefix);
+            let keys: Vec<String> = conn.keys(pattern).await.unwrap_or_default();
+            if !keys.is_empty() {
+                let _: Result<(), _> = conn.del(keys).await;
+            }
+        }
+    }
+}
+
+/// Polls `check` every 20 ms until it returns `Some`, or panics after `within`.
+/// For waiting on state that has no event to await (rows in another process).
+pub async fn eventually<T, F, Fut>(what: &str, within: Duration, mut check: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Option<T>>,
+{
+    let deadline = tokio::time::Instant::now() + within;
+    loop {
+        if let Some(value) = check().await {
+            return value;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "timed out waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}

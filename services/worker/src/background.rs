@@ -1,0 +1,114 @@
+//! The worker's periodic jobs: the scheduler starts due scheduled sends; the
+//! sweeper heals lost publishes and crashed workers by re-publishing chunks
+//! left pending for a SENDING send, finishes cancels, and completes sends
+//! whose last chunk finished while nobody checked.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use notify_core::db::{chunks, messages};
+use notify_core::domain::{Lane, MessageId, SendStatus};
+use notify_core::queue::ChunkTask;
+use notify_core::{Context, Result, send};
+use shard_router::ShardId;
+use tokio_util::sync::CancellationToken;
+use tracing::{info, warn};
+
+const BATCH: u32 = 1000;
+
+/// Runs `job` every `every` until `shutdown`.
+pub async fn every<F, Fut>(name: &'static str, every: Duration, shutdown: CancellationToken, job: F)
+where
+    F: Fn() -> Fut,
+    Fut: Future<Output = Result<()>>,
+{
+    let mut ticker = tokio::time::interval(every);
+    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = ticker.tick() => {}
+            () = shutdown.cancelled() => break,
+        }
+        if let Err(e) = job().await {
+            warn!(error = %e, job = name, "background job failed");
+        }
+    }
+    info!(job = name, "background job stopped");
+}
+
+/// Starts every due scheduled send on every shard.
+pub async fn schedule_once(ctx: &Context) -> Result<()> {
+    for (_, pool) in ctx.pools.iter() {
+        for id in messages::due_scheduled(pool, BATCH).await? {
+            send::start_due(ctx, MessageId::from_raw(id)).await?;
+        }
+    }
+    Ok(())
+}
+
+/// One sweep over every shard. Returns the number of chunks re-published.
+pub async fn sweep_once(ctx: &Context) -> Result<u64> {
+    let timeout = ctx.settings.worker.sweep_timeout_secs;
+    let mut republished = 0;
+    for (shard, pool) in ctx.pools.iter() {
+        let mut by_message: BTreeMap<u64, Vec<u64>> = BTreeMap::new();
+        for (message_id, chunk_id) in chunks::stale_pending(pool, timeout, BATCH).await? {
+            by_message.entry(message_id).or_default().push(chunk_id);
+        }
+        for (message_id, chunk_ids) in by_message {
+            republished +=
+                sweep_message(ctx, shard, MessageId::from_raw(message_id), &chunk_ids).await?;
+        }
+    }
+    for (_, pool) in ctx.pools.iter() {
+        for id in messages::sending(pool, BATCH).await? {
+            send::complete_if_done(ctx, MessageId::from_raw(id)).await?;
+        }
+    }
+    if republished > 0 {
+        info!(republished, "sweeper re-published stuck chunks");
+        metrics::counter!("notify_chunks_republished_total").increment(republished);
+    }
+    Ok(republished)
+}
+
+async fn sweep_message(
+    ctx: &Context,
+    shard: ShardId,
+    message_id: MessageId,
+    chunk_ids: &[u64],
+) -> Result<u64> {
+    let Some(pool) = ctx.pools.get(shard) else {
+        return Ok(0);
+    };
+    let home = ctx.pools.for_message(message_id.get()).1;
+    let Some(row) = messages::fetch(home, message_id).await? else {
+        return Ok(0);
+    };
+    match row.status()? {
+        SendStatus::Sending => {
+            let tasks: Vec<ChunkTask> = chunk_ids
+                .iter()
+                .map(|chunk_id| ChunkTask {
+                    message_id: message_id.get(),
+                    chunk_id: *chunk_id,
+                    shard: shard.0,
+                })
+                .collect();
+            chunks::touch(pool, message_id, chunk_ids).await?;
+            ctx.publisher.publish(Lane::from_db(row.lane), &tasks).await?;
+            Ok(tasks.len() as u64)
+        }
+        SendStatus::Cancelled => {
+            chunks::cancel_pending(pool, message_id).await?;
+            Ok(0)
+        }
+        // Paused or not started: pending is where these chunks belong. Touch
+        // them so they leave the oldest-first window and cannot starve the
+        // chunks of sending messages.
+        _ => {
+            chunks::touch(pool, message_id, chunk_ids).await?;
+            Ok(0)
+        }
+    }
+}

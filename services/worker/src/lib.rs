@@ -1,0 +1,97 @@
+//! `notify-worker`: consumes chunk tasks from both lanes and runs the
+//! scheduler and the sweeper. [`Worker::build`] connects;
+//! [`Worker::run_until_stopped`] works until the shutdown token is cancelled,
+//! then stops consuming, finishes and acks in-flight chunks, and joins.
+
+pub mod background;
+pub mod consumer;
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use notify_core::domain::Lane;
+use notify_core::{Context, Settings};
+use tokio::net::TcpListener;
+use tokio::task::JoinSet;
+use tokio_util::sync::CancellationToken;
+use tracing::info;
+
+/// A built, connected, not yet running worker.
+pub struct Worker {
+    ctx: Context,
+    metrics_listener: TcpListener,
+}
+
+impl Worker {
+    /// Connects to every dependency and binds the metrics listener.
+    pub async fn build(settings: Settings) -> anyhow::Result<Self> {
+        let metrics_listener =
+            TcpListener::bind(&settings.worker.metrics_listen).await.map_err(|e| {
+                anyhow::anyhow!(
+                    "worker.metrics_listen: cannot bind {}: {e}",
+                    settings.worker.metrics_listen
+                )
+            })?;
+        let ctx = Context::connect(settings).await?;
+        Ok(Self { ctx, metrics_listener })
+    }
+
+    /// Returns the bound metrics address.
+    pub fn metrics_addr(&self) -> std::io::Result<SocketAddr> {
+        self.metrics_listener.local_addr()
+    }
+
+    /// Returns the shared context.
+    pub fn context(&self) -> &Context {
+        &self.ctx
+    }
+
+    /// Runs consumers, scheduler, sweeper and `/metrics` until `shutdown`.
+    pub async fn run_until_stopped(self, shutdown: CancellationToken) -> anyhow::Result<()> {
+        let ctx = self.ctx;
+        let worker_settings = ctx.settings.worker.clone();
+        let mut tasks = JoinSet::new();
+        for lane in [Lane::High, Lane::Bulk] {
+            tasks.spawn(consumer::run_lane(ctx.clone(), lane, shutdown.clone()));
+        }
+        {
+            let ctx = ctx.clone();
+            tasks.spawn(background::every(
+                "scheduler",
+                Duration::from_millis(worker_settings.scheduler_interval_ms),
+                shutdown.clone(),
+                move || {
+                    let ctx = ctx.clone();
+                    async move { background::schedule_once(&ctx).await }
+                },
+            ));
+        }
+        {
+            let ctx = ctx.clone();
+            tasks.spawn(background::every(
+                "sweeper",
+                Duration::from_secs(worker_settings.sweep_interval_secs),
+                shutdown.clone(),
+                move || {
+                    let ctx = ctx.clone();
+                    async move { background::sweep_once(&ctx).await.map(|_| ()) }
+                },
+            ));
+        }
+        let metrics_listener = self.metrics_listener;
+        let metrics_shutdown = shutdown.clone();
+        tasks.spawn(async move {
+            if let Err(e) =
+                notify_core::telemetry::serve_metrics(metrics_listener, metrics_shutdown).await
+            {
+                tracing::warn!(error = %e, "metrics endpoint failed");
+            }
+        });
+        info!("notify-worker running");
+        while let Some(joined) = tasks.join_next().await {
+            joined?;
+        }
+        info!("notify-worker stopped");
+        Ok(())
+    }
+}

@@ -1,0 +1,26 @@
+//! `notify-worker` binary: telemetry, config, build, run.
+
+use notify_core::{Settings, telemetry};
+use tokio_util::sync::CancellationToken;
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let settings = match Settings::load() {
+        Ok(settings) => settings,
+        Err(e) => {
+            eprintln!("notify-worker: {e}");
+            std::process::exit(2);
+        }
+    };
+    telemetry::init_tracing(&settings.log);
+    let shutdown = CancellationToken::new();
+    tokio::spawn(telemetry::cancel_on_signal(shutdown.clone()));
+    let worker = match notify_worker::Worker::build(settings).await {
+        Ok(worker) => worker,
+        Err(e) => {
+            eprintln!("notify-worker: {e}");
+            std::process::exit(1);
+        }
+    };
+    worker.run_until_stopped(shutdown).await
+}

@@ -1,0 +1,19 @@
+//! Maps user ids to buckets to shards, and message ids to home shards.
+//!
+//! The mapping has two fixed layers and one configurable layer:
+//!
+//! 1. [`stable_hash`] mixes a 64-bit id with the MurmurHash3 `fmix64` finalizer.
+//!    It is fixed forever: changing it would move every user's data. The unit
+//!    tests pin known vectors so a change cannot slip through.
+//! 2. `bucket = stable_hash(id) % BUCKETS` with [`BUCKETS`] = 1024 virtual buckets.
+//! 3. A [`ShardMap`] assigns contiguous bucket ranges to physical shards. Adding a
+//!    shard later moves whole buckets to it; users are never rehashed.
+//!
+//! Nothing here does I/O: [`Shards`] holds one value (a connection pool, in the
+//! services) per shard and routes to it.
+
+mod hash;
+mod map;
+
+pub use hash::{BUCKETS, bucket_of, bucket_of_key, stable_hash, stable_hash_str};
+pub use map::{BucketRange, ShardId, ShardMap, ShardMapError, Shards};
