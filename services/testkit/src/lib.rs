@@ -222,6 +222,7 @@ impl TestApp {
         {
             if let Ok(channel) = connection.create_channel().await {
                 let _ = Topology::new(&self.settings.rabbitmq).delete(&channel).await;
+                let _ = channel.close(200, "done".into()).await;
             }
             let _ = connection.close(200, "done".into()).await;
         }

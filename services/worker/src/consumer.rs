@@ -65,6 +65,7 @@ async fn consume(ctx: &Context, lane: Lane, shutdown: &CancellationToken) -> Res
         })
         .await;
     // Closing returns any unacked (never started) deliveries to the queue.
+    // The channel goes first: lapin logs a spurious error otherwise.
     let _ = channel.close(200, "worker shutting down".into()).await;
     let _ = connection.close(200, "worker shutting down".into()).await;
     Ok(())

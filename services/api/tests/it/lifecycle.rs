@@ -1,1 +1,183 @@
-//! placeholder
+//! Lifecycle: pause, resume, cancel, schedule, illegal transitions.
+
+use std::time::Duration;
+
+use notify_core::domain::Lane;
+use notify_proto::v1;
+use notify_testkit::{TestApp, eventually, spawn_app_with, test_settings};
+
+use crate::helpers::{get, send, send_request, wait_for_status};
+
+/// A send slow enough to interrupt: many chunks, few workers.
+async fn slow_app() -> TestApp {
+    let mut settings = test_settings();
+    settings.worker.concurrency = 1;
+    settings.send.chunk_size = 100;
+    settings.send.small_send_threshold = 10;
+    spawn_app_with(settings, true).await
+}
+
+/// Tasks waiting in a lane's queue (ready, not yet delivered to a consumer).
+async fn queued(app: &TestApp, lane: Lane) -> u32 {
+    let conn = notify_core::queue::connect(&app.settings.rabbitmq, "test-probe").await.unwrap();
+    let channel = conn.create_channel().await.unwrap();
+    let queue = notify_core::queue::Topology::new(&app.settings.rabbitmq).queue(lane);
+    let declared = channel
+        .queue_declare(
+            queue.into(),
+            lapin::options::QueueDeclareOptions { passive: true, ..Default::default() },
+            lapin::types::FieldTable::default(),
+        )
+        .await
+        .unwrap();
+    let _ = channel.close(200, "probe done".into()).await;
+    let _ = conn.close(200, "probe done".into()).await;
+    declared.message_count()
+}
+
+async fn delivered(app: &TestApp, id: u64) -> u64 {
+    get(app, id).await.progress.unwrap().delivered
+}
+
+#[tokio::test]
+async fn pause_stops_delivery_and_resume_finishes_with_the_exact_total() {
+    let app = slow_app().await;
+    let total = 20_000u64;
+    let id = send(&app, (1..=total).collect()).await;
+    eventually("first chunks delivered", Duration::from_secs(30), || async {
+        (delivered(&app, id).await > 0).then_some(())
+    })
+    .await;
+
+    let paused = app.messages().pause_message(v1::PauseMessageRequest { message_id: id }).await;
+    let paused = paused.unwrap().into_inner();
+    assert_eq!(paused.status, v1::MessageStatus::Paused as i32);
+    let at_pause = app.count_items(id).await;
+    // Every queued task is taken and skipped; the chunks stay pending.
+    eventually("queue drained", Duration::from_secs(30), || async {
+        (queued(&app, Lane::Bulk).await == 0).then_some(())
+    })
+    .await;
+    let after_drain = app.count_items(id).await;
+    let in_flight_allowance = app.settings.worker.concurrency as u64 * 100;
+    assert!(
+        after_drain - at_pause <= in_flight_allowance,
+        "{} items were delivered after the pause returned",
+        after_drain - at_pause
+    );
+    let still_paused = get(&app, id).await;
+    assert_eq!(still_paused.status, v1::MessageStatus::Paused as i32);
+    let progress = still_paused.progress.unwrap();
+    assert!(progress.pending_chunks > 0, "the pause came too late to test anything");
+    assert_eq!(progress.delivered, after_drain, "progress agrees with the rows");
+    // Nothing moves while paused, however often the sweeper runs.
+    app.messages().get_message(v1::GetMessageRequest { message_id: id }).await.unwrap();
+    assert_eq!(app.count_items(id).await, after_drain);
+
+    let resumed = app.messages().resume_message(v1::ResumeMessageRequest { message_id: id }).await;
+    assert_eq!(resumed.unwrap().into_inner().status, v1::MessageStatus::Sending as i32);
+    let done = wait_for_status(&app, id, v1::MessageStatus::Completed).await;
+    assert_eq!(done.progress.unwrap().delivered, total);
+    assert_eq!(app.item_users(id).await, (1..=total).collect::<Vec<u64>>());
+    app.cleanup().await;
+}
+
+#[tokio::test]
+async fn cancel_leaves_the_rest_undelivered() {
+    let app = slow_app().await;
+    let total = 20_000u64;
+    let id = send(&app, (1..=total).collect()).await;
+    eventually("first chunks delivered", Duration::from_secs(30), || async {
+        (delivered(&app, id).await > 0).then_some(())
+    })
+    .await;
+
+    let cancelled = app.messages().cancel_message(v1::CancelMessageRequest { message_id: id }).await;
+    let cancelled = cancelled.unwrap().into_inner();
+    assert_eq!(cancelled.status, v1::MessageStatus::Cancelled as i32);
+    // Pending chunks were marked cancelled inside the call: nothing can
+    // deliver after it returns, in flight or not.
+    let at_cancel = app.count_items(id).await;
+    eventually("queue drained", Duration::from_secs(30), || async {
+        (queued(&app, Lane::Bulk).await == 0).then_some(())
+    })
+    .await;
+    assert_eq!(app.count_items(id).await, at_cancel);
+    let progress = get(&app, id).await.progress.unwrap();
+    assert!(progress.cancelled > 0, "the cancel came too late to test anything");
+    assert_eq!(progress.delivered, at_cancel);
+    assert_eq!(progress.delivered + progress.cancelled, total);
+    assert_eq!(progress.pending, 0);
+    assert_eq!(progress.pending_chunks, 0);
+
+    // Cancelled is final.
+    let resume = app.messages().resume_message(v1::ResumeMessageRequest { message_id: id }).await;
+    assert_eq!(resume.unwrap_err().code(), tonic::Code::FailedPrecondition);
+    app.cleanup().await;
+}
+
+#[tokio::test]
+async fn scheduled_send_waits_for_send_at_and_starts_on_time() {
+    let app = notify_testkit::spawn_app().await;
+    let send_at = chrono::Utc::now() + chrono::Duration::seconds(2);
+    let mut request = send_request((1..=300).collect());
+    request.send_at =
+        Some(prost_types::Timestamp { seconds: send_at.timestamp(), nanos: send_at.timestamp_subsec_nanos() as i32 });
+    let response = app.messages().send_message(request).await.unwrap().into_inner();
+    assert_eq!(response.status, v1::MessageStatus::NotStarted as i32);
+    assert_eq!(app.count_items(response.message_id).await, 0);
+
+    let done = wait_for_status(&app, response.message_id, v1::MessageStatus::Completed).await;
+    let started = done.started_at.expect("started_at set");
+    let started_ms = started.seconds * 1000 + i64::from(started.nanos) / 1_000_000;
+    let late_ms = started_ms - send_at.timestamp_millis();
+    assert!(late_ms >= 0, "started {} ms early", -late_ms);
+    assert!(late_ms < 1_500, "started {late_ms} ms late");
+    assert_eq!(done.progress.unwrap().delivered, 300);
+    app.cleanup().await;
+}
+
+#[tokio::test]
+async fn illegal_transitions_are_failed_precondition_and_unknown_ids_not_found() {
+    let app = notify_testkit::spawn_app().await;
+    let id = send(&app, vec![1, 2, 3]).await;
+    wait_for_status(&app, id, v1::MessageStatus::Completed).await;
+    let mut client = app.messages();
+
+    let resume = client.resume_message(v1::ResumeMessageRequest { message_id: id }).await.unwrap_err();
+    assert_eq!(resume.code(), tonic::Code::FailedPrecondition);
+    assert_eq!(resume.message(), format!("cannot resume message {id}: it is completed"));
+    let pause = client.pause_message(v1::PauseMessageRequest { message_id: id }).await.unwrap_err();
+    assert_eq!(pause.code(), tonic::Code::FailedPrecondition);
+    let cancel = client.cancel_message(v1::CancelMessageRequest { message_id: id }).await.unwrap_err();
+    assert_eq!(cancel.code(), tonic::Code::FailedPrecondition);
+    let start = client.start_message(v1::StartMessageRequest { message_id: id }).await.unwrap_err();
+    assert_eq!(start.code(), tonic::Code::FailedPrecondition);
+
+    let missing = 12_345_678;
+    for status in [
+        client.get_message(v1::GetMessageRequest { message_id: missing }).await.unwrap_err(),
+        client.pause_message(v1::PauseMessageRequest { message_id: missing }).await.unwrap_err(),
+        client.start_message(v1::StartMessageRequest { message_id: missing }).await.unwrap_err(),
+        client
+            .append_recipients(v1::AppendRecipientsRequest { message_id: missing, batch_number: 1, user_ids: vec![1] })
+            .await
+            .unwrap_err(),
+    ] {
+        assert_eq!(status.code(), tonic::Code::NotFound, "{status:?}");
+        assert_eq!(status.message(), format!("message {missing} not found"));
+    }
+    // A draft without recipients cannot start.
+    let draft = client
+        .create_message(v1::CreateMessageRequest {
+            sender: "tests".into(),
+            content: Some(crate::helpers::content("empty")),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let empty = client.start_message(v1::StartMessageRequest { message_id: draft.message_id }).await.unwrap_err();
+    assert_eq!(empty.code(), tonic::Code::FailedPrecondition);
+    app.cleanup().await;
+}
