@@ -49,6 +49,11 @@ enum Command {
         /// Message id.
         message_id: u64,
     },
+    /// Delivers a send's failed (dead-lettered) chunks again.
+    Redrive {
+        /// Message id.
+        message_id: u64,
+    },
     /// Lists a sender's sends, newest first.
     List {
         /// Sender name.
@@ -92,6 +97,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Pause { message_id } => sends::pause(channel, message_id).await,
         Command::Resume { message_id } => sends::resume(channel, message_id).await,
         Command::Cancel { message_id } => sends::cancel(channel, message_id).await,
+        Command::Redrive { message_id } => sends::redrive(channel, message_id).await,
         Command::List { sender, limit } => sends::list(channel, sender, limit).await,
         Command::Inbox(args) => inbox::inbox(channel, args).await,
         Command::Badge { user_ids } => inbox::badge(channel, user_ids).await,

@@ -234,6 +234,15 @@ pub async fn cancel(channel: Channel, message_id: u64) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Re-drives a send's failed chunks.
+pub async fn redrive(channel: Channel, message_id: u64) -> anyhow::Result<()> {
+    let mut client = MessageServiceClient::new(channel);
+    let message =
+        client.redrive_message(v1::RedriveMessageRequest { message_id }).await?.into_inner();
+    print_message(&message);
+    Ok(())
+}
+
 /// Lists a sender's sends.
 pub async fn list(channel: Channel, sender: String, limit: u32) -> anyhow::Result<()> {
     let mut client = MessageServiceClient::new(channel);

@@ -237,6 +237,14 @@ impl MessageService for MessageApi {
         reply(send::cancel(&self.ctx, id).await)
     }
 
+    async fn redrive_message(
+        &self,
+        request: Request<v1::RedriveMessageRequest>,
+    ) -> Result<Response<v1::Message>, Status> {
+        let id = message_id(request.into_inner().message_id)?;
+        reply(send::redrive(&self.ctx, id).await)
+    }
+
     async fn list_messages(
         &self,
         request: Request<v1::ListMessagesRequest>,

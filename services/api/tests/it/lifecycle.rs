@@ -92,7 +92,8 @@ async fn cancel_leaves_the_rest_undelivered() {
     })
     .await;
 
-    let cancelled = app.messages().cancel_message(v1::CancelMessageRequest { message_id: id }).await;
+    let cancelled =
+        app.messages().cancel_message(v1::CancelMessageRequest { message_id: id }).await;
     let cancelled = cancelled.unwrap().into_inner();
     assert_eq!(cancelled.status, v1::MessageStatus::Cancelled as i32);
     // Pending chunks were marked cancelled inside the call: nothing can
@@ -121,8 +122,10 @@ async fn scheduled_send_waits_for_send_at_and_starts_on_time() {
     let app = notify_testkit::spawn_app().await;
     let send_at = chrono::Utc::now() + chrono::Duration::seconds(2);
     let mut request = send_request((1..=300).collect());
-    request.send_at =
-        Some(prost_types::Timestamp { seconds: send_at.timestamp(), nanos: send_at.timestamp_subsec_nanos() as i32 });
+    request.send_at = Some(prost_types::Timestamp {
+        seconds: send_at.timestamp(),
+        nanos: send_at.timestamp_subsec_nanos() as i32,
+    });
     let response = app.messages().send_message(request).await.unwrap().into_inner();
     assert_eq!(response.status, v1::MessageStatus::NotStarted as i32);
     assert_eq!(app.count_items(response.message_id).await, 0);
@@ -144,12 +147,14 @@ async fn illegal_transitions_are_failed_precondition_and_unknown_ids_not_found()
     wait_for_status(&app, id, v1::MessageStatus::Completed).await;
     let mut client = app.messages();
 
-    let resume = client.resume_message(v1::ResumeMessageRequest { message_id: id }).await.unwrap_err();
+    let resume =
+        client.resume_message(v1::ResumeMessageRequest { message_id: id }).await.unwrap_err();
     assert_eq!(resume.code(), tonic::Code::FailedPrecondition);
     assert_eq!(resume.message(), format!("cannot resume message {id}: it is completed"));
     let pause = client.pause_message(v1::PauseMessageRequest { message_id: id }).await.unwrap_err();
     assert_eq!(pause.code(), tonic::Code::FailedPrecondition);
-    let cancel = client.cancel_message(v1::CancelMessageRequest { message_id: id }).await.unwrap_err();
+    let cancel =
+        client.cancel_message(v1::CancelMessageRequest { message_id: id }).await.unwrap_err();
     assert_eq!(cancel.code(), tonic::Code::FailedPrecondition);
     let start = client.start_message(v1::StartMessageRequest { message_id: id }).await.unwrap_err();
     assert_eq!(start.code(), tonic::Code::FailedPrecondition);
@@ -160,7 +165,11 @@ async fn illegal_transitions_are_failed_precondition_and_unknown_ids_not_found()
         client.pause_message(v1::PauseMessageRequest { message_id: missing }).await.unwrap_err(),
         client.start_message(v1::StartMessageRequest { message_id: missing }).await.unwrap_err(),
         client
-            .append_recipients(v1::AppendRecipientsRequest { message_id: missing, batch_number: 1, user_ids: vec![1] })
+            .append_recipients(v1::AppendRecipientsRequest {
+                message_id: missing,
+                batch_number: 1,
+                user_ids: vec![1],
+            })
             .await
             .unwrap_err(),
     ] {
@@ -177,7 +186,10 @@ async fn illegal_transitions_are_failed_precondition_and_unknown_ids_not_found()
         .await
         .unwrap()
         .into_inner();
-    let empty = client.start_message(v1::StartMessageRequest { message_id: draft.message_id }).await.unwrap_err();
+    let empty = client
+        .start_message(v1::StartMessageRequest { message_id: draft.message_id })
+        .await
+        .unwrap_err();
     assert_eq!(empty.code(), tonic::Code::FailedPrecondition);
     app.cleanup().await;
 }

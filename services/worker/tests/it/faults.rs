@@ -1,0 +1,209 @@
+//! Faults lose nothing and duplicate nothing.
+
+use std::process::Stdio;
+use std::time::Duration;
+
+use notify_core::db::chunks;
+use notify_core::deliver::{self, TaskOutcome};
+use notify_core::domain::Lane;
+use notify_core::queue::ChunkTask;
+use notify_proto::v1;
+use notify_testkit::{TestApp, eventually, spawn_app, spawn_app_with, test_settings};
+use tokio_stream::StreamExt;
+
+fn send_request(user_ids: Vec<u64>) -> v1::SendMessageRequest {
+    v1::SendMessageRequest {
+        sender: "faults".into(),
+        content: Some(v1::Content { title: "t".into(), body: "b".into(), ..Default::default() }),
+        audience: Some(v1::send_message_request::Audience::Users(v1::UserAudience { user_ids })),
+        ..Default::default()
+    }
+}
+
+async fn send(app: &TestApp, user_ids: Vec<u64>) -> u64 {
+    app.messages().send_message(send_request(user_ids)).await.unwrap().into_inner().message_id
+}
+
+async fn get(app: &TestApp, message_id: u64) -> v1::Message {
+    app.messages().get_message(v1::GetMessageRequest { message_id }).await.unwrap().into_inner()
+}
+
+async fn wait_completed(app: &TestApp, message_id: u64) -> v1::Message {
+    let request = v1::WatchMessageRequest { message_id, interval_ms: 100 };
+    let mut stream = app.messages().watch_message(request).await.unwrap().into_inner();
+    let watch = async {
+        while let Some(message) = stream.next().await {
+            let message = message.unwrap();
+            if message.status == v1::MessageStatus::Completed as i32 {
+                return message;
+            }
+        }
+        panic!("watch ended before completion");
+    };
+    tokio::time::timeout(Duration::from_secs(90), watch).await.expect("completed in time")
+}
+
+fn spawn_worker_process(app: &TestApp) -> tokio::process::Child {
+    tokio::process::Command::new(env!("CARGO_BIN_EXE_notify-worker"))
+        .env("NOTIFY_CONFIG", app.write_config_file())
+        .stdout(Stdio::null())
+        .stderr(Stdio::inherit())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("worker binary starts")
+}
+
+#[tokio::test]
+async fn worker_killed_mid_send_loses_and_doubles_nothing() {
+    let mut settings = test_settings();
+    settings.send.chunk_size = 200;
+    settings.send.small_send_threshold = 10;
+    let app = spawn_app_with(settings, false).await;
+    let total = 30_000u64;
+    let mut worker = spawn_worker_process(&app);
+    let id = send(&app, (1..=total).collect()).await;
+    eventually("some chunks delivered", Duration::from_secs(60), || async {
+        let delivered = get(&app, id).await.progress.unwrap().delivered;
+        (delivered > 0).then_some(())
+    })
+    .await;
+    // SIGKILL: no graceful shutdown, in-flight chunks are cut off.
+    worker.start_kill().unwrap();
+    worker.wait().await.unwrap();
+    let at_kill = get(&app, id).await;
+    assert_eq!(at_kill.status, v1::MessageStatus::Sending as i32);
+    assert!(at_kill.progress.unwrap().delivered < total, "the kill came too late to test anything");
+
+    let mut replacement = spawn_worker_process(&app);
+    let done = wait_completed(&app, id).await;
+    let progress = done.progress.unwrap();
+    assert_eq!(progress.delivered, total);
+    assert_eq!(progress.total, total);
+    assert_eq!(app.item_users(id).await, (1..=total).collect::<Vec<u64>>());
+    replacement.start_kill().unwrap();
+    replacement.wait().await.unwrap();
+    app.cleanup().await;
+}
+
+#[tokio::test]
+async fn redelivered_tasks_are_no_ops() {
+    let app = spawn_app().await;
+    let id = send(&app, (1..=2_000).collect()).await;
+    wait_completed(&app, id).await;
+    let before = get(&app, id).await.progress.unwrap();
+
+    // Apply every chunk again, directly and through the broker.
+    let mut tasks = Vec::new();
+    for (shard, pool) in app.ctx.pools.iter() {
+        let ids: Vec<u64> =
+            sqlx::query_scalar("SELECT chunk_id FROM message_chunks WHERE message_id = ?")
+                .bind(id)
+                .fetch_all(pool)
+                .await
+                .unwrap();
+        tasks.extend(ids.into_iter().map(|chunk_id| ChunkTask {
+            message_id: id,
+            chunk_id,
+            shard: shard.0,
+        }));
+    }
+    assert!(!tasks.is_empty());
+    for task in &tasks {
+        assert_eq!(deliver::apply_task(&app.ctx, task).await.unwrap(), TaskOutcome::AlreadyDone);
+    }
+    app.ctx.publisher.publish(Lane::High, &tasks).await.unwrap();
+    app.ctx.publisher.publish(Lane::Bulk, &tasks).await.unwrap();
+    // A fresh send queued behind the duplicates tells us when they are consumed.
+    let marker = send(&app, vec![5_000_000]).await;
+    wait_completed(&app, marker).await;
+
+    let after = get(&app, id).await.progress.unwrap();
+    assert_eq!(after, before);
+    assert_eq!(app.count_items(id).await, 2_000);
+    app.cleanup().await;
+}
+
+#[tokio::test]
+async fn sweeper_republishes_chunks_whose_publish_was_lost() {
+    let mut app = spawn_app_with(test_settings(), false).await;
+    let id = send(&app, (1..=1_500).collect()).await;
+    // Lose every published task, as if RabbitMQ had dropped them.
+    let conn = notify_core::queue::connect(&app.settings.rabbitmq, "test-purge").await.unwrap();
+    let channel = conn.create_channel().await.unwrap();
+    let topology = notify_core::queue::Topology::new(&app.settings.rabbitmq);
+    for lane in [Lane::High, Lane::Bulk] {
+        channel
+            .queue_purge(topology.queue(lane).into(), lapin::options::QueuePurgeOptions::default())
+            .await
+            .unwrap();
+    }
+    let _ = channel.close(200, "done".into()).await;
+    let _ = conn.close(200, "done".into()).await;
+    let stuck = get(&app, id).await;
+    assert_eq!(stuck.status, v1::MessageStatus::Sending as i32);
+    assert!(stuck.progress.unwrap().pending_chunks > 0);
+
+    app.start_worker().await;
+    let done = wait_completed(&app, id).await;
+    assert_eq!(done.progress.unwrap().delivered, 1_500);
+    assert_eq!(app.count_items(id).await, 1_500);
+    app.cleanup().await;
+}
+
+#[tokio::test]
+async fn a_poison_chunk_is_dead_lettered_counted_as_failed_and_redrivable() {
+    let mut app = spawn_app_with(test_settings(), false).await;
+    let id = send(&app, (1..=1_000).collect()).await;
+    // Corrupt one chunk's recipient list so applying it fails for good.
+    let (shard, pool) = app.ctx.pools.iter().next().map(|(s, p)| (s, p.clone())).unwrap();
+    let pool = &pool;
+    let (chunk_id, packed): (u64, Vec<u8>) = sqlx::query_as(
+        "SELECT chunk_id, user_ids FROM message_chunks WHERE message_id = ? ORDER BY chunk_id LIMIT 1",
+    )
+    .bind(id)
+    .fetch_one(pool)
+    .await
+    .unwrap();
+    let poisoned_recipients = (packed.len() / 8) as u64;
+    sqlx::query("UPDATE message_chunks SET user_ids = ? WHERE message_id = ? AND chunk_id = ?")
+        .bind(vec![1u8, 2, 3])
+        .bind(id)
+        .bind(chunk_id)
+        .execute(pool)
+        .await
+        .unwrap();
+
+    app.start_worker().await;
+    let done = wait_completed(&app, id).await;
+    let progress = done.progress.unwrap();
+    assert_eq!(progress.failed, poisoned_recipients);
+    assert_eq!(progress.delivered, 1_000 - poisoned_recipients);
+    assert_eq!(progress.pending, 0);
+    let state: u8 = sqlx::query_scalar(
+        "SELECT state FROM message_chunks WHERE message_id = ? AND chunk_id = ?",
+    )
+    .bind(id)
+    .bind(chunk_id)
+    .fetch_one(pool)
+    .await
+    .unwrap();
+    assert_eq!(state, chunks::state::FAILED, "chunk {chunk_id} on shard {shard}");
+
+    // Repair the data and re-drive: the failed recipients are delivered.
+    sqlx::query("UPDATE message_chunks SET user_ids = ? WHERE message_id = ? AND chunk_id = ?")
+        .bind(packed)
+        .bind(id)
+        .bind(chunk_id)
+        .execute(pool)
+        .await
+        .unwrap();
+    let redriven =
+        app.messages().redrive_message(v1::RedriveMessageRequest { message_id: id }).await.unwrap();
+    assert_eq!(redriven.into_inner().status, v1::MessageStatus::Sending as i32);
+    let done = wait_completed(&app, id).await;
+    let progress = done.progress.unwrap();
+    assert_eq!(progress.failed, 0);
+    assert_eq!(progress.delivered, 1_000);
+    assert_eq!(app.item_users(id).await, (1..=1_000).collect::<Vec<u64>>());
+    app.cleanup().await;
+}

@@ -1,0 +1,5 @@
+//! Fault tests of `notify-worker` against the real MariaDB, RabbitMQ and
+//! Redis: a worker killed mid-send, redelivered tasks, lost publishes,
+//! poison chunks and re-drive.
+
+mod faults;
