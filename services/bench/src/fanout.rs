@@ -1,0 +1,596 @@
+//! `notify-bench fanout`: one send to N recipients through the real api and
+//! worker, against a raw multi-row INSERT of the same rows into the same
+//! MariaDB, in the same run.
+
+use std::fmt::Write as _;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context as _, bail, ensure};
+use chrono::{NaiveDateTime, Utc};
+use notify_core::Settings;
+use notify_core::ids::IdGenerator;
+use notify_core::send::plan::plan_batch;
+use notify_proto::v1;
+use notify_proto::v1::message_service_client::MessageServiceClient;
+use sqlx::MySqlConnection;
+use sqlx::QueryBuilder;
+use sqlx::mysql::MySqlPool;
+
+use crate::harness::{
+    self, Env, metric, metric_sum, mysql_delta, mysql_status, quiesce, thousands, verdict,
+};
+use crate::procstat::{CpuUse, RssSampler, Tracked};
+
+/// Arguments of `notify-bench fanout`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct FanoutArgs {
+    /// Recipients: user ids 1..=N.
+    #[arg(long, default_value_t = 1_000_000)]
+    recipients: u64,
+    /// Shard databases (one MariaDB server, one database per shard).
+    #[arg(long, default_value_t = 4)]
+    shards: u32,
+    /// Worker concurrency (chunks applied at once per lane) and, the same
+    /// number, concurrent inserters of the baseline.
+    #[arg(long, default_value_t = 8)]
+    concurrency: usize,
+    /// Ids per AppendRecipients call (the api allows up to 100,000).
+    #[arg(long, default_value_t = 100_000)]
+    batch_size: usize,
+    /// Order of the baseline's statements: `worker` = shard by shard, as
+    /// the worker receives its tasks; `interleaved` = round-robin over shards.
+    #[arg(long, value_enum, default_value_t = Order::Worker)]
+    baseline_order: Order,
+    /// Skip the baseline (only the end-to-end send).
+    #[arg(long)]
+    no_baseline: bool,
+    /// Longest wait for COMPLETED, in seconds.
+    #[arg(long, default_value_t = 900)]
+    timeout_secs: u64,
+    /// Longest wait for InnoDB to flush dirty pages before each timed phase.
+    #[arg(long, default_value_t = 60)]
+    quiesce_secs: u64,
+}
+
+/// Statement order of the baseline.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum Order {
+    Worker,
+    Interleaved,
+}
+
+/// Rows per chunk / statement, as `send.chunk_size`.
+const CHUNK: usize = 500;
+const CATEGORY: &str = "bench";
+
+struct Phase {
+    secs: f64,
+    cpu: CpuUse,
+    mysql: String,
+}
+
+struct Baseline {
+    phase: Phase,
+    rows: u64,
+    statements: usize,
+}
+
+struct NotifyRun {
+    message_id: u64,
+    total: Phase,
+    create_secs: f64,
+    append: Phase,
+    batch_secs: Vec<f64>,
+    start: Phase,
+    delivery: Phase,
+    first_delivered_secs: Option<f64>,
+    final_progress: v1::Progress,
+}
+
+/// Runs the benchmark and prints its report.
+pub async fn run(args: FanoutArgs) -> anyhow::Result<()> {
+    ensure!(args.recipients > 0 && args.shards > 0 && args.concurrency > 0, "flags must be > 0");
+    let base = Settings::load().map_err(|e| anyhow::anyhow!("{e}"))?;
+    let tag = harness::fresh_tag();
+    let mut settings = harness::settings_for(&base, &tag, args.shards);
+    settings.worker.concurrency = args.concurrency;
+    settings.database.pool_max = settings.database.pool_max.max(args.concurrency as u32 + 4);
+    let baseline_settings = harness::settings_for(&base, &format!("{tag}b"), args.shards);
+    let mut env = Env::new(settings)?;
+    println!(
+        "notify-bench fanout: tag {tag}, {} recipients, {} shards, concurrency {} \
+         (worker.concurrency = baseline inserters), pool_max {}, loadavg {}",
+        thousands(args.recipients),
+        args.shards,
+        args.concurrency,
+        env.settings.database.pool_max,
+        crate::procstat::loadavg()
+    );
+    let outcome = crate::guarded(body(&mut env, &args, &baseline_settings)).await;
+    if outcome.is_err() {
+        env.set_failed();
+    }
+    env.cleanup().await;
+    println!("{}", outcome?);
+    Ok(())
+}
+
+async fn body(
+    env: &mut Env,
+    args: &FanoutArgs,
+    baseline_settings: &Settings,
+) -> anyhow::Result<String> {
+    env.start_services().await?;
+    let api_pid = env.pid("notify-api");
+    let worker_pid = env.pid("notify-worker");
+    println!(
+        "services up: notify-api pid {api_pid} ({}), notify-worker pid {worker_pid}; logs in {}",
+        env.settings.api.listen,
+        env.dir.display()
+    );
+    let tracked = Tracked::new(&[("api", api_pid), ("worker", worker_pid)]);
+    let rss = RssSampler::start(vec![api_pid, worker_pid]);
+    let mut server = harness::server_connection(&env.settings).await?;
+    // Whole seconds: DATETIME(3) stores the same value either way.
+    let expire_at = (Utc::now() + chrono::Duration::days(30)).naive_utc();
+    let expire_at = expire_at
+        - chrono::Duration::nanoseconds(i64::from(expire_at.and_utc().timestamp_subsec_nanos()));
+    let users: Vec<u64> = (1..=args.recipients).collect();
+
+    let baseline = if args.no_baseline {
+        None
+    } else {
+        let baseline =
+            run_baseline(env, args, baseline_settings, &tracked, &mut server, &users, expire_at)
+                .await?;
+        println!(
+            "baseline: {} rows in {:.2} s = {} rows/s ({} statements of <= {CHUNK} rows, {} inserters)",
+            thousands(baseline.rows),
+            baseline.phase.secs,
+            thousands((baseline.rows as f64 / baseline.phase.secs) as u64),
+            baseline.statements,
+            args.concurrency
+        );
+        Some(baseline)
+    };
+
+    let (waited, dirty) = quiesce(&mut server, Duration::from_secs(args.quiesce_secs)).await?;
+    println!("quiesce before notify: {waited:.1} s, {dirty} dirty pages left");
+    let notify = run_notify(env, args, &tracked, &mut server, &users, expire_at).await?;
+    let notify_rate = args.recipients as f64 / notify.total.secs;
+    println!(
+        "notify: {} recipients in {:.2} s = {} rows/s",
+        thousands(args.recipients),
+        notify.total.secs,
+        thousands(notify_rate as u64)
+    );
+
+    // Verification, outside the timed section.
+    let pools = harness::shard_pools(&env.settings, 2).await?;
+    let mut items = 0u64;
+    for pool in &pools {
+        let n: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM message_items WHERE message_id = ?")
+            .bind(notify.message_id)
+            .fetch_one(pool)
+            .await?;
+        items += n as u64;
+    }
+    for pool in pools {
+        pool.close().await;
+    }
+    let peaks = rss.peaks();
+    let worker_metrics = env.scrape("notify-worker").await;
+    let api_metrics = env.scrape("notify-api").await;
+    drop(rss);
+
+    Ok(summary(
+        args,
+        baseline.as_ref(),
+        &notify,
+        items,
+        &peaks,
+        &worker_metrics,
+        &api_metrics,
+        tracked.machine_max(),
+    ))
+}
+
+async fn run_baseline(
+    env: &mut Env,
+    args: &FanoutArgs,
+    settings: &Settings,
+    tracked: &Tracked,
+    server: &mut MySqlConnection,
+    users: &[u64],
+    expire_at: NaiveDateTime,
+) -> anyhow::Result<Baseline> {
+    env.migrate(settings, "baseline.toml").await?;
+    let pools = harness::shard_pools(settings, args.concurrency as u32).await?;
+    harness::warm_pools(&pools, args.concurrency).await?;
+    let map = settings.shard_map().map_err(|e| anyhow::anyhow!("{e}"))?;
+
+    // The same chunks the api plans (same shard function, same 500-row cut
+    // per appended batch), in the order the worker receives them.
+    let mut per_shard: Vec<Vec<Vec<u64>>> = vec![Vec::new(); settings.database.shards.len()];
+    for (index, batch) in users.chunks(args.batch_size).enumerate() {
+        for (shard, chunks) in plan_batch(&map, index as u64 + 1, batch, CHUNK)? {
+            let slot = map.slot_of(shard).context("shard slot")?;
+            per_shard[slot].extend(chunks.into_iter().map(|c| c.user_ids));
+        }
+    }
+    let work: Vec<(usize, Vec<u64>)> = match args.baseline_order {
+        Order::Worker => per_shard
+            .into_iter()
+            .enumerate()
+            .flat_map(|(slot, chunks)| chunks.into_iter().map(move |c| (slot, c)))
+            .collect(),
+        Order::Interleaved => {
+            let longest = per_shard.iter().map(Vec::len).max().unwrap_or(0);
+            let mut iters: Vec<_> = per_shard.into_iter().map(Vec::into_iter).collect();
+            let mut work = Vec::new();
+            for _ in 0..longest {
+                for (slot, iter) in iters.iter_mut().enumerate() {
+                    if let Some(chunk) = iter.next() {
+                        work.push((slot, chunk));
+                    }
+                }
+            }
+            work
+        }
+    };
+    let message_id = IdGenerator::new().next_id().get();
+
+    let (waited, dirty) = quiesce(server, Duration::from_secs(args.quiesce_secs)).await?;
+    println!("quiesce before baseline: {waited:.1} s, {dirty} dirty pages left");
+    let cpu0 = tracked.snap();
+    let my0 = mysql_status(server).await?;
+    let started = Instant::now();
+    let next = AtomicUsize::new(0);
+    let inserters = (0..args.concurrency).map(|_| {
+        let (work, pools, next) = (&work, &pools, &next);
+        async move {
+            loop {
+                let index = next.fetch_add(1, Ordering::Relaxed);
+                let Some((slot, ids)) = work.get(index) else {
+                    return Ok::<_, anyhow::Error>(());
+                };
+                insert_items(&pools[*slot], message_id, ids, expire_at).await?;
+            }
+        }
+    });
+    futures::future::try_join_all(inserters).await?;
+    let secs = started.elapsed().as_secs_f64();
+    let cpu = tracked.between(&cpu0, &tracked.snap());
+    let mysql = mysql_delta(&my0, &mysql_status(server).await?);
+
+    let mut rows = 0u64;
+    for pool in &pools {
+        let n: i64 =
+            sqlx::query_scalar("SELECT COUNT(*) FROM message_items").fetch_one(pool).await?;
+        rows += n as u64;
+    }
+    for pool in pools {
+        pool.close().await;
+    }
+    ensure!(rows == users.len() as u64, "baseline wrote {rows} rows, expected {}", users.len());
+    env.drop_databases_of(settings).await?;
+    Ok(Baseline { phase: Phase { secs, cpu, mysql }, rows, statements: work.len() })
+}
+
+async fn insert_items(
+    pool: &MySqlPool,
+    message_id: u64,
+    user_ids: &[u64],
+    expire_at: NaiveDateTime,
+) -> anyhow::Result<()> {
+    let mut insert =
+        QueryBuilder::new("INSERT INTO message_items (user_id, message_id, category, expire_at) ");
+    insert.push_values(user_ids, |mut row, user_id| {
+        row.push_bind(*user_id)
+            .push_bind(message_id)
+            .push_bind(CATEGORY)
+            .push_bind(Some(expire_at));
+    });
+    insert.build().execute(pool).await?;
+    Ok(())
+}
+
+async fn run_notify(
+    env: &mut Env,
+    args: &FanoutArgs,
+    tracked: &Tracked,
+    server: &mut MySqlConnection,
+    users: &[u64],
+    expire_at: NaiveDateTime,
+) -> anyhow::Result<NotifyRun> {
+    let channel = env.channel().await?;
+    let mut client = MessageServiceClient::new(channel)
+        .max_decoding_message_size(64 << 20)
+        .max_encoding_message_size(64 << 20);
+    let batches: Vec<Vec<u64>> = users.chunks(args.batch_size).map(<[u64]>::to_vec).collect();
+    let content = v1::Content {
+        title: "Benchmark fan-out".into(),
+        body: "One message to a million users, end to end through notify-api and notify-worker."
+            .into(),
+        category: CATEGORY.into(),
+        data: [("source".to_owned(), "notify-bench".to_owned())].into(),
+    };
+    let expire = prost_types::Timestamp { seconds: expire_at.and_utc().timestamp(), nanos: 0 };
+
+    let cpu0 = tracked.snap();
+    let my0 = mysql_status(server).await?;
+    let t0 = Instant::now();
+    // ---- timed: first RPC ... COMPLETED ----
+    let created = client
+        .create_message(v1::CreateMessageRequest {
+            sender: "notify-bench".into(),
+            idempotency_key: String::new(),
+            content: Some(content),
+            send_at: None,
+            expire_at: Some(expire),
+            priority: v1::Priority::Normal as i32,
+        })
+        .await
+        .context("CreateMessage")?
+        .into_inner();
+    let message_id = created.message_id;
+    let create_secs = t0.elapsed().as_secs_f64();
+    let mut batch_secs = Vec::new();
+    for (index, ids) in batches.into_iter().enumerate() {
+        let sent = ids.len() as u64;
+        let t = Instant::now();
+        let reply = client
+            .append_recipients(v1::AppendRecipientsRequest {
+                message_id,
+                batch_number: index as u64 + 1,
+                user_ids: ids,
+            })
+            .await
+            .with_context(|| format!("AppendRecipients batch {}", index + 1))?
+            .into_inner();
+        batch_secs.push(t.elapsed().as_secs_f64());
+        ensure!(
+            reply.accepted == sent,
+            "batch {} accepted {} of {sent}",
+            index + 1,
+            reply.accepted
+        );
+    }
+    let t_appended = t0.elapsed().as_secs_f64();
+    let cpu1 = tracked.snap();
+    let my1 = mysql_status(server).await?;
+    client.start_message(v1::StartMessageRequest { message_id }).await.context("StartMessage")?;
+    let t_started = t0.elapsed().as_secs_f64();
+    let cpu2 = tracked.snap();
+    let my2 = mysql_status(server).await?;
+    let mut stream = client
+        .watch_message(v1::WatchMessageRequest { message_id, interval_ms: 100 })
+        .await
+        .context("WatchMessage")?
+        .into_inner();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(args.timeout_secs);
+    let mut first_delivered_secs = None;
+    let mut last_print = t_started;
+    let final_progress = loop {
+        let message = match tokio::time::timeout_at(deadline, stream.message()).await {
+            Err(_) => bail!("send not COMPLETED within {} s", args.timeout_secs),
+            Ok(Err(status)) => bail!("WatchMessage: {status}"),
+            Ok(Ok(None)) => bail!("WatchMessage ended before COMPLETED"),
+            Ok(Ok(Some(message))) => message,
+        };
+        let now = t0.elapsed().as_secs_f64();
+        let progress = message.progress.unwrap_or_default();
+        if first_delivered_secs.is_none() && progress.delivered > 0 {
+            first_delivered_secs = Some(now - t_started);
+        }
+        let status = message.status;
+        if status == v1::MessageStatus::Completed as i32 {
+            break progress;
+        }
+        if status == v1::MessageStatus::Cancelled as i32
+            || status == v1::MessageStatus::Paused as i32
+        {
+            bail!("send went to status {status} before COMPLETED: {progress:?}");
+        }
+        if now - last_print >= 10.0 {
+            last_print = now;
+            env.check_children()?;
+            println!(
+                "  +{now:5.1} s  delivered {:>9}  pending chunks {:>5}  failed {}",
+                thousands(progress.delivered),
+                progress.pending_chunks,
+                progress.failed
+            );
+        }
+    };
+    let t_done = t0.elapsed().as_secs_f64();
+    // ---- end of timed section ----
+    let cpu3 = tracked.snap();
+    let my3 = mysql_status(server).await?;
+    drop(stream);
+
+    Ok(NotifyRun {
+        message_id,
+        total: Phase {
+            secs: t_done,
+            cpu: tracked.between(&cpu0, &cpu3),
+            mysql: mysql_delta(&my0, &my3),
+        },
+        create_secs,
+        append: Phase {
+            secs: t_appended,
+            cpu: tracked.between(&cpu0, &cpu1),
+            mysql: mysql_delta(&my0, &my1),
+        },
+        batch_secs,
+        start: Phase {
+            secs: t_started - t_appended,
+            cpu: tracked.between(&cpu1, &cpu2),
+            mysql: mysql_delta(&my1, &my2),
+        },
+        delivery: Phase {
+            secs: t_done - t_started,
+            cpu: tracked.between(&cpu2, &cpu3),
+            mysql: mysql_delta(&my2, &my3),
+        },
+        first_delivered_secs,
+        final_progress,
+    })
+}
+
+#[allow(clippy::too_many_arguments)]
+fn summary(
+    args: &FanoutArgs,
+    baseline: Option<&Baseline>,
+    notify: &NotifyRun,
+    items: u64,
+    peaks: &[(u64, u64)],
+    worker_metrics: &str,
+    api_metrics: &str,
+    machine_max: usize,
+) -> String {
+    let n = args.recipients;
+    let rate = |secs: f64| n as f64 / secs;
+    let mut s = String::new();
+    let _ = writeln!(s, "\n================ notify-bench fanout: summary ================");
+    let _ = writeln!(
+        s,
+        "recipients {} over {} shards | concurrency {} (worker bulk lane = baseline inserters) | chunk {CHUNK}",
+        thousands(n),
+        args.shards,
+        args.concurrency
+    );
+    let notify_rate = rate(notify.total.secs);
+    if let Some(b) = baseline {
+        let base_rate = b.rows as f64 / b.phase.secs;
+        let ratio = notify_rate / base_rate;
+        let _ = writeln!(
+            s,
+            "baseline  raw INSERT (500 rows/stmt, autocommit, {} order) {:>7.2} s  {:>9} rows/s",
+            match args.baseline_order {
+                Order::Worker => "worker",
+                Order::Interleaved => "interleaved",
+            },
+            b.phase.secs,
+            thousands(base_rate as u64)
+        );
+        let _ = writeln!(
+            s,
+            "notify    end to end (CreateMessage -> COMPLETED)          {:>7.2} s  {:>9} rows/s",
+            notify.total.secs,
+            thousands(notify_rate as u64)
+        );
+        let _ = writeln!(
+            s,
+            "ratio     notify/baseline = {ratio:.2}  (target >= 0.5: {}, goal 0.8: {})",
+            verdict(ratio >= 0.5),
+            verdict(ratio >= 0.8)
+        );
+        let _ = writeln!(
+            s,
+            "          delivery phase alone / baseline = {:.2}",
+            rate(notify.delivery.secs) / base_rate
+        );
+    } else {
+        let _ = writeln!(
+            s,
+            "notify    end to end (CreateMessage -> COMPLETED)  {:.2} s  {} rows/s (no baseline)",
+            notify.total.secs,
+            thousands(notify_rate as u64)
+        );
+    }
+    let mb = |kb: u64| kb as f64 / 1024.0;
+    let (api, worker) =
+        (peaks.first().copied().unwrap_or_default(), peaks.get(1).copied().unwrap_or_default());
+    let _ = writeln!(
+        s,
+        "memory    peak RSS (VmHWM): api {:.1} MB, worker {:.1} MB  (target < 150 MB: {})",
+        mb(api.1),
+        mb(worker.1),
+        verdict(api.1.max(worker.1) < 150 * 1024)
+    );
+    let batches = &notify.batch_secs;
+    let (min, max) =
+        batches.iter().fold((f64::MAX, 0.0f64), |(lo, hi), x| (lo.min(*x), hi.max(*x)));
+    let _ = writeln!(
+        s,
+        "breakdown create {:.3} s | append {} x AppendRecipients {:.2} s (per batch {:.2}..{:.2} s) \
+         | start+publish {:.2} s | delivery {:.2} s ({} rows/s; first item after {})",
+        notify.create_secs,
+        batches.len(),
+        notify.append.secs - notify.create_secs,
+        min,
+        max,
+        notify.start.secs,
+        notify.delivery.secs,
+        thousands(rate(notify.delivery.secs) as u64),
+        notify.first_delivered_secs.map_or("?".into(), |t| format!("{:.2} s", t)),
+    );
+    let p = &notify.final_progress;
+    let _ = writeln!(
+        s,
+        "verify    progress total {} delivered {} failed {} pending {} | COUNT(*) message_items {} -> {}",
+        p.total,
+        p.delivered,
+        p.failed,
+        p.pending,
+        items,
+        verdict(p.delivered == n && items == n)
+    );
+    let delivered_chunks =
+        metric_sum(worker_metrics, &["notify_chunks_total{", "outcome=\"delivered\""]);
+    let already = metric_sum(worker_metrics, &["notify_chunks_total{", "outcome=\"already_done\""]);
+    let skipped = metric_sum(worker_metrics, &["notify_chunks_total{", "outcome=\"skipped\""]);
+    let republished = metric(worker_metrics, &["notify_chunks_republished_total"]).unwrap_or(0.0);
+    let q = |quantile: &str| {
+        metric(
+            worker_metrics,
+            &["notify_chunk_apply_seconds{", "bulk", &format!("quantile=\"{quantile}\"")],
+        )
+        .map_or("?".into(), |v| format!("{:.1} ms", v * 1000.0))
+    };
+    let _ = writeln!(
+        s,
+        "worker    chunks delivered {delivered_chunks} already_done {already} skipped {skipped} \
+         republished-by-sweeper {republished} | chunk apply p50 {} p99 {} max {}",
+        q("0.5"),
+        q("0.99"),
+        q("1"),
+    );
+    let append_q = |quantile: &str| {
+        metric(
+            api_metrics,
+            &[
+                "notify_grpc_request_duration_seconds{",
+                "AppendRecipients",
+                &format!("quantile=\"{quantile}\""),
+            ],
+        )
+        .map_or("?".into(), |v| format!("{:.2} s", v))
+    };
+    let _ = writeln!(
+        s,
+        "api       AppendRecipients server time p50 {} max {}",
+        append_q("0.5"),
+        append_q("1")
+    );
+    let _ = writeln!(s, "cpu (% of one core, machine max {machine_max}%):");
+    if let Some(b) = baseline {
+        let _ = writeln!(s, "  baseline  {}", b.phase.cpu.line(machine_max));
+    }
+    let _ = writeln!(s, "  append    {}", notify.append.cpu.line(machine_max));
+    let _ = writeln!(s, "  start     {}", notify.start.cpu.line(machine_max));
+    let _ = writeln!(s, "  delivery  {}", notify.delivery.cpu.line(machine_max));
+    let _ = writeln!(s, "  total     {}", notify.total.cpu.line(machine_max));
+    let _ = writeln!(s, "mariadb:");
+    if let Some(b) = baseline {
+        let _ = writeln!(s, "  baseline  {}", b.phase.mysql);
+    }
+    let _ = writeln!(s, "  append    {}", notify.append.mysql);
+    let _ = writeln!(s, "  start     {}", notify.start.mysql);
+    let _ = writeln!(s, "  delivery  {}", notify.delivery.mysql);
+    let _ = writeln!(s, "  total     {}", notify.total.mysql);
+    let _ = write!(s, "==============================================================");
+    s
+}

@@ -1,0 +1,545 @@
+//! Shared set-up and tear-down: fresh names, a config file, `notifyctl
+//! migrate`, `notify-worker` and `notify-api` as child processes, MariaDB
+//! helpers, and best-effort cleanup of everything created.
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::str::FromStr;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context as _, anyhow, bail};
+use notify_core::Settings;
+use notify_core::queue::{self, Topology};
+use notify_core::settings::ShardSettings;
+use redis::AsyncCommands;
+use secrecy::ExposeSecret;
+use shard_router::ShardId;
+use sqlx::mysql::{MySqlConnectOptions, MySqlPool, MySqlPoolOptions};
+use sqlx::{Connection, MySqlConnection};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::process::{Child, Command};
+use tonic::transport::Channel;
+
+/// A fresh tag for database, queue and key names: `bench{8 hex}`.
+pub fn fresh_tag() -> String {
+    format!("bench{:08x}", rand::random::<u32>())
+}
+
+/// `base` with fresh names under `tag` and `shards` shards (even split).
+pub fn settings_for(base: &Settings, tag: &str, shards: u32) -> Settings {
+    let mut s = base.clone();
+    s.database.shards = (0..shards)
+        .map(|i| ShardSettings { id: ShardId(i), database: format!("notify_{tag}_{i}"), url: None })
+        .collect();
+    s.database.bucket_ranges = Vec::new();
+    s.rabbitmq.prefix = format!("notify_{tag}");
+    s.redis.key_prefix = format!("notify_{tag}:");
+    s.log.filter = "warn".into();
+    s
+}
+
+/// A TCP port that was free a moment ago.
+pub fn free_port() -> anyhow::Result<u16> {
+    Ok(std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
+}
+
+fn toml_str(value: &str) -> String {
+    format!("\"{}\"", value.replace('\\', "\\\\").replace('"', "\\\""))
+}
+
+/// The config file the children read (`NOTIFY_CONFIG`): every setting the
+/// bench changes, plus the server urls, so the file is the whole story.
+pub fn config_toml(s: &Settings) -> String {
+    let shards: Vec<String> = s
+        .database
+        .shards
+        .iter()
+        .map(|shard| format!("{{ id = {}, database = {} }}", shard.id, toml_str(&shard.database)))
+        .collect();
+    format!(
+        "[api]\nlisten = {}\nmetrics_listen = {}\n\n\
+         [worker]\nmetrics_listen = {}\nconcurrency = {}\n\n\
+         [database]\nurl = {}\npool_max = {}\nshards = [{}]\nbucket_ranges = []\n\n\
+         [rabbitmq]\nurl = {}\nprefix = {}\n\n\
+         [redis]\nurl = {}\nkey_prefix = {}\n\n\
+         [log]\nfilter = {}\n",
+        toml_str(&s.api.listen),
+        toml_str(&s.api.metrics_listen),
+        toml_str(&s.worker.metrics_listen),
+        s.worker.concurrency,
+        toml_str(s.database.url.expose_secret()),
+        s.database.pool_max,
+        shards.join(", "),
+        toml_str(s.rabbitmq.url.expose_secret()),
+        toml_str(&s.rabbitmq.prefix),
+        toml_str(s.redis.url.expose_secret()),
+        toml_str(&s.redis.key_prefix),
+        toml_str(&s.log.filter),
+    )
+}
+
+/// The release binaries next to this one.
+#[derive(Debug, Clone)]
+pub struct Binaries {
+    api: PathBuf,
+    worker: PathBuf,
+    ctl: PathBuf,
+}
+
+impl Binaries {
+    /// Finds `notify-api`, `notify-worker` and `notifyctl` in the directory
+    /// of the running executable.
+    pub fn locate() -> anyhow::Result<Self> {
+        let exe = std::env::current_exe().context("current_exe")?;
+        let dir = exe.parent().ok_or_else(|| anyhow!("{exe:?} has no directory"))?;
+        let bins = Self {
+            api: dir.join("notify-api"),
+            worker: dir.join("notify-worker"),
+            ctl: dir.join("notifyctl"),
+        };
+        for bin in [&bins.api, &bins.worker, &bins.ctl] {
+            if !bin.is_file() {
+                bail!(
+                    "{} not found next to {}; build them together: \
+                     cargo build --release -p notify-bench -p notify-api -p notify-worker -p notifyctl",
+                    bin.display(),
+                    exe.display()
+                );
+            }
+        }
+        if !dir.ends_with("release") {
+            eprintln!("warning: {} is not a release build directory", dir.display());
+        }
+        Ok(bins)
+    }
+}
+
+/// A child process with its log file.
+struct ChildProc {
+    name: &'static str,
+    pid: u32,
+    child: Child,
+    log: PathBuf,
+}
+
+/// Everything one benchmark run owns; [`Env::cleanup`] removes it all.
+pub struct Env {
+    /// Settings of the services under test (fresh names).
+    pub settings: Settings,
+    /// Working directory (config files, child logs).
+    pub dir: PathBuf,
+    bins: Binaries,
+    config: PathBuf,
+    children: Vec<ChildProc>,
+    /// Settings whose shard databases may exist and must be dropped.
+    databases: Vec<Settings>,
+    /// Settings whose broker topology and redis keys must be removed.
+    brokers: Vec<Settings>,
+    failed: bool,
+}
+
+impl Env {
+    /// Picks ports, writes the config file. Creates nothing on the servers yet.
+    pub fn new(mut settings: Settings) -> anyhow::Result<Self> {
+        let bins = Binaries::locate()?;
+        settings.api.listen = format!("127.0.0.1:{}", free_port()?);
+        settings.api.metrics_listen = format!("127.0.0.1:{}", free_port()?);
+        settings.worker.metrics_listen = format!("127.0.0.1:{}", free_port()?);
+        settings.validate().map_err(|e| anyhow!("bench settings: {e}"))?;
+        let dir = std::env::temp_dir().join(format!("notify-bench-{}", settings.rabbitmq.prefix));
+        std::fs::create_dir_all(&dir).with_context(|| format!("create {}", dir.display()))?;
+        let config = dir.join("notify.toml");
+        std::fs::write(&config, config_toml(&settings))?;
+        Ok(Self {
+            databases: vec![settings.clone()],
+            brokers: vec![settings.clone()],
+            settings,
+            dir,
+            bins,
+            config,
+            children: Vec::new(),
+            failed: false,
+        })
+    }
+
+    /// Marks the run failed: logs are kept.
+    pub fn set_failed(&mut self) {
+        self.failed = true;
+    }
+
+    /// Runs `notifyctl migrate` for `settings` (creating its databases);
+    /// the databases are dropped at cleanup.
+    pub async fn migrate(&mut self, settings: &Settings, file_name: &str) -> anyhow::Result<()> {
+        let path = if db_names(settings) == db_names(&self.settings) {
+            self.config.clone()
+        } else {
+            let path = self.dir.join(file_name);
+            std::fs::write(&path, config_toml(settings))?;
+            path
+        };
+        if !self.databases.iter().any(|s| db_names(s) == db_names(settings)) {
+            self.databases.push(settings.clone());
+        }
+        let mut cmd = Command::new(&self.bins.ctl);
+        cmd.arg("migrate");
+        child_env(&mut cmd, &path);
+        let out = cmd.output().await.context("run notifyctl migrate")?;
+        if !out.status.success() {
+            bail!(
+                "notifyctl migrate failed ({}): {}{}",
+                out.status,
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        Ok(())
+    }
+
+    /// Migrates the service databases, starts the worker then the api, and
+    /// waits until both listen.
+    pub async fn start_services(&mut self) -> anyhow::Result<()> {
+        let settings = self.settings.clone();
+        self.migrate(&settings, "notify.toml").await?;
+        let worker = self.spawn("notify-worker", self.bins.worker.clone())?;
+        self.children.push(worker);
+        let worker_metrics: SocketAddr = self.settings.worker.metrics_listen.parse()?;
+        self.wait_port("notify-worker", worker_metrics).await?;
+        let api = self.spawn("notify-api", self.bins.api.clone())?;
+        self.children.push(api);
+        let api_addr: SocketAddr = self.settings.api.listen.parse()?;
+        self.wait_port("notify-api", api_addr).await?;
+        // The port is bound before tonic serves; make sure a channel works.
+        self.channel().await?;
+        Ok(())
+    }
+
+    fn spawn(&self, name: &'static str, bin: PathBuf) -> anyhow::Result<ChildProc> {
+        let log = self.dir.join(format!("{name}.log"));
+        let file = std::fs::File::create(&log)?;
+        let mut cmd = Command::new(&bin);
+        child_env(&mut cmd, &self.config);
+        cmd.stdin(Stdio::null()).stdout(file.try_clone()?).stderr(file).kill_on_drop(true);
+        let child = cmd.spawn().with_context(|| format!("spawn {}", bin.display()))?;
+        let pid = child.id().ok_or_else(|| anyhow!("{name} exited at once"))?;
+        Ok(ChildProc { name, pid, child, log })
+    }
+
+    async fn wait_port(&mut self, name: &str, addr: SocketAddr) -> anyhow::Result<()> {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            if tokio::net::TcpStream::connect(addr).await.is_ok() {
+                return Ok(());
+            }
+            for child in &mut self.children {
+                if let Ok(Some(status)) = child.child.try_wait() {
+                    bail!("{} exited ({status}):\n{}", child.name, tail(&child.log, 20));
+                }
+            }
+            if Instant::now() > deadline {
+                bail!("{name} did not listen on {addr} within 30 s");
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// A new gRPC channel (one HTTP/2 connection) to the api.
+    pub async fn channel(&self) -> anyhow::Result<Channel> {
+        let uri = format!("http://{}", self.settings.api.listen);
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            match Channel::from_shared(uri.clone())?
+                .connect_timeout(Duration::from_secs(2))
+                .tcp_nodelay(true)
+                .connect()
+                .await
+            {
+                Ok(channel) => return Ok(channel),
+                Err(e) if Instant::now() > deadline => {
+                    bail!("cannot connect to notify-api at {uri}: {e}")
+                }
+                Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,
+            }
+        }
+    }
+
+    /// Pid of a running child (`notify-api` / `notify-worker`).
+    pub fn pid(&self, name: &str) -> u32 {
+        self.children.iter().find(|c| c.name == name).map_or(0, |c| c.pid)
+    }
+
+    /// Fails if a child has exited.
+    pub fn check_children(&mut self) -> anyhow::Result<()> {
+        for child in &mut self.children {
+            if let Ok(Some(status)) = child.child.try_wait() {
+                bail!("{} exited ({status}):\n{}", child.name, tail(&child.log, 20));
+            }
+        }
+        Ok(())
+    }
+
+    /// `GET /metrics` of the api or the worker.
+    pub async fn scrape(&self, name: &str) -> String {
+        let addr = if name == "notify-api" {
+            &self.settings.api.metrics_listen
+        } else {
+            &self.settings.worker.metrics_listen
+        };
+        scrape(addr).await.unwrap_or_default()
+    }
+
+    /// SIGTERM to every child, then waits (SIGKILL after 20 s).
+    pub async fn stop_services(&mut self) {
+        // Api first: nothing new gets published while the worker drains.
+        for mut child in self.children.drain(..).rev() {
+            let _ = std::process::Command::new("kill")
+                .args(["-TERM", &child.pid.to_string()])
+                .stderr(Stdio::null())
+                .status();
+            match tokio::time::timeout(Duration::from_secs(20), child.child.wait()).await {
+                Ok(_) => {}
+                Err(_) => {
+                    eprintln!("{} did not stop within 20 s after SIGTERM; killing", child.name);
+                    let _ = child.child.kill().await;
+                }
+            }
+        }
+    }
+
+    /// Drops `settings`' shard databases now (and forgets them).
+    pub async fn drop_databases_of(&mut self, settings: &Settings) -> anyhow::Result<()> {
+        drop_databases(settings).await?;
+        self.databases.retain(|s| db_names(s) != db_names(settings));
+        Ok(())
+    }
+
+    /// Stops the children and removes every database, queue, exchange and
+    /// redis key created. Best effort: failures are printed, not returned.
+    pub async fn cleanup(&mut self) {
+        self.stop_services().await;
+        let mut problems = Vec::new();
+        for settings in std::mem::take(&mut self.databases) {
+            let step = tokio::time::timeout(Duration::from_secs(120), drop_databases(&settings));
+            match step.await {
+                Ok(Ok(())) => {}
+                Ok(Err(e)) => problems.push(format!("drop databases: {e:#}")),
+                Err(_) => problems.push("drop databases: timed out".into()),
+            }
+        }
+        for settings in std::mem::take(&mut self.brokers) {
+            let step = tokio::time::timeout(Duration::from_secs(30), delete_topology(&settings));
+            if let Ok(Err(e)) | Err(e) = step.await.map_err(anyhow::Error::from) {
+                problems.push(format!("delete rabbitmq topology: {e:#}"));
+            }
+            let step = tokio::time::timeout(Duration::from_secs(30), delete_redis_keys(&settings));
+            if let Ok(Err(e)) | Err(e) = step.await.map_err(anyhow::Error::from) {
+                problems.push(format!("delete redis keys: {e:#}"));
+            }
+        }
+        if problems.is_empty() && !self.failed {
+            let _ = std::fs::remove_dir_all(&self.dir);
+            eprintln!("cleanup: children stopped, databases, queues and redis keys removed");
+        } else {
+            for problem in &problems {
+                eprintln!("cleanup: {problem}");
+            }
+            eprintln!("cleanup: config and child logs kept in {}", self.dir.display());
+        }
+    }
+}
+
+fn db_names(settings: &Settings) -> Vec<&str> {
+    settings.database.shards.iter().map(|s| s.database.as_str()).collect()
+}
+
+fn child_env(cmd: &mut Command, config: &Path) {
+    // The file is the whole configuration: no inherited overrides.
+    for (key, _) in std::env::vars_os() {
+        if key.to_str().is_some_and(|k| k.starts_with("NOTIFY_") || k == "RUST_LOG") {
+            cmd.env_remove(key);
+        }
+    }
+    cmd.env("NOTIFY_CONFIG", config);
+}
+
+fn tail(path: &Path, lines: usize) -> String {
+    let text = std::fs::read_to_string(path).unwrap_or_default();
+    let all: Vec<&str> = text.lines().collect();
+    all[all.len().saturating_sub(lines)..].join("\n")
+}
+
+async fn scrape(addr: &str) -> anyhow::Result<String> {
+    let mut stream = tokio::net::TcpStream::connect(addr).await?;
+    stream
+        .write_all(
+            format!("GET /metrics HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n")
+                .as_bytes(),
+        )
+        .await?;
+    let mut body = Vec::new();
+    tokio::time::timeout(Duration::from_secs(5), stream.read_to_end(&mut body)).await??;
+    let text = String::from_utf8_lossy(&body).into_owned();
+    Ok(text.split_once("\r\n\r\n").map(|(_, b)| b.to_owned()).unwrap_or(text))
+}
+
+/// Value of a Prometheus sample whose name and labels contain every
+/// fragment, e.g. `["notify_chunk_apply_seconds{", "quantile=\"0.99\""]`.
+pub fn metric(text: &str, fragments: &[&str]) -> Option<f64> {
+    text.lines()
+        .filter(|l| !l.starts_with('#'))
+        .find(|l| fragments.iter().all(|f| l.contains(f)))
+        .and_then(|l| l.rsplit(' ').next()?.parse().ok())
+}
+
+/// Sum of the samples matching every fragment.
+pub fn metric_sum(text: &str, fragments: &[&str]) -> f64 {
+    text.lines()
+        .filter(|l| !l.starts_with('#'))
+        .filter(|l| fragments.iter().all(|f| l.contains(f)))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .fold(0.0, |a, b| a + b)
+}
+
+fn server_options(settings: &Settings) -> anyhow::Result<MySqlConnectOptions> {
+    Ok(MySqlConnectOptions::from_str(settings.database.url.expose_secret())?.charset("utf8mb4"))
+}
+
+/// A pool on one shard database of `settings`.
+pub async fn shard_pool(settings: &Settings, index: usize, max: u32) -> anyhow::Result<MySqlPool> {
+    let shard = &settings.database.shards[index];
+    let options = server_options(settings)?.database(&shard.database);
+    Ok(MySqlPoolOptions::new()
+        .max_connections(max)
+        .min_connections(0)
+        .acquire_timeout(Duration::from_secs(30))
+        .connect_with(options)
+        .await
+        .with_context(|| format!("connect to {}", shard.database))?)
+}
+
+/// One pool per shard of `settings`, in shard order.
+pub async fn shard_pools(settings: &Settings, max: u32) -> anyhow::Result<Vec<MySqlPool>> {
+    let mut pools = Vec::new();
+    for index in 0..settings.database.shards.len() {
+        pools.push(shard_pool(settings, index, max).await?);
+    }
+    Ok(pools)
+}
+
+/// Opens `n` connections on each pool (so connecting is not timed).
+pub async fn warm_pools(pools: &[MySqlPool], n: usize) -> anyhow::Result<()> {
+    for pool in pools {
+        let mut held = Vec::new();
+        for _ in 0..n {
+            held.push(pool.acquire().await?);
+        }
+    }
+    Ok(())
+}
+
+async fn drop_databases(settings: &Settings) -> anyhow::Result<()> {
+    let mut conn = MySqlConnection::connect_with(&server_options(settings)?).await?;
+    let mut errors = Vec::new();
+    for shard in &settings.database.shards {
+        // Names are [A-Za-z0-9_] (validated with the settings).
+        let statement = format!("DROP DATABASE IF EXISTS `{}`", shard.database);
+        if let Err(e) = sqlx::raw_sql(sqlx::AssertSqlSafe(statement)).execute(&mut conn).await {
+            errors.push(format!("{}: {e}", shard.database));
+        }
+    }
+    let _ = conn.close().await;
+    if errors.is_empty() { Ok(()) } else { bail!("{}", errors.join("; ")) }
+}
+
+async fn delete_topology(settings: &Settings) -> anyhow::Result<()> {
+    let connection = queue::connect(&settings.rabbitmq, "notify-bench-cleanup").await?;
+    let channel = connection.create_channel().await?;
+    let result = Topology::new(&settings.rabbitmq).delete(&channel).await;
+    let _ = connection.close(200, "done".into()).await;
+    Ok(result?)
+}
+
+async fn delete_redis_keys(settings: &Settings) -> anyhow::Result<()> {
+    let client = redis::Client::open(settings.redis.url.expose_secret())?;
+    let mut conn = client.get_multiplexed_async_connection().await?;
+    let pattern = format!("{}*", settings.redis.key_prefix);
+    let keys: Vec<String> = conn.keys(pattern).await?;
+    for batch in keys.chunks(1000) {
+        conn.del::<_, ()>(batch).await?;
+    }
+    Ok(())
+}
+
+/// A connection to the MariaDB server (no database) for global status.
+pub async fn server_connection(settings: &Settings) -> anyhow::Result<MySqlConnection> {
+    Ok(MySqlConnection::connect_with(&server_options(settings)?).await?)
+}
+
+/// `SHOW GLOBAL STATUS` as numbers.
+pub async fn mysql_status(conn: &mut MySqlConnection) -> anyhow::Result<HashMap<String, u64>> {
+    let rows: Vec<(String, String)> =
+        sqlx::query_as("SHOW GLOBAL STATUS").fetch_all(&mut *conn).await?;
+    Ok(rows.into_iter().filter_map(|(k, v)| Some((k, v.parse().ok()?))).collect())
+}
+
+/// Summary of MariaDB work between two status snapshots.
+pub fn mysql_delta(a: &HashMap<String, u64>, b: &HashMap<String, u64>) -> String {
+    let d = |k: &str| b.get(k).copied().unwrap_or(0).saturating_sub(a.get(k).copied().unwrap_or(0));
+    format!(
+        "stmts {} (insert {}, select {}, update {}, commit {}), rows written {}, index reads {}, \
+         pings {}, row lock waits {} ({} ms), log writes {}, fsyncs {}, redo {} MB, pages flushed {}",
+        d("Questions"),
+        d("Com_insert"),
+        d("Com_select"),
+        d("Com_update"),
+        d("Com_commit"),
+        d("Handler_write"),
+        d("Handler_read_key") + d("Handler_read_next"),
+        d("Com_admin_commands"),
+        d("Innodb_row_lock_waits"),
+        d("Innodb_row_lock_time"),
+        d("Innodb_log_writes"),
+        d("Innodb_data_fsyncs"),
+        d("Innodb_lsn_current") / 1_000_000,
+        d("Innodb_buffer_pool_pages_flushed"),
+    )
+}
+
+/// Waits (bounded) until InnoDB has flushed most dirty pages, or stops
+/// making progress, so a phase pays less for the previous one's writes.
+/// Returns seconds waited and dirty pages left.
+pub async fn quiesce(conn: &mut MySqlConnection, max: Duration) -> anyhow::Result<(f64, u64)> {
+    let started = Instant::now();
+    let mut history: Vec<u64> = Vec::new();
+    loop {
+        let status = mysql_status(conn).await?;
+        let dirty = status.get("Innodb_buffer_pool_pages_dirty").copied().unwrap_or(0);
+        let total = status.get("Innodb_buffer_pool_pages_total").copied().unwrap_or(1);
+        history.push(dirty);
+        // Stalled: no decrease over the last 5 s (10 polls).
+        let stalled = history.len() > 10 && history[history.len() - 11] <= dirty;
+        if dirty <= (total / 100).max(64) || stalled || started.elapsed() >= max {
+            return Ok((started.elapsed().as_secs_f64(), dirty));
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+}
+
+/// Formats `n` with thousands separators.
+pub fn thousands(n: u64) -> String {
+    let s = n.to_string();
+    let mut out = String::new();
+    for (i, c) in s.chars().enumerate() {
+        if i > 0 && (s.len() - i).is_multiple_of(3) {
+            out.push(',');
+        }
+        out.push(c);
+    }
+    out
+}
+
+/// `OK` / `MISS` against a target.
+pub fn verdict(ok: bool) -> &'static str {
+    if ok { "OK" } else { "MISS" }
+}

@@ -1,0 +1,244 @@
+//! Linux `/proc` readings: memory of the children (VmRSS, VmHWM), CPU time
+//! of the processes involved (children, mariadbd, beam.smp, redis-server,
+//! this process) and of the whole machine, for "where does the time go".
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use tokio::task::JoinHandle;
+
+/// Reads a `kB` field (e.g. `VmRSS:`) of `/proc/PID/status`.
+pub fn status_kb(pid: u32, field: &str) -> Option<u64> {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    text.lines()
+        .find_map(|line| line.strip_prefix(field)?.trim().strip_suffix("kB")?.trim().parse().ok())
+}
+
+/// User + system CPU time of a process, in clock ticks.
+pub fn cpu_ticks(pid: u32) -> Option<u64> {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // Fields after "(comm)" start with field 3 (state); utime is field 14.
+    let rest = &text[text.rfind(')')? + 1..];
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    let utime: u64 = fields.get(11)?.parse().ok()?;
+    let stime: u64 = fields.get(12)?.parse().ok()?;
+    Some(utime + stime)
+}
+
+/// Pids whose `comm` equals `name`.
+pub fn find_pids(name: &str) -> Vec<u32> {
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    entries
+        .filter_map(|entry| entry.ok()?.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|pid| {
+            std::fs::read_to_string(format!("/proc/{pid}/comm"))
+                .is_ok_and(|comm| comm.trim_end() == name)
+        })
+        .collect()
+}
+
+/// Clock ticks per second (`getconf CLK_TCK`, 100 if unknown).
+pub fn clock_ticks_per_sec() -> u64 {
+    std::process::Command::new("getconf")
+        .arg("CLK_TCK")
+        .output()
+        .ok()
+        .and_then(|out| String::from_utf8(out.stdout).ok()?.trim().parse().ok())
+        .unwrap_or(100)
+}
+
+/// Number of online CPUs.
+pub fn cpus() -> usize {
+    std::thread::available_parallelism().map_or(1, |n| n.get())
+}
+
+/// The machine-wide counters of `/proc/stat` ("cpu" line), in ticks.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct MachineCpu {
+    busy: u64,
+    iowait: u64,
+    total: u64,
+}
+
+fn machine_cpu() -> MachineCpu {
+    let text = std::fs::read_to_string("/proc/stat").unwrap_or_default();
+    let Some(line) = text.lines().find(|l| l.starts_with("cpu ")) else {
+        return MachineCpu::default();
+    };
+    let v: Vec<u64> = line.split_whitespace().skip(1).filter_map(|f| f.parse().ok()).collect();
+    let get = |i: usize| v.get(i).copied().unwrap_or(0);
+    // user nice system idle iowait irq softirq steal
+    let busy = get(0) + get(1) + get(2) + get(5) + get(6) + get(7);
+    let iowait = get(4);
+    MachineCpu { busy, iowait, total: busy + iowait + get(3) }
+}
+
+/// Processes whose CPU time is attributed per phase.
+#[derive(Debug, Clone)]
+pub struct Tracked {
+    entries: Vec<(String, Vec<u32>)>,
+    ticks_per_sec: f64,
+    cpus: usize,
+}
+
+/// CPU counters at one instant.
+#[derive(Debug, Clone)]
+pub struct CpuSnap {
+    at: Instant,
+    ticks: Vec<u64>,
+    machine: MachineCpu,
+}
+
+/// CPU use between two snapshots, in percent of one core.
+#[derive(Debug, Clone)]
+pub struct CpuUse {
+    /// (name, % of one core) per tracked process.
+    pub per_process: Vec<(String, f64)>,
+    /// Whole machine busy, % of one core (max 100 x cpus).
+    pub machine_busy: f64,
+    /// Whole machine iowait, % of one core.
+    pub machine_iowait: f64,
+    /// Busy time not explained by the tracked processes.
+    pub other: f64,
+}
+
+impl Tracked {
+    /// Tracks the given children, this process, and the local servers.
+    pub fn new(children: &[(&str, u32)]) -> Self {
+        let mut entries: Vec<(String, Vec<u32>)> = vec![("mariadbd".into(), find_pids("mariadbd"))];
+        if entries[0].1.is_empty() {
+            entries[0] = ("mysqld".into(), find_pids("mysqld"));
+        }
+        for (name, pid) in children {
+            entries.push(((*name).to_owned(), vec![*pid]));
+        }
+        entries.push(("beam.smp".into(), find_pids("beam.smp")));
+        entries.push(("redis".into(), find_pids("redis-server")));
+        entries.push(("bench".into(), vec![std::process::id()]));
+        Self { entries, ticks_per_sec: clock_ticks_per_sec() as f64, cpus: cpus() }
+    }
+
+    /// Reads every counter now.
+    pub fn snap(&self) -> CpuSnap {
+        CpuSnap {
+            at: Instant::now(),
+            ticks: self
+                .entries
+                .iter()
+                .map(|(_, pids)| pids.iter().filter_map(|p| cpu_ticks(*p)).sum())
+                .collect(),
+            machine: machine_cpu(),
+        }
+    }
+
+    /// CPU use between `a` and `b`.
+    pub fn between(&self, a: &CpuSnap, b: &CpuSnap) -> CpuUse {
+        let wall = b.at.duration_since(a.at).as_secs_f64().max(1e-9);
+        let per_process: Vec<(String, f64)> = self
+            .entries
+            .iter()
+            .zip(a.ticks.iter().zip(&b.ticks))
+            .map(|((name, _), (x, y))| {
+                (name.clone(), y.saturating_sub(*x) as f64 / self.ticks_per_sec / wall * 100.0)
+            })
+            .collect();
+        let total = b.machine.total.saturating_sub(a.machine.total).max(1) as f64;
+        let scale = self.cpus as f64 * 100.0 / total;
+        let machine_busy = b.machine.busy.saturating_sub(a.machine.busy) as f64 * scale;
+        let machine_iowait = b.machine.iowait.saturating_sub(a.machine.iowait) as f64 * scale;
+        let tracked: f64 = per_process.iter().map(|(_, p)| p).sum();
+        CpuUse {
+            per_process,
+            machine_busy,
+            machine_iowait,
+            other: (machine_busy - tracked).max(0.0),
+        }
+    }
+
+    /// Maximum machine percentage (100 x cpus).
+    pub fn machine_max(&self) -> usize {
+        self.cpus * 100
+    }
+}
+
+impl CpuUse {
+    /// One line: `mariadbd 120% worker 40% ... | machine 190%/200% iowait 5%`.
+    pub fn line(&self, machine_max: usize) -> String {
+        let mut parts: Vec<String> = self
+            .per_process
+            .iter()
+            .filter(|(_, p)| *p >= 0.5)
+            .map(|(name, p)| format!("{name} {p:.0}%"))
+            .collect();
+        if parts.is_empty() {
+            parts.push("idle".into());
+        }
+        format!(
+            "{} | other {:.0}% | machine busy {:.0}%/{machine_max}% iowait {:.0}%",
+            parts.join(", "),
+            self.other,
+            self.machine_busy,
+            self.machine_iowait
+        )
+    }
+}
+
+/// Samples VmRSS of a set of pids every 200 ms and keeps the maximum.
+pub struct RssSampler {
+    max_kb: Arc<Vec<AtomicU64>>,
+    pids: Vec<u32>,
+    task: JoinHandle<()>,
+}
+
+impl RssSampler {
+    /// Starts sampling.
+    pub fn start(pids: Vec<u32>) -> Self {
+        let max_kb: Arc<Vec<AtomicU64>> =
+            Arc::new(pids.iter().map(|_| AtomicU64::new(0)).collect());
+        let task = {
+            let max_kb = max_kb.clone();
+            let pids = pids.clone();
+            tokio::spawn(async move {
+                loop {
+                    for (slot, pid) in max_kb.iter().zip(&pids) {
+                        if let Some(kb) = status_kb(*pid, "VmRSS:") {
+                            slot.fetch_max(kb, Ordering::Relaxed);
+                        }
+                    }
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                }
+            })
+        };
+        Self { max_kb, pids, task }
+    }
+
+    /// Per pid: (max sampled VmRSS, kernel peak VmHWM), in kB. Call before
+    /// the processes exit.
+    pub fn peaks(&self) -> Vec<(u64, u64)> {
+        self.pids
+            .iter()
+            .zip(self.max_kb.iter())
+            .map(|(pid, max)| {
+                let rss = status_kb(*pid, "VmRSS:").unwrap_or(0);
+                let max = max.fetch_max(rss, Ordering::Relaxed).max(rss);
+                (max, status_kb(*pid, "VmHWM:").unwrap_or(0))
+            })
+            .collect()
+    }
+}
+
+impl Drop for RssSampler {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// Load average over one minute.
+pub fn loadavg() -> String {
+    std::fs::read_to_string("/proc/loadavg")
+        .map(|s| s.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
+        .unwrap_or_default()
+}
