@@ -143,6 +143,26 @@ impl TestApp {
         }
     }
 
+    /// Aborts the in-process worker mid-work, like a crash: in-flight
+    /// transactions roll back and unacked tasks return to the queue.
+    pub async fn kill_worker(&mut self) {
+        if let Some(worker) = self.worker.take() {
+            worker.task.abort();
+            let _ = worker.task.await;
+        }
+    }
+
+    /// Deletes every Redis key of this test, like a FLUSHALL seen by this
+    /// test alone (other tests share the server).
+    pub async fn flush_cache(&self) {
+        let mut conn = self.ctx.cache.connection();
+        let pattern = format!("{}*", self.settings.redis.key_prefix);
+        let keys: Vec<String> = conn.keys(pattern).await.expect("list keys");
+        if !keys.is_empty() {
+            conn.del::<_, ()>(keys).await.expect("delete keys");
+        }
+    }
+
     /// Writes the settings as a config file for a worker started as a child
     /// process (`NOTIFY_CONFIG=<path>`).
     pub fn write_config_file(&self) -> PathBuf {

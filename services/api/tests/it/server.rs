@@ -100,3 +100,14 @@ async fn graceful_shutdown_reports_not_serving_then_stops() {
     let stopped = tokio::time::timeout(std::time::Duration::from_secs(15), stopping).await;
     stopped.expect("api stopped within the grace period").unwrap();
 }
+
+#[tokio::test]
+async fn migrate_twice_changes_nothing_the_second_time() {
+    let settings = test_settings();
+    let first = notify_core::db::migrate_all(&settings).await.unwrap();
+    assert!(first.iter().all(|r| r.created_database && !r.applied.is_empty()));
+    let second = notify_core::db::migrate_all(&settings).await.unwrap();
+    assert_eq!(second.len(), 4);
+    assert!(second.iter().all(|r| !r.created_database && r.applied.is_empty()), "{second:?}");
+    notify_core::db::drop_all(&settings).await.unwrap();
+}
