@@ -10,12 +10,14 @@ use std::time::Duration;
 use notify_api::Application;
 use notify_core::queue::{self, Topology};
 use notify_core::{Context, Settings, telemetry};
+use notify_proto::v1;
 use notify_proto::v1::inbox_service_client::InboxServiceClient;
 use notify_proto::v1::message_service_client::MessageServiceClient;
 use notify_worker::Worker;
 use redis::AsyncCommands;
 use secrecy::ExposeSecret;
 use tokio::task::JoinHandle;
+use tokio_stream::StreamExt;
 use tokio_util::sync::CancellationToken;
 use tonic::transport::Channel;
 
@@ -192,6 +194,45 @@ impl TestApp {
         path
     }
 
+    /// Sends a default message from sender "tests" to `user_ids`; returns its id.
+    pub async fn send(&self, user_ids: Vec<u64>) -> u64 {
+        self.messages()
+            .send_message(send_request(user_ids))
+            .await
+            .expect("send accepted")
+            .into_inner()
+            .message_id
+    }
+
+    /// Reads a send's current state.
+    pub async fn get_message(&self, message_id: u64) -> v1::Message {
+        self.messages()
+            .get_message(v1::GetMessageRequest { message_id })
+            .await
+            .expect("get message")
+            .into_inner()
+    }
+
+    /// Follows WatchMessage (an event stream, no polling here) until the send
+    /// reaches `status`; returns that state. Panics after 90 s.
+    pub async fn wait_for_status(&self, message_id: u64, status: v1::MessageStatus) -> v1::Message {
+        let request = v1::WatchMessageRequest { message_id, interval_ms: 100 };
+        let mut stream =
+            self.messages().watch_message(request).await.expect("watch opens").into_inner();
+        let watch = async {
+            while let Some(message) = stream.next().await {
+                let message = message.expect("watch item");
+                if message.status == status as i32 {
+                    return message;
+                }
+            }
+            panic!("watch ended before message {message_id} reached {status:?}");
+        };
+        tokio::time::timeout(Duration::from_secs(90), watch)
+            .await
+            .unwrap_or_else(|_| panic!("message {message_id} did not reach {status:?} in 90 s"))
+    }
+
     /// Counts rows of `message_items` over every shard (test assertions only).
     pub async fn count_items(&self, message_id: u64) -> u64 {
         let mut total = 0;
@@ -256,6 +297,29 @@ impl TestApp {
                 let _: Result<(), _> = conn.del(keys).await;
             }
         }
+    }
+}
+
+/// A valid content.
+pub fn content(title: &str) -> v1::Content {
+    v1::Content {
+        title: title.to_owned(),
+        body: format!("body of {title}"),
+        category: "system".to_owned(),
+        data: [("link".to_owned(), "app://inbox".to_owned())].into_iter().collect(),
+    }
+}
+
+/// A valid SendMessage request from sender "tests" to `user_ids`.
+pub fn send_request(user_ids: Vec<u64>) -> v1::SendMessageRequest {
+    v1::SendMessageRequest {
+        sender: "tests".to_owned(),
+        idempotency_key: String::new(),
+        content: Some(content("hello")),
+        audience: Some(v1::send_message_request::Audience::Users(v1::UserAudience { user_ids })),
+        send_at: None,
+        expire_at: None,
+        priority: 0,
     }
 }
 

@@ -39,15 +39,21 @@ async fn delivered(app: &TestApp, id: u64) -> u64 {
     get(app, id).await.progress.unwrap().delivered
 }
 
+/// Starts a slow send and returns once its first chunks are delivered.
+async fn send_under_way(app: &TestApp, total: u64) -> u64 {
+    let id = send(app, (1..=total).collect()).await;
+    eventually("first chunks delivered", Duration::from_secs(30), || async {
+        (delivered(app, id).await > 0).then_some(())
+    })
+    .await;
+    id
+}
+
 #[tokio::test]
 async fn pause_stops_delivery_and_resume_finishes_with_the_exact_total() {
     let app = slow_app().await;
     let total = 20_000u64;
-    let id = send(&app, (1..=total).collect()).await;
-    eventually("first chunks delivered", Duration::from_secs(30), || async {
-        (delivered(&app, id).await > 0).then_some(())
-    })
-    .await;
+    let id = send_under_way(&app, total).await;
 
     let paused = app.messages().pause_message(v1::PauseMessageRequest { message_id: id }).await;
     let paused = paused.unwrap().into_inner();
@@ -86,11 +92,7 @@ async fn pause_stops_delivery_and_resume_finishes_with_the_exact_total() {
 async fn cancel_leaves_the_rest_undelivered() {
     let app = slow_app().await;
     let total = 20_000u64;
-    let id = send(&app, (1..=total).collect()).await;
-    eventually("first chunks delivered", Duration::from_secs(30), || async {
-        (delivered(&app, id).await > 0).then_some(())
-    })
-    .await;
+    let id = send_under_way(&app, total).await;
 
     let cancelled =
         app.messages().cancel_message(v1::CancelMessageRequest { message_id: id }).await;

@@ -9,38 +9,17 @@ use notify_core::domain::Lane;
 use notify_core::queue::ChunkTask;
 use notify_proto::v1;
 use notify_testkit::{TestApp, eventually, spawn_app, spawn_app_with, test_settings};
-use tokio_stream::StreamExt;
-
-fn send_request(user_ids: Vec<u64>) -> v1::SendMessageRequest {
-    v1::SendMessageRequest {
-        sender: "faults".into(),
-        content: Some(v1::Content { title: "t".into(), body: "b".into(), ..Default::default() }),
-        audience: Some(v1::send_message_request::Audience::Users(v1::UserAudience { user_ids })),
-        ..Default::default()
-    }
-}
 
 async fn send(app: &TestApp, user_ids: Vec<u64>) -> u64 {
-    app.messages().send_message(send_request(user_ids)).await.unwrap().into_inner().message_id
+    app.send(user_ids).await
 }
 
 async fn get(app: &TestApp, message_id: u64) -> v1::Message {
-    app.messages().get_message(v1::GetMessageRequest { message_id }).await.unwrap().into_inner()
+    app.get_message(message_id).await
 }
 
 async fn wait_completed(app: &TestApp, message_id: u64) -> v1::Message {
-    let request = v1::WatchMessageRequest { message_id, interval_ms: 100 };
-    let mut stream = app.messages().watch_message(request).await.unwrap().into_inner();
-    let watch = async {
-        while let Some(message) = stream.next().await {
-            let message = message.unwrap();
-            if message.status == v1::MessageStatus::Completed as i32 {
-                return message;
-            }
-        }
-        panic!("watch ended before completion");
-    };
-    tokio::time::timeout(Duration::from_secs(90), watch).await.expect("completed in time")
+    app.wait_for_status(message_id, v1::MessageStatus::Completed).await
 }
 
 fn spawn_worker_process(app: &TestApp) -> tokio::process::Child {
