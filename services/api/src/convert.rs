@@ -23,6 +23,11 @@ pub fn parse_timestamp(ts: &prost_types::Timestamp, field: &str) -> Result<Naive
     if !(0..1_000_000_000).contains(&ts.nanos) {
         return Err(Error::invalid(field, "nanos must be in 0..1e9"));
     }
+    // MySQL DATETIME holds years 1000..=9999; sends live after 1970.
+    const MAX_SECONDS: i64 = 253_402_300_799; // 9999-12-31T23:59:59Z
+    if !(0..=MAX_SECONDS).contains(&ts.seconds) {
+        return Err(Error::invalid(field, "must be between 1970 and 9999"));
+    }
     DateTime::<Utc>::from_timestamp(ts.seconds, ts.nanos as u32)
         .map(|t| t.naive_utc())
         .ok_or_else(|| Error::invalid(field, "is out of range"))
@@ -189,6 +194,13 @@ mod tests {
         let expire = prost_types::Timestamp { seconds: now + 50, nanos: 0 };
         let err = schedule(Some(&send), Some(&expire), 300).unwrap_err();
         assert_eq!(err.to_string(), "expire_at: must be after send_at");
+    }
+
+    #[test]
+    fn timestamps_past_year_9999_are_rejected() {
+        let far = prost_types::Timestamp { seconds: 300_000_000_000, nanos: 0 };
+        let err = schedule(None, Some(&far), 300).unwrap_err();
+        assert_eq!(err.to_string(), "expire_at: must be between 1970 and 9999");
     }
 
     #[test]

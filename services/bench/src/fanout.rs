@@ -505,10 +505,13 @@ fn summary(
         (peaks.first().copied().unwrap_or_default(), peaks.get(1).copied().unwrap_or_default());
     let _ = writeln!(
         s,
-        "memory    peak RSS (VmHWM): api {:.1} MB, worker {:.1} MB  (target < 150 MB: {})",
+        "memory    peak RSS (VmHWM): api {:.1} MB, worker {:.1} MB  (target < 150 MB: {}; \
+         max sampled VmRSS api {:.1} MB, worker {:.1} MB)",
         mb(api.1),
         mb(worker.1),
-        verdict(api.1.max(worker.1) < 150 * 1024)
+        verdict(api.1.max(worker.1) < 150 * 1024),
+        mb(api.0),
+        mb(worker.0)
     );
     let batches = &notify.batch_secs;
     let (min, max) =

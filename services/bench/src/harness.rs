@@ -409,13 +409,13 @@ fn server_options(settings: &Settings) -> anyhow::Result<MySqlConnectOptions> {
 pub async fn shard_pool(settings: &Settings, index: usize, max: u32) -> anyhow::Result<MySqlPool> {
     let shard = &settings.database.shards[index];
     let options = server_options(settings)?.database(&shard.database);
-    Ok(MySqlPoolOptions::new()
+    MySqlPoolOptions::new()
         .max_connections(max)
         .min_connections(0)
         .acquire_timeout(Duration::from_secs(30))
         .connect_with(options)
         .await
-        .with_context(|| format!("connect to {}", shard.database))?)
+        .with_context(|| format!("connect to {}", shard.database))
 }
 
 /// One pool per shard of `settings`, in shard order.

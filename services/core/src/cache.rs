@@ -11,7 +11,8 @@
 //!   `inbox.counter_ttl_secs` and never past the earliest expiry among the
 //!   counted items (the count changes then).
 //! - `unread:{user}:lease`: a random token held by a reader rebuilding the count.
-//! - `unread:{user}:dirty`: set by a writer before its transaction commits.
+//! - `unread:{user}:dirty`: the number of writers between "before commit" and
+//!   "after commit" for the user (expires by itself if a writer dies).
 //!
 //! Reader (badge): `GET unread:{user}`; on a hit, done. On a miss: `SET lease
 //! token PX 5000`, count in MySQL, then a script stores the count only if the
@@ -19,12 +20,15 @@
 //! between the lease and the store deletes the lease, so a count read before
 //! a concurrent commit is never cached.
 //!
-//! Writer (delivery, mark-read): before commit, invalidate (delete count and
-//! lease) and, for mark-read, set the dirty marker with a short TTL; after
-//! commit, invalidate again and clear the marker. A process that dies between
-//! commit and the second step leaves either no cached count, or the dirty
-//! marker, which stops caching until it expires; the worker is also healed by
-//! redelivery, since a redelivered task of a done chunk invalidates again.
+//! Writer (mark-read): before commit, invalidate (delete count and lease) and
+//! increment the dirty marker; after commit, decrement it and invalidate
+//! again. An api that dies in between leaves the marker, which stops caching
+//! until it expires, so no pre-commit count is ever cached for good.
+//!
+//! Writer (delivery): after commit, invalidate; then ack. A worker that dies
+//! in between leaves the task unacked, and its redelivery finds the chunk
+//! done and invalidates again (also when the send has been paused since). A
+//! Redis outage at that point requeues the task instead of dead-lettering it.
 //! A FLUSHALL or a lost Redis only causes rebuilds. If Redis is down, badges
 //! are answered from MySQL.
 
@@ -39,8 +43,9 @@ use crate::settings::RedisSettings;
 
 /// How long a rebuild may take before its lease lapses.
 const LEASE_MS: u64 = 5_000;
-/// How long a writer's dirty marker stops caching, if the writer dies.
-const DIRTY_MS: u64 = 30_000;
+/// How long a writer's dirty marker stops caching, if the writer dies. Longer
+/// than InnoDB's default lock wait (50 s), so a slow transaction is covered.
+const DIRTY_MS: u64 = 90_000;
 
 /// Stores a rebuilt count only if the lease is still ours and no writer is
 /// mid-transaction. KEYS: count, lease, dirty. ARGV: token, count, ttl ms.
@@ -55,12 +60,38 @@ end
 return 0
 ";
 
+/// Stores `version:status` unless the cache already holds an equal or newer
+/// version. KEYS: status key. ARGV: version, status, ttl secs.
+const WRITE_STATUS_IF_NEWER: &str = r"
+local current = redis.call('GET', KEYS[1])
+if current then
+  local version = tonumber(string.match(current, '^(%d+):'))
+  if version and version >= tonumber(ARGV[1]) then
+    return 0
+  end
+end
+redis.call('SET', KEYS[1], ARGV[1] .. ':' .. ARGV[2], 'EX', ARGV[3])
+return 1
+";
+
+/// Counts a writer out of the dirty marker and invalidates.
+/// KEYS: dirty, count, lease.
+const END_CHANGE: &str = r"
+if redis.call('DECR', KEYS[1]) <= 0 then
+  redis.call('DEL', KEYS[1])
+end
+redis.call('DEL', KEYS[2], KEYS[3])
+return 1
+";
+
 /// The Redis cache, with its key prefix.
 #[derive(Clone)]
 pub struct Cache {
     conn: ConnectionManager,
     prefix: String,
     store_if_leased: Script,
+    write_status_if_newer: Script,
+    end_change: Script,
 }
 
 impl Cache {
@@ -80,6 +111,8 @@ impl Cache {
             conn,
             prefix: settings.key_prefix.clone(),
             store_if_leased: Script::new(STORE_IF_LEASED),
+            write_status_if_newer: Script::new(WRITE_STATUS_IF_NEWER),
+            end_change: Script::new(END_CHANGE),
         })
     }
 
@@ -169,57 +202,73 @@ impl Cache {
         Ok(())
     }
 
-    /// Before a writer's commit: invalidates and marks the users dirty.
+    /// Before a writer's commit: invalidates and counts one more writer in
+    /// the user's dirty marker (a counter, so concurrent writers do not
+    /// clear each other's marker).
     pub async fn begin_count_change(&self, user_id: u64) -> Result<()> {
         let mut pipe = redis::pipe();
         pipe.del(&[self.count_key(user_id), self.lease_key(user_id)]).ignore();
-        pipe.set_options(
-            self.dirty_key(user_id),
-            1,
-            redis::SetOptions::default().with_expiration(redis::SetExpiry::PX(DIRTY_MS)),
-        )
-        .ignore();
+        pipe.incr(self.dirty_key(user_id), 1).ignore();
+        pipe.pexpire(self.dirty_key(user_id), DIRTY_MS as i64).ignore();
         let mut conn = self.conn.clone();
         pipe.query_async::<()>(&mut conn).await?;
         Ok(())
     }
 
-    /// After a writer's commit: invalidates again and clears the dirty marker.
+    /// After a writer's commit: counts the writer out and invalidates again.
     pub async fn end_count_change(&self, user_id: u64) -> Result<()> {
         let mut conn = self.conn.clone();
-        conn.del::<_, ()>(&[
-            self.count_key(user_id),
-            self.lease_key(user_id),
-            self.dirty_key(user_id),
-        ])
-        .await?;
+        self.end_change
+            .key(self.dirty_key(user_id))
+            .key(self.count_key(user_id))
+            .key(self.lease_key(user_id))
+            .invoke_async::<i64>(&mut conn)
+            .await?;
         Ok(())
     }
 
-    /// Returns a cached message status.
-    pub async fn cached_status(&self, message_id: u64) -> Result<Option<u8>> {
+    /// Records that a send just made progress (a chunk was applied).
+    pub async fn heartbeat(&self, message_id: u64, ttl_secs: u64) -> Result<()> {
         let mut conn = self.conn.clone();
-        Ok(conn.get(self.status_key(message_id)).await?)
-    }
-
-    /// Caches a status read from MySQL, unless a writer already cached a newer one.
-    pub async fn fill_status(&self, message_id: u64, status: u8, ttl_secs: u64) -> Result<()> {
-        let mut conn = self.conn.clone();
-        conn.set_options::<_, _, ()>(
-            self.status_key(message_id),
-            status,
-            redis::SetOptions::default()
-                .conditional_set(redis::ExistenceCheck::NX)
-                .with_expiration(redis::SetExpiry::EX(ttl_secs.max(1))),
+        conn.set_ex::<_, _, ()>(
+            format!("{}msg:{message_id}:beat", self.prefix),
+            1,
+            ttl_secs.max(1),
         )
         .await?;
         Ok(())
     }
 
-    /// Writes a status just changed in MySQL (overwrites the cache).
-    pub async fn write_status(&self, message_id: u64, status: u8, ttl_secs: u64) -> Result<()> {
+    /// Returns true if a send made progress within the heartbeat's TTL.
+    pub async fn has_heartbeat(&self, message_id: u64) -> Result<bool> {
         let mut conn = self.conn.clone();
-        conn.set_ex::<_, _, ()>(self.status_key(message_id), status, ttl_secs.max(1)).await?;
+        Ok(conn.exists(format!("{}msg:{message_id}:beat", self.prefix)).await?)
+    }
+
+    /// Returns a cached message status.
+    pub async fn cached_status(&self, message_id: u64) -> Result<Option<u8>> {
+        let mut conn = self.conn.clone();
+        let value: Option<String> = conn.get(self.status_key(message_id)).await?;
+        Ok(value.and_then(|v| v.split_once(':').and_then(|(_, status)| status.parse().ok())))
+    }
+
+    /// Caches a status read from MySQL with its version. Versions only move
+    /// forward: a late write of an older status is ignored.
+    pub async fn write_status(
+        &self,
+        message_id: u64,
+        version: u64,
+        status: u8,
+        ttl_secs: u64,
+    ) -> Result<()> {
+        let mut conn = self.conn.clone();
+        self.write_status_if_newer
+            .key(self.status_key(message_id))
+            .arg(version)
+            .arg(status)
+            .arg(ttl_secs.max(1))
+            .invoke_async::<i64>(&mut conn)
+            .await?;
         Ok(())
     }
 }

@@ -3,6 +3,8 @@
 
 use std::sync::Arc;
 
+use tokio::sync::Semaphore;
+
 use crate::cache::Cache;
 use crate::db::{self, ShardPools};
 use crate::error::Result;
@@ -23,6 +25,9 @@ pub struct Context {
     pub publisher: Arc<Publisher>,
     /// Message id generator.
     pub ids: Arc<IdGenerator>,
+    /// Bounds concurrent AppendRecipients calls, each of which holds a
+    /// connection on the home shard while it writes to the target shards.
+    pub append_permits: Arc<Semaphore>,
 }
 
 impl Context {
@@ -30,6 +35,7 @@ impl Context {
     /// the setting of whatever is unreachable.
     pub async fn connect(settings: Settings) -> Result<Self> {
         let pools = db::connect(&settings).await?;
+        let pool_max = settings.database.pool_max as usize;
         let cache = Cache::connect(&settings.redis).await?;
         let publisher = Publisher::connect(&settings.rabbitmq).await?;
         Ok(Self {
@@ -38,6 +44,7 @@ impl Context {
             cache,
             publisher: Arc::new(publisher),
             ids: Arc::new(IdGenerator::new()),
+            append_permits: Arc::new(Semaphore::new((pool_max / 2).max(1))),
         })
     }
 }

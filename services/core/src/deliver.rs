@@ -36,6 +36,8 @@ pub enum TaskOutcome {
     Skipped(SendStatus),
     /// The send or the chunk does not exist; the task is dropped.
     Dropped,
+    /// The chunk was taken too often without committing; it is recorded as failed.
+    Failed,
 }
 
 /// Applies one chunk task (steps 1-4 above).
@@ -46,16 +48,33 @@ pub async fn apply_task(ctx: &Context, task: &ChunkTask) -> Result<TaskOutcome> 
         debug!("message does not exist, dropping task");
         return Ok(TaskOutcome::Dropped);
     };
-    if !matches!(status, SendStatus::Sending | SendStatus::Completed) {
-        return Ok(TaskOutcome::Skipped(status));
-    }
     let pool = ctx
         .pools
         .get(ShardId(task.shard))
         .ok_or_else(|| Error::Internal(format!("task names unknown shard {}", task.shard)))?;
+    if !matches!(status, SendStatus::Sending | SendStatus::Completed) {
+        // A redelivery of a chunk applied just before a crash must still
+        // invalidate its recipients' badges, paused send or not.
+        if let Some(user_ids) = chunks::finished_recipients(pool, message_id, task.chunk_id).await?
+        {
+            ctx.cache.invalidate_counts(&user_ids).await?;
+        }
+        return Ok(TaskOutcome::Skipped(status));
+    }
+    let attempts = chunks::count_attempt(pool, message_id, task.chunk_id).await?;
+    if attempts > ctx.settings.worker.poison_attempts {
+        // Taken this often without ever committing (workers died on it):
+        // record it as failed instead of letting it loop forever.
+        record_failure(ctx, task).await?;
+        return Ok(TaskOutcome::Failed);
+    }
     match chunks::apply(pool, message_id, task.chunk_id).await? {
         ApplyOutcome::Applied { user_ids, delivered } => {
             ctx.cache.invalidate_counts(&user_ids).await?;
+            // Tells the sweeper this send is moving; losing it only costs a
+            // harmless re-publish.
+            let _ =
+                ctx.cache.heartbeat(task.message_id, ctx.settings.worker.sweep_timeout_secs).await;
             metrics::counter!("notify_items_delivered_total").increment(delivered);
             if !chunks::has_pending(pool, message_id).await? {
                 send::complete_if_done(ctx, message_id).await?;

@@ -26,6 +26,9 @@ use crate::domain::Lane;
 use crate::error::{Error, Result};
 use crate::settings::RabbitSettings;
 
+/// Longest wait for a broker connection or for the confirms of one publish.
+const BROKER_TIMEOUT: Duration = Duration::from_secs(10);
+
 /// Redeliveries after which a quorum queue dead-letters a task. Guards against
 /// a task that kills every worker that takes it.
 const DELIVERY_LIMIT: i64 = 20;
@@ -165,9 +168,13 @@ impl Topology {
 /// Connects to the broker, naming the setting when it is unreachable.
 pub async fn connect(settings: &RabbitSettings, name: &str) -> Result<Connection> {
     let properties = ConnectionProperties::default().with_connection_name(name.into());
-    Connection::connect(settings.url.expose_secret(), properties)
-        .await
-        .map_err(|e| Error::Unavailable(format!("rabbitmq.url: cannot connect: {e}")))
+    let connecting = Connection::connect(settings.url.expose_secret(), properties);
+    match tokio::time::timeout(BROKER_TIMEOUT, connecting).await {
+        Ok(connected) => {
+            connected.map_err(|e| Error::Unavailable(format!("rabbitmq.url: cannot connect: {e}")))
+        }
+        Err(_) => Err(Error::Unavailable("rabbitmq.url: connect timed out".to_owned())),
+    }
 }
 
 /// Publishes chunk tasks as persistent messages and waits for the broker's
@@ -249,12 +256,17 @@ impl Publisher {
                 .await?;
             confirms.push(confirm);
         }
-        for confirm in confirms {
-            let confirmation = confirm.await?;
-            if !confirmation.is_ack() {
-                return Err(Error::Unavailable("rabbitmq refused a chunk task".to_owned()));
+        let confirmed = tokio::time::timeout(BROKER_TIMEOUT, async {
+            for confirm in confirms {
+                if !confirm.await?.is_ack() {
+                    return Err(Error::Unavailable("rabbitmq refused a chunk task".to_owned()));
+                }
             }
-        }
+            Ok(())
+        });
+        confirmed
+            .await
+            .map_err(|_| Error::Unavailable("rabbitmq confirms timed out".to_owned()))??;
         metrics::counter!("notify_tasks_published_total", "lane" => lane.name())
             .increment(tasks.len() as u64);
         Ok(())

@@ -51,10 +51,12 @@ pub struct WorkerSettings {
     pub metrics_listen: String,
     /// Chunks applied at once, per lane.
     pub concurrency: usize,
-    /// Attempts at a chunk before it is dead-lettered.
+    /// In-process attempts on transient errors before the task is requeued.
     pub max_attempts: u32,
     /// First retry delay; doubled on each attempt.
     pub retry_base_ms: u64,
+    /// Attempts at a chunk that never commit before it is recorded as failed.
+    pub poison_attempts: u32,
     /// Scheduler poll interval.
     pub scheduler_interval_ms: u64,
     /// Sweeper poll interval.

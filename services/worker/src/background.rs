@@ -47,29 +47,65 @@ pub async fn schedule_once(ctx: &Context) -> Result<()> {
 }
 
 /// One sweep over every shard. Returns the number of chunks re-published.
+/// A failure on one shard or message is logged and the sweep goes on, so
+/// one shard that is down does not stop healing on the others.
 pub async fn sweep_once(ctx: &Context) -> Result<u64> {
     let timeout = ctx.settings.worker.sweep_timeout_secs;
     let mut republished = 0;
     for (shard, pool) in ctx.pools.iter() {
+        let stale = match chunks::stale_pending(pool, timeout, BATCH).await {
+            Ok(stale) => stale,
+            Err(e) => {
+                warn!(error = %e, shard = %shard, "sweeper cannot read this shard");
+                continue;
+            }
+        };
         let mut by_message: BTreeMap<u64, Vec<u64>> = BTreeMap::new();
-        for (message_id, chunk_id) in chunks::stale_pending(pool, timeout, BATCH).await? {
+        for (message_id, chunk_id) in stale {
             by_message.entry(message_id).or_default().push(chunk_id);
         }
         for (message_id, chunk_ids) in by_message {
-            republished +=
-                sweep_message(ctx, shard, MessageId::from_raw(message_id), &chunk_ids).await?;
+            let id = MessageId::from_raw(message_id);
+            match sweep_message(ctx, shard, id, &chunk_ids).await {
+                Ok(count) => republished += count,
+                Err(e) => {
+                    warn!(error = %e, message_id, shard = %shard, "sweeping a message failed")
+                }
+            }
         }
     }
-    for (_, pool) in ctx.pools.iter() {
-        for id in messages::sending(pool, BATCH).await? {
-            send::complete_if_done(ctx, MessageId::from_raw(id)).await?;
-        }
+    for (shard, pool) in ctx.pools.iter() {
+        complete_finished_sends(ctx, shard, pool).await;
     }
     if republished > 0 {
         info!(republished, "sweeper re-published stuck chunks");
         metrics::counter!("notify_chunks_republished_total").increment(republished);
     }
     Ok(republished)
+}
+
+/// Completes the SENDING sends of one home shard whose last chunk finished
+/// while nobody checked (keyset paging over all of them).
+async fn complete_finished_sends(ctx: &Context, shard: ShardId, pool: &sqlx::MySqlPool) {
+    let mut after = 0;
+    loop {
+        let ids = match messages::sending(pool, after, BATCH).await {
+            Ok(ids) => ids,
+            Err(e) => {
+                warn!(error = %e, shard = %shard, "sweeper cannot list sending messages");
+                return;
+            }
+        };
+        for id in &ids {
+            if let Err(e) = send::complete_if_done(ctx, MessageId::from_raw(*id)).await {
+                warn!(error = %e, message_id = *id, "completion check failed");
+            }
+        }
+        match ids.last() {
+            Some(last) if ids.len() == BATCH as usize => after = *last,
+            _ => return,
+        }
+    }
 }
 
 async fn sweep_message(
@@ -86,6 +122,11 @@ async fn sweep_message(
         return Ok(0);
     };
     match row.status()? {
+        // Chunks of a send that is making progress are only queued behind
+        // its other chunks, not lost: leave them be.
+        SendStatus::Sending if ctx.cache.has_heartbeat(message_id.get()).await.unwrap_or(false) => {
+            Ok(0)
+        }
         SendStatus::Sending => {
             let tasks: Vec<ChunkTask> = chunk_ids
                 .iter()

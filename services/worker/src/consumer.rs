@@ -1,10 +1,13 @@
 //! Consumes one lane's chunk tasks: bounded concurrency, retries with
-//! exponential backoff, dead-lettering after the last attempt, manual acks
-//! only after the work is committed, and reconnection after broker restarts.
+//! exponential backoff, requeueing on transient trouble, dead-lettering on
+//! permanent failure, manual acks only after the work is committed, and
+//! reconnection after broker restarts.
 
 use std::time::Duration;
 
-use futures::StreamExt;
+use std::panic::AssertUnwindSafe;
+
+use futures::{FutureExt, StreamExt};
 use lapin::message::Delivery;
 use lapin::options::{BasicAckOptions, BasicConsumeOptions, BasicNackOptions, BasicQosOptions};
 use lapin::types::FieldTable;
@@ -84,7 +87,12 @@ async fn handle(ctx: &Context, lane: Lane, delivery: Delivery, shutdown: &Cancel
     let mut delay = Duration::from_millis(ctx.settings.worker.retry_base_ms);
     for attempt in 1..=max_attempts {
         let started = std::time::Instant::now();
-        match deliver::apply_task(ctx, &task).await {
+        // A panic is a permanent failure of this task, not of the worker.
+        let result = AssertUnwindSafe(deliver::apply_task(ctx, &task))
+            .catch_unwind()
+            .await
+            .unwrap_or_else(|_| Err(Error::Internal("applying the chunk panicked".to_owned())));
+        match result {
             Ok(outcome) => {
                 record(lane, outcome, started);
                 if let Err(e) = delivery.ack(BasicAckOptions::default()).await {
@@ -93,15 +101,14 @@ async fn handle(ctx: &Context, lane: Lane, delivery: Delivery, shutdown: &Cancel
                 }
                 return;
             }
-            Err(e) if e.is_transient() && attempt < max_attempts => {
-                warn!(error = %e, attempt, message_id = task.message_id, chunk_id = task.chunk_id, "chunk attempt failed, retrying");
+            Err(e) if e.is_transient() => {
+                warn!(error = %e, attempt, message_id = task.message_id, chunk_id = task.chunk_id, "chunk attempt failed");
+                if attempt == max_attempts {
+                    break;
+                }
                 tokio::select! {
                     () = tokio::time::sleep(delay) => {}
-                    () = shutdown.cancelled() => {
-                        // Hand the task back instead of waiting out the backoff.
-                        let _ = delivery.nack(BasicNackOptions { requeue: true, ..Default::default() }).await;
-                        return;
-                    }
+                    () = shutdown.cancelled() => break,
                 }
                 delay = (delay * 2).min(Duration::from_secs(10));
             }
@@ -118,6 +125,10 @@ async fn handle(ctx: &Context, lane: Lane, delivery: Delivery, shutdown: &Cancel
             }
         }
     }
+    // Transient trouble (a shard or Redis down): nothing is lost, the task
+    // goes back to the queue and is tried again later, by any worker.
+    metrics::counter!("notify_chunks_requeued_total", "lane" => lane.name()).increment(1);
+    let _ = delivery.nack(BasicNackOptions { requeue: true, ..Default::default() }).await;
 }
 
 fn record(lane: Lane, outcome: TaskOutcome, started: std::time::Instant) {
@@ -126,6 +137,7 @@ fn record(lane: Lane, outcome: TaskOutcome, started: std::time::Instant) {
         TaskOutcome::AlreadyDone => "already_done",
         TaskOutcome::Skipped(_) => "skipped",
         TaskOutcome::Dropped => "dropped",
+        TaskOutcome::Failed => "failed",
     };
     metrics::counter!("notify_chunks_total", "lane" => lane.name(), "outcome" => outcome_name)
         .increment(1);

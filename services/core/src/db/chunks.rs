@@ -184,7 +184,7 @@ pub async fn apply(pool: &MySqlPool, message_id: MessageId, chunk_id: u64) -> Re
     let duplicates = user_ids.len() as u64 - delivered;
 
     sqlx::query(
-        "UPDATE message_chunks SET state = 1, attempts = attempts + 1, updated_at = UTC_TIMESTAMP(3) \
+        "UPDATE message_chunks SET state = 1, updated_at = UTC_TIMESTAMP(3) \
          WHERE message_id = ? AND chunk_id = ?",
     )
     .bind(message_id.get())
@@ -218,6 +218,43 @@ async fn bump_stats(
         .execute(&mut **tx)
         .await?;
     Ok(())
+}
+
+/// Counts one more attempt at a pending chunk, committed on its own before
+/// the attempt, so a chunk that kills its workers is noticed. Returns the
+/// attempts so far (0 if the chunk is no longer pending).
+pub async fn count_attempt(pool: &MySqlPool, message_id: MessageId, chunk_id: u64) -> Result<u32> {
+    sqlx::query(
+        "UPDATE message_chunks SET attempts = attempts + 1 WHERE message_id = ? AND chunk_id = ? AND state = 0",
+    )
+    .bind(message_id.get())
+    .bind(chunk_id)
+    .execute(pool)
+    .await?;
+    let attempts: Option<u32> = sqlx::query_scalar(
+        "SELECT attempts FROM message_chunks WHERE message_id = ? AND chunk_id = ? AND state = 0",
+    )
+    .bind(message_id.get())
+    .bind(chunk_id)
+    .fetch_optional(pool)
+    .await?;
+    Ok(attempts.unwrap_or(0))
+}
+
+/// Returns a chunk's recipients if it is no longer pending.
+pub async fn finished_recipients(
+    pool: &MySqlPool,
+    message_id: MessageId,
+    chunk_id: u64,
+) -> Result<Option<Vec<u64>>> {
+    let packed: Option<Vec<u8>> = sqlx::query_scalar(
+        "SELECT user_ids FROM message_chunks WHERE message_id = ? AND chunk_id = ? AND state <> 0",
+    )
+    .bind(message_id.get())
+    .bind(chunk_id)
+    .fetch_optional(pool)
+    .await?;
+    packed.map(|bytes| decode_user_ids(&bytes)).transpose()
 }
 
 /// Records a pending chunk as failed after its last attempt: its recipients

@@ -38,6 +38,8 @@ pub struct MessageRow {
     pub message_id: u64,
     /// Calling service.
     pub sender: String,
+    /// Idempotency key, if the send had one.
+    pub idempotency_key: Option<String>,
     /// Stored audience kind.
     pub audience: u8,
     /// Stored status (0..4).
@@ -85,7 +87,7 @@ impl MessageRow {
     }
 }
 
-const MESSAGE_COLUMNS: &str = "message_id, sender, audience, status, start_requested, priority, lane, \
+const MESSAGE_COLUMNS: &str = "message_id, sender, idempotency_key, audience, status, start_requested, priority, lane, \
     title, body, category, data, send_at, expire_at, created_at, started_at, finished_at";
 
 /// Inserts a control record in NOT_STARTED. Returns false when the id is taken.
@@ -140,8 +142,29 @@ pub async fn claim_idempotency_key(
     Ok(MessageId::from_raw(holder))
 }
 
+/// Releases a claim on `(sender, key)` made for `holder` (after an id collision).
+pub async fn release_idempotency_key(
+    pool: &MySqlPool,
+    sender: &str,
+    key: &str,
+    holder: MessageId,
+) -> Result<()> {
+    sqlx::query(
+        "DELETE FROM idempotency_keys WHERE sender = ? AND idempotency_key = ? AND message_id = ?",
+    )
+    .bind(sender)
+    .bind(key)
+    .bind(holder.get())
+    .execute(pool)
+    .await?;
+    Ok(())
+}
+
 /// Reads a control record.
-pub async fn fetch(pool: &MySqlPool, message_id: MessageId) -> Result<Option<MessageRow>> {
+pub async fn fetch<'e>(
+    pool: impl sqlx::MySqlExecutor<'e>,
+    message_id: MessageId,
+) -> Result<Option<MessageRow>> {
     let sql = format!("SELECT {MESSAGE_COLUMNS} FROM messages WHERE message_id = ?");
     Ok(sqlx::query_as(sqlx::AssertSqlSafe(sql)).bind(message_id.get()).fetch_optional(pool).await?)
 }
@@ -160,6 +183,46 @@ pub async fn fetch_status(pool: &MySqlPool, message_id: MessageId) -> Result<Opt
     status.map(SendStatus::from_db).transpose()
 }
 
+/// Reads the status with its version (bumped by every status change).
+pub async fn fetch_status_version(
+    pool: &MySqlPool,
+    message_id: MessageId,
+) -> Result<Option<(SendStatus, u64)>> {
+    let row: Option<(u8, u64)> =
+        sqlx::query_as("SELECT status, status_version FROM messages WHERE message_id = ?")
+            .bind(message_id.get())
+            .fetch_optional(pool)
+            .await?;
+    row.map(|(status, version)| Ok((SendStatus::from_db(status)?, version))).transpose()
+}
+
+/// Completes a SENDING send, but only if its status version is still
+/// `version`: a redrive that re-opened it in between wins.
+pub async fn complete(pool: &MySqlPool, message_id: MessageId, version: u64) -> Result<bool> {
+    let result = sqlx::query(
+        "UPDATE messages SET status = 3, status_version = status_version + 1, \
+         finished_at = UTC_TIMESTAMP(3) WHERE message_id = ? AND status = 1 AND status_version = ?",
+    )
+    .bind(message_id.get())
+    .bind(version)
+    .execute(pool)
+    .await?;
+    Ok(result.rows_affected() == 1)
+}
+
+/// Re-opens a SENDING or COMPLETED send for a redrive (bumps the version so
+/// a racing completion check fails). Returns false in any other status.
+pub async fn reopen(pool: &MySqlPool, message_id: MessageId) -> Result<bool> {
+    let result = sqlx::query(
+        "UPDATE messages SET status = 1, status_version = status_version + 1, finished_at = NULL \
+         WHERE message_id = ? AND status IN (1, 3)",
+    )
+    .bind(message_id.get())
+    .execute(pool)
+    .await?;
+    Ok(result.rows_affected() == 1)
+}
+
 /// Moves a message to `to` if its status is one of `from`. Returns true when
 /// this call made the change (so only one of several racing callers wins).
 pub async fn transition(
@@ -175,7 +238,8 @@ pub async fn transition(
         _ => "",
     };
     let sql = format!(
-        "UPDATE messages SET status = ?{stamp} WHERE message_id = ? AND status IN ({})",
+        "UPDATE messages SET status = ?, status_version = status_version + 1{stamp} \
+         WHERE message_id = ? AND status IN ({})",
         allowed.join(",")
     );
     let result = sqlx::query(sqlx::AssertSqlSafe(sql))
@@ -196,7 +260,8 @@ pub async fn request_start(
 ) -> Result<bool> {
     let sql = if start_now {
         "UPDATE messages SET start_requested = 1, lane = ?, status = 1, \
-         started_at = UTC_TIMESTAMP(3) WHERE message_id = ? AND status = 0"
+         status_version = status_version + 1, started_at = UTC_TIMESTAMP(3) \
+         WHERE message_id = ? AND status = 0"
     } else {
         "UPDATE messages SET start_requested = 1, lane = ? WHERE message_id = ? AND status = 0"
     };
@@ -208,7 +273,8 @@ pub async fn request_start(
 /// caller (of several worker replicas) whose update won.
 pub async fn start_scheduled(pool: &MySqlPool, message_id: MessageId) -> Result<bool> {
     let result = sqlx::query(
-        "UPDATE messages SET status = 1, started_at = UTC_TIMESTAMP(3) WHERE message_id = ? \
+        "UPDATE messages SET status = 1, status_version = status_version + 1, \
+         started_at = UTC_TIMESTAMP(3) WHERE message_id = ? \
          AND status = 0 AND start_requested = 1 AND send_at <= UTC_TIMESTAMP(3)",
     )
     .bind(message_id.get())
@@ -228,12 +294,16 @@ pub async fn due_scheduled(pool: &MySqlPool, limit: u32) -> Result<Vec<u64>> {
     .await?)
 }
 
-/// Returns the ids of sends in SENDING on this home shard.
-pub async fn sending(pool: &MySqlPool, limit: u32) -> Result<Vec<u64>> {
-    Ok(sqlx::query_scalar("SELECT message_id FROM messages WHERE status = 1 LIMIT ?")
-        .bind(limit)
-        .fetch_all(pool)
-        .await?)
+/// Returns the ids of sends in SENDING on this home shard above `after`,
+/// in id order (keyset paging).
+pub async fn sending(pool: &MySqlPool, after: u64, limit: u32) -> Result<Vec<u64>> {
+    Ok(sqlx::query_scalar(
+        "SELECT message_id FROM messages WHERE status = 1 AND message_id > ? ORDER BY message_id LIMIT ?",
+    )
+    .bind(after)
+    .bind(limit)
+    .fetch_all(pool)
+    .await?)
 }
 
 /// Lists a sender's messages on this shard with ids below `before`, newest first.
@@ -256,7 +326,11 @@ pub async fn list_by_sender(
 }
 
 /// Returns true when `batch_number` was already appended to the message.
-pub async fn batch_exists(pool: &MySqlPool, message_id: MessageId, batch: u64) -> Result<bool> {
+pub async fn batch_exists<'e>(
+    pool: impl sqlx::MySqlExecutor<'e>,
+    message_id: MessageId,
+    batch: u64,
+) -> Result<bool> {
     let found: Option<u64> = sqlx::query_scalar(
         "SELECT batch_number FROM message_batches WHERE message_id = ? AND batch_number = ?",
     )
@@ -265,6 +339,17 @@ pub async fn batch_exists(pool: &MySqlPool, message_id: MessageId, batch: u64) -
     .fetch_optional(pool)
     .await?;
     Ok(found.is_some())
+}
+
+/// Sums the recipients of every recorded batch of a send.
+pub async fn batch_recipients(pool: &MySqlPool, message_id: MessageId) -> Result<u64> {
+    let sum: i64 = sqlx::query_scalar(
+        "SELECT CAST(COALESCE(SUM(recipients), 0) AS SIGNED) FROM message_batches WHERE message_id = ?",
+    )
+    .bind(message_id.get())
+    .fetch_one(pool)
+    .await?;
+    Ok(sum.max(0) as u64)
 }
 
 /// Per-shard counters of a send, summed over slots.

@@ -1,10 +1,12 @@
 //! Lifecycle transitions of a send and the status checks workers rely on.
 //!
-//! The home shard's `messages.status` is the truth. Every transition writes
-//! it first, then overwrites the Redis status cache before returning, so a
-//! worker that checks the cache after PauseMessage returns sees PAUSED.
-//! Workers fill the cache with SET NX, so a stale read never overwrites a
-//! newer status written by a transition.
+//! The home shard's `messages.status` is the truth; `status_version` grows
+//! with every change. Every transition writes MySQL first, then caches
+//! `version:status` in Redis with a compare-and-set that only moves versions
+//! forward, so a delayed write of an older status (a slow StartMessage, a
+//! worker filling the cache from an old read) can never overwrite a newer
+//! one. Pause and cancel return only after the cache holds their status, so
+//! a worker that checks the cache after PauseMessage returns sees PAUSED.
 
 use tracing::{info, instrument, warn};
 
@@ -26,19 +28,33 @@ pub async fn status_of(ctx: &Context, message_id: MessageId) -> Result<Option<Se
         }
     }
     let home = ctx.pools.for_message(message_id.get()).1;
-    let status = messages::fetch_status(home, message_id).await?;
-    if let Some(status) = status {
-        let ttl = ctx.settings.send.status_cache_ttl_secs;
-        if let Err(e) = ctx.cache.fill_status(message_id.get(), status.to_db(), ttl).await {
-            warn!(error = %e, message_id = %message_id, "could not cache a message status");
-        }
+    let Some((status, version)) = messages::fetch_status_version(home, message_id).await? else {
+        return Ok(None);
+    };
+    let ttl = ctx.settings.send.status_cache_ttl_secs;
+    if let Err(e) = ctx.cache.write_status(message_id.get(), version, status.to_db(), ttl).await {
+        warn!(error = %e, message_id = %message_id, "could not cache a message status");
     }
-    Ok(status)
+    Ok(Some(status))
 }
 
-async fn write_status(ctx: &Context, message_id: MessageId, status: SendStatus) -> Result<()> {
-    let ttl = ctx.settings.send.status_cache_ttl_secs;
-    ctx.cache.write_status(message_id.get(), status.to_db(), ttl).await
+/// Caches the send's current status and version, read from its home shard.
+async fn refresh_status(ctx: &Context, message_id: MessageId) -> Result<()> {
+    let home = ctx.pools.for_message(message_id.get()).1;
+    if let Some((status, version)) = messages::fetch_status_version(home, message_id).await? {
+        let ttl = ctx.settings.send.status_cache_ttl_secs;
+        ctx.cache.write_status(message_id.get(), version, status.to_db(), ttl).await?;
+    }
+    Ok(())
+}
+
+/// Refreshes the cache where a stale entry is harmless (a start or resume:
+/// at worst workers skip chunks until the entry expires and the sweeper
+/// re-publishes them).
+async fn refresh_status_best_effort(ctx: &Context, message_id: MessageId) {
+    if let Err(e) = refresh_status(ctx, message_id).await {
+        warn!(error = %e, message_id = %message_id, "could not refresh the cached status");
+    }
 }
 
 /// Moves `from -> to`, or explains why not: NOT_FOUND, or FAILED_PRECONDITION
@@ -53,14 +69,14 @@ async fn transition(
 ) -> Result<bool> {
     let home = ctx.pools.for_message(message_id.get()).1;
     if messages::transition(home, message_id, from, to).await? {
-        write_status(ctx, message_id, to).await?;
+        refresh_status(ctx, message_id).await?;
         return Ok(true);
     }
     let current = messages::fetch_status(home, message_id)
         .await?
         .ok_or_else(|| Error::NotFound(format!("message {message_id}")))?;
     if current == to {
-        write_status(ctx, message_id, to).await?;
+        refresh_status(ctx, message_id).await?;
         return Ok(false);
     }
     Err(Error::FailedPrecondition(format!(
@@ -88,6 +104,16 @@ pub async fn start(ctx: &Context, message_id: MessageId) -> Result<MessageView> 
             "cannot start message {message_id}: no recipients were appended"
         )));
     }
+    // A batch whose AppendRecipients failed half-way is stored on some shards
+    // but not recorded: refuse to deliver part of it.
+    let recorded = messages::batch_recipients(home, message_id).await?;
+    if recorded != progress.total {
+        return Err(Error::FailedPrecondition(format!(
+            "cannot start message {message_id}: a batch was not completely appended \
+             ({recorded} recipients recorded, {} stored); append it again",
+            progress.total
+        )));
+    }
     let lane = if row.priority == Priority::High as u8
         || progress.total <= ctx.settings.send.small_send_threshold
     {
@@ -102,7 +128,7 @@ pub async fn start(ctx: &Context, message_id: MessageId) -> Result<MessageView> 
         )));
     }
     if start_now {
-        write_status(ctx, message_id, SendStatus::Sending).await?;
+        refresh_status_best_effort(ctx, message_id).await;
         publish_or_leave_to_sweeper(ctx, message_id, lane).await;
     }
     info!(lane = lane.name(), start_now, total = progress.total, "message started");
@@ -117,7 +143,7 @@ pub async fn start_due(ctx: &Context, message_id: MessageId) -> Result<bool> {
     if !messages::start_scheduled(home, message_id).await? {
         return Ok(false);
     }
-    write_status(ctx, message_id, SendStatus::Sending).await?;
+    refresh_status_best_effort(ctx, message_id).await;
     let lane = Lane::from_db(messages::fetch_existing(home, message_id).await?.lane);
     publish_or_leave_to_sweeper(ctx, message_id, lane).await;
     info!(lane = lane.name(), "scheduled message started");
@@ -158,14 +184,13 @@ pub async fn pause(ctx: &Context, message_id: MessageId) -> Result<MessageView> 
 /// Resumes a paused send by re-publishing exactly its pending chunks.
 #[instrument(skip_all, fields(message_id = %message_id))]
 pub async fn resume(ctx: &Context, message_id: MessageId) -> Result<MessageView> {
-    let changed =
-        transition(ctx, message_id, &[SendStatus::Paused], SendStatus::Sending, "resume").await?;
-    if changed {
-        let home = ctx.pools.for_message(message_id.get()).1;
-        let lane = Lane::from_db(messages::fetch_existing(home, message_id).await?.lane);
-        publish_or_leave_to_sweeper(ctx, message_id, lane).await;
-        complete_if_done(ctx, message_id).await?;
-    }
+    // A repeated resume publishes again too: the first may have died before
+    // publishing, and duplicate tasks are no-ops.
+    transition(ctx, message_id, &[SendStatus::Paused], SendStatus::Sending, "resume").await?;
+    let home = ctx.pools.for_message(message_id.get()).1;
+    let lane = Lane::from_db(messages::fetch_existing(home, message_id).await?.lane);
+    publish_or_leave_to_sweeper(ctx, message_id, lane).await;
+    complete_if_done(ctx, message_id).await?;
     get(ctx, message_id).await
 }
 
@@ -201,31 +226,34 @@ pub async fn redrive(ctx: &Context, message_id: MessageId) -> Result<MessageView
         reset += chunks::reset_failed(pool, message_id).await?.len();
     }
     if reset > 0 {
-        let home = ctx.pools.for_message(message_id.get()).1;
-        if messages::transition(home, message_id, &[SendStatus::Completed], SendStatus::Sending)
-            .await?
-        {
-            write_status(ctx, message_id, SendStatus::Sending).await?;
-        }
+        // Re-open (and bump the version) even if still SENDING, so a
+        // completion check that saw no pending chunk a moment ago fails.
+        messages::reopen(home, message_id).await?;
+        refresh_status_best_effort(ctx, message_id).await;
         publish_or_leave_to_sweeper(ctx, message_id, Lane::from_db(row.lane)).await;
     }
     get(ctx, message_id).await
 }
 
 /// Marks a SENDING send COMPLETED once no shard has a pending chunk of it.
-/// Safe to call from anywhere, any number of times.
+/// Safe to call from anywhere, any number of times: the update only applies
+/// if the status version read before the check is still current.
 pub async fn complete_if_done(ctx: &Context, message_id: MessageId) -> Result<bool> {
+    let home = ctx.pools.for_message(message_id.get()).1;
+    let Some((status, version)) = messages::fetch_status_version(home, message_id).await? else {
+        return Ok(false);
+    };
+    if status != SendStatus::Sending {
+        return Ok(false);
+    }
     for (_, pool) in ctx.pools.iter() {
         if chunks::has_pending(pool, message_id).await? {
             return Ok(false);
         }
     }
-    let home = ctx.pools.for_message(message_id.get()).1;
-    let completed =
-        messages::transition(home, message_id, &[SendStatus::Sending], SendStatus::Completed)
-            .await?;
+    let completed = messages::complete(home, message_id, version).await?;
     if completed {
-        write_status(ctx, message_id, SendStatus::Completed).await?;
+        refresh_status_best_effort(ctx, message_id).await;
         info!(message_id = %message_id, "message completed");
     }
     Ok(completed)

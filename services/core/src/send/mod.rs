@@ -84,7 +84,17 @@ pub async fn create(ctx: &Context, send: &NewSend) -> Result<Created> {
     // The holder's control record may be missing if the first attempt died
     // right after claiming the key: write it now (a no-op if it exists).
     let home = ctx.pools.for_message(holder.get()).1;
-    messages::insert(home, &new_message(send, holder)).await?;
+    if !messages::insert(home, &new_message(send, holder)).await? {
+        // The id exists: it must be this key's send, not another send whose
+        // id collided with ours (two replicas with the same instance id).
+        let existing = messages::fetch_existing(home, holder).await?;
+        if existing.sender != send.sender || existing.idempotency_key.as_deref() != Some(key) {
+            if holder == candidate {
+                messages::release_idempotency_key(key_pool, &send.sender, key, holder).await?;
+            }
+            return Err(Error::Unavailable("message id collision, retry the request".to_owned()));
+        }
+    }
     Ok(Created { message_id: holder, deduplicated: holder != candidate })
 }
 
@@ -126,6 +136,13 @@ pub async fn append(
     batch_number: u64,
     user_ids: &[u64],
 ) -> Result<Appended> {
+    // Each append holds a home connection while it takes one per target
+    // shard; bounding concurrent appends keeps pools from starving each other.
+    let _permit = ctx
+        .append_permits
+        .acquire()
+        .await
+        .map_err(|_| Error::Unavailable("the api is shutting down".to_owned()))?;
     let home = ctx.pools.for_message(message_id.get()).1;
     let mut tx = home.begin().await?;
     let row: Option<(u8, bool, Option<NaiveDateTime>, NaiveDateTime, u8)> = sqlx::query_as(
@@ -148,10 +165,13 @@ pub async fn append(
             "message {message_id} was already started; recipients can only be appended to a draft"
         )));
     }
-    if messages::batch_exists(home, message_id, batch_number).await? {
+    if messages::batch_exists(&mut *tx, message_id, batch_number).await? {
         return Ok(Appended { accepted: user_ids.len() as u64, duplicate_batch: true });
     }
-    let content = messages::fetch_existing(home, message_id).await?.content();
+    let content = messages::fetch(&mut *tx, message_id)
+        .await?
+        .ok_or_else(|| Error::NotFound(format!("message {message_id}")))?
+        .content();
     let copy = ContentCopy { content: &content, expire_at, created_at };
     let planned =
         plan::plan_batch(ctx.pools.map(), batch_number, user_ids, ctx.settings.send.chunk_size)?;
@@ -191,9 +211,20 @@ pub async fn send_to_users(
     if row.status()? != SendStatus::NotStarted || row.start_requested {
         return Ok((created, row.status()?));
     }
-    append(ctx, created.message_id, INLINE_BATCH, user_ids).await?;
-    let view = start(ctx, created.message_id).await?;
-    Ok((created, view.row.status()?))
+    let started = match append(ctx, created.message_id, INLINE_BATCH, user_ids).await {
+        Ok(_) => start(ctx, created.message_id).await.map(|view| view.row),
+        Err(e) => Err(e),
+    };
+    match started {
+        Ok(row) => Ok((created, row.status()?)),
+        // A concurrent duplicate of this request (same idempotency key) won
+        // the race to start: that is this request's outcome too.
+        Err(Error::FailedPrecondition(_)) if created.deduplicated => {
+            let row = messages::fetch_existing(home, created.message_id).await?;
+            Ok((created, row.status()?))
+        }
+        Err(e) => Err(e),
+    }
 }
 
 /// Returns a send with its progress, or NOT_FOUND.
