@@ -195,3 +195,57 @@ async fn illegal_transitions_are_failed_precondition_and_unknown_ids_not_found()
     assert_eq!(empty.code(), tonic::Code::FailedPrecondition);
     app.cleanup().await;
 }
+
+#[tokio::test]
+async fn a_late_write_of_an_older_status_never_overwrites_a_newer_one() {
+    let app = notify_testkit::spawn_app().await;
+    let cache = &app.ctx.cache;
+    let id = 4_242;
+    cache.write_status(id, 5, 2, 60).await.unwrap(); // v5 PAUSED
+    cache.write_status(id, 4, 1, 60).await.unwrap(); // a delayed v4 SENDING
+    assert_eq!(cache.cached_status(id).await.unwrap(), Some(2));
+    cache.write_status(id, 6, 1, 60).await.unwrap(); // v6 SENDING (a resume)
+    assert_eq!(cache.cached_status(id).await.unwrap(), Some(1));
+    app.cleanup().await;
+}
+
+#[tokio::test]
+async fn a_half_appended_batch_blocks_start_until_it_is_appended_again() {
+    let app = notify_testkit::spawn_app().await;
+    let mut client = app.messages();
+    let draft = client
+        .create_message(v1::CreateMessageRequest {
+            sender: "tests".into(),
+            content: Some(crate::helpers::content("draft")),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let id = draft.message_id;
+    let batch = v1::AppendRecipientsRequest {
+        message_id: id,
+        batch_number: 1,
+        user_ids: (1..=800).collect(),
+    };
+    client.append_recipients(batch.clone()).await.unwrap();
+    // As if the api had died after storing the chunks but before recording
+    // the batch.
+    let home = app.ctx.pools.for_message(id).1;
+    sqlx::query("DELETE FROM message_batches WHERE message_id = ?")
+        .bind(id)
+        .execute(home)
+        .await
+        .unwrap();
+    let refused =
+        client.start_message(v1::StartMessageRequest { message_id: id }).await.unwrap_err();
+    assert_eq!(refused.code(), tonic::Code::FailedPrecondition);
+    assert!(refused.message().contains("append it again"), "{}", refused.message());
+
+    let again = client.append_recipients(batch).await.unwrap().into_inner();
+    assert!(!again.duplicate_batch);
+    client.start_message(v1::StartMessageRequest { message_id: id }).await.unwrap();
+    let done = wait_for_status(&app, id, v1::MessageStatus::Completed).await;
+    assert_eq!(done.progress.unwrap().delivered, 800, "the re-appended batch added nobody twice");
+    app.cleanup().await;
+}

@@ -186,3 +186,30 @@ async fn a_poison_chunk_is_dead_lettered_counted_as_failed_and_redrivable() {
     assert_eq!(app.item_users(id).await, (1..=1_000).collect::<Vec<u64>>());
     app.cleanup().await;
 }
+
+#[tokio::test]
+async fn a_chunk_that_keeps_killing_workers_is_recorded_as_failed() {
+    let app = spawn_app_with(test_settings(), false).await;
+    let id = send(&app, (1..=600).collect()).await;
+    // As if workers had died on this chunk poison_attempts times already.
+    let (shard, pool) = app.ctx.pools.iter().next().map(|(s, p)| (s, p.clone())).unwrap();
+    let (chunk_id, recipients): (u64, u16) = sqlx::query_as(
+        "SELECT chunk_id, recipients FROM message_chunks WHERE message_id = ? ORDER BY chunk_id LIMIT 1",
+    )
+    .bind(id)
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    sqlx::query("UPDATE message_chunks SET attempts = ? WHERE message_id = ? AND chunk_id = ?")
+        .bind(app.settings.worker.poison_attempts)
+        .bind(id)
+        .bind(chunk_id)
+        .execute(&pool)
+        .await
+        .unwrap();
+    let task = ChunkTask { message_id: id, chunk_id, shard: shard.0 };
+    assert_eq!(deliver::apply_task(&app.ctx, &task).await.unwrap(), TaskOutcome::Failed);
+    let progress = get(&app, id).await.progress.unwrap();
+    assert_eq!(progress.failed, u64::from(recipients));
+    app.cleanup().await;
+}
