@@ -8,6 +8,8 @@ use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use chrono::Utc;
 use tracing::{instrument, warn};
 
+use crate::announce;
+use crate::cache::RebuiltCount;
 use crate::context::Context;
 use crate::db::items::{self, InboxQuery, InboxRow};
 use crate::domain::UserId;
@@ -54,6 +56,10 @@ pub struct InboxPage {
 /// Lists a user's inbox page in one query on the user's shard.
 #[instrument(skip_all, fields(user_id = user_id.get()))]
 pub async fn list(ctx: &Context, user_id: UserId, query: &InboxQuery<'_>) -> Result<InboxPage> {
+    // Announcements appear on the first read of the inbox after they start.
+    if let Err(e) = announce::materialize(ctx, user_id.get()).await {
+        warn!(error = %e, user_id = user_id.get(), "could not materialize announcements");
+    }
     let pool = ctx.pools.for_user(user_id.get()).1;
     let fetch = InboxQuery { limit: query.limit + 1, ..query.clone() };
     let mut rows = items::list(pool, user_id.get(), &fetch).await?;
@@ -103,57 +109,78 @@ async fn finish_count_change(ctx: &Context, user_id: UserId) {
 }
 
 /// Returns users' unread counts, in input order, from Redis where cached,
-/// rebuilt from each user's shard (one query per shard) where not.
+/// rebuilt from each user's shard where not.
 #[instrument(skip_all, fields(users = user_ids.len()))]
 pub async fn unread_counts(ctx: &Context, user_ids: &[u64]) -> Result<Vec<u64>> {
     let cached = match ctx.cache.cached_counts(user_ids).await {
-        Ok(cached) => cached,
+        Ok(cached) => Some(cached),
         Err(e) => {
             warn!(error = %e, "badge cache unavailable, counting in mysql");
-            vec![None; user_ids.len()]
+            None
         }
     };
+    let epoch = cached.as_ref().map(|c| c.epoch);
+    let counts = cached.map_or_else(|| vec![None; user_ids.len()], |c| c.counts);
     let missing: Vec<u64> =
-        user_ids.iter().zip(&cached).filter(|(_, c)| c.is_none()).map(|(u, _)| *u).collect();
+        user_ids.iter().zip(&counts).filter(|(_, c)| c.is_none()).map(|(u, _)| *u).collect();
     if missing.is_empty() {
         metrics::counter!("notify_badge_cache_hits_total").increment(user_ids.len() as u64);
-        return Ok(cached.into_iter().map(|c| c.unwrap_or(0)).collect());
+        return Ok(counts.into_iter().map(|c| c.unwrap_or(0)).collect());
     }
     metrics::counter!("notify_badge_cache_misses_total").increment(missing.len() as u64);
-    let rebuilt = rebuild(ctx, &missing).await?;
+    let rebuilt = rebuild(ctx, epoch, &missing).await?;
     Ok(user_ids
         .iter()
-        .zip(cached)
+        .zip(counts)
         .map(|(user, cached)| cached.or_else(|| rebuilt.get(user).copied()).unwrap_or(0))
         .collect())
 }
 
-async fn rebuild(ctx: &Context, user_ids: &[u64]) -> Result<HashMap<u64, u64>> {
-    let leases = ctx.cache.take_leases(user_ids).await.ok();
-    let counts = user_ids.iter().map(|user_id| async move {
-        let pool = ctx.pools.for_user(*user_id).1;
-        items::count_unread(pool, *user_id).await.map(|truth| (*user_id, truth))
+/// Counts badges in MySQL (items plus unmaterialized live announcements) and
+/// caches them under leases taken before counting.
+async fn rebuild(ctx: &Context, epoch: Option<u64>, user_ids: &[u64]) -> Result<HashMap<u64, u64>> {
+    let leases = match epoch {
+        Some(epoch) => ctx.cache.take_leases(epoch, user_ids).await.ok(),
+        None => None,
+    };
+    let live = announce::active(ctx).await?;
+    let counts = user_ids.iter().map(|user_id| {
+        let live = &live;
+        async move {
+            let pool = ctx.pools.for_user(*user_id).1;
+            let ids: Vec<u64> = live.iter().map(|a| a.message_id).collect();
+            let (truth, present) = items::badge_truth(pool, *user_id, &ids).await?;
+            let pending: Vec<_> =
+                live.iter().filter(|a| !present.contains(&a.message_id)).collect();
+            let expiries = pending.iter().filter_map(|a| a.expire_at_ms);
+            let next_expiry_ms = truth
+                .next_expiry
+                .map(|at| at.and_utc().timestamp_millis())
+                .into_iter()
+                .chain(expiries)
+                .min();
+            Ok::<_, Error>((*user_id, truth.unread + pending.len() as u64, next_expiry_ms))
+        }
     });
     let truths = futures::future::try_join_all(counts).await?;
-    if let Some(tokens) = leases {
+    if let (Some(epoch), Some(tokens)) = (epoch, leases) {
         let max_ttl_ms = ctx.settings.inbox.counter_ttl_secs * 1000;
-        let now = Utc::now().naive_utc();
-        let entries: Vec<(u64, u64, u64, u64)> = truths
+        let now_ms = Utc::now().timestamp_millis();
+        let entries: Vec<RebuiltCount> = truths
             .iter()
             .zip(tokens)
-            .map(|((user_id, truth), token)| {
-                let ttl_ms = truth
-                    .next_expiry
-                    .map(|at| (at - now).num_milliseconds().max(1) as u64)
+            .map(|((user_id, count, next_expiry_ms), token)| {
+                let ttl_ms = next_expiry_ms
+                    .map(|at| (at - now_ms).max(1) as u64)
                     .map_or(max_ttl_ms, |until_expiry| until_expiry.min(max_ttl_ms));
-                (*user_id, token, truth.unread, ttl_ms)
+                RebuiltCount { user_id: *user_id, token, count: *count, ttl_ms }
             })
             .collect();
-        if let Err(e) = ctx.cache.store_counts(&entries).await {
+        if let Err(e) = ctx.cache.store_counts(epoch, &entries).await {
             warn!(error = %e, "could not cache rebuilt badges");
         }
     }
-    Ok(truths.into_iter().map(|(user, truth)| (user, truth.unread)).collect())
+    Ok(truths.into_iter().map(|(user, count, _)| (user, count)).collect())
 }
 
 #[cfg(test)]

@@ -3,6 +3,7 @@
 //! delivery and inbox logic shared by `notify-api`, `notify-worker` and
 //! `notifyctl`.
 
+pub mod announce;
 pub mod cache;
 pub mod context;
 pub mod db;

@@ -26,6 +26,8 @@ enum Command {
     Migrate,
     /// Sends a message to users: ids from a range (1..1000000), a file, or stdin.
     Send(sends::SendArgs),
+    /// Sends a platform announcement to all users (stored once).
+    Announce(sends::AnnounceArgs),
     /// Shows a send's status and progress; --watch follows it with a progress bar.
     Status {
         /// Message id.
@@ -93,6 +95,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
         Command::Migrate => unreachable!("handled above"),
         Command::Send(args) => sends::send(channel, args).await,
+        Command::Announce(args) => sends::announce(channel, args).await,
         Command::Status { message_id, watch } => sends::status(channel, message_id, watch).await,
         Command::Pause { message_id } => sends::pause(channel, message_id).await,
         Command::Resume { message_id } => sends::resume(channel, message_id).await,

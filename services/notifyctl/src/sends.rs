@@ -57,6 +57,56 @@ pub struct SendArgs {
     watch: bool,
 }
 
+/// Arguments of `notifyctl announce`.
+#[derive(Debug, Args)]
+pub struct AnnounceArgs {
+    /// Title.
+    #[arg(long)]
+    title: String,
+    /// Body.
+    #[arg(long, default_value = "")]
+    body: String,
+    /// Category.
+    #[arg(long, default_value = "")]
+    category: String,
+    /// Start time (RFC 3339); default now.
+    #[arg(long)]
+    at: Option<DateTime<Utc>>,
+    /// End of the validity window (RFC 3339), e.g. 2026-12-31T23:59:59Z.
+    #[arg(long)]
+    until: Option<DateTime<Utc>>,
+    /// Sender name.
+    #[arg(long, default_value = "notifyctl")]
+    sender: String,
+    /// Idempotency key.
+    #[arg(long, default_value = "")]
+    idempotency_key: String,
+}
+
+/// Sends an announcement to every user.
+pub async fn announce(channel: Channel, args: AnnounceArgs) -> anyhow::Result<()> {
+    let mut client = MessageServiceClient::new(channel);
+    let response = client
+        .send_message(v1::SendMessageRequest {
+            sender: args.sender,
+            idempotency_key: args.idempotency_key,
+            content: Some(v1::Content {
+                title: args.title,
+                body: args.body,
+                category: args.category,
+                data: Default::default(),
+            }),
+            audience: Some(v1::send_message_request::Audience::AllUsers(v1::AllUsersAudience {})),
+            send_at: args.at.map(timestamp),
+            expire_at: args.until.map(timestamp),
+            priority: 0,
+        })
+        .await?
+        .into_inner();
+    println!("announcement {} [{}]", response.message_id, status_name(response.status));
+    Ok(())
+}
+
 fn timestamp(at: DateTime<Utc>) -> prost_types::Timestamp {
     prost_types::Timestamp { seconds: at.timestamp(), nanos: at.timestamp_subsec_nanos() as i32 }
 }

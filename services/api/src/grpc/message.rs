@@ -65,7 +65,7 @@ impl MessageService for MessageApi {
                 (AudienceKind::Users, ids)
             }
             Some(v1::send_message_request::Audience::AllUsers(_)) => {
-                return Err(Status::unimplemented("audience.all_users is not implemented yet"));
+                (AudienceKind::AllUsers, Vec::new())
             }
             None => {
                 return Err(Error::invalid("audience", "must be set to users or all_users"))
@@ -82,8 +82,11 @@ impl MessageService for MessageApi {
             limits.send_at_past_tolerance_secs,
         )
         .into_status()?;
-        let (created, status) =
-            send::send_to_users(&self.ctx, &new_send, &user_ids).await.into_status()?;
+        let (created, status) = if audience == AudienceKind::AllUsers {
+            notify_core::announce::send(&self.ctx, &new_send).await.into_status()?
+        } else {
+            send::send_to_users(&self.ctx, &new_send, &user_ids).await.into_status()?
+        };
         Ok(Response::new(v1::SendMessageResponse {
             message_id: created.message_id.get(),
             status: convert::status_to_proto(status) as i32,

@@ -1,6 +1,7 @@
 //! Integration tests of `notify-api` (with an in-process worker) against the
 //! real MariaDB, RabbitMQ and Redis.
 
+mod announce;
 mod helpers;
 mod inbox;
 mod lifecycle;

@@ -72,19 +72,7 @@ pub async fn store(
         return Ok(0);
     }
     let mut tx = pool.begin().await?;
-    sqlx::query(
-        "INSERT IGNORE INTO message_contents (message_id, title, body, category, data, expire_at, created_at) \
-         VALUES (?, ?, ?, ?, ?, ?, ?)",
-    )
-    .bind(message_id.get())
-    .bind(&copy.content.title)
-    .bind(&copy.content.body)
-    .bind(&copy.content.category)
-    .bind(copy.content.data_json())
-    .bind(copy.expire_at)
-    .bind(copy.created_at)
-    .execute(&mut *tx)
-    .await?;
+    store_content(&mut *tx, message_id, copy).await?;
 
     let mut insert = QueryBuilder::new(
         "INSERT IGNORE INTO message_chunks (message_id, chunk_id, recipients, user_ids) ",
@@ -119,6 +107,37 @@ pub async fn store(
     .await?;
     tx.commit().await?;
     Ok(recipients)
+}
+
+/// Stores the shard's content copy of a message (a no-op if it exists).
+pub async fn store_content<'e>(
+    executor: impl sqlx::MySqlExecutor<'e>,
+    message_id: MessageId,
+    copy: &ContentCopy<'_>,
+) -> Result<()> {
+    sqlx::query(
+        "INSERT IGNORE INTO message_contents (message_id, title, body, category, data, expire_at, created_at) \
+         VALUES (?, ?, ?, ?, ?, ?, ?)",
+    )
+    .bind(message_id.get())
+    .bind(&copy.content.title)
+    .bind(&copy.content.body)
+    .bind(&copy.content.category)
+    .bind(copy.content.data_json())
+    .bind(copy.expire_at)
+    .bind(copy.created_at)
+    .execute(executor)
+    .await?;
+    Ok(())
+}
+
+/// Revokes the shard's content copy: its items vanish from inboxes and badges.
+pub async fn revoke_content(pool: &MySqlPool, message_id: MessageId) -> Result<()> {
+    sqlx::query("UPDATE message_contents SET revoked = 1 WHERE message_id = ?")
+        .bind(message_id.get())
+        .execute(pool)
+        .await?;
+    Ok(())
 }
 
 /// What applying a chunk did.

@@ -56,7 +56,7 @@ pub async fn list(pool: &MySqlPool, user_id: u64, query: &InboxQuery<'_>) -> Res
     if let Some(category) = query.category {
         sql.push(" AND i.category = ").push_bind(category.to_owned());
     }
-    sql.push(" AND (i.expire_at IS NULL OR i.expire_at > UTC_TIMESTAMP(3))")
+    sql.push(" AND c.revoked = 0 AND (i.expire_at IS NULL OR i.expire_at > UTC_TIMESTAMP(3))")
         .push(" ORDER BY i.message_id DESC LIMIT ")
         .push_bind(query.limit);
     Ok(sql.build_query_as().fetch_all(pool).await?)
@@ -71,16 +71,122 @@ pub struct UnreadTruth {
     pub next_expiry: Option<NaiveDateTime>,
 }
 
-/// Counts a user's unread, unexpired items (index range scan on one shard).
-pub async fn count_unread(pool: &MySqlPool, user_id: u64) -> Result<UnreadTruth> {
+/// Counts a user's unread items and finds which of `announcement_ids` the
+/// user has materialized, both in ONE snapshot (a read-only transaction), so
+/// a materialization committing in between cannot be counted zero or two times.
+pub async fn badge_truth(
+    pool: &MySqlPool,
+    user_id: u64,
+    announcement_ids: &[u64],
+) -> Result<(UnreadTruth, Vec<u64>)> {
+    if announcement_ids.is_empty() {
+        return Ok((count_unread(pool, user_id).await?, Vec::new()));
+    }
+    let mut tx = pool.begin().await?;
+    let truth = count_unread(&mut *tx, user_id).await?;
+    let present = present(&mut *tx, user_id, announcement_ids).await?;
+    tx.commit().await?;
+    Ok((truth, present))
+}
+
+/// Counts a user's unread, unexpired, unrevoked items (an index range scan
+/// on one shard, joined to the shard's content copies by primary key).
+pub async fn count_unread<'e>(
+    pool: impl sqlx::MySqlExecutor<'e>,
+    user_id: u64,
+) -> Result<UnreadTruth> {
     let (unread, next_expiry): (i64, Option<NaiveDateTime>) = sqlx::query_as(
-        "SELECT COUNT(*), MIN(expire_at) FROM message_items WHERE user_id = ? AND is_read = 0 \
-         AND (expire_at IS NULL OR expire_at > UTC_TIMESTAMP(3))",
+        "SELECT COUNT(*), MIN(i.expire_at) FROM message_items i \
+         JOIN message_contents c ON c.message_id = i.message_id \
+         WHERE i.user_id = ? AND i.is_read = 0 AND c.revoked = 0 \
+         AND (i.expire_at IS NULL OR i.expire_at > UTC_TIMESTAMP(3))",
     )
     .bind(user_id)
     .fetch_one(pool)
     .await?;
     Ok(UnreadTruth { unread: unread.max(0) as u64, next_expiry })
+}
+
+/// Returns which of `message_ids` the user has an item for.
+pub async fn present<'e>(
+    pool: impl sqlx::MySqlExecutor<'e>,
+    user_id: u64,
+    message_ids: &[u64],
+) -> Result<Vec<u64>> {
+    if message_ids.is_empty() {
+        return Ok(Vec::new());
+    }
+    let mut select = QueryBuilder::new("SELECT message_id FROM message_items WHERE user_id = ");
+    select.push_bind(user_id).push(" AND message_id IN (");
+    let mut ids = select.separated(", ");
+    for id in message_ids {
+        ids.push_bind(*id);
+    }
+    select.push(")");
+    Ok(select.build_query_scalar().fetch_all(pool).await?)
+}
+
+/// Materializes announcements for a user in one transaction: locks the
+/// user's inbox-state row (so concurrent materializations queue), writes the
+/// items still missing, bumps their stats and the user's watermark. Returns
+/// how many items were written.
+pub async fn materialize(pool: &MySqlPool, user_id: u64, message_ids: &[u64]) -> Result<u64> {
+    let mut tx = pool.begin().await?;
+    // Creates or exclusively locks the user's state row in one statement.
+    sqlx::query(
+        "INSERT INTO user_inbox_state (user_id) VALUES (?) \
+         ON DUPLICATE KEY UPDATE announcement_watermark = announcement_watermark",
+    )
+    .bind(user_id)
+    .execute(&mut *tx)
+    .await?;
+    let mut missing: Vec<u64> = message_ids.to_vec();
+    let mut select = QueryBuilder::new("SELECT message_id FROM message_items WHERE user_id = ");
+    select.push_bind(user_id).push(" AND message_id IN (");
+    let mut ids = select.separated(", ");
+    for id in message_ids {
+        ids.push_bind(*id);
+    }
+    select.push(")");
+    let present: Vec<u64> = select.build_query_scalar().fetch_all(&mut *tx).await?;
+    missing.retain(|id| !present.contains(id));
+    if missing.is_empty() {
+        tx.rollback().await?;
+        return Ok(0);
+    }
+    let mut insert = QueryBuilder::new(
+        "INSERT INTO message_items (user_id, message_id, category, expire_at) \
+         SELECT ",
+    );
+    insert.push_bind(user_id).push(
+        ", message_id, category, expire_at FROM message_contents WHERE revoked = 0 AND message_id IN (",
+    );
+    let mut ids = insert.separated(", ");
+    for id in &missing {
+        ids.push_bind(*id);
+    }
+    insert.push(")");
+    let written = insert.build().execute(&mut *tx).await?.rows_affected();
+    let mut stats =
+        QueryBuilder::new("INSERT INTO message_shard_stats (message_id, slot, delivered) ");
+    stats.push_values(&missing, |mut row, id| {
+        row.push_bind(*id).push_bind(0u8).push_bind(1i64);
+    });
+    stats.push(" ON DUPLICATE KEY UPDATE delivered = delivered + VALUES(delivered)");
+    if written == missing.len() as u64 {
+        stats.build().execute(&mut *tx).await?;
+    }
+    let newest = missing.iter().copied().max().unwrap_or(0);
+    sqlx::query(
+        "UPDATE user_inbox_state SET announcement_watermark = GREATEST(announcement_watermark, ?) \
+         WHERE user_id = ?",
+    )
+    .bind(newest)
+    .bind(user_id)
+    .execute(&mut *tx)
+    .await?;
+    tx.commit().await?;
+    Ok(written)
 }
 
 /// Marks the given messages read for a user. Returns the ids that changed and

@@ -201,7 +201,8 @@ pub async fn fetch_status_version(
 pub async fn complete(pool: &MySqlPool, message_id: MessageId, version: u64) -> Result<bool> {
     let result = sqlx::query(
         "UPDATE messages SET status = 3, status_version = status_version + 1, \
-         finished_at = UTC_TIMESTAMP(3) WHERE message_id = ? AND status = 1 AND status_version = ?",
+         finished_at = UTC_TIMESTAMP(3) WHERE message_id = ? AND status = 1 AND status_version = ? \
+         AND audience = 1",
     )
     .bind(message_id.get())
     .bind(version)
@@ -283,6 +284,17 @@ pub async fn start_scheduled(pool: &MySqlPool, message_id: MessageId) -> Result<
     Ok(result.rows_affected() == 1)
 }
 
+/// Returns this home shard's live announcements: started, not cancelled,
+/// not expired.
+pub async fn live_announcements(pool: &MySqlPool) -> Result<Vec<(u64, Option<NaiveDateTime>)>> {
+    Ok(sqlx::query_as(
+        "SELECT message_id, expire_at FROM messages WHERE audience = 2 AND status = 1 \
+         AND (expire_at IS NULL OR expire_at > UTC_TIMESTAMP(3))",
+    )
+    .fetch_all(pool)
+    .await?)
+}
+
 /// Returns scheduled sends whose `send_at` has come.
 pub async fn due_scheduled(pool: &MySqlPool, limit: u32) -> Result<Vec<u64>> {
     Ok(sqlx::query_scalar(
@@ -298,7 +310,8 @@ pub async fn due_scheduled(pool: &MySqlPool, limit: u32) -> Result<Vec<u64>> {
 /// in id order (keyset paging).
 pub async fn sending(pool: &MySqlPool, after: u64, limit: u32) -> Result<Vec<u64>> {
     Ok(sqlx::query_scalar(
-        "SELECT message_id FROM messages WHERE status = 1 AND message_id > ? ORDER BY message_id LIMIT ?",
+        "SELECT message_id FROM messages WHERE status = 1 AND audience = 1 AND message_id > ? \
+         ORDER BY message_id LIMIT ?",
     )
     .bind(after)
     .bind(limit)

@@ -13,7 +13,7 @@ use tracing::{info, instrument, warn};
 use super::{MessageView, get};
 use crate::context::Context;
 use crate::db::{chunks, messages};
-use crate::domain::{Lane, MessageId, Priority, SendStatus};
+use crate::domain::{AudienceKind, Lane, MessageId, Priority, SendStatus};
 use crate::error::{Error, Result};
 use crate::queue::ChunkTask;
 
@@ -55,6 +55,12 @@ async fn refresh_status_best_effort(ctx: &Context, message_id: MessageId) {
     if let Err(e) = refresh_status(ctx, message_id).await {
         warn!(error = %e, message_id = %message_id, "could not refresh the cached status");
     }
+}
+
+async fn reject_announcement(ctx: &Context, message_id: MessageId, verb: &str) -> Result<()> {
+    let home = ctx.pools.for_message(message_id.get()).1;
+    let row = messages::fetch_existing(home, message_id).await?;
+    crate::announce::reject_for_announcement(row.audience, verb, message_id)
 }
 
 /// Moves `from -> to`, or explains why not: NOT_FOUND, or FAILED_PRECONDITION
@@ -144,7 +150,13 @@ pub async fn start_due(ctx: &Context, message_id: MessageId) -> Result<bool> {
         return Ok(false);
     }
     refresh_status_best_effort(ctx, message_id).await;
-    let lane = Lane::from_db(messages::fetch_existing(home, message_id).await?.lane);
+    let row = messages::fetch_existing(home, message_id).await?;
+    if row.audience == AudienceKind::AllUsers as u8 {
+        crate::announce::activated(ctx, message_id).await;
+        info!("scheduled announcement started");
+        return Ok(true);
+    }
+    let lane = Lane::from_db(row.lane);
     publish_or_leave_to_sweeper(ctx, message_id, lane).await;
     info!(lane = lane.name(), "scheduled message started");
     Ok(true)
@@ -177,6 +189,7 @@ async fn publish_or_leave_to_sweeper(ctx: &Context, message_id: MessageId, lane:
 /// Pauses a sending send. After this returns, workers skip its chunks.
 #[instrument(skip_all, fields(message_id = %message_id))]
 pub async fn pause(ctx: &Context, message_id: MessageId) -> Result<MessageView> {
+    reject_announcement(ctx, message_id, "pause").await?;
     transition(ctx, message_id, &[SendStatus::Sending], SendStatus::Paused, "pause").await?;
     get(ctx, message_id).await
 }
@@ -184,6 +197,7 @@ pub async fn pause(ctx: &Context, message_id: MessageId) -> Result<MessageView> 
 /// Resumes a paused send by re-publishing exactly its pending chunks.
 #[instrument(skip_all, fields(message_id = %message_id))]
 pub async fn resume(ctx: &Context, message_id: MessageId) -> Result<MessageView> {
+    reject_announcement(ctx, message_id, "resume").await?;
     // A repeated resume publishes again too: the first may have died before
     // publishing, and duplicate tasks are no-ops.
     transition(ctx, message_id, &[SendStatus::Paused], SendStatus::Sending, "resume").await?;
@@ -200,6 +214,11 @@ pub async fn resume(ctx: &Context, message_id: MessageId) -> Result<MessageView>
 pub async fn cancel(ctx: &Context, message_id: MessageId) -> Result<MessageView> {
     let from = [SendStatus::NotStarted, SendStatus::Sending, SendStatus::Paused];
     transition(ctx, message_id, &from, SendStatus::Cancelled, "cancel").await?;
+    let home = ctx.pools.for_message(message_id.get()).1;
+    if messages::fetch_existing(home, message_id).await?.audience == AudienceKind::AllUsers as u8 {
+        crate::announce::revoke(ctx, message_id).await?;
+        return get(ctx, message_id).await;
+    }
     for (shard, pool) in ctx.pools.iter() {
         if let Err(e) = chunks::cancel_pending(pool, message_id).await {
             warn!(error = %e, shard = %shard, message_id = %message_id, "cancelling chunks failed, the sweeper will retry");
@@ -215,6 +234,7 @@ pub async fn redrive(ctx: &Context, message_id: MessageId) -> Result<MessageView
     let home = ctx.pools.for_message(message_id.get()).1;
     let row = messages::fetch_existing(home, message_id).await?;
     let status = row.status()?;
+    crate::announce::reject_for_announcement(row.audience, "redrive", message_id)?;
     if !matches!(status, SendStatus::Sending | SendStatus::Completed) {
         return Err(Error::FailedPrecondition(format!(
             "cannot redrive message {message_id}: it is {}",

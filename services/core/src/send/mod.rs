@@ -231,7 +231,7 @@ pub async fn send_to_users(
 pub async fn get(ctx: &Context, message_id: MessageId) -> Result<MessageView> {
     let home = ctx.pools.for_message(message_id.get()).1;
     let row = messages::fetch_existing(home, message_id).await?;
-    let progress = progress(ctx, message_id).await?;
+    let progress = progress(ctx, message_id).await?.for_audience(row.audience);
     Ok(MessageView { row, progress })
 }
 
@@ -249,7 +249,8 @@ pub async fn list(
     rows.sort_unstable_by_key(|row| std::cmp::Reverse(row.message_id));
     rows.truncate(limit as usize);
     let views = rows.into_iter().map(|row| async move {
-        let progress = progress(ctx, MessageId::from_raw(row.message_id)).await?;
+        let progress =
+            progress(ctx, MessageId::from_raw(row.message_id)).await?.for_audience(row.audience);
         Ok::<_, Error>(MessageView { row, progress })
     });
     futures::future::try_join_all(views).await

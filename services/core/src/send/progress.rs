@@ -41,6 +41,18 @@ impl Progress {
     }
 }
 
+impl Progress {
+    /// For an announcement, recipients are the users who have it
+    /// materialized so far: `total` and `delivered` both count them.
+    pub fn for_audience(mut self, audience: u8) -> Self {
+        if audience == crate::domain::AudienceKind::AllUsers as u8 {
+            self.total = self.delivered;
+            self.pending = 0;
+        }
+        self
+    }
+}
+
 /// Sums a send's stats over every shard, in parallel.
 pub async fn progress(ctx: &Context, message_id: MessageId) -> Result<Progress> {
     let per_shard = ctx.pools.iter().map(|(_, pool)| messages::shard_stats(pool, message_id));

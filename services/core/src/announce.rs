@@ -1,0 +1,177 @@
+//! Platform announcements to all users (read diffusion).
+//!
+//! An announcement is stored once: its control record on the home shard and
+//! a content copy on every shard. Nothing is written per user at send time.
+//! When a user's inbox is read, the active announcements the user has no item
+//! for yet are materialized on the user's shard in one transaction (items,
+//! per-shard stats and the user's watermark), under a lock on the user's
+//! inbox-state row, so concurrent reads on several api replicas materialize
+//! each announcement exactly once. A badge counts unmaterialized active
+//! announcements without writing anything.
+//!
+//! Starting or cancelling an announcement bumps the cache epoch, which
+//! retires every cached badge at once (see `cache::badge`). Cancelling also
+//! revokes the content copies, which hides every materialized item at once.
+
+use chrono::{NaiveDateTime, Utc};
+use serde::{Deserialize, Serialize};
+use tracing::{instrument, warn};
+
+use crate::context::Context;
+use crate::db::{chunks, items, messages};
+use crate::domain::{Lane, MessageId, SendStatus};
+use crate::error::{Error, Result};
+use crate::send::{self, Created, NewSend};
+
+/// How long the active list stays cached (it is also refreshed on change).
+const ACTIVE_LIST_TTL_SECS: u64 = 30;
+
+/// An announcement that is live now.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Active {
+    /// Its id.
+    pub message_id: u64,
+    /// When it ends, in ms since the epoch.
+    pub expire_at_ms: Option<i64>,
+}
+
+impl Active {
+    fn is_live(&self, now_ms: i64) -> bool {
+        self.expire_at_ms.is_none_or(|at| at > now_ms)
+    }
+}
+
+/// Stores an announcement once and starts it now, or at `send_at`.
+#[instrument(skip_all, fields(sender = %new_send.sender))]
+pub async fn send(ctx: &Context, new_send: &NewSend) -> Result<(Created, SendStatus)> {
+    let created = send::create(ctx, new_send).await?;
+    let id = created.message_id;
+    let home = ctx.pools.for_message(id.get()).1;
+    let row = messages::fetch_existing(home, id).await?;
+    if row.status()? != SendStatus::NotStarted || row.start_requested {
+        return Ok((created, row.status()?));
+    }
+    let copy = chunks::ContentCopy {
+        content: &new_send.content,
+        expire_at: row.expire_at,
+        created_at: row.created_at,
+    };
+    let copies = ctx.pools.iter().map(|(_, pool)| chunks::store_content(pool, id, &copy));
+    futures::future::try_join_all(copies).await?;
+    let start_now = row.send_at.is_none_or(|at| at <= send::now());
+    messages::request_start(home, id, Lane::High as u8, start_now).await?;
+    if start_now {
+        activated(ctx, id).await;
+    }
+    let status = messages::fetch_existing(home, id).await?.status()?;
+    Ok((created, status))
+}
+
+/// Makes a newly live (or cancelled) announcement visible to every badge.
+pub async fn activated(ctx: &Context, message_id: MessageId) {
+    let ttl = ctx.settings.send.status_cache_ttl_secs;
+    let home = ctx.pools.for_message(message_id.get()).1;
+    if let Ok(Some((status, version))) = messages::fetch_status_version(home, message_id).await {
+        let _ = ctx.cache.write_status(message_id.get(), version, status.to_db(), ttl).await;
+    }
+    if let Err(e) = ctx.cache.bump_announcement_epoch().await {
+        // Cached badges catch up when they expire (inbox.counter_ttl_secs).
+        warn!(error = %e, message_id = %message_id, "could not retire cached badges");
+    }
+}
+
+/// Hides a cancelled announcement everywhere: revokes every content copy
+/// (materialized items disappear) and retires cached badges.
+pub async fn revoke(ctx: &Context, message_id: MessageId) -> Result<()> {
+    for (_, pool) in ctx.pools.iter() {
+        chunks::revoke_content(pool, message_id).await?;
+    }
+    activated(ctx, message_id).await;
+    Ok(())
+}
+
+/// Returns the live announcements (cached per epoch, rebuilt on a miss).
+pub async fn active(ctx: &Context) -> Result<Vec<Active>> {
+    let now_ms = Utc::now().timestamp_millis();
+    let epoch = match ctx.cache.announcement_epoch().await {
+        Ok(epoch) => Some(epoch),
+        Err(e) => {
+            warn!(error = %e, "announcement cache unavailable, reading the shards");
+            None
+        }
+    };
+    if let Some(epoch) = epoch
+        && let Ok(Some(json)) = ctx.cache.cached_announcements(epoch).await
+        && let Ok(list) = serde_json::from_str::<Vec<Active>>(&json)
+    {
+        return Ok(list.into_iter().filter(|a| a.is_live(now_ms)).collect());
+    }
+    let mut list = Vec::new();
+    for (_, pool) in ctx.pools.iter() {
+        for (message_id, expire_at) in messages::live_announcements(pool).await? {
+            list.push(Active { message_id, expire_at_ms: expire_at.map(to_ms) });
+        }
+    }
+    list.sort_unstable_by_key(|a| a.message_id);
+    if let Some(epoch) = epoch {
+        let json = serde_json::to_string(&list).unwrap_or_default();
+        let _ = ctx.cache.store_announcements(epoch, &json, ACTIVE_LIST_TTL_SECS).await;
+    }
+    Ok(list)
+}
+
+fn to_ms(at: NaiveDateTime) -> i64 {
+    at.and_utc().timestamp_millis()
+}
+
+/// Live announcements the user has no item for yet.
+pub async fn unmaterialized(ctx: &Context, user_id: u64, live: &[Active]) -> Result<Vec<Active>> {
+    if live.is_empty() {
+        return Ok(Vec::new());
+    }
+    let pool = ctx.pools.for_user(user_id).1;
+    let ids: Vec<u64> = live.iter().map(|a| a.message_id).collect();
+    let present = items::present(pool, user_id, &ids).await?;
+    Ok(live.iter().filter(|a| !present.contains(&a.message_id)).copied().collect())
+}
+
+/// Materializes the user's missing live announcements (one transaction on the
+/// user's shard). Returns how many items were written.
+#[instrument(skip_all, fields(user_id))]
+pub async fn materialize(ctx: &Context, user_id: u64) -> Result<u64> {
+    let live = active(ctx).await?;
+    let missing = unmaterialized(ctx, user_id, &live).await?;
+    if missing.is_empty() {
+        return Ok(0);
+    }
+    let pool = ctx.pools.for_user(user_id).1;
+    let ids: Vec<u64> = missing.iter().map(|a| a.message_id).collect();
+    ctx.cache.begin_count_change(user_id).await?;
+    let mut written = items::materialize(pool, user_id, &ids).await;
+    // Concurrent first reads of a new user can deadlock creating its state
+    // row; InnoDB rolls one back, and trying again is the documented remedy.
+    for _ in 0..3 {
+        match &written {
+            Err(Error::Database(sqlx::Error::Database(e)))
+                if matches!(e.code().as_deref(), Some("40001")) =>
+            {
+                written = items::materialize(pool, user_id, &ids).await;
+            }
+            _ => break,
+        }
+    }
+    if let Err(e) = ctx.cache.end_count_change(user_id).await {
+        warn!(error = %e, user_id, "could not clear a badge change marker");
+    }
+    written
+}
+
+/// Rejects operations that do not apply to announcements.
+pub fn reject_for_announcement(audience: u8, verb: &str, message_id: MessageId) -> Result<()> {
+    if audience == crate::domain::AudienceKind::AllUsers as u8 {
+        return Err(Error::FailedPrecondition(format!(
+            "cannot {verb} message {message_id}: announcements can only be cancelled"
+        )));
+    }
+    Ok(())
+}
