@@ -157,14 +157,15 @@ async fn body(env: &mut Env, args: &BadgeArgs) -> anyhow::Result<String> {
         .set_response_timeout(Some(Duration::from_secs(3)));
     let redis_conn = client.get_connection_manager_with_config(config).await?;
     let prefix = env.settings.redis.key_prefix.clone();
-    let cached = count_cached(&redis_conn, &prefix, args.users).await?;
+    let (key_base, cached) = badge_keys(&redis_conn, &prefix, args.users).await?;
     ensure!(
         cached == args.users,
-        "only {cached} of {} badges are cached after warming",
+        "only {cached} of {} badges are cached (under {key_base}<user>) after warming",
         args.users
     );
+    println!("badge keys: {key_base}<user_id>, all {} cached", thousands(cached));
 
-    let raw = run_raw(args, &tracked, redis_conn.clone(), &prefix).await?;
+    let raw = run_raw(args, &tracked, redis_conn.clone(), &key_base).await?;
     println!(
         "raw redis GET: {} req/s, p50 {:.3} ms, p99 {:.3} ms",
         thousands(raw.rate() as u64),
@@ -179,6 +180,13 @@ async fn body(env: &mut Env, args: &BadgeArgs) -> anyhow::Result<String> {
         thousands(grpc.rate() as u64),
         grpc.ms(0.5),
         grpc.ms(0.99)
+    );
+    let floor = run_floor(args, &tracked, &channels).await?;
+    println!(
+        "grpc.health.v1.Health/Check (gRPC floor): {} req/s, p50 {:.3} ms, p99 {:.3} ms",
+        thousands(floor.rate() as u64),
+        floor.ms(0.5),
+        floor.ms(0.99)
     );
     let misses = metric_sum(&after, &["notify_badge_cache_misses_total"])
         - metric_sum(&before, &["notify_badge_cache_misses_total"]);
@@ -195,7 +203,18 @@ async fn body(env: &mut Env, args: &BadgeArgs) -> anyhow::Result<String> {
     let inbox = run_inbox(env, args, &channels[0]).await?;
     let peaks = rss.peaks();
     drop(rss);
-    Ok(summary(args, &raw, &grpc, &sequential, hits, misses, &inbox, &peaks, tracked.machine_max()))
+    Ok(summary(
+        args,
+        &raw,
+        &grpc,
+        &floor,
+        &sequential,
+        hits,
+        misses,
+        &inbox,
+        &peaks,
+        tracked.machine_max(),
+    ))
 }
 
 /// GetUnreadCount with one call in flight: latency without queueing.
@@ -330,20 +349,32 @@ async fn seed_badges(env: &mut Env, channel: &Channel, args: &BadgeArgs) -> anyh
     Ok(())
 }
 
-async fn count_cached(
+/// Finds the key layout the service caches badges under and counts the
+/// cached users. Current layout: `{prefix}unread:{epoch}:{user}` with the
+/// epoch in `{prefix}ann:epoch` (absent = 0); older builds used
+/// `{prefix}unread:{user}`. Returns the key without the user id.
+async fn badge_keys(
     conn: &redis::aio::ConnectionManager,
     prefix: &str,
     users: u64,
-) -> anyhow::Result<u64> {
+) -> anyhow::Result<(String, u64)> {
     let mut conn = conn.clone();
-    let mut cached = 0;
-    let ids: Vec<u64> = (1..=users).collect();
-    for batch in ids.chunks(1000) {
-        let keys: Vec<String> = batch.iter().map(|u| format!("{prefix}unread:{u}")).collect();
-        let values: Vec<Option<u64>> = conn.mget(&keys).await?;
-        cached += values.iter().flatten().count() as u64;
+    let epoch: Option<String> = conn.get(format!("{prefix}ann:epoch")).await?;
+    let epoch = epoch.unwrap_or_else(|| "0".to_owned());
+    let mut best = (String::new(), 0);
+    for base in [format!("{prefix}unread:{epoch}:"), format!("{prefix}unread:")] {
+        let mut cached = 0;
+        let ids: Vec<u64> = (1..=users).collect();
+        for batch in ids.chunks(1000) {
+            let keys: Vec<String> = batch.iter().map(|u| format!("{base}{u}")).collect();
+            let values: Vec<Option<u64>> = conn.mget(&keys).await?;
+            cached += values.iter().flatten().count() as u64;
+        }
+        if cached > best.1 || best.0.is_empty() {
+            best = (base, cached);
+        }
     }
-    Ok(cached)
+    Ok(best)
 }
 
 /// Common driver: `concurrency` spawned tasks run `call(task, user)` in a
@@ -407,12 +438,12 @@ async fn run_raw(
     args: &BadgeArgs,
     tracked: &Tracked,
     conn: redis::aio::ConnectionManager,
-    prefix: &str,
+    key_base: &str,
 ) -> anyhow::Result<Load> {
-    let prefix = prefix.to_owned();
+    let key_base = key_base.to_owned();
     drive(args, tracked, move |_task, user| {
         let mut conn = conn.clone();
-        let key = format!("{prefix}unread:{user}");
+        let key = format!("{key_base}{user}");
         async move {
             let value: Option<u64> = conn.get(&key).await?;
             Ok(value.unwrap_or(u64::MAX))
@@ -434,6 +465,32 @@ async fn run_grpc(
             let reply =
                 client.get_unread_count(v1::GetUnreadCountRequest { user_id: user }).await?;
             Ok(reply.into_inner().unread)
+        }
+    })
+    .await
+}
+
+/// The same load against the api's health check: what any RPC costs over
+/// these channels, with no Redis behind it.
+async fn run_floor(
+    args: &BadgeArgs,
+    tracked: &Tracked,
+    channels: &[Channel],
+) -> anyhow::Result<Load> {
+    use tonic_health::pb::health_check_response::ServingStatus;
+    use tonic_health::pb::{HealthCheckRequest, health_client::HealthClient};
+    let clients: Vec<HealthClient<Channel>> =
+        channels.iter().cloned().map(HealthClient::new).collect();
+    drive(args, tracked, move |task, user| {
+        let mut client = clients[task % clients.len()].clone();
+        async move {
+            let reply = client.check(HealthCheckRequest { service: String::new() }).await?;
+            // Counted as right when serving.
+            Ok(if reply.into_inner().status == ServingStatus::Serving as i32 {
+                expected_unread(user)
+            } else {
+                u64::MAX
+            })
         }
     })
     .await
@@ -613,6 +670,7 @@ fn summary(
     args: &BadgeArgs,
     raw: &Load,
     grpc: &Load,
+    floor: &Load,
     sequential: &Histogram<u64>,
     hits: f64,
     misses: f64,
@@ -649,6 +707,7 @@ fn summary(
         "{}",
         line(&format!("GetUnreadCount ({} gRPC channels)     ", args.channels), grpc)
     );
+    let _ = writeln!(s, "{}", line("Health/Check   (gRPC floor, same channels)", floor));
     let _ = writeln!(
         s,
         "ratio          GetUnreadCount/raw GET = {ratio:.2} (target >= 0.5: {}) | p99 {:.3} ms (target < 2 ms: {})",
@@ -667,6 +726,12 @@ fn summary(
     let _ = writeln!(s, "cpu (% of one core, machine max {machine_max}%):");
     let _ = writeln!(s, "  raw GET      {}", raw.cpu.line(machine_max));
     let _ = writeln!(s, "  gRPC         {}", grpc.cpu.line(machine_max));
+    let _ = writeln!(s, "  gRPC floor   {}", floor.cpu.line(machine_max));
+    let _ = writeln!(
+        s,
+        "               GetUnreadCount/Health.Check = {:.2}: the rest of the gap to raw GET is the gRPC round trip itself",
+        grpc.rate() / floor.rate()
+    );
     let ms = |q: f64| inbox.hist.value_at_quantile(q) as f64 / 1000.0;
     let _ = writeln!(
         s,

@@ -42,15 +42,26 @@ pub struct FanoutArgs {
     /// the worker receives its tasks; `interleaved` = round-robin over shards.
     #[arg(long, value_enum, default_value_t = Order::Worker)]
     baseline_order: Order,
-    /// Skip the baseline (only the end-to-end send).
-    #[arg(long)]
-    no_baseline: bool,
+    /// When the baseline runs: `both` (before and after the send; the ratio
+    /// uses their mean, which cancels slow drift of the machine), `before`,
+    /// `after`, or `none`.
+    #[arg(long, value_enum, default_value_t = When::Both)]
+    baseline: When,
     /// Longest wait for COMPLETED, in seconds.
     #[arg(long, default_value_t = 900)]
     timeout_secs: u64,
     /// Longest wait for InnoDB to flush dirty pages before each timed phase.
     #[arg(long, default_value_t = 60)]
     quiesce_secs: u64,
+}
+
+/// When the baseline runs, relative to the send.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum When {
+    Both,
+    Before,
+    After,
+    None,
 }
 
 /// Statement order of the baseline.
@@ -71,9 +82,9 @@ struct Phase {
 }
 
 struct Baseline {
+    label: &'static str,
     phase: Phase,
     rows: u64,
-    statements: usize,
 }
 
 struct NotifyRun {
@@ -138,22 +149,23 @@ async fn body(
         - chrono::Duration::nanoseconds(i64::from(expire_at.and_utc().timestamp_subsec_nanos()));
     let users: Vec<u64> = (1..=args.recipients).collect();
 
-    let baseline = if args.no_baseline {
-        None
-    } else {
-        let baseline =
-            run_baseline(env, args, baseline_settings, &tracked, &mut server, &users, expire_at)
-                .await?;
-        println!(
-            "baseline: {} rows in {:.2} s = {} rows/s ({} statements of <= {CHUNK} rows, {} inserters)",
-            thousands(baseline.rows),
-            baseline.phase.secs,
-            thousands((baseline.rows as f64 / baseline.phase.secs) as u64),
-            baseline.statements,
-            args.concurrency
+    let mut baselines = Vec::new();
+    if matches!(args.baseline, When::Both | When::Before) {
+        let label = "before";
+        baselines.push(
+            run_baseline(
+                env,
+                args,
+                baseline_settings,
+                &tracked,
+                &mut server,
+                &users,
+                expire_at,
+                label,
+            )
+            .await?,
         );
-        Some(baseline)
-    };
+    }
 
     let (waited, dirty) = quiesce(&mut server, Duration::from_secs(args.quiesce_secs)).await?;
     println!("quiesce before notify: {waited:.1} s, {dirty} dirty pages left");
@@ -184,9 +196,32 @@ async fn body(
     let api_metrics = env.scrape("notify-api").await;
     drop(rss);
 
+    if matches!(args.baseline, When::Both | When::After) {
+        // Same clean state as before the send: stop the services and drop
+        // the send's databases, so the baseline does not share the buffer
+        // pool with the send's million rows.
+        env.stop_services().await;
+        let settings = env.settings.clone();
+        env.drop_databases_of(&settings).await?;
+        let label = "after";
+        baselines.push(
+            run_baseline(
+                env,
+                args,
+                baseline_settings,
+                &tracked,
+                &mut server,
+                &users,
+                expire_at,
+                label,
+            )
+            .await?,
+        );
+    }
+
     Ok(summary(
         args,
-        baseline.as_ref(),
+        &baselines,
         &notify,
         items,
         &peaks,
@@ -196,6 +231,7 @@ async fn body(
     ))
 }
 
+#[allow(clippy::too_many_arguments)]
 async fn run_baseline(
     env: &mut Env,
     args: &FanoutArgs,
@@ -204,6 +240,7 @@ async fn run_baseline(
     server: &mut MySqlConnection,
     users: &[u64],
     expire_at: NaiveDateTime,
+    label: &'static str,
 ) -> anyhow::Result<Baseline> {
     env.migrate(settings, "baseline.toml").await?;
     let pools = harness::shard_pools(settings, args.concurrency as u32).await?;
@@ -242,7 +279,7 @@ async fn run_baseline(
     let message_id = IdGenerator::new().next_id().get();
 
     let (waited, dirty) = quiesce(server, Duration::from_secs(args.quiesce_secs)).await?;
-    println!("quiesce before baseline: {waited:.1} s, {dirty} dirty pages left");
+    println!("quiesce before baseline ({label}): {waited:.1} s, {dirty} dirty pages left");
     let cpu0 = tracked.snap();
     let my0 = mysql_status(server).await?;
     let started = Instant::now();
@@ -275,7 +312,14 @@ async fn run_baseline(
     }
     ensure!(rows == users.len() as u64, "baseline wrote {rows} rows, expected {}", users.len());
     env.drop_databases_of(settings).await?;
-    Ok(Baseline { phase: Phase { secs, cpu, mysql }, rows, statements: work.len() })
+    println!(
+        "baseline ({label}): {} rows in {secs:.2} s = {} rows/s ({} statements of <= {CHUNK} rows, {} inserters)",
+        thousands(rows),
+        thousands((rows as f64 / secs) as u64),
+        work.len(),
+        args.concurrency
+    );
+    Ok(Baseline { label, phase: Phase { secs, cpu, mysql }, rows })
 }
 
 async fn insert_items(
@@ -442,7 +486,7 @@ async fn run_notify(
 #[allow(clippy::too_many_arguments)]
 fn summary(
     args: &FanoutArgs,
-    baseline: Option<&Baseline>,
+    baselines: &[Baseline],
     notify: &NotifyRun,
     items: u64,
     peaks: &[(u64, u64)],
@@ -462,28 +506,39 @@ fn summary(
         args.concurrency
     );
     let notify_rate = rate(notify.total.secs);
-    if let Some(b) = baseline {
-        let base_rate = b.rows as f64 / b.phase.secs;
+    if !baselines.is_empty() {
+        let order = match args.baseline_order {
+            Order::Worker => "worker",
+            Order::Interleaved => "interleaved",
+        };
+        let rates: Vec<f64> = baselines.iter().map(|b| b.rows as f64 / b.phase.secs).collect();
+        for (b, r) in baselines.iter().zip(&rates) {
+            let _ = writeln!(
+                s,
+                "baseline  raw INSERT, {:<6} the send ({order} order)            {:>7.2} s  {:>9} rows/s",
+                b.label,
+                b.phase.secs,
+                thousands(*r as u64)
+            );
+        }
+        let base_rate = rates.iter().sum::<f64>() / rates.len() as f64;
         let ratio = notify_rate / base_rate;
-        let _ = writeln!(
-            s,
-            "baseline  raw INSERT (500 rows/stmt, autocommit, {} order) {:>7.2} s  {:>9} rows/s",
-            match args.baseline_order {
-                Order::Worker => "worker",
-                Order::Interleaved => "interleaved",
-            },
-            b.phase.secs,
-            thousands(base_rate as u64)
-        );
         let _ = writeln!(
             s,
             "notify    end to end (CreateMessage -> COMPLETED)          {:>7.2} s  {:>9} rows/s",
             notify.total.secs,
             thousands(notify_rate as u64)
         );
+        let per: Vec<String> = baselines
+            .iter()
+            .zip(&rates)
+            .map(|(b, r)| format!("vs {} {:.2}", b.label, notify_rate / r))
+            .collect();
         let _ = writeln!(
             s,
-            "ratio     notify/baseline = {ratio:.2}  (target >= 0.5: {}, goal 0.8: {})",
+            "ratio     notify/baseline = {ratio:.2} (mean of {} baseline run(s): {})  target >= 0.5: {}, goal 0.8: {}",
+            rates.len(),
+            per.join(", "),
             verdict(ratio >= 0.5),
             verdict(ratio >= 0.8)
         );
@@ -579,21 +634,26 @@ fn summary(
         append_q("1")
     );
     let _ = writeln!(s, "cpu (% of one core, machine max {machine_max}%):");
-    if let Some(b) = baseline {
-        let _ = writeln!(s, "  baseline  {}", b.phase.cpu.line(machine_max));
+    for b in baselines {
+        let _ = writeln!(
+            s,
+            "  {:<15} {}",
+            format!("baseline {}", b.label),
+            b.phase.cpu.line(machine_max)
+        );
     }
-    let _ = writeln!(s, "  append    {}", notify.append.cpu.line(machine_max));
-    let _ = writeln!(s, "  start     {}", notify.start.cpu.line(machine_max));
-    let _ = writeln!(s, "  delivery  {}", notify.delivery.cpu.line(machine_max));
-    let _ = writeln!(s, "  total     {}", notify.total.cpu.line(machine_max));
+    let _ = writeln!(s, "  {:<15} {}", "append", notify.append.cpu.line(machine_max));
+    let _ = writeln!(s, "  {:<15} {}", "start", notify.start.cpu.line(machine_max));
+    let _ = writeln!(s, "  {:<15} {}", "delivery", notify.delivery.cpu.line(machine_max));
+    let _ = writeln!(s, "  {:<15} {}", "total", notify.total.cpu.line(machine_max));
     let _ = writeln!(s, "mariadb:");
-    if let Some(b) = baseline {
-        let _ = writeln!(s, "  baseline  {}", b.phase.mysql);
+    for b in baselines {
+        let _ = writeln!(s, "  {:<15} {}", format!("baseline {}", b.label), b.phase.mysql);
     }
-    let _ = writeln!(s, "  append    {}", notify.append.mysql);
-    let _ = writeln!(s, "  start     {}", notify.start.mysql);
-    let _ = writeln!(s, "  delivery  {}", notify.delivery.mysql);
-    let _ = writeln!(s, "  total     {}", notify.total.mysql);
+    let _ = writeln!(s, "  {:<15} {}", "append", notify.append.mysql);
+    let _ = writeln!(s, "  {:<15} {}", "start", notify.start.mysql);
+    let _ = writeln!(s, "  {:<15} {}", "delivery", notify.delivery.mysql);
+    let _ = writeln!(s, "  {:<15} {}", "total", notify.total.mysql);
     let _ = write!(s, "==============================================================");
     s
 }

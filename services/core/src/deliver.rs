@@ -42,7 +42,11 @@ pub enum TaskOutcome {
 
 /// Applies one chunk task (steps 1-4 above).
 #[instrument(skip_all, fields(message_id = task.message_id, chunk_id = task.chunk_id, shard = task.shard))]
-pub async fn apply_task(ctx: &Context, task: &ChunkTask) -> Result<TaskOutcome> {
+///
+/// `redelivered` says the broker handed this task out before (a worker died
+/// or gave it back); only then is the attempt counted for poison detection,
+/// which keeps the first delivery at one transaction.
+pub async fn apply_task(ctx: &Context, task: &ChunkTask, redelivered: bool) -> Result<TaskOutcome> {
     let message_id = MessageId::from_raw(task.message_id);
     let Some(status) = send::status_of(ctx, message_id).await? else {
         debug!("message does not exist, dropping task");
@@ -61,7 +65,8 @@ pub async fn apply_task(ctx: &Context, task: &ChunkTask) -> Result<TaskOutcome> 
         }
         return Ok(TaskOutcome::Skipped(status));
     }
-    let attempts = chunks::count_attempt(pool, message_id, task.chunk_id).await?;
+    let attempts =
+        if redelivered { chunks::count_attempt(pool, message_id, task.chunk_id).await? } else { 0 };
     if attempts > ctx.settings.worker.poison_attempts {
         // Taken this often without ever committing (workers died on it):
         // record it as failed instead of letting it loop forever.

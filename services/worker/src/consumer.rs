@@ -88,7 +88,9 @@ async fn handle(ctx: &Context, lane: Lane, delivery: Delivery, shutdown: &Cancel
     for attempt in 1..=max_attempts {
         let started = std::time::Instant::now();
         // A panic is a permanent failure of this task, not of the worker.
-        let result = AssertUnwindSafe(deliver::apply_task(ctx, &task))
+        // In-process retries count as redeliveries too.
+        let redelivered = delivery.redelivered || attempt > 1;
+        let result = AssertUnwindSafe(deliver::apply_task(ctx, &task, redelivered))
             .catch_unwind()
             .await
             .unwrap_or_else(|_| Err(Error::Internal("applying the chunk panicked".to_owned())));

@@ -365,7 +365,8 @@ pub async fn reset_failed(pool: &MySqlPool, message_id: MessageId) -> Result<Vec
 /// Returns the ids of a message's pending chunks on this shard.
 pub async fn pending_ids(pool: &MySqlPool, message_id: MessageId) -> Result<Vec<u64>> {
     Ok(sqlx::query_scalar(
-        "SELECT chunk_id FROM message_chunks WHERE message_id = ? AND state = 0 ORDER BY chunk_id",
+        "SELECT chunk_id FROM message_chunks FORCE INDEX (idx_chunks_message_state) \
+         WHERE message_id = ? AND state = 0 ORDER BY chunk_id",
     )
     .bind(message_id.get())
     .fetch_all(pool)
@@ -387,7 +388,10 @@ pub async fn touch_pending(pool: &MySqlPool, message_id: MessageId) -> Result<()
 /// Returns true if the message has a pending chunk on this shard.
 pub async fn has_pending(pool: &MySqlPool, message_id: MessageId) -> Result<bool> {
     let found: Option<u64> = sqlx::query_scalar(
-        "SELECT chunk_id FROM message_chunks WHERE message_id = ? AND state = 0 LIMIT 1",
+        // Forced: on young tables the optimizer prefers the primary key and
+        // scans every finished chunk of the send, after every chunk.
+        "SELECT chunk_id FROM message_chunks FORCE INDEX (idx_chunks_message_state) \
+         WHERE message_id = ? AND state = 0 LIMIT 1",
     )
     .bind(message_id.get())
     .fetch_optional(pool)

@@ -88,7 +88,10 @@ async fn redelivered_tasks_are_no_ops() {
     }
     assert!(!tasks.is_empty());
     for task in &tasks {
-        assert_eq!(deliver::apply_task(&app.ctx, task).await.unwrap(), TaskOutcome::AlreadyDone);
+        assert_eq!(
+            deliver::apply_task(&app.ctx, task, true).await.unwrap(),
+            TaskOutcome::AlreadyDone
+        );
     }
     app.ctx.publisher.publish(Lane::High, &tasks).await.unwrap();
     app.ctx.publisher.publish(Lane::Bulk, &tasks).await.unwrap();
@@ -208,7 +211,7 @@ async fn a_chunk_that_keeps_killing_workers_is_recorded_as_failed() {
         .await
         .unwrap();
     let task = ChunkTask { message_id: id, chunk_id, shard: shard.0 };
-    assert_eq!(deliver::apply_task(&app.ctx, &task).await.unwrap(), TaskOutcome::Failed);
+    assert_eq!(deliver::apply_task(&app.ctx, &task, true).await.unwrap(), TaskOutcome::Failed);
     let progress = get(&app, id).await.progress.unwrap();
     assert_eq!(progress.failed, u64::from(recipients));
     app.cleanup().await;
