@@ -4,11 +4,14 @@
 //!   against a raw multi-row INSERT baseline of the same rows in the same run.
 //! - `badge`: `GetUnreadCount` against raw Redis `GET` at the same
 //!   concurrency, plus `ListInbox` latency on a shard holding ~1M items.
+//! - `announce`: `SendMessage(all_users)` latency with 1k vs 1M known users,
+//!   and the cost of the first inbox read after an announcement.
 //!
 //! Each run creates its own databases, queues and keys, spawns `notify-api`
 //! and `notify-worker` (release binaries next to this one) as children, and
 //! removes everything at the end, also on error or Ctrl-C.
 
+mod announce;
 mod badge;
 mod fanout;
 mod harness;
@@ -33,6 +36,8 @@ enum Command {
     Fanout(fanout::FanoutArgs),
     /// GetUnreadCount vs raw Redis GET, and ListInbox latency on a big shard.
     Badge(badge::BadgeArgs),
+    /// SendMessage(all_users) latency with 1k vs 1M known users, first inbox read cost.
+    Announce(announce::AnnounceArgs),
 }
 
 #[tokio::main]
@@ -41,6 +46,7 @@ async fn main() {
     let result = match cli.command {
         Command::Fanout(args) => fanout::run(args).await,
         Command::Badge(args) => badge::run(args).await,
+        Command::Announce(args) => announce::run(args).await,
     };
     if let Err(e) = result {
         eprintln!("notify-bench: {e:#}");
