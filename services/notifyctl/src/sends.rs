@@ -16,18 +16,9 @@ use crate::recipients;
 /// Most ids sent inline; larger lists use the draft flow.
 const INLINE_LIMIT: usize = 100_000;
 
-/// Arguments of `notifyctl send`.
+/// What a message says and when it starts: shared by `send` and `announce`.
 #[derive(Debug, Args)]
-pub struct SendArgs {
-    /// Recipients as a range: 1..1000000 or 1..=1000000.
-    #[arg(long, conflicts_with_all = ["users_file", "stdin"])]
-    users: Option<String>,
-    /// File of ids (whitespace or comma separated).
-    #[arg(long)]
-    users_file: Option<PathBuf>,
-    /// Read ids from standard input.
-    #[arg(long)]
-    stdin: bool,
+pub struct MessageArgs {
     /// Title.
     #[arg(long)]
     title: String,
@@ -40,18 +31,45 @@ pub struct SendArgs {
     /// Start time (RFC 3339, e.g. 2026-12-01T09:00:00Z); default now.
     #[arg(long)]
     at: Option<DateTime<Utc>>,
-    /// Expiry time (RFC 3339).
-    #[arg(long)]
-    expire: Option<DateTime<Utc>>,
-    /// Use the high-priority lane.
-    #[arg(long)]
-    high: bool,
     /// Sender name.
     #[arg(long, default_value = "notifyctl")]
     sender: String,
     /// Idempotency key.
     #[arg(long, default_value = "")]
     idempotency_key: String,
+}
+
+impl MessageArgs {
+    fn content(&self) -> v1::Content {
+        v1::Content {
+            title: self.title.clone(),
+            body: self.body.clone(),
+            category: self.category.clone(),
+            data: Default::default(),
+        }
+    }
+}
+
+/// Arguments of `notifyctl send`.
+#[derive(Debug, Args)]
+pub struct SendArgs {
+    /// Recipients as a range: 1..1000000 or 1..=1000000.
+    #[arg(long, conflicts_with_all = ["users_file", "stdin"])]
+    users: Option<String>,
+    /// File of ids (whitespace or comma separated).
+    #[arg(long)]
+    users_file: Option<PathBuf>,
+    /// Read ids from standard input.
+    #[arg(long)]
+    stdin: bool,
+    #[command(flatten)]
+    message: MessageArgs,
+    /// Expiry time (RFC 3339).
+    #[arg(long)]
+    expire: Option<DateTime<Utc>>,
+    /// Use the high-priority lane.
+    #[arg(long)]
+    high: bool,
     /// Follow progress until the send ends.
     #[arg(long)]
     watch: bool,
@@ -60,27 +78,11 @@ pub struct SendArgs {
 /// Arguments of `notifyctl announce`.
 #[derive(Debug, Args)]
 pub struct AnnounceArgs {
-    /// Title.
-    #[arg(long)]
-    title: String,
-    /// Body.
-    #[arg(long, default_value = "")]
-    body: String,
-    /// Category.
-    #[arg(long, default_value = "")]
-    category: String,
-    /// Start time (RFC 3339); default now.
-    #[arg(long)]
-    at: Option<DateTime<Utc>>,
+    #[command(flatten)]
+    message: MessageArgs,
     /// End of the validity window (RFC 3339), e.g. 2026-12-31T23:59:59Z.
     #[arg(long)]
     until: Option<DateTime<Utc>>,
-    /// Sender name.
-    #[arg(long, default_value = "notifyctl")]
-    sender: String,
-    /// Idempotency key.
-    #[arg(long, default_value = "")]
-    idempotency_key: String,
 }
 
 /// Sends an announcement to every user.
@@ -88,16 +90,11 @@ pub async fn announce(channel: Channel, args: AnnounceArgs) -> anyhow::Result<()
     let mut client = MessageServiceClient::new(channel);
     let response = client
         .send_message(v1::SendMessageRequest {
-            sender: args.sender,
-            idempotency_key: args.idempotency_key,
-            content: Some(v1::Content {
-                title: args.title,
-                body: args.body,
-                category: args.category,
-                data: Default::default(),
-            }),
+            sender: args.message.sender.clone(),
+            idempotency_key: args.message.idempotency_key.clone(),
+            content: Some(args.message.content()),
             audience: Some(v1::send_message_request::Audience::AllUsers(v1::AllUsersAudience {})),
-            send_at: args.at.map(timestamp),
+            send_at: args.message.at.map(timestamp),
             expire_at: args.until.map(timestamp),
             priority: 0,
         })
@@ -129,23 +126,18 @@ fn read_recipients(args: &SendArgs) -> anyhow::Result<Vec<u64>> {
 pub async fn send(channel: Channel, args: SendArgs) -> anyhow::Result<()> {
     let ids = read_recipients(&args)?;
     let mut client = MessageServiceClient::new(channel.clone());
-    let content = v1::Content {
-        title: args.title.clone(),
-        body: args.body.clone(),
-        category: args.category.clone(),
-        data: Default::default(),
-    };
+    let content = args.message.content();
     let priority = if args.high { v1::Priority::High } else { v1::Priority::Normal } as i32;
     let message_id = if ids.len() <= INLINE_LIMIT {
         let response = client
             .send_message(v1::SendMessageRequest {
-                sender: args.sender.clone(),
-                idempotency_key: args.idempotency_key.clone(),
+                sender: args.message.sender.clone(),
+                idempotency_key: args.message.idempotency_key.clone(),
                 content: Some(content),
                 audience: Some(v1::send_message_request::Audience::Users(v1::UserAudience {
                     user_ids: ids.clone(),
                 })),
-                send_at: args.at.map(timestamp),
+                send_at: args.message.at.map(timestamp),
                 expire_at: args.expire.map(timestamp),
                 priority,
             })
@@ -155,10 +147,10 @@ pub async fn send(channel: Channel, args: SendArgs) -> anyhow::Result<()> {
     } else {
         let created = client
             .create_message(v1::CreateMessageRequest {
-                sender: args.sender.clone(),
-                idempotency_key: args.idempotency_key.clone(),
+                sender: args.message.sender.clone(),
+                idempotency_key: args.message.idempotency_key.clone(),
                 content: Some(content),
-                send_at: args.at.map(timestamp),
+                send_at: args.message.at.map(timestamp),
                 expire_at: args.expire.map(timestamp),
                 priority,
             })

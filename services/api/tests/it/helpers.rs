@@ -23,3 +23,27 @@ pub async fn wait_for_status(
 pub async fn get(app: &TestApp, message_id: u64) -> v1::Message {
     app.get_message(message_id).await
 }
+
+/// A user's badge.
+pub async fn badge(app: &TestApp, user_id: u64) -> u64 {
+    app.inbox()
+        .get_unread_count(v1::GetUnreadCountRequest { user_id })
+        .await
+        .unwrap()
+        .into_inner()
+        .unread
+}
+
+/// Creates a draft send from sender "tests"; returns its id.
+pub async fn create_draft(app: &TestApp, title: &str) -> u64 {
+    app.messages()
+        .create_message(v1::CreateMessageRequest {
+            sender: "tests".into(),
+            content: Some(content(title)),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .message_id
+}

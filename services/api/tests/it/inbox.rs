@@ -8,16 +8,7 @@ use notify_testkit::{TestApp, spawn_app};
 use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};
 
-use crate::helpers::{send, send_request, wait_for_status};
-
-async fn badge(app: &TestApp, user_id: u64) -> u64 {
-    app.inbox()
-        .get_unread_count(v1::GetUnreadCountRequest { user_id })
-        .await
-        .unwrap()
-        .into_inner()
-        .unread
-}
+use crate::helpers::{badge, send, send_request, wait_for_status};
 
 async fn page(app: &TestApp, user_id: u64, size: u32, token: String) -> v1::ListInboxResponse {
     app.inbox()

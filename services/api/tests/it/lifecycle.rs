@@ -179,19 +179,9 @@ async fn illegal_transitions_are_failed_precondition_and_unknown_ids_not_found()
         assert_eq!(status.message(), format!("message {missing} not found"));
     }
     // A draft without recipients cannot start.
-    let draft = client
-        .create_message(v1::CreateMessageRequest {
-            sender: "tests".into(),
-            content: Some(crate::helpers::content("empty")),
-            ..Default::default()
-        })
-        .await
-        .unwrap()
-        .into_inner();
-    let empty = client
-        .start_message(v1::StartMessageRequest { message_id: draft.message_id })
-        .await
-        .unwrap_err();
+    let draft = crate::helpers::create_draft(&app, "empty").await;
+    let empty =
+        client.start_message(v1::StartMessageRequest { message_id: draft }).await.unwrap_err();
     assert_eq!(empty.code(), tonic::Code::FailedPrecondition);
     app.cleanup().await;
 }
@@ -213,16 +203,7 @@ async fn a_late_write_of_an_older_status_never_overwrites_a_newer_one() {
 async fn a_half_appended_batch_blocks_start_until_it_is_appended_again() {
     let app = notify_testkit::spawn_app().await;
     let mut client = app.messages();
-    let draft = client
-        .create_message(v1::CreateMessageRequest {
-            sender: "tests".into(),
-            content: Some(crate::helpers::content("draft")),
-            ..Default::default()
-        })
-        .await
-        .unwrap()
-        .into_inner();
-    let id = draft.message_id;
+    let id = crate::helpers::create_draft(&app, "draft").await;
     let batch = v1::AppendRecipientsRequest {
         message_id: id,
         batch_number: 1,

@@ -28,16 +28,7 @@ async fn every_recipient_gets_exactly_one_item_and_progress_adds_up() {
 async fn draft_flow_appends_batches_once_and_starts() {
     let app = spawn_app().await;
     let mut client = app.messages();
-    let created = client
-        .create_message(v1::CreateMessageRequest {
-            sender: "tests".into(),
-            content: Some(crate::helpers::content("draft")),
-            ..Default::default()
-        })
-        .await
-        .unwrap()
-        .into_inner();
-    let id = created.message_id;
+    let id = crate::helpers::create_draft(&app, "draft").await;
     for batch in 1..=3u64 {
         let user_ids: Vec<u64> = ((batch - 1) * 1000 + 1..=batch * 1000).collect();
         let request = v1::AppendRecipientsRequest { message_id: id, batch_number: batch, user_ids };

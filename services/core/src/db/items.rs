@@ -141,14 +141,7 @@ pub async fn materialize(pool: &MySqlPool, user_id: u64, message_ids: &[u64]) ->
     .execute(&mut *tx)
     .await?;
     let mut missing: Vec<u64> = message_ids.to_vec();
-    let mut select = QueryBuilder::new("SELECT message_id FROM message_items WHERE user_id = ");
-    select.push_bind(user_id).push(" AND message_id IN (");
-    let mut ids = select.separated(", ");
-    for id in message_ids {
-        ids.push_bind(*id);
-    }
-    select.push(")");
-    let present: Vec<u64> = select.build_query_scalar().fetch_all(&mut *tx).await?;
+    let present = present(&mut *tx, user_id, message_ids).await?;
     missing.retain(|id| !present.contains(id));
     if missing.is_empty() {
         tx.rollback().await?;
