@@ -16,6 +16,7 @@ use notify_proto::v1::message_service_client::MessageServiceClient;
 use notify_worker::Worker;
 use redis::AsyncCommands;
 use secrecy::ExposeSecret;
+use sqlx::Connection;
 use tokio::task::JoinHandle;
 use tokio_stream::StreamExt;
 use tokio_util::sync::CancellationToken;
@@ -82,6 +83,8 @@ pub async fn spawn_app() -> TestApp {
 /// Migrates the settings' databases and starts the api, plus a worker if asked.
 pub async fn spawn_app_with(settings: Settings, with_worker: bool) -> TestApp {
     telemetry::init_tracing(&settings.log);
+    static REAPED: tokio::sync::OnceCell<()> = tokio::sync::OnceCell::const_new();
+    REAPED.get_or_init(|| reap_stale_leftovers(&settings)).await;
     notify_core::db::migrate_all(&settings).await.expect("shards migrate");
     let app = Application::build(settings.clone()).await.expect("api builds");
     let addr = app.local_addr().expect("api bound");
@@ -296,6 +299,63 @@ impl TestApp {
             if !keys.is_empty() {
                 let _: Result<(), _> = conn.del(keys).await;
             }
+        }
+    }
+}
+
+/// Removes what tests that panicked (and so never ran their async cleanup)
+/// left behind more than an hour ago: databases, queues and Redis keys of
+/// their tags. Recent leftovers may belong to a test running right now.
+async fn reap_stale_leftovers(settings: &Settings) {
+    let Some(shard) = settings.database.shards.first() else {
+        return;
+    };
+    let url = settings.shard_server_url(shard);
+    let Ok(mut conn) = sqlx::mysql::MySqlConnection::connect(&url).await else {
+        return;
+    };
+    let stale: Vec<String> = sqlx::query_scalar(
+        "SELECT DISTINCT TABLE_SCHEMA FROM information_schema.TABLES \
+         WHERE TABLE_SCHEMA LIKE 'notify\\_t%' AND CREATE_TIME < NOW() - INTERVAL 1 HOUR",
+    )
+    .fetch_all(&mut conn)
+    .await
+    .unwrap_or_default();
+    let mut tags: Vec<String> = stale
+        .iter()
+        .filter_map(|db| db.strip_prefix("notify_").and_then(|rest| rest.rsplit_once('_')))
+        .map(|(tag, _)| tag.to_owned())
+        .collect();
+    tags.sort();
+    tags.dedup();
+    for tag in tags {
+        for db in stale.iter().filter(|db| db.starts_with(&format!("notify_{tag}_"))) {
+            let drop = format!("DROP DATABASE IF EXISTS `{db}`");
+            let _ = sqlx::raw_sql(sqlx::AssertSqlSafe(drop)).execute(&mut conn).await;
+        }
+        let mut leftover = settings.clone();
+        leftover.rabbitmq.prefix = format!("notify_{tag}");
+        leftover.redis.key_prefix = format!("notify_{tag}:");
+        if let Ok(broker) = queue::connect(&leftover.rabbitmq, "notify-test-reaper").await {
+            if let Ok(channel) = broker.create_channel().await {
+                let _ = Topology::new(&leftover.rabbitmq).delete(&channel).await;
+                let _ = channel.close(200, "done".into()).await;
+            }
+            let _ = broker.close(200, "done".into()).await;
+        }
+        delete_keys(&leftover).await;
+    }
+}
+
+async fn delete_keys(settings: &Settings) {
+    let Ok(client) = redis::Client::open(settings.redis.url.expose_secret()) else {
+        return;
+    };
+    if let Ok(mut conn) = client.get_multiplexed_async_connection().await {
+        let pattern = format!("{}*", settings.redis.key_prefix);
+        let keys: Vec<String> = conn.keys(pattern).await.unwrap_or_default();
+        if !keys.is_empty() {
+            let _: Result<(), _> = conn.del(keys).await;
         }
     }
 }
