@@ -11,7 +11,6 @@ pub fn to_status(err: Error) -> Status {
         Error::InvalidArgument { .. } => Status::invalid_argument(err.to_string()),
         Error::NotFound(_) => Status::not_found(err.to_string()),
         Error::FailedPrecondition(message) => Status::failed_precondition(message),
-        Error::PermissionDenied(message) => Status::permission_denied(message),
         Error::Unavailable(_) | Error::Database(_) | Error::Broker(_) | Error::Cache(_)
             if err.is_transient() =>
         {

@@ -46,12 +46,7 @@ pub async fn run(args: AnnounceArgs) -> anyhow::Result<()> {
         thousands(args.large)
     );
     let outcome = crate::guarded(body(&mut env, &args)).await;
-    if outcome.is_err() {
-        env.set_failed();
-    }
-    env.cleanup().await;
-    println!("{}", outcome?);
-    Ok(())
+    env.finish(outcome).await
 }
 
 async fn body(env: &mut Env, args: &AnnounceArgs) -> anyhow::Result<String> {

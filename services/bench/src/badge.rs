@@ -118,12 +118,7 @@ pub async fn run(args: BadgeArgs) -> anyhow::Result<()> {
         crate::procstat::loadavg()
     );
     let outcome = crate::guarded(body(&mut env, &args)).await;
-    if outcome.is_err() {
-        env.set_failed();
-    }
-    env.cleanup().await;
-    println!("{}", outcome?);
-    Ok(())
+    env.finish(outcome).await
 }
 
 async fn body(env: &mut Env, args: &BadgeArgs) -> anyhow::Result<String> {

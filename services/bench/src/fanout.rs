@@ -119,12 +119,7 @@ pub async fn run(args: FanoutArgs) -> anyhow::Result<()> {
         crate::procstat::loadavg()
     );
     let outcome = crate::guarded(body(&mut env, &args, &baseline_settings)).await;
-    if outcome.is_err() {
-        env.set_failed();
-    }
-    env.cleanup().await;
-    println!("{}", outcome?);
-    Ok(())
+    env.finish(outcome).await
 }
 
 async fn body(

@@ -164,6 +164,16 @@ impl Env {
         })
     }
 
+    /// Cleans up after a run and prints its report; a failed run keeps its logs.
+    pub async fn finish(&mut self, outcome: anyhow::Result<String>) -> anyhow::Result<()> {
+        if outcome.is_err() {
+            self.set_failed();
+        }
+        self.cleanup().await;
+        println!("{}", outcome?);
+        Ok(())
+    }
+
     /// Marks the run failed: logs are kept.
     pub fn set_failed(&mut self) {
         self.failed = true;

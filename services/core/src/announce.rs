@@ -69,11 +69,7 @@ pub async fn send(ctx: &Context, new_send: &NewSend) -> Result<(Created, SendSta
 
 /// Makes a newly live (or cancelled) announcement visible to every badge.
 pub async fn activated(ctx: &Context, message_id: MessageId) {
-    let ttl = ctx.settings.send.status_cache_ttl_secs;
-    let home = ctx.pools.for_message(message_id.get()).1;
-    if let Ok(Some((status, version))) = messages::fetch_status_version(home, message_id).await {
-        let _ = ctx.cache.write_status(message_id.get(), version, status.to_db(), ttl).await;
-    }
+    send::refresh_status_best_effort(ctx, message_id).await;
     if let Err(e) = ctx.cache.bump_announcement_epoch().await {
         // Cached badges catch up when they expire (inbox.counter_ttl_secs).
         warn!(error = %e, message_id = %message_id, "could not retire cached badges");
@@ -93,17 +89,14 @@ pub async fn revoke(ctx: &Context, message_id: MessageId) -> Result<()> {
 /// Returns the live announcements (cached per epoch, rebuilt on a miss).
 pub async fn active(ctx: &Context) -> Result<Vec<Active>> {
     let now_ms = Utc::now().timestamp_millis();
-    let epoch = match ctx.cache.announcement_epoch().await {
-        Ok(epoch) => Some(epoch),
+    let (epoch, cached) = match ctx.cache.cached_announcements().await {
+        Ok((epoch, cached)) => (Some(epoch), cached),
         Err(e) => {
             warn!(error = %e, "announcement cache unavailable, reading the shards");
-            None
+            (None, None)
         }
     };
-    if let Some(epoch) = epoch
-        && let Ok(Some(json)) = ctx.cache.cached_announcements(epoch).await
-        && let Ok(list) = serde_json::from_str::<Vec<Active>>(&json)
-    {
+    if let Some(list) = cached.and_then(|json| serde_json::from_str::<Vec<Active>>(&json).ok()) {
         return Ok(list.into_iter().filter(|a| a.is_live(now_ms)).collect());
     }
     let mut list = Vec::new();

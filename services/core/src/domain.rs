@@ -104,11 +104,6 @@ impl SendStatus {
         self as u8
     }
 
-    /// Returns true once the send can no longer change.
-    pub fn is_final(self) -> bool {
-        matches!(self, Self::Completed | Self::Cancelled)
-    }
-
     /// Returns the lowercase name used in errors and logs.
     pub fn name(self) -> &'static str {
         match self {
@@ -120,7 +115,6 @@ impl SendStatus {
         }
     }
 }
-
 /// Who a message goes to; the discriminants are the stored column values.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[repr(u8)]
@@ -130,7 +124,6 @@ pub enum AudienceKind {
     /// Every user (read diffusion).
     AllUsers = 2,
 }
-
 /// Delivery lane: high never waits behind bulk.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[repr(u8)]
@@ -140,13 +133,11 @@ pub enum Lane {
     /// Small or high-priority sends.
     High = 1,
 }
-
 impl Lane {
     /// Decodes a stored column value.
     pub fn from_db(value: u8) -> Self {
         if value == 1 { Self::High } else { Self::Bulk }
     }
-
     /// Returns the routing key and queue suffix.
     pub fn name(self) -> &'static str {
         match self {

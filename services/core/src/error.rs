@@ -21,9 +21,6 @@ pub enum Error {
     /// The operation is illegal in the entity's current state.
     #[error("{0}")]
     FailedPrecondition(String),
-    /// The caller may not do this.
-    #[error("{0}")]
-    PermissionDenied(String),
     /// A dependency is down; the caller may retry.
     #[error("unavailable: {0}")]
     Unavailable(String),

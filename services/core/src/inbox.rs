@@ -17,8 +17,6 @@ use crate::error::{Error, Result};
 
 /// Largest inbox page.
 pub const MAX_PAGE_SIZE: u32 = 100;
-/// Default inbox page.
-pub const DEFAULT_PAGE_SIZE: u32 = 20;
 /// Most ids in MarkRead or BatchGetUnreadCounts.
 pub const MAX_BATCH_IDS: usize = 1000;
 

@@ -2,7 +2,6 @@
 //! `NOTIFY_SECTION__KEY` environment variables; validated once at start.
 
 use std::net::SocketAddr;
-use std::time::Duration;
 
 use config::{Config, Environment, File, FileFormat};
 use secrecy::{ExposeSecret, SecretString};
@@ -252,18 +251,6 @@ impl Settings {
             .expose_secret()
             .trim_end_matches('/')
             .to_owned()
-    }
-
-    /// Returns the parsed gRPC listen address.
-    pub fn api_listen(&self) -> Result<SocketAddr, SettingsError> {
-        parse_addr("api.listen", &self.api.listen)
-    }
-}
-
-impl WorkerSettings {
-    /// Returns the sweeper's stuck-chunk timeout.
-    pub fn sweep_timeout(&self) -> Duration {
-        Duration::from_secs(self.sweep_timeout_secs)
     }
 }
 

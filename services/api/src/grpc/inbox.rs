@@ -2,7 +2,7 @@
 
 use notify_core::db::items::InboxQuery;
 use notify_core::domain::{self, Content, UserId};
-use notify_core::inbox::{self, DEFAULT_PAGE_SIZE, MAX_BATCH_IDS, MAX_PAGE_SIZE};
+use notify_core::inbox::{self, MAX_BATCH_IDS, MAX_PAGE_SIZE};
 use notify_core::{Context, Error};
 use notify_proto::v1;
 use notify_proto::v1::inbox_service_server::InboxService;
@@ -60,7 +60,9 @@ impl InboxService for InboxApi {
         let req = request.into_inner();
         let user = user_id(req.user_id)?;
         let limit = match req.page_size {
-            0 => DEFAULT_PAGE_SIZE,
+            0 => {
+                return Err(Error::invalid("page_size", "must be at least 1")).into_status();
+            }
             n @ 1..=MAX_PAGE_SIZE => n,
             n => {
                 return Err(Error::invalid(

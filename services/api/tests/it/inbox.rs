@@ -106,7 +106,12 @@ async fn items_carry_content_and_mark_read_is_idempotent_and_reported() {
 
     let unread_only = app
         .inbox()
-        .list_inbox(v1::ListInboxRequest { user_id: user, unread_only: true, ..Default::default() })
+        .list_inbox(v1::ListInboxRequest {
+            user_id: user,
+            page_size: 20,
+            unread_only: true,
+            ..Default::default()
+        })
         .await
         .unwrap()
         .into_inner();
@@ -136,6 +141,19 @@ async fn mark_all_read_honours_category_and_up_to_id() {
     wait_for_status(&app, second, v1::MessageStatus::Completed).await;
     let system = send_and_wait(&app, vec![user]).await;
     assert_eq!(badge(&app, user).await, 3);
+    let billing_only = app
+        .inbox()
+        .list_inbox(v1::ListInboxRequest {
+            user_id: user,
+            page_size: 20,
+            category: "billing".into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let listed: Vec<u64> = billing_only.items.iter().map(|i| i.message_id).collect();
+    assert_eq!(listed, vec![second, first], "only the billing messages, newest first");
 
     let up_to = app
         .inbox()
@@ -161,7 +179,12 @@ async fn mark_all_read_honours_category_and_up_to_id() {
     assert_eq!(billing_rest.marked, 1);
     let unread = app
         .inbox()
-        .list_inbox(v1::ListInboxRequest { user_id: user, unread_only: true, ..Default::default() })
+        .list_inbox(v1::ListInboxRequest {
+            user_id: user,
+            page_size: 20,
+            unread_only: true,
+            ..Default::default()
+        })
         .await
         .unwrap()
         .into_inner();

@@ -112,9 +112,15 @@ async fn other_rpcs_reject_bad_input_by_field() {
         .await
         .unwrap_err();
     assert_eq!(page.message(), "page_size: is 101, the maximum is 100");
+    let zero = inbox
+        .list_inbox(v1::ListInboxRequest { user_id: 1, page_size: 0, ..Default::default() })
+        .await
+        .unwrap_err();
+    assert_eq!(zero.message(), "page_size: must be at least 1");
     let token = inbox
         .list_inbox(v1::ListInboxRequest {
             user_id: 1,
+            page_size: 10,
             page_token: "garbage!".into(),
             ..Default::default()
         })

@@ -101,6 +101,12 @@ redis.call('DEL', key, key .. ':lease')
 return 1
 ";
 
+/// ARGV: prefix. Returns the epoch and that epoch's cached active list or nil.
+const ACTIVE_LIST: &str = r"
+local epoch = redis.call('GET', ARGV[1] .. 'ann:epoch') or '0'
+return { epoch, redis.call('GET', ARGV[1] .. 'ann:active:' .. epoch) or false }
+";
+
 /// The badge scripts, loaded once per connection.
 #[derive(Clone)]
 pub(super) struct Scripts {
@@ -108,6 +114,7 @@ pub(super) struct Scripts {
     store_if_leased: Script,
     invalidate: Script,
     change: Script,
+    active_list: Script,
 }
 
 impl Scripts {
@@ -117,6 +124,7 @@ impl Scripts {
             store_if_leased: Script::new(STORE_IF_LEASED),
             invalidate: Script::new(INVALIDATE),
             change: Script::new(CHANGE),
+            active_list: Script::new(ACTIVE_LIST),
         }
     }
 }
@@ -239,10 +247,13 @@ impl Cache {
         Ok(conn.incr(format!("{}ann:epoch", self.prefix), 1).await?)
     }
 
-    /// Returns the cached active-announcement list of an epoch, if any.
-    pub async fn cached_announcements(&self, epoch: u64) -> Result<Option<String>> {
+    /// Reads the announcement epoch and that epoch's cached active list
+    /// (if any) in one round trip: every inbox read asks.
+    pub async fn cached_announcements(&self) -> Result<(u64, Option<String>)> {
         let mut conn = self.conn.clone();
-        Ok(conn.get(format!("{}ann:active:{epoch}", self.prefix)).await?)
+        let (epoch, list): (u64, Option<String>) =
+            self.badge.active_list.arg(&self.prefix).invoke_async(&mut conn).await?;
+        Ok((epoch, list))
     }
 
     /// Caches the active-announcement list of an epoch.
@@ -255,12 +266,5 @@ impl Cache {
         )
         .await?;
         Ok(())
-    }
-
-    /// Reads the current announcement epoch.
-    pub async fn announcement_epoch(&self) -> Result<u64> {
-        let mut conn = self.conn.clone();
-        let epoch: Option<u64> = conn.get(format!("{}ann:epoch", self.prefix)).await?;
-        Ok(epoch.unwrap_or(0))
     }
 }

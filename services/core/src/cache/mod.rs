@@ -59,11 +59,6 @@ impl Cache {
         })
     }
 
-    /// Returns the key prefix.
-    pub fn prefix(&self) -> &str {
-        &self.prefix
-    }
-
     /// Returns a connection handle (cheap clone).
     pub fn connection(&self) -> ConnectionManager {
         self.conn.clone()

@@ -174,15 +174,6 @@ pub async fn fetch_existing(pool: &MySqlPool, message_id: MessageId) -> Result<M
     fetch(pool, message_id).await?.ok_or_else(|| Error::NotFound(format!("message {message_id}")))
 }
 
-/// Reads only the status.
-pub async fn fetch_status(pool: &MySqlPool, message_id: MessageId) -> Result<Option<SendStatus>> {
-    let status: Option<u8> = sqlx::query_scalar("SELECT status FROM messages WHERE message_id = ?")
-        .bind(message_id.get())
-        .fetch_optional(pool)
-        .await?;
-    status.map(SendStatus::from_db).transpose()
-}
-
 /// Reads the status with its version (bumped by every status change).
 pub async fn fetch_status_version(
     pool: &MySqlPool,

@@ -51,7 +51,7 @@ async fn refresh_status(ctx: &Context, message_id: MessageId) -> Result<()> {
 /// Refreshes the cache where a stale entry is harmless (a start or resume:
 /// at worst workers skip chunks until the entry expires and the sweeper
 /// re-publishes them).
-async fn refresh_status_best_effort(ctx: &Context, message_id: MessageId) {
+pub(crate) async fn refresh_status_best_effort(ctx: &Context, message_id: MessageId) {
     if let Err(e) = refresh_status(ctx, message_id).await {
         warn!(error = %e, message_id = %message_id, "could not refresh the cached status");
     }
@@ -78,7 +78,7 @@ async fn transition(
         refresh_status(ctx, message_id).await?;
         return Ok(true);
     }
-    let current = messages::fetch_status(home, message_id)
+    let (current, _) = messages::fetch_status_version(home, message_id)
         .await?
         .ok_or_else(|| Error::NotFound(format!("message {message_id}")))?;
     if current == to {

@@ -15,6 +15,7 @@ use crate::db::messages::{self, MessageRow, NewMessage};
 use crate::domain::{AudienceKind, Content, MessageId, Priority, SendStatus};
 use crate::error::{Error, Result};
 
+pub(crate) use lifecycle::refresh_status_best_effort;
 pub use lifecycle::{complete_if_done, publish_pending, start_due, status_of};
 pub use progress::{Progress, progress};
 
