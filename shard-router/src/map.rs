@@ -169,6 +169,11 @@ impl ShardMap {
         self.shard_of_bucket(bucket_of(message_id))
     }
 
+    /// Returns the home shard of a group (its row, seq counter and messages).
+    pub fn home_shard_for_group(&self, group_id: u64) -> ShardId {
+        self.shard_of_bucket(bucket_of(group_id))
+    }
+
     /// Returns the shard that owns a string key (an idempotency key, say).
     pub fn shard_for_key(&self, key: &str) -> ShardId {
         self.shard_of_bucket(bucket_of_key(key))
@@ -226,6 +231,11 @@ impl<T> Shards<T> {
     /// Returns the value of a message's home shard.
     pub fn for_message(&self, message_id: u64) -> (ShardId, &T) {
         self.for_user(message_id)
+    }
+
+    /// Returns the value of a group's home shard.
+    pub fn for_group(&self, group_id: u64) -> (ShardId, &T) {
+        self.for_user(group_id)
     }
 
     /// Returns the value of the shard that owns a string key.

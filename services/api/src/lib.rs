@@ -106,7 +106,7 @@ impl Application {
                 shutdown.clone(),
             )))
             .add_service(InboxServiceServer::new(InboxApi::new(self.ctx.clone())))
-            .add_service(GroupServiceServer::new(GroupApi))
+            .add_service(GroupServiceServer::new(GroupApi::new(self.ctx.clone())))
             // No Nagle: a response's trailer must not wait for the client's
             // delayed ACK (that costs ~40 ms per unary call).
             .serve_with_incoming_shutdown(

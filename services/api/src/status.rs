@@ -10,6 +10,8 @@ pub fn to_status(err: Error) -> Status {
     match err {
         Error::InvalidArgument { .. } => Status::invalid_argument(err.to_string()),
         Error::NotFound(_) => Status::not_found(err.to_string()),
+        Error::AlreadyExists(message) => Status::already_exists(message),
+        Error::PermissionDenied(message) => Status::permission_denied(message),
         Error::FailedPrecondition(message) => Status::failed_precondition(message),
         Error::Unavailable(_) | Error::Database(_) | Error::Broker(_) | Error::Cache(_)
             if err.is_transient() =>
@@ -47,6 +49,9 @@ mod tests {
         assert_eq!(status.code(), Code::InvalidArgument);
         assert_eq!(status.message(), "content.title: must not be empty");
         assert_eq!(to_status(Error::NotFound("message 7".into())).code(), Code::NotFound);
+        let denied = to_status(Error::PermissionDenied("user 1 is not a member".into()));
+        assert_eq!(denied.code(), Code::PermissionDenied);
+        assert_eq!(denied.message(), "user 1 is not a member");
         let internal = to_status(Error::Internal("secret detail".into()));
         assert_eq!(internal.code(), Code::Internal);
         assert!(!internal.message().contains("secret"));

@@ -18,6 +18,12 @@ pub enum Error {
     /// The addressed entity does not exist.
     #[error("{0} not found")]
     NotFound(String),
+    /// The entity exists already, with different attributes.
+    #[error("{0}")]
+    AlreadyExists(String),
+    /// The caller may not do this (a non-member pulling a group, say).
+    #[error("{0}")]
+    PermissionDenied(String),
     /// The operation is illegal in the entity's current state.
     #[error("{0}")]
     FailedPrecondition(String),

@@ -10,6 +10,7 @@ pub mod db;
 pub mod deliver;
 pub mod domain;
 pub mod error;
+pub mod groups;
 pub mod ids;
 pub mod inbox;
 pub mod queue;

@@ -28,6 +28,8 @@ pub struct Settings {
     pub send: SendSettings,
     /// Inbox and badge tuning.
     pub inbox: InboxSettings,
+    /// Group limits and caching.
+    pub groups: GroupSettings,
     /// Logging.
     pub log: LogSettings,
 }
@@ -134,6 +136,18 @@ pub struct InboxSettings {
     pub counter_ttl_secs: u64,
 }
 
+/// Group limits and caching.
+#[derive(Debug, Clone, Deserialize)]
+pub struct GroupSettings {
+    /// Most members a group may have.
+    pub max_members: u64,
+    /// Longest a cached group max seq lives (a backstop: sends raise it).
+    pub seq_cache_ttl_secs: u64,
+    /// Longest a user's cached memberships and cursors live (a backstop:
+    /// every change invalidates them).
+    pub membership_cache_ttl_secs: u64,
+}
+
 /// Logging.
 #[derive(Debug, Clone, Deserialize)]
 pub struct LogSettings {
@@ -203,6 +217,9 @@ impl Settings {
             ("worker.concurrency", self.worker.concurrency as u64),
             ("worker.max_attempts", u64::from(self.worker.max_attempts)),
             ("database.pool_max", u64::from(self.database.pool_max)),
+            ("groups.max_members", self.groups.max_members),
+            ("groups.seq_cache_ttl_secs", self.groups.seq_cache_ttl_secs),
+            ("groups.membership_cache_ttl_secs", self.groups.membership_cache_ttl_secs),
         ];
         for (setting, value) in positive {
             if value == 0 {

@@ -11,6 +11,7 @@ use notify_api::Application;
 use notify_core::queue::{self, Topology};
 use notify_core::{Context, Settings, telemetry};
 use notify_proto::v1;
+use notify_proto::v1::group_service_client::GroupServiceClient;
 use notify_proto::v1::inbox_service_client::InboxServiceClient;
 use notify_proto::v1::message_service_client::MessageServiceClient;
 use notify_worker::Worker;
@@ -75,6 +76,36 @@ pub struct TestApp {
     channel: Channel,
 }
 
+/// A second api process (in-process) over the same databases, queues and
+/// keys as a [`TestApp`]: another replica behind the same Service.
+pub struct ApiReplica {
+    shutdown: CancellationToken,
+    task: JoinHandle<anyhow::Result<()>>,
+    channel: Channel,
+}
+
+impl ApiReplica {
+    /// The gRPC channel to this replica.
+    pub fn channel(&self) -> Channel {
+        self.channel.clone()
+    }
+
+    /// Stops the replica and waits for it.
+    pub async fn stop(self) {
+        self.shutdown.cancel();
+        self.task.await.expect("replica task joins").expect("replica stops cleanly");
+    }
+}
+
+async fn connect(addr: SocketAddr) -> Channel {
+    Channel::from_shared(format!("http://{addr}"))
+        .expect("valid uri")
+        .connect_timeout(Duration::from_secs(5))
+        .connect()
+        .await
+        .expect("api accepts connections")
+}
+
 /// Migrates fresh shard databases and starts api and worker.
 pub async fn spawn_app() -> TestApp {
     spawn_app_with(test_settings(), true).await
@@ -92,12 +123,7 @@ pub async fn spawn_app_with(settings: Settings, with_worker: bool) -> TestApp {
     let ctx = app.context().clone();
     let api_shutdown = CancellationToken::new();
     let api_task = tokio::spawn(app.run_until_stopped(api_shutdown.clone()));
-    let channel = Channel::from_shared(format!("http://{addr}"))
-        .expect("valid uri")
-        .connect_timeout(Duration::from_secs(5))
-        .connect()
-        .await
-        .expect("api accepts connections");
+    let channel = connect(addr).await;
     let mut app = TestApp {
         settings,
         addr,
@@ -123,6 +149,20 @@ impl TestApp {
     /// A client of `InboxService`.
     pub fn inbox(&self) -> InboxServiceClient<Channel> {
         InboxServiceClient::new(self.channel.clone())
+    }
+
+    /// Starts another api replica sharing this app's databases and names.
+    pub async fn spawn_api_replica(&self) -> ApiReplica {
+        let app = Application::build(self.settings.clone()).await.expect("replica builds");
+        let addr = app.local_addr().expect("replica bound");
+        let shutdown = CancellationToken::new();
+        let task = tokio::spawn(app.run_until_stopped(shutdown.clone()));
+        ApiReplica { shutdown, task, channel: connect(addr).await }
+    }
+
+    /// A client of `GroupService`.
+    pub fn groups(&self) -> GroupServiceClient<Channel> {
+        GroupServiceClient::new(self.channel.clone())
     }
 
     /// The gRPC channel to the api.

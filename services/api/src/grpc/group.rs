@@ -1,66 +1,178 @@
-//! `notify.v1.GroupService`: group messages with seq cursors (not built yet;
-//! every RPC answers UNIMPLEMENTED until the group issue lands).
+//! `notify.v1.GroupService`: group messages stored once per group, pulled by
+//! members with seq cursors.
 
+use notify_core::domain::{self, UserId};
+use notify_core::groups::{self, MAX_MEMBER_BATCH, MAX_PULL_LIMIT};
+use notify_core::{Context, Error};
 use notify_proto::v1;
 use notify_proto::v1::group_service_server::GroupService;
 use tonic::{Request, Response, Status};
+use tracing::instrument;
 
-/// Placeholder implementation of `GroupService`.
-#[derive(Clone, Default)]
-pub struct GroupApi;
+use crate::convert;
+use crate::status::IntoStatus;
 
-fn unimplemented<T>() -> Result<Response<T>, Status> {
-    Err(Status::unimplemented("group messages are not implemented yet"))
+/// Implements `GroupService` over the shared [`Context`].
+#[derive(Clone)]
+pub struct GroupApi {
+    ctx: Context,
+}
+
+impl GroupApi {
+    /// Creates the service.
+    pub fn new(ctx: Context) -> Self {
+        Self { ctx }
+    }
+}
+
+fn group_id(raw: u64) -> Result<u64, Status> {
+    groups::validate_group_id(raw, "group_id").into_status()
+}
+
+fn user_id(raw: u64) -> Result<UserId, Status> {
+    UserId::parse(raw, "user_id").into_status()
+}
+
+fn member_ids(raw: &[u64]) -> Result<Vec<u64>, Status> {
+    domain::validate_user_ids(raw, MAX_MEMBER_BATCH, "user_ids", "; split it into several calls")
+        .into_status()
+}
+
+fn group_message(row: notify_core::db::groups::GroupMessageRow) -> v1::GroupMessage {
+    v1::GroupMessage {
+        message_id: row.message_id,
+        seq: row.seq,
+        content: Some(convert::content_to_proto(domain::Content {
+            title: row.title,
+            body: row.body,
+            category: row.category,
+            data: domain::Content::data_from_json(&row.data),
+        })),
+        sender: row.sender,
+        created_at: Some(convert::timestamp(row.created_at)),
+    }
 }
 
 #[tonic::async_trait]
 impl GroupService for GroupApi {
+    #[instrument(skip_all, fields(group_id = request.get_ref().group_id))]
     async fn create_group(
         &self,
-        _request: Request<v1::CreateGroupRequest>,
+        request: Request<v1::CreateGroupRequest>,
     ) -> Result<Response<v1::CreateGroupResponse>, Status> {
-        unimplemented()
+        let req = request.into_inner();
+        groups::validate_group_name(&req.name, "name").into_status()?;
+        let requested = (req.group_id != 0).then_some(req.group_id);
+        let group_id = groups::create(&self.ctx, requested, &req.name).await.into_status()?;
+        Ok(Response::new(v1::CreateGroupResponse { group_id }))
     }
 
+    #[instrument(skip_all, fields(group_id = request.get_ref().group_id))]
     async fn add_group_members(
         &self,
-        _request: Request<v1::AddGroupMembersRequest>,
+        request: Request<v1::AddGroupMembersRequest>,
     ) -> Result<Response<v1::AddGroupMembersResponse>, Status> {
-        unimplemented()
+        let req = request.into_inner();
+        let group = group_id(req.group_id)?;
+        let users = member_ids(&req.user_ids)?;
+        let added =
+            groups::add_members(&self.ctx, group, &users, req.with_history).await.into_status()?;
+        Ok(Response::new(v1::AddGroupMembersResponse { added }))
     }
 
+    #[instrument(skip_all, fields(group_id = request.get_ref().group_id))]
     async fn remove_group_members(
         &self,
-        _request: Request<v1::RemoveGroupMembersRequest>,
+        request: Request<v1::RemoveGroupMembersRequest>,
     ) -> Result<Response<v1::RemoveGroupMembersResponse>, Status> {
-        unimplemented()
+        let req = request.into_inner();
+        let group = group_id(req.group_id)?;
+        let users = member_ids(&req.user_ids)?;
+        let removed = groups::remove_members(&self.ctx, group, &users).await.into_status()?;
+        Ok(Response::new(v1::RemoveGroupMembersResponse { removed }))
     }
 
+    #[instrument(skip_all, fields(group_id = request.get_ref().group_id))]
     async fn send_group_message(
         &self,
-        _request: Request<v1::SendGroupMessageRequest>,
+        request: Request<v1::SendGroupMessageRequest>,
     ) -> Result<Response<v1::SendGroupMessageResponse>, Status> {
-        unimplemented()
+        let req = request.into_inner();
+        let group = group_id(req.group_id)?;
+        domain::validate_sender(&req.sender, "sender").into_status()?;
+        domain::validate_idempotency_key(&req.idempotency_key, "idempotency_key").into_status()?;
+        let content = convert::content(req.content, "content").into_status()?;
+        let message = groups::NewMessage {
+            group_id: group,
+            sender: req.sender,
+            idempotency_key: (!req.idempotency_key.is_empty()).then_some(req.idempotency_key),
+            content,
+        };
+        let sent = groups::send(&self.ctx, &message).await.into_status()?;
+        Ok(Response::new(v1::SendGroupMessageResponse {
+            message_id: sent.message_id,
+            seq: sent.seq,
+        }))
     }
 
+    #[instrument(skip_all, fields(user_id = request.get_ref().user_id, group_id = request.get_ref().group_id))]
     async fn pull_group_messages(
         &self,
-        _request: Request<v1::PullGroupMessagesRequest>,
+        request: Request<v1::PullGroupMessagesRequest>,
     ) -> Result<Response<v1::PullGroupMessagesResponse>, Status> {
-        unimplemented()
+        let req = request.into_inner();
+        let user = user_id(req.user_id)?;
+        let group = group_id(req.group_id)?;
+        let limit = match req.limit {
+            0 => return Err(Error::invalid("limit", "must be at least 1")).into_status(),
+            n @ 1..=MAX_PULL_LIMIT => n,
+            n => {
+                return Err(Error::invalid(
+                    "limit",
+                    &format!("is {n}, the maximum is {MAX_PULL_LIMIT}"),
+                ))
+                .into_status();
+            }
+        };
+        let pulled =
+            groups::pull(&self.ctx, user, group, req.after_seq, limit).await.into_status()?;
+        Ok(Response::new(v1::PullGroupMessagesResponse {
+            messages: pulled.messages.into_iter().map(group_message).collect(),
+            has_more: pulled.has_more,
+        }))
     }
 
+    #[instrument(skip_all, fields(user_id = request.get_ref().user_id, group_id = request.get_ref().group_id))]
     async fn ack_group_messages(
         &self,
-        _request: Request<v1::AckGroupMessagesRequest>,
+        request: Request<v1::AckGroupMessagesRequest>,
     ) -> Result<Response<v1::AckGroupMessagesResponse>, Status> {
-        unimplemented()
+        let req = request.into_inner();
+        let user = user_id(req.user_id)?;
+        let group = group_id(req.group_id)?;
+        let last_ack_seq = groups::ack(&self.ctx, user, group, req.seq).await.into_status()?;
+        Ok(Response::new(v1::AckGroupMessagesResponse { last_ack_seq }))
     }
 
+    #[instrument(skip_all, fields(user_id = request.get_ref().user_id))]
     async fn get_group_unread(
         &self,
-        _request: Request<v1::GetGroupUnreadRequest>,
+        request: Request<v1::GetGroupUnreadRequest>,
     ) -> Result<Response<v1::GetGroupUnreadResponse>, Status> {
-        unimplemented()
+        let user = user_id(request.into_inner().user_id)?;
+        let summary = groups::unread(&self.ctx, user).await.into_status()?;
+        Ok(Response::new(v1::GetGroupUnreadResponse {
+            groups: summary
+                .groups
+                .into_iter()
+                .map(|g| v1::GroupUnread {
+                    group_id: g.group_id,
+                    unread: g.unread,
+                    max_seq: g.max_seq,
+                    last_ack_seq: g.last_ack_seq,
+                })
+                .collect(),
+            total: summary.total,
+        }))
     }
 }

@@ -2,6 +2,7 @@
 //! real MariaDB, RabbitMQ and Redis.
 
 mod announce;
+mod groups;
 mod helpers;
 mod inbox;
 mod lifecycle;

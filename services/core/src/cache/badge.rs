@@ -41,14 +41,8 @@
 
 use redis::{AsyncCommands, Script};
 
-use super::Cache;
+use super::{Cache, DIRTY_MS, LEASE_MS};
 use crate::error::Result;
-
-/// How long a rebuild may take before its lease lapses.
-const LEASE_MS: u64 = 5_000;
-/// How long a writer's dirty marker stops caching, if the writer dies. Longer
-/// than InnoDB's default lock wait (50 s), so a slow transaction is covered.
-const DIRTY_MS: u64 = 90_000;
 
 /// ARGV: prefix, users... Returns the epoch, then each user's count or nil.
 const GET_COUNTS: &str = r"

@@ -1,10 +1,13 @@
-//! Redis: the message-status cache, send heartbeats, and (in [`badge`]) the
-//! unread counters that never drift. Redis is only ever a cache: losing all
-//! of it loses no data and leaves no count wrong.
+//! Redis: the message-status cache, send heartbeats, (in [`badge`]) the
+//! unread counters that never drift, and (in [`groups`]) group seqs and
+//! member cursors. Redis is only ever a cache: losing all of it loses no
+//! data and leaves no count wrong.
 
 mod badge;
+mod groups;
 
 pub use badge::{CachedCounts, RebuiltCount};
+pub use groups::CachedGroup;
 
 use std::time::Duration;
 
@@ -14,6 +17,12 @@ use secrecy::ExposeSecret;
 
 use crate::error::{Error, Result};
 use crate::settings::RedisSettings;
+
+/// How long a rebuild may take before its lease lapses.
+const LEASE_MS: u64 = 5_000;
+/// How long a writer's dirty marker stops caching, if the writer dies. Longer
+/// than InnoDB's default lock wait (50 s), so a slow transaction is covered.
+const DIRTY_MS: u64 = 90_000;
 
 /// Stores `version:status` unless the cache already holds an equal or newer
 /// version. KEYS: status key. ARGV: version, status, ttl secs.
@@ -36,6 +45,7 @@ pub struct Cache {
     prefix: String,
     write_status_if_newer: Script,
     badge: badge::Scripts,
+    groups: groups::Scripts,
 }
 
 impl Cache {
@@ -56,6 +66,7 @@ impl Cache {
             prefix: settings.key_prefix.clone(),
             write_status_if_newer: Script::new(WRITE_STATUS_IF_NEWER),
             badge: badge::Scripts::new(),
+            groups: groups::Scripts::new(),
         })
     }
 

@@ -1,6 +1,7 @@
 //! MySQL shards: one pool per shard, database creation and migrations.
 
 pub mod chunks;
+pub mod groups;
 pub mod items;
 pub mod messages;
 

@@ -1,0 +1,387 @@
+//! Group messages, pull model: a message is stored once on the group's home
+//! shard under the group's next seq; each member keeps a cursor on their own
+//! shard; unread = max seq - cursor, answered from Redis (see
+//! [`crate::cache`]'s group protocol) without scanning messages.
+
+use std::collections::HashMap;
+
+use futures::future::try_join_all;
+use tracing::{instrument, warn};
+
+use crate::context::Context;
+use crate::db::groups::{
+    self as store, CreatedGroup, GroupMessageRow, Membership, NewGroupMessage,
+};
+use crate::domain::{Content, UserId};
+use crate::error::{Error, Result};
+
+/// Most users in one AddGroupMembers or RemoveGroupMembers call.
+pub const MAX_MEMBER_BATCH: usize = 10_000;
+/// Most messages in one pull.
+pub const MAX_PULL_LIMIT: u32 = 1000;
+/// Longest group name, in characters.
+pub const MAX_GROUP_NAME_CHARS: usize = 200;
+
+/// Checks a group id: not zero.
+pub fn validate_group_id(group_id: u64, field: &str) -> Result<u64> {
+    if group_id == 0 {
+        return Err(Error::invalid(field, "group id must not be 0"));
+    }
+    Ok(group_id)
+}
+
+/// Checks a group name: not blank, at most 200 characters.
+pub fn validate_group_name(name: &str, field: &str) -> Result<()> {
+    if name.trim().is_empty() {
+        return Err(Error::invalid(field, "must not be empty"));
+    }
+    if name.chars().count() > MAX_GROUP_NAME_CHARS {
+        return Err(Error::invalid(
+            field,
+            &format!("must be at most {MAX_GROUP_NAME_CHARS} characters"),
+        ));
+    }
+    Ok(())
+}
+
+/// Creates a group, with a generated id when `group_id` is `None`. Creating
+/// an existing id under the same name succeeds (a retried call); under
+/// another name it is `AlreadyExists`.
+#[instrument(skip_all, fields(group_id))]
+pub async fn create(ctx: &Context, group_id: Option<u64>, name: &str) -> Result<u64> {
+    let group_id = group_id.unwrap_or_else(|| ctx.ids.next_id().get());
+    tracing::Span::current().record("group_id", group_id);
+    let home = ctx.pools.for_group(group_id).1;
+    match store::create_group(home, group_id, name).await? {
+        CreatedGroup::Created => Ok(group_id),
+        CreatedGroup::Exists(existing) if existing == name => Ok(group_id),
+        CreatedGroup::Exists(_) => {
+            Err(Error::AlreadyExists(format!("group {group_id} exists already under another name")))
+        }
+    }
+}
+
+/// Adds members (sorted, distinct ids). They start at the group's current
+/// seq, or at 0 with `with_history`; members already in the group keep
+/// their cursor. Returns how many were added.
+///
+/// Member changes of a group hold its row lock, so the member limit holds
+/// under concurrent calls. Each shard's rows are written atomically; if a
+/// shard fails midway the call fails and a retry adds the rest.
+#[instrument(skip_all, fields(group_id, users = user_ids.len()))]
+pub async fn add_members(
+    ctx: &Context,
+    group_id: u64,
+    user_ids: &[u64],
+    with_history: bool,
+) -> Result<u64> {
+    let home = ctx.pools.for_group(group_id).1;
+    let mut lock = home.begin().await?;
+    if !store::lock_group(&mut lock, group_id).await? {
+        return Err(Error::NotFound(format!("group {group_id}")));
+    }
+    let max_seq = store::max_seq(&mut *lock, group_id).await?.unwrap_or(0);
+    let joined_seq = if with_history { 0 } else { max_seq };
+    let parts = ctx.pools.map().partition_users(user_ids);
+    let counts = try_join_all(parts.iter().map(|(shard, ids)| async move {
+        let pool = shard_pool(ctx, *shard)?;
+        let members = store::count_members(pool, group_id).await?;
+        let present = store::count_present(pool, group_id, ids).await?;
+        Ok::<_, Error>((members, present))
+    }))
+    .await?;
+    let members: u64 = counts.iter().map(|(members, _)| members).sum();
+    let new = user_ids.len() as u64 - counts.iter().map(|(_, present)| present).sum::<u64>();
+    let limit = ctx.settings.groups.max_members;
+    if members + new > limit {
+        return Err(Error::FailedPrecondition(format!(
+            "group {group_id} has {members} members; adding {new} would pass the limit of {limit}"
+        )));
+    }
+    if new == 0 {
+        return Ok(0);
+    }
+    ctx.cache.begin_membership_change(user_ids).await?;
+    let added = try_join_all(parts.iter().map(|(shard, ids)| async move {
+        store::add_members(shard_pool(ctx, *shard)?, group_id, ids, joined_seq).await
+    }))
+    .await;
+    finish_membership_change(ctx, user_ids).await;
+    lock.commit().await?;
+    Ok(added?.into_iter().sum())
+}
+
+/// Removes members (sorted, distinct ids); returns how many were members.
+#[instrument(skip_all, fields(group_id, users = user_ids.len()))]
+pub async fn remove_members(ctx: &Context, group_id: u64, user_ids: &[u64]) -> Result<u64> {
+    let home = ctx.pools.for_group(group_id).1;
+    let mut lock = home.begin().await?;
+    if !store::lock_group(&mut lock, group_id).await? {
+        return Err(Error::NotFound(format!("group {group_id}")));
+    }
+    let parts = ctx.pools.map().partition_users(user_ids);
+    ctx.cache.begin_membership_change(user_ids).await?;
+    let removed = try_join_all(parts.iter().map(|(shard, ids)| async move {
+        store::remove_members(shard_pool(ctx, *shard)?, group_id, ids).await
+    }))
+    .await;
+    finish_membership_change(ctx, user_ids).await;
+    lock.commit().await?;
+    Ok(removed?.into_iter().sum())
+}
+
+fn shard_pool(ctx: &Context, shard: shard_router::ShardId) -> Result<&sqlx::MySqlPool> {
+    ctx.pools.get(shard).ok_or_else(|| Error::Internal(format!("no pool for shard {shard}")))
+}
+
+async fn finish_membership_change(ctx: &Context, user_ids: &[u64]) {
+    // On failure the dirty markers expire by themselves and caching resumes.
+    if let Err(e) = ctx.cache.end_membership_change(user_ids).await {
+        warn!(error = %e, users = user_ids.len(), "could not clear group change markers");
+    }
+}
+
+/// A group message to send.
+#[derive(Debug, Clone)]
+pub struct NewMessage {
+    /// The group.
+    pub group_id: u64,
+    /// The calling service.
+    pub sender: String,
+    /// Optional idempotency key (per group and sender).
+    pub idempotency_key: Option<String>,
+    /// What members see.
+    pub content: Content,
+}
+
+/// A sent group message.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Sent {
+    /// The message id.
+    pub message_id: u64,
+    /// Its seq in the group.
+    pub seq: u64,
+    /// True when the idempotency key matched an earlier message.
+    pub deduplicated: bool,
+}
+
+/// Stores a message once, under the group's next seq, and raises the cached
+/// max seq. The cost does not depend on the group's size.
+#[instrument(skip_all, fields(group_id = message.group_id, sender = %message.sender))]
+pub async fn send(ctx: &Context, message: &NewMessage) -> Result<Sent> {
+    let home = ctx.pools.for_group(message.group_id).1;
+    let appended = store::append_message(
+        home,
+        &NewGroupMessage {
+            group_id: message.group_id,
+            message_id: ctx.ids.next_id().get(),
+            sender: &message.sender,
+            idempotency_key: message.idempotency_key.as_deref(),
+            content: &message.content,
+        },
+    )
+    .await?;
+    raise_cached_seqs(ctx, HashMap::from([(message.group_id, appended.seq)])).await;
+    Ok(Sent {
+        message_id: appended.message_id,
+        seq: appended.seq,
+        deduplicated: appended.deduplicated,
+    })
+}
+
+async fn raise_cached_seqs(ctx: &Context, seqs: HashMap<u64, u64>) {
+    let ttl = ctx.settings.groups.seq_cache_ttl_secs;
+    if let Err(e) = ctx.cache.raise_group_seqs(&seqs, ttl).await {
+        metrics::counter!("notify_group_seq_cache_errors_total").increment(1);
+        warn!(error = %e, groups = seqs.len(), "could not raise cached group seqs");
+    }
+}
+
+/// Reads a user's membership, or explains why there is none: `NotFound` for
+/// an unknown group, `PermissionDenied` for a non-member.
+async fn member_of(ctx: &Context, user_id: UserId, group_id: u64) -> Result<Membership> {
+    let pool = ctx.pools.for_user(user_id.get()).1;
+    if let Some(membership) = store::membership(pool, user_id.get(), group_id).await? {
+        return Ok(membership);
+    }
+    if store::group_exists(ctx.pools.for_group(group_id).1, group_id).await? {
+        Err(Error::PermissionDenied(format!(
+            "user {} is not a member of group {group_id}",
+            user_id.get()
+        )))
+    } else {
+        Err(Error::NotFound(format!("group {group_id}")))
+    }
+}
+
+/// One page of pulled messages.
+#[derive(Debug, Clone)]
+pub struct Pulled {
+    /// Messages, ascending by seq.
+    pub messages: Vec<GroupMessageRow>,
+    /// True when more messages follow the last one.
+    pub has_more: bool,
+}
+
+/// Pulls a member's messages after `after_seq` (default: their cursor),
+/// ascending. Messages sent before the user joined are never returned.
+/// Pulling does not move the cursor: a page pulled again before its ack
+/// comes back with the same message ids.
+#[instrument(skip_all, fields(user_id = user_id.get(), group_id, limit))]
+pub async fn pull(
+    ctx: &Context,
+    user_id: UserId,
+    group_id: u64,
+    after_seq: Option<u64>,
+    limit: u32,
+) -> Result<Pulled> {
+    let membership = member_of(ctx, user_id, group_id).await?;
+    let after = after_seq.unwrap_or(membership.last_ack_seq).max(membership.joined_seq);
+    let home = ctx.pools.for_group(group_id).1;
+    let mut messages = store::messages_after(home, group_id, after, limit + 1).await?;
+    let has_more = messages.len() > limit as usize;
+    messages.truncate(limit as usize);
+    Ok(Pulled { messages, has_more })
+}
+
+/// Moves a member's cursor forward to `seq`; returns the cursor. An older
+/// seq is a no-op; one beyond the group's max seq is rejected.
+#[instrument(skip_all, fields(user_id = user_id.get(), group_id, seq))]
+pub async fn ack(ctx: &Context, user_id: UserId, group_id: u64, seq: u64) -> Result<u64> {
+    let membership = member_of(ctx, user_id, group_id).await?;
+    if seq <= membership.last_ack_seq {
+        return Ok(membership.last_ack_seq);
+    }
+    let max_seq = current_max_seq(ctx, group_id, seq).await?;
+    if seq > max_seq {
+        return Err(Error::invalid(
+            "seq",
+            &format!("is {seq}, beyond the group's max seq {max_seq}"),
+        ));
+    }
+    let users = [user_id.get()];
+    ctx.cache.begin_membership_change(&users).await?;
+    let pool = ctx.pools.for_user(user_id.get()).1;
+    let advanced = store::advance_ack(pool, user_id.get(), group_id, seq).await;
+    finish_membership_change(ctx, &users).await;
+    advanced?.ok_or_else(|| {
+        Error::PermissionDenied(format!(
+            "user {} is not a member of group {group_id}",
+            user_id.get()
+        ))
+    })
+}
+
+/// The group's max seq: the cached one when it already covers `at_least`,
+/// else MySQL's (which also refreshes the cache).
+async fn current_max_seq(ctx: &Context, group_id: u64, at_least: u64) -> Result<u64> {
+    match ctx.cache.cached_group_seq(group_id).await {
+        Ok(Some(cached)) if cached >= at_least => return Ok(cached),
+        Ok(_) => {}
+        Err(e) => warn!(error = %e, group_id, "group seq cache unavailable"),
+    }
+    let home = ctx.pools.for_group(group_id).1;
+    let max_seq = store::max_seq(home, group_id)
+        .await?
+        .ok_or_else(|| Error::NotFound(format!("group {group_id}")))?;
+    raise_cached_seqs(ctx, HashMap::from([(group_id, max_seq)])).await;
+    Ok(max_seq)
+}
+
+/// Unread messages of one group for one member.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct GroupUnread {
+    /// The group.
+    pub group_id: u64,
+    /// `max_seq - last_ack_seq`, never negative.
+    pub unread: u64,
+    /// The group's max seq.
+    pub max_seq: u64,
+    /// The member's cursor.
+    pub last_ack_seq: u64,
+}
+
+/// A user's unread counts over all their groups.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct UnreadSummary {
+    /// Per group, by group id.
+    pub groups: Vec<GroupUnread>,
+    /// Sum over the groups.
+    pub total: u64,
+}
+
+/// Computes a user's group unread counts from cursors and max seqs: from
+/// Redis when cached, else from the user's shard (one query) and the groups'
+/// home shards (one query per shard), caching what was read.
+#[instrument(skip_all, fields(user_id = user_id.get()))]
+pub async fn unread(ctx: &Context, user_id: UserId) -> Result<UnreadSummary> {
+    let cursors: Vec<(u64, u64, Option<u64>)> = match ctx.cache.cached_groups(user_id.get()).await {
+        Ok(Some(cached)) => {
+            metrics::counter!("notify_group_cursor_cache_hits_total").increment(1);
+            cached.into_iter().map(|g| (g.group_id, g.last_ack_seq, g.max_seq)).collect()
+        }
+        Ok(None) => {
+            metrics::counter!("notify_group_cursor_cache_misses_total").increment(1);
+            rebuild_cursors(ctx, user_id, true).await?
+        }
+        Err(e) => {
+            warn!(error = %e, "group cache unavailable, reading mysql");
+            rebuild_cursors(ctx, user_id, false).await?
+        }
+    };
+    let missing: Vec<u64> =
+        cursors.iter().filter(|(_, _, seq)| seq.is_none()).map(|(g, _, _)| *g).collect();
+    let loaded = load_max_seqs(ctx, &missing).await?;
+    let mut groups: Vec<GroupUnread> = cursors
+        .into_iter()
+        .map(|(group_id, last_ack_seq, cached)| {
+            let max_seq = cached.or_else(|| loaded.get(&group_id).copied()).unwrap_or(0);
+            GroupUnread {
+                group_id,
+                unread: max_seq.saturating_sub(last_ack_seq),
+                max_seq,
+                last_ack_seq,
+            }
+        })
+        .collect();
+    groups.sort_unstable_by_key(|g| g.group_id);
+    let total = groups.iter().map(|g| g.unread).sum();
+    Ok(UnreadSummary { groups, total })
+}
+
+/// Reads a user's cursors from MySQL, caching them under a lease when asked.
+async fn rebuild_cursors(
+    ctx: &Context,
+    user_id: UserId,
+    cache: bool,
+) -> Result<Vec<(u64, u64, Option<u64>)>> {
+    let lease =
+        if cache { ctx.cache.take_membership_lease(user_id.get()).await.ok() } else { None };
+    let pool = ctx.pools.for_user(user_id.get()).1;
+    let memberships = store::memberships(pool, user_id.get()).await?;
+    if let Some(token) = lease {
+        let ttl = ctx.settings.groups.membership_cache_ttl_secs;
+        let stored = ctx.cache.store_memberships(user_id.get(), token, &memberships, ttl).await;
+        if let Err(e) = stored {
+            warn!(error = %e, "could not cache group cursors");
+        }
+    }
+    Ok(memberships.into_iter().map(|(group, ack)| (group, ack, None)).collect())
+}
+
+/// Reads groups' max seqs from their home shards (one query per shard) and
+/// caches them.
+async fn load_max_seqs(ctx: &Context, group_ids: &[u64]) -> Result<HashMap<u64, u64>> {
+    if group_ids.is_empty() {
+        return Ok(HashMap::new());
+    }
+    let by_shard = ctx.pools.map().partition_users(group_ids);
+    let found =
+        try_join_all(by_shard.iter().map(|(shard, ids)| async move {
+            store::max_seqs(shard_pool(ctx, *shard)?, ids).await
+        }))
+        .await?;
+    let seqs: HashMap<u64, u64> = found.into_iter().flatten().collect();
+    raise_cached_seqs(ctx, seqs.clone()).await;
+    Ok(seqs)
+}
