@@ -40,11 +40,7 @@ pub async fn inbox(channel: Channel, args: InboxArgs) -> anyhow::Result<()> {
         .into_inner();
     for item in &page.items {
         let content = item.content.clone().unwrap_or_default();
-        let at = item
-            .created_at
-            .and_then(|t| DateTime::from_timestamp(t.seconds, 0))
-            .map(|t| t.to_rfc3339())
-            .unwrap_or_default();
+        let at = rfc3339(item.created_at);
         let mark = if item.read { " " } else { "*" };
         println!("{mark} {} {at} [{}] {}", item.message_id, content.category, content.title);
     }
@@ -52,6 +48,13 @@ pub async fn inbox(channel: Channel, args: InboxArgs) -> anyhow::Result<()> {
         println!("next page: --page-token {}", page.next_page_token);
     }
     Ok(())
+}
+
+/// Formats a proto timestamp for humans (empty when absent).
+pub fn rfc3339(at: Option<prost_types::Timestamp>) -> String {
+    at.and_then(|t| DateTime::from_timestamp(t.seconds, 0))
+        .map(|t| t.to_rfc3339())
+        .unwrap_or_default()
 }
 
 /// Prints unread counts.

@@ -1,6 +1,7 @@
 //! `notifyctl`: the operator CLI. Migrates shards directly; everything else
 //! goes through the api over gRPC.
 
+mod groups;
 mod inbox;
 mod recipients;
 mod sends;
@@ -67,6 +68,9 @@ enum Command {
     },
     /// Shows a user's inbox, newest first.
     Inbox(inbox::InboxArgs),
+    /// Group messages: create, add/remove members, send, pull, ack, unread.
+    #[command(subcommand)]
+    Group(groups::GroupCommand),
     /// Shows users' unread badge counts.
     Badge {
         /// User ids.
@@ -104,6 +108,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::List { sender, limit } => sends::list(channel, sender, limit).await,
         Command::Inbox(args) => inbox::inbox(channel, args).await,
         Command::Badge { user_ids } => inbox::badge(channel, user_ids).await,
+        Command::Group(command) => groups::run(channel, command).await,
     }
 }
 

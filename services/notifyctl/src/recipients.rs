@@ -1,8 +1,42 @@
 //! Reading recipient ids from a range, a file or stdin.
 
 use std::io::BufRead;
+use std::path::PathBuf;
 
 use anyhow::{Context, bail};
+use clap::Args;
+
+/// Where user ids come from: a range, a file or stdin.
+#[derive(Debug, Args)]
+pub struct RecipientArgs {
+    /// Users as a range: 1..1000000 or 1..=1000000.
+    #[arg(long, conflicts_with_all = ["users_file", "stdin"])]
+    users: Option<String>,
+    /// File of ids (whitespace or comma separated).
+    #[arg(long)]
+    users_file: Option<PathBuf>,
+    /// Read ids from standard input.
+    #[arg(long)]
+    stdin: bool,
+}
+
+impl RecipientArgs {
+    /// Reads the ids from whichever source was given.
+    pub fn read(&self) -> anyhow::Result<Vec<u64>> {
+        if let Some(range) = &self.users {
+            return parse_range(range);
+        }
+        if let Some(path) = &self.users_file {
+            let file =
+                std::fs::File::open(path).with_context(|| format!("--users-file {path:?}"))?;
+            return read_ids(std::io::BufReader::new(file), &path.display().to_string());
+        }
+        if self.stdin {
+            return read_ids(std::io::stdin().lock(), "stdin");
+        }
+        bail!("give users with --users A..B, --users-file FILE or --stdin")
+    }
+}
 
 /// Parses `A..B` (exclusive) or `A..=B` (inclusive) into ids.
 pub fn parse_range(range: &str) -> anyhow::Result<Vec<u64>> {

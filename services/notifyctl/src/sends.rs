@@ -1,8 +1,5 @@
 //! `send`, `status`, `pause`, `resume`, `cancel`, `list`.
 
-use std::path::PathBuf;
-
-use anyhow::{Context, bail};
 use chrono::{DateTime, Utc};
 use clap::Args;
 use indicatif::{ProgressBar, ProgressStyle};
@@ -16,9 +13,10 @@ use crate::recipients;
 /// Most ids sent inline; larger lists use the draft flow.
 const INLINE_LIMIT: usize = 100_000;
 
-/// What a message says and when it starts: shared by `send` and `announce`.
+/// What a message says and who sends it: shared by `send`, `announce` and
+/// `group send`.
 #[derive(Debug, Args)]
-pub struct MessageArgs {
+pub struct ContentArgs {
     /// Title.
     #[arg(long)]
     title: String,
@@ -28,19 +26,17 @@ pub struct MessageArgs {
     /// Category.
     #[arg(long, default_value = "")]
     category: String,
-    /// Start time (RFC 3339, e.g. 2026-12-01T09:00:00Z); default now.
-    #[arg(long)]
-    at: Option<DateTime<Utc>>,
     /// Sender name.
     #[arg(long, default_value = "notifyctl")]
-    sender: String,
-    /// Idempotency key.
+    pub sender: String,
+    /// Idempotency key: a retry with the same key sends nothing new.
     #[arg(long, default_value = "")]
-    idempotency_key: String,
+    pub idempotency_key: String,
 }
 
-impl MessageArgs {
-    fn content(&self) -> v1::Content {
+impl ContentArgs {
+    /// The content to send.
+    pub fn content(&self) -> v1::Content {
         v1::Content {
             title: self.title.clone(),
             body: self.body.clone(),
@@ -50,18 +46,21 @@ impl MessageArgs {
     }
 }
 
+/// What a send says and when it starts: shared by `send` and `announce`.
+#[derive(Debug, Args)]
+pub struct MessageArgs {
+    #[command(flatten)]
+    what: ContentArgs,
+    /// Start time (RFC 3339, e.g. 2026-12-01T09:00:00Z); default now.
+    #[arg(long)]
+    at: Option<DateTime<Utc>>,
+}
+
 /// Arguments of `notifyctl send`.
 #[derive(Debug, Args)]
 pub struct SendArgs {
-    /// Recipients as a range: 1..1000000 or 1..=1000000.
-    #[arg(long, conflicts_with_all = ["users_file", "stdin"])]
-    users: Option<String>,
-    /// File of ids (whitespace or comma separated).
-    #[arg(long)]
-    users_file: Option<PathBuf>,
-    /// Read ids from standard input.
-    #[arg(long)]
-    stdin: bool,
+    #[command(flatten)]
+    recipients: recipients::RecipientArgs,
     #[command(flatten)]
     message: MessageArgs,
     /// Expiry time (RFC 3339).
@@ -90,9 +89,9 @@ pub async fn announce(channel: Channel, args: AnnounceArgs) -> anyhow::Result<()
     let mut client = MessageServiceClient::new(channel);
     let response = client
         .send_message(v1::SendMessageRequest {
-            sender: args.message.sender.clone(),
-            idempotency_key: args.message.idempotency_key.clone(),
-            content: Some(args.message.content()),
+            sender: args.message.what.sender.clone(),
+            idempotency_key: args.message.what.idempotency_key.clone(),
+            content: Some(args.message.what.content()),
             audience: Some(v1::send_message_request::Audience::AllUsers(v1::AllUsersAudience {})),
             send_at: args.message.at.map(timestamp),
             expire_at: args.until.map(timestamp),
@@ -108,31 +107,17 @@ fn timestamp(at: DateTime<Utc>) -> prost_types::Timestamp {
     prost_types::Timestamp { seconds: at.timestamp(), nanos: at.timestamp_subsec_nanos() as i32 }
 }
 
-fn read_recipients(args: &SendArgs) -> anyhow::Result<Vec<u64>> {
-    if let Some(range) = &args.users {
-        return recipients::parse_range(range);
-    }
-    if let Some(path) = &args.users_file {
-        let file = std::fs::File::open(path).with_context(|| format!("--users-file {path:?}"))?;
-        return recipients::read_ids(std::io::BufReader::new(file), &path.display().to_string());
-    }
-    if args.stdin {
-        return recipients::read_ids(std::io::stdin().lock(), "stdin");
-    }
-    bail!("give recipients with --users A..B, --users-file FILE or --stdin")
-}
-
 /// Sends inline (up to 100,000 ids) or through the draft flow.
 pub async fn send(channel: Channel, args: SendArgs) -> anyhow::Result<()> {
-    let ids = read_recipients(&args)?;
+    let ids = args.recipients.read()?;
     let mut client = MessageServiceClient::new(channel.clone());
-    let content = args.message.content();
+    let content = args.message.what.content();
     let priority = if args.high { v1::Priority::High } else { v1::Priority::Normal } as i32;
     let message_id = if ids.len() <= INLINE_LIMIT {
         let response = client
             .send_message(v1::SendMessageRequest {
-                sender: args.message.sender.clone(),
-                idempotency_key: args.message.idempotency_key.clone(),
+                sender: args.message.what.sender.clone(),
+                idempotency_key: args.message.what.idempotency_key.clone(),
                 content: Some(content),
                 audience: Some(v1::send_message_request::Audience::Users(v1::UserAudience {
                     user_ids: ids.clone(),
@@ -147,8 +132,8 @@ pub async fn send(channel: Channel, args: SendArgs) -> anyhow::Result<()> {
     } else {
         let created = client
             .create_message(v1::CreateMessageRequest {
-                sender: args.message.sender.clone(),
-                idempotency_key: args.message.idempotency_key.clone(),
+                sender: args.message.what.sender.clone(),
+                idempotency_key: args.message.what.idempotency_key.clone(),
                 content: Some(content),
                 send_at: args.message.at.map(timestamp),
                 expire_at: args.expire.map(timestamp),
