@@ -33,6 +33,15 @@ pub fn parse_timestamp(ts: &prost_types::Timestamp, field: &str) -> Result<Naive
         .ok_or_else(|| Error::invalid(field, "is out of range"))
 }
 
+/// Checks a page size: at least 1, at most `max`.
+pub fn page_limit(raw: u32, max: u32, field: &str) -> Result<u32> {
+    match raw {
+        0 => Err(Error::invalid(field, "must be at least 1")),
+        n if n > max => Err(Error::invalid(field, &format!("is {n}, the maximum is {max}"))),
+        n => Ok(n),
+    }
+}
+
 /// Validates and converts content; `field` names it in errors.
 pub fn content(raw: Option<v1::Content>, field: &str) -> Result<Content> {
     let raw = raw.ok_or_else(|| Error::invalid(field, "is required"))?;

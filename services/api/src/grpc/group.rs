@@ -1,9 +1,9 @@
 //! `notify.v1.GroupService`: group messages stored once per group, pulled by
 //! members with seq cursors.
 
+use notify_core::Context;
 use notify_core::domain::{self, UserId};
 use notify_core::groups::{self, MAX_MEMBER_BATCH, MAX_PULL_LIMIT};
-use notify_core::{Context, Error};
 use notify_proto::v1;
 use notify_proto::v1::group_service_server::GroupService;
 use tonic::{Request, Response, Status};
@@ -123,17 +123,7 @@ impl GroupService for GroupApi {
         let req = request.into_inner();
         let user = user_id(req.user_id)?;
         let group = group_id(req.group_id)?;
-        let limit = match req.limit {
-            0 => return Err(Error::invalid("limit", "must be at least 1")).into_status(),
-            n @ 1..=MAX_PULL_LIMIT => n,
-            n => {
-                return Err(Error::invalid(
-                    "limit",
-                    &format!("is {n}, the maximum is {MAX_PULL_LIMIT}"),
-                ))
-                .into_status();
-            }
-        };
+        let limit = convert::page_limit(req.limit, MAX_PULL_LIMIT, "limit").into_status()?;
         let pulled =
             groups::pull(&self.ctx, user, group, req.after_seq, limit).await.into_status()?;
         Ok(Response::new(v1::PullGroupMessagesResponse {

@@ -60,19 +60,7 @@ impl InboxService for InboxApi {
     ) -> Result<Response<v1::ListInboxResponse>, Status> {
         let req = request.into_inner();
         let user = user_id(req.user_id)?;
-        let limit = match req.page_size {
-            0 => {
-                return Err(Error::invalid("page_size", "must be at least 1")).into_status();
-            }
-            n @ 1..=MAX_PAGE_SIZE => n,
-            n => {
-                return Err(Error::invalid(
-                    "page_size",
-                    &format!("is {n}, the maximum is {MAX_PAGE_SIZE}"),
-                ))
-                .into_status();
-            }
-        };
+        let limit = convert::page_limit(req.page_size, MAX_PAGE_SIZE, "page_size").into_status()?;
         let before = inbox::decode_cursor(&req.page_token, "page_token").into_status()?;
         if !req.category.is_empty() {
             domain::validate_category(&req.category, "category").into_status()?;
