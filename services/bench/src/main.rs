@@ -6,6 +6,8 @@
 //!   concurrency, plus `ListInbox` latency on a shard holding ~1M items.
 //! - `announce`: `SendMessage(all_users)` latency with 1k vs 1M known users,
 //!   and the cost of the first inbox read after an announcement.
+//! - `group`: `SendGroupMessage` latency in a 10-member vs a 100,000-member
+//!   group, and a member pulling a 20,000-message backlog in pages of 200.
 //!
 //! Each run creates its own databases, queues and keys, spawns `notify-api`
 //! and `notify-worker` (release binaries next to this one) as children, and
@@ -14,6 +16,7 @@
 mod announce;
 mod badge;
 mod fanout;
+mod group;
 mod harness;
 mod procstat;
 
@@ -38,6 +41,8 @@ enum Command {
     Badge(badge::BadgeArgs),
     /// SendMessage(all_users) latency with 1k vs 1M known users, first inbox read cost.
     Announce(announce::AnnounceArgs),
+    /// SendGroupMessage latency in a 10 vs 100k member group, pulling a 20k backlog.
+    Group(group::GroupArgs),
 }
 
 #[tokio::main]
@@ -47,6 +52,7 @@ async fn main() {
         Command::Fanout(args) => fanout::run(args).await,
         Command::Badge(args) => badge::run(args).await,
         Command::Announce(args) => announce::run(args).await,
+        Command::Group(args) => group::run(args).await,
     };
     if let Err(e) = result {
         eprintln!("notify-bench: {e:#}");
