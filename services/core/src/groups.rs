@@ -8,6 +8,7 @@ use std::collections::HashMap;
 use futures::future::try_join_all;
 use tracing::{instrument, warn};
 
+use crate::cache::CachedGroup;
 use crate::context::Context;
 use crate::db::groups::{
     self as store, CreatedGroup, GroupMessageRow, Membership, NewGroupMessage,
@@ -315,7 +316,18 @@ pub struct UnreadSummary {
 /// home shards (one query per shard), caching what was read.
 #[instrument(skip_all, fields(user_id = user_id.get()))]
 pub async fn unread(ctx: &Context, user_id: UserId) -> Result<UnreadSummary> {
-    let cursors: Vec<(u64, u64, Option<u64>)> = match ctx.cache.cached_groups(user_id.get()).await {
+    let cached = ctx.cache.cached_user_state(user_id.get()).await.map(|state| state.groups);
+    unread_from(ctx, user_id, cached).await
+}
+
+/// [`unread`] given what the cache held (`Ok(None)`: a miss; `Err`: Redis
+/// is unavailable, so nothing is cached either).
+pub async fn unread_from(
+    ctx: &Context,
+    user_id: UserId,
+    cached: Result<Option<Vec<CachedGroup>>>,
+) -> Result<UnreadSummary> {
+    let cursors: Vec<(u64, u64, Option<u64>)> = match cached {
         Ok(Some(cached)) => {
             metrics::counter!("notify_group_cursor_cache_hits_total").increment(1);
             cached.into_iter().map(|g| (g.group_id, g.last_ack_seq, g.max_seq)).collect()

@@ -2,7 +2,6 @@
 
 use notify_core::db::items::InboxQuery;
 use notify_core::domain::{self, Content, UserId};
-use notify_core::groups;
 use notify_core::inbox::{self, MAX_BATCH_IDS, MAX_PAGE_SIZE};
 use notify_core::{Context, Error};
 use notify_proto::v1;
@@ -132,16 +131,11 @@ impl InboxService for InboxApi {
         request: Request<v1::GetUnreadCountRequest>,
     ) -> Result<Response<v1::GetUnreadCountResponse>, Status> {
         let user = user_id(request.into_inner().user_id)?;
-        let users = [user.get()];
-        let (counts, groups) = tokio::try_join!(
-            inbox::unread_counts(&self.ctx, &users),
-            groups::unread(&self.ctx, user),
-        )
-        .into_status()?;
+        let badge = inbox::badge(&self.ctx, user).await.into_status()?;
         Ok(Response::new(v1::GetUnreadCountResponse {
             user_id: user.get(),
-            unread: counts.first().copied().unwrap_or(0),
-            group_unread: groups.total,
+            unread: badge.unread,
+            group_unread: badge.group_unread,
         }))
     }
 

@@ -20,25 +20,28 @@
 //!   their commit and out after it. Cursors can also move backwards (a member
 //!   removed and added again with history), so acks are not merged, they
 //!   invalidate like every other change.
+//!
+//! `GetUnreadCount` reads the inbox badge, the cursors and their groups' max
+//! seqs in one script, so a badge with groups is still one Redis round trip.
 
 use std::collections::HashMap;
 
 use redis::Script;
 
-use super::{Cache, DIRTY_MS, LEASE_MS};
+use super::{Cache, CachedCounts, DIRTY_MS, LEASE_MS};
 use crate::error::Result;
 
 /// Users per invalidation script call (a script blocks Redis while it runs).
 const USERS_PER_CALL: usize = 1000;
 
-/// ARGV: prefix, user. Returns nil on a miss, else `group, ack, seq|nil` triples.
-const GROUP_STATE: &str = r"
-local key = ARGV[1] .. 'gmem:' .. ARGV[2]
-local entries = redis.call('HGETALL', key)
-if #entries == 0 then
-  return false
-end
-local out = {}
+/// Everything a badge shows, in one round trip. ARGV: prefix, user. Returns
+/// the announcement epoch, the cached badge or '', '1' when the user's
+/// cursors are cached (else '0'), then `group, ack, seq or ''` triples.
+const USER_STATE: &str = r"
+local epoch = redis.call('GET', ARGV[1] .. 'ann:epoch') or '0'
+local badge = redis.call('GET', ARGV[1] .. 'unread:' .. epoch .. ':' .. ARGV[2]) or ''
+local entries = redis.call('HGETALL', ARGV[1] .. 'gmem:' .. ARGV[2])
+local out = { epoch, badge, #entries > 0 and '1' or '0' }
 for i = 1, #entries, 2 do
   if entries[i] ~= '_' then
     out[#out + 1] = entries[i]
@@ -102,7 +105,7 @@ return 1
 /// The group scripts, loaded once per connection.
 #[derive(Clone)]
 pub(super) struct Scripts {
-    group_state: Script,
+    user_state: Script,
     store_memberships: Script,
     change_memberships: Script,
     raise_seqs: Script,
@@ -111,7 +114,7 @@ pub(super) struct Scripts {
 impl Scripts {
     pub(super) fn new() -> Self {
         Self {
-            group_state: Script::new(GROUP_STATE),
+            user_state: Script::new(USER_STATE),
             store_memberships: Script::new(STORE_MEMBERSHIPS),
             change_memberships: Script::new(CHANGE_MEMBERSHIPS),
             raise_seqs: Script::new(RAISE_SEQS),
@@ -130,15 +133,27 @@ pub struct CachedGroup {
     pub max_seq: Option<u64>,
 }
 
+/// A user's cached badge and group cursors.
+#[derive(Debug, Clone)]
+pub struct CachedUserState {
+    /// The inbox badge (one entry) under the epoch it was read at.
+    pub badge: CachedCounts,
+    /// The user's groups, `None` when their cursors are not cached.
+    pub groups: Option<Vec<CachedGroup>>,
+}
+
 impl Cache {
-    /// Reads a user's cached groups with their max seqs in one round trip;
-    /// `None` when the user's memberships are not cached.
-    pub async fn cached_groups(&self, user_id: u64) -> Result<Option<Vec<CachedGroup>>> {
+    /// Reads a user's cached badge, cursors and their groups' max seqs in
+    /// one round trip.
+    pub async fn cached_user_state(&self, user_id: u64) -> Result<CachedUserState> {
         let mut conn = self.conn.clone();
-        let flat: Option<Vec<String>> =
-            self.groups.group_state.arg(&self.prefix).arg(user_id).invoke_async(&mut conn).await?;
-        Ok(flat.map(|flat| {
-            flat.chunks_exact(3)
+        let flat: Vec<String> =
+            self.groups.user_state.arg(&self.prefix).arg(user_id).invoke_async(&mut conn).await?;
+        let field = |i: usize| flat.get(i).map(String::as_str).unwrap_or_default();
+        let groups = (field(2) == "1").then(|| {
+            flat.get(3..)
+                .unwrap_or_default()
+                .chunks_exact(3)
                 .filter_map(|entry| {
                     Some(CachedGroup {
                         group_id: entry[0].parse().ok()?,
@@ -147,7 +162,14 @@ impl Cache {
                     })
                 })
                 .collect()
-        }))
+        });
+        Ok(CachedUserState {
+            badge: CachedCounts {
+                epoch: field(0).parse().unwrap_or(0),
+                counts: vec![field(1).parse().ok()],
+            },
+            groups,
+        })
     }
 
     /// Takes a lease to rebuild a user's cached memberships; returns the token.

@@ -7,7 +7,7 @@ mod badge;
 mod groups;
 
 pub use badge::{CachedCounts, RebuiltCount};
-pub use groups::CachedGroup;
+pub use groups::{CachedGroup, CachedUserState};
 
 use std::time::Duration;
 
