@@ -289,6 +289,20 @@ async fn acks_only_move_forward_and_never_past_the_max_seq() {
     assert_eq!(truth(&app, 5).await[&group], (4, 3), "the rejected ack changed nothing");
     assert_eq!(ack(&app, 5, group, 4).await.unwrap(), 4);
     assert_eq!(pull(&app, 5, group, None, 10).await.messages.len(), 0);
+
+    // The ack invalidated the cursor cache; the next read caches it again,
+    // also for a user without groups (whose badge must not hit MySQL).
+    assert_eq!(app.ctx.cache.cached_user_state(5).await.unwrap().groups, None);
+    assert_eq!(unread(&app, 5).await.total, 0);
+    let mut inbox = app.inbox();
+    let badge = inbox.get_unread_count(v1::GetUnreadCountRequest { user_id: 6 }).await.unwrap();
+    assert_eq!(badge.into_inner().group_unread, 0);
+    for (user, expected) in [(5, vec![(group, 4, Some(4))]), (6, vec![])] {
+        let cached = app.ctx.cache.cached_user_state(user).await.unwrap().groups.unwrap();
+        let cached: Vec<_> =
+            cached.iter().map(|g| (g.group_id, g.last_ack_seq, g.max_seq)).collect();
+        assert_eq!(cached, expected, "user {user}'s cursors are cached");
+    }
     app.cleanup().await;
 }
 
