@@ -169,11 +169,6 @@ impl ShardMap {
         self.shard_of_bucket(bucket_of(message_id))
     }
 
-    /// Returns the home shard of a group (its row, seq counter and messages).
-    pub fn home_shard_for_group(&self, group_id: u64) -> ShardId {
-        self.shard_of_bucket(bucket_of(group_id))
-    }
-
     /// Returns the shard that owns a string key (an idempotency key, say).
     pub fn shard_for_key(&self, key: &str) -> ShardId {
         self.shard_of_bucket(bucket_of_key(key))
@@ -195,6 +190,12 @@ impl ShardMap {
             groups[self.slot_of_bucket(bucket_of(user_id))].push(user_id);
         }
         self.shards.iter().copied().zip(groups).filter(|(_, users)| !users.is_empty()).collect()
+    }
+
+    /// Groups group ids by their home shard, like [`Self::partition_users`]
+    /// (a group id hashes exactly like a user id).
+    pub fn partition_groups(&self, group_ids: &[u64]) -> Vec<(ShardId, Vec<u64>)> {
+        self.partition_users(group_ids)
     }
 }
 

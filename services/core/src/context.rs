@@ -7,7 +7,7 @@ use tokio::sync::Semaphore;
 
 use crate::cache::Cache;
 use crate::db::{self, ShardPools};
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::ids::IdGenerator;
 use crate::queue::Publisher;
 use crate::settings::Settings;
@@ -25,12 +25,21 @@ pub struct Context {
     pub publisher: Arc<Publisher>,
     /// Message id generator.
     pub ids: Arc<IdGenerator>,
-    /// Bounds concurrent AppendRecipients calls, each of which holds a
-    /// connection on the home shard while it writes to the target shards.
-    pub append_permits: Arc<Semaphore>,
+    /// Bounds concurrent calls that hold a connection on one shard while
+    /// they write to others (AppendRecipients, group member changes), so
+    /// they cannot take every connection of a pool and wait on each other.
+    pub cross_shard_permits: Arc<Semaphore>,
 }
 
 impl Context {
+    /// Waits for a [`Self::cross_shard_permits`] permit.
+    pub async fn cross_shard_permit(&self) -> Result<tokio::sync::SemaphorePermit<'_>> {
+        self.cross_shard_permits
+            .acquire()
+            .await
+            .map_err(|_| Error::Unavailable("the api is shutting down".to_owned()))
+    }
+
     /// Connects to every shard, Redis and RabbitMQ; fails with a line naming
     /// the setting of whatever is unreachable.
     pub async fn connect(settings: Settings) -> Result<Self> {
@@ -44,7 +53,7 @@ impl Context {
             cache,
             publisher: Arc::new(publisher),
             ids: Arc::new(IdGenerator::new()),
-            append_permits: Arc::new(Semaphore::new((pool_max / 2).max(1))),
+            cross_shard_permits: Arc::new(Semaphore::new((pool_max / 2).max(1))),
         })
     }
 }

@@ -136,12 +136,19 @@ pub async fn badge(ctx: &Context, user_id: UserId) -> Result<Badge> {
             (Err(unavailable()), Err(unavailable()))
         }
     };
-    let (counts, groups) = futures::future::try_join(
+    let (counts, groups) = futures::future::join(
         counts_from(ctx, &users, counts),
         groups::unread_from(ctx, user_id, groups),
     )
-    .await?;
-    Ok(Badge { unread: counts.first().copied().unwrap_or(0), group_unread: groups.total })
+    .await;
+    // The group total may need the home shards of the user's groups; one of
+    // them being down must not take the inbox badge with it.
+    let group_unread = groups.map(|summary| summary.total).unwrap_or_else(|e| {
+        metrics::counter!("notify_badge_group_errors_total").increment(1);
+        warn!(error = %e, user_id = user_id.get(), "group unread unavailable, badge shows 0");
+        0
+    });
+    Ok(Badge { unread: counts?.first().copied().unwrap_or(0), group_unread })
 }
 
 /// [`unread_counts`] given what the cache held.

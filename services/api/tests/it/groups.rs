@@ -269,6 +269,14 @@ async fn members_start_at_the_current_seq_and_removed_members_cannot_pull() {
 
     assert_eq!(add(&app, group, vec![1], false).await, 1);
     assert_eq!(unread(&app, 1).await.total, 0, "back at the current seq");
+
+    // Removed and added again with history: the cursor moves back, and the
+    // cached cursor (just read above) must not hide it.
+    let remove = v1::RemoveGroupMembersRequest { group_id: group, user_ids: vec![1] };
+    client.remove_group_members(remove).await.unwrap();
+    assert_eq!(add(&app, group, vec![1], true).await, 1);
+    assert_eq!(unread(&app, 1).await.total, 6);
+    assert_eq!(pull(&app, 1, group, None, 10).await.messages.len(), 6);
     app.cleanup().await;
 }
 
@@ -409,5 +417,83 @@ async fn bad_group_input_is_rejected_cleanly() {
     );
     let other = v1::CreateGroupRequest { group_id: group, name: "other".into() };
     assert_eq!(client.create_group(other).await.unwrap_err().code(), Code::AlreadyExists);
+    app.cleanup().await;
+}
+
+#[tokio::test]
+async fn concurrent_retries_of_one_send_store_it_once() {
+    let app = spawn().await;
+    let group = create_group(&app, "retries").await;
+    let attempts = (0..8).map(|_| {
+        let mut client = app.groups();
+        async move { send(&mut client, group, "same-key").await }
+    });
+    let results = futures::future::join_all(attempts).await;
+    assert!(results.iter().all(|r| *r == results[0]), "{results:?}");
+    assert_eq!(results[0].1, 1);
+    let home = app.ctx.pools.for_group(group).1;
+    assert_eq!(store::max_seq(home, group).await.unwrap(), Some(1), "no seq was used twice");
+    app.cleanup().await;
+}
+
+/// Returns `n` user ids that live on `n` different shards.
+fn users_on_distinct_shards(app: &TestApp, n: usize) -> Vec<u64> {
+    let map = app.ctx.pools.map();
+    let mut shards = HashSet::new();
+    (1..).filter(|user| shards.insert(map.shard_for_user(*user))).take(n).collect()
+}
+
+#[tokio::test]
+async fn the_member_limit_counts_members_on_every_shard() {
+    let mut settings = test_settings();
+    settings.groups.max_members = 2;
+    let app = spawn_app_with(settings, false).await;
+    let group = create_group(&app, "small").await;
+    let users = users_on_distinct_shards(&app, 3);
+    assert_eq!(add(&app, group, vec![users[0]], false).await, 1);
+    assert_eq!(add(&app, group, vec![users[1]], false).await, 1);
+    let request = v1::AddGroupMembersRequest {
+        group_id: group,
+        user_ids: vec![users[2]],
+        with_history: false,
+    };
+    let status = app.groups().add_group_members(request).await.unwrap_err();
+    assert_eq!(status.code(), Code::FailedPrecondition, "{status:?}");
+    assert_eq!(
+        status.message(),
+        format!("group {group} has 2 members; adding 1 would pass the limit of 2")
+    );
+    assert!(truth(&app, users[2]).await.is_empty());
+    app.cleanup().await;
+}
+
+#[tokio::test]
+async fn a_group_shard_down_leaves_the_inbox_badge_answering() {
+    let app = spawn().await;
+    let group = create_group(&app, "far away").await;
+    let group_shard = app.ctx.pools.for_group(group).0;
+    let user = (1..).find(|u| app.ctx.pools.for_user(*u).0 != group_shard).unwrap();
+    add(&app, group, vec![user], false).await;
+    send(&mut app.groups(), group, "m").await;
+    assert_eq!(unread(&app, user).await.total, 1);
+
+    let mut inbox = app.inbox();
+    let request = v1::GetUnreadCountRequest { user_id: user };
+    assert_eq!(inbox.get_unread_count(request).await.unwrap().into_inner().group_unread, 1);
+
+    // The group's home shard goes away and Redis forgets the group's seq.
+    let seq_key = format!("{}gseq:{group}", app.settings.redis.key_prefix);
+    let mut redis = app.ctx.cache.connection();
+    redis::cmd("DEL").arg(&seq_key).query_async::<()>(&mut redis).await.unwrap();
+    app.ctx.pools.for_group(group).1.close().await;
+    let badge = inbox.get_unread_count(request).await;
+    let badge = badge.expect("the inbox badge does not depend on the group's shard").into_inner();
+    assert_eq!((badge.unread, badge.group_unread), (0, 0));
+    let status = app
+        .groups()
+        .get_group_unread(v1::GetGroupUnreadRequest { user_id: user })
+        .await
+        .unwrap_err();
+    assert_eq!(status.code(), Code::Unavailable, "{status:?}");
     app.cleanup().await;
 }

@@ -5,11 +5,14 @@
 //!
 //! Keys (under `redis.key_prefix`):
 //! - `gseq:{group}`: the group's max seq. Seqs only grow, so every writer
-//!   merges with `max(cached, new)`: a late or stale write can never lower
-//!   it. A send raises it after commit; a miss is filled from MySQL. If the
-//!   raise after a commit fails, the value is low until it expires
-//!   (`groups.seq_cache_ttl_secs`); pulls and acks never trust it beyond
-//!   that (an ack above it re-reads MySQL).
+//!   merges with `max(cached, new)`: while the key exists, a late or stale
+//!   write cannot lower it. A send raises it after commit; a miss is filled
+//!   from MySQL. It can be low in two cases, both bounded by its TTL
+//!   (`groups.seq_cache_ttl_secs`) or the group's next send: the raise after
+//!   a commit failed, or the key vanished (flush, expiry) between a late
+//!   writer's read and its write. Unread counts are then briefly low, never
+//!   negative; pulls and acks never trust it (an ack above it re-reads
+//!   MySQL).
 //! - `gmem:{user}`: a hash of the user's groups, `group -> last_ack_seq`,
 //!   plus a `_` field so a user without groups is cached too. It is a copy of
 //!   the user's `group_members` rows, guarded exactly like badges (see

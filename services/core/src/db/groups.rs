@@ -7,7 +7,8 @@ use sqlx::{FromRow, MySqlConnection, MySqlPool, QueryBuilder};
 use crate::domain::Content;
 use crate::error::{Error, Result};
 
-/// Rows per multi-row statement when adding or removing members.
+/// Rows (or ids) per statement when adding or removing members, or reading
+/// max seqs.
 const MEMBER_ROWS_PER_STATEMENT: usize = 1000;
 
 /// Outcome of creating a group row.
@@ -69,26 +70,30 @@ pub async fn lock_group(conn: &mut MySqlConnection, group_id: u64) -> Result<boo
 }
 
 /// Reads a group's max seq, `None` when the group does not exist.
-pub async fn max_seq<'e>(pool: impl sqlx::MySqlExecutor<'e>, group_id: u64) -> Result<Option<u64>> {
+pub async fn max_seq<'e>(
+    executor: impl sqlx::MySqlExecutor<'e>,
+    group_id: u64,
+) -> Result<Option<u64>> {
     Ok(sqlx::query_scalar("SELECT max_seq FROM group_seqs WHERE group_id = ?")
         .bind(group_id)
-        .fetch_optional(pool)
+        .fetch_optional(executor)
         .await?)
 }
 
 /// Reads the max seqs of groups on one shard (unknown groups are left out).
 pub async fn max_seqs(pool: &MySqlPool, group_ids: &[u64]) -> Result<Vec<(u64, u64)>> {
-    if group_ids.is_empty() {
-        return Ok(Vec::new());
+    let mut found = Vec::with_capacity(group_ids.len());
+    for batch in group_ids.chunks(MEMBER_ROWS_PER_STATEMENT) {
+        let mut select =
+            QueryBuilder::new("SELECT group_id, max_seq FROM group_seqs WHERE group_id IN (");
+        let mut ids = select.separated(", ");
+        for id in batch {
+            ids.push_bind(*id);
+        }
+        select.push(")");
+        found.extend(select.build_query_as::<(u64, u64)>().fetch_all(pool).await?);
     }
-    let mut select =
-        QueryBuilder::new("SELECT group_id, max_seq FROM group_seqs WHERE group_id IN (");
-    let mut ids = select.separated(", ");
-    for id in group_ids {
-        ids.push_bind(*id);
-    }
-    select.push(")");
-    Ok(select.build_query_as().fetch_all(pool).await?)
+    Ok(found)
 }
 
 /// A group message to store.
@@ -131,9 +136,14 @@ pub async fn append_message(pool: &MySqlPool, message: &NewGroupMessage<'_>) -> 
     .execute(&mut *tx)
     .await?;
     if bumped.rows_affected() == 0 {
+        tx.rollback().await?;
         return Err(Error::NotFound(format!("group {}", message.group_id)));
     }
     let seq = bumped.last_insert_id();
+    if seq == 0 {
+        // A proxy that drops LAST_INSERT_ID from the reply would break seqs.
+        return Err(Error::Internal("the seq update returned no LAST_INSERT_ID".to_owned()));
+    }
     if let Some(earlier) = find_by_key(&mut tx, message).await? {
         tx.rollback().await?;
         return Ok(earlier);
@@ -312,18 +322,21 @@ pub async fn count_present(pool: &MySqlPool, group_id: u64, user_ids: &[u64]) ->
     Ok(present)
 }
 
-/// Adds members (all on this shard) starting at `joined_seq`; existing
-/// members keep their cursor. Returns how many were added.
+/// Adds members (all on this shard) starting at `joined_seq`, in one
+/// transaction; existing members keep their cursor. Returns how many were
+/// added.
 pub async fn add_members(
     pool: &MySqlPool,
     group_id: u64,
     user_ids: &[u64],
     joined_seq: u64,
 ) -> Result<u64> {
+    let mut tx = pool.begin().await?;
     let mut added = 0;
     for batch in user_ids.chunks(MEMBER_ROWS_PER_STATEMENT) {
         let mut insert = QueryBuilder::new(
-            "INSERT IGNORE INTO group_members (user_id, group_id, joined_seq, last_ack_seq, joined_at) ",
+            "INSERT IGNORE INTO group_members \
+             (user_id, group_id, joined_seq, last_ack_seq, joined_at) ",
         );
         insert.push_values(batch, |mut row, user_id| {
             row.push_bind(*user_id)
@@ -332,13 +345,16 @@ pub async fn add_members(
                 .push_bind(joined_seq)
                 .push("UTC_TIMESTAMP(3)");
         });
-        added += insert.build().execute(pool).await?.rows_affected();
+        added += insert.build().execute(&mut *tx).await?.rows_affected();
     }
+    tx.commit().await?;
     Ok(added)
 }
 
-/// Removes members (all on this shard); returns how many were members.
+/// Removes members (all on this shard) in one transaction; returns how many
+/// were members.
 pub async fn remove_members(pool: &MySqlPool, group_id: u64, user_ids: &[u64]) -> Result<u64> {
+    let mut tx = pool.begin().await?;
     let mut removed = 0;
     for batch in user_ids.chunks(MEMBER_ROWS_PER_STATEMENT) {
         let mut delete = QueryBuilder::new("DELETE FROM group_members WHERE group_id = ");
@@ -348,7 +364,8 @@ pub async fn remove_members(pool: &MySqlPool, group_id: u64, user_ids: &[u64]) -
             ids.push_bind(*id);
         }
         delete.push(")");
-        removed += delete.build().execute(pool).await?.rows_affected();
+        removed += delete.build().execute(&mut *tx).await?.rows_affected();
     }
+    tx.commit().await?;
     Ok(removed)
 }

@@ -139,11 +139,7 @@ pub async fn append(
 ) -> Result<Appended> {
     // Each append holds a home connection while it takes one per target
     // shard; bounding concurrent appends keeps pools from starving each other.
-    let _permit = ctx
-        .append_permits
-        .acquire()
-        .await
-        .map_err(|_| Error::Unavailable("the api is shutting down".to_owned()))?;
+    let _permit = ctx.cross_shard_permit().await?;
     let home = ctx.pools.for_message(message_id.get()).1;
     let mut tx = home.begin().await?;
     let row: Option<(u8, bool, Option<NaiveDateTime>, NaiveDateTime, u8)> = sqlx::query_as(

@@ -3,12 +3,14 @@
 //! shard; unread = max seq - cursor, answered from Redis (see
 //! [`crate::cache`]'s group protocol) without scanning messages.
 
+mod unread;
+
+pub use unread::{GroupUnread, UnreadSummary, unread, unread_from};
+
 use std::collections::HashMap;
 
-use futures::future::try_join_all;
 use tracing::{instrument, warn};
 
-use crate::cache::CachedGroup;
 use crate::context::Context;
 use crate::db::groups::{
     self as store, CreatedGroup, GroupMessageRow, Membership, NewGroupMessage,
@@ -45,16 +47,20 @@ pub fn validate_group_name(name: &str, field: &str) -> Result<()> {
     Ok(())
 }
 
-/// Creates a group, with a generated id when `group_id` is `None`. Creating
-/// an existing id under the same name succeeds (a retried call); under
-/// another name it is `AlreadyExists`.
+/// Creates a group. With a caller's id, creating it again under the same
+/// name succeeds (a retried call) and under another name is
+/// `AlreadyExists`; `None` generates an id.
 #[instrument(skip_all, fields(group_id))]
 pub async fn create(ctx: &Context, group_id: Option<u64>, name: &str) -> Result<u64> {
+    let generated = group_id.is_none();
     let group_id = group_id.unwrap_or_else(|| ctx.ids.next_id().get());
     tracing::Span::current().record("group_id", group_id);
     let home = ctx.pools.for_group(group_id).1;
     match store::create_group(home, group_id, name).await? {
         CreatedGroup::Created => Ok(group_id),
+        CreatedGroup::Exists(_) if generated => {
+            Err(Error::Unavailable("group id collision, retry the request".to_owned()))
+        }
         CreatedGroup::Exists(existing) if existing == name => Ok(group_id),
         CreatedGroup::Exists(_) => {
             Err(Error::AlreadyExists(format!("group {group_id} exists already under another name")))
@@ -67,68 +73,106 @@ pub async fn create(ctx: &Context, group_id: Option<u64>, name: &str) -> Result<
 /// their cursor. Returns how many were added.
 ///
 /// Member changes of a group hold its row lock, so the member limit holds
-/// under concurrent calls. Each shard's rows are written atomically; if a
-/// shard fails midway the call fails and a retry adds the rest.
-#[instrument(skip_all, fields(group_id, users = user_ids.len()))]
+/// under concurrent calls. Each shard's rows are written in one transaction;
+/// if a shard fails, the call fails after every other shard has finished,
+/// and a retry adds the rest.
+#[instrument(skip_all, fields(group_id = group_id, users = user_ids.len()))]
 pub async fn add_members(
     ctx: &Context,
     group_id: u64,
     user_ids: &[u64],
     with_history: bool,
 ) -> Result<u64> {
+    let _permit = ctx.cross_shard_permit().await?;
     let home = ctx.pools.for_group(group_id).1;
     let mut lock = home.begin().await?;
     if !store::lock_group(&mut lock, group_id).await? {
+        lock.rollback().await?;
         return Err(Error::NotFound(format!("group {group_id}")));
     }
     let max_seq = store::max_seq(&mut *lock, group_id).await?.unwrap_or(0);
     let joined_seq = if with_history { 0 } else { max_seq };
     let parts = ctx.pools.map().partition_users(user_ids);
-    let counts = try_join_all(parts.iter().map(|(shard, ids)| async move {
-        let pool = shard_pool(ctx, *shard)?;
-        let members = store::count_members(pool, group_id).await?;
-        let present = store::count_present(pool, group_id, ids).await?;
-        Ok::<_, Error>((members, present))
+    // Members may live on any shard, not only on those of this batch.
+    let members = on_every_shard(
+        ctx.pools.iter().map(|(_, pool)| async move { store::count_members(pool, group_id).await }),
+    )
+    .await?;
+    let present = on_every_shard(parts.iter().map(|(shard, ids)| async move {
+        store::count_present(shard_pool(ctx, *shard)?, group_id, ids).await
     }))
     .await?;
-    let members: u64 = counts.iter().map(|(members, _)| members).sum();
-    let new = user_ids.len() as u64 - counts.iter().map(|(_, present)| present).sum::<u64>();
+    let new = user_ids.len() as u64 - present;
     let limit = ctx.settings.groups.max_members;
-    if members + new > limit {
+    if members + new > limit || new == 0 {
+        lock.rollback().await?;
+        if new == 0 {
+            return Ok(0);
+        }
         return Err(Error::FailedPrecondition(format!(
             "group {group_id} has {members} members; adding {new} would pass the limit of {limit}"
         )));
     }
-    if new == 0 {
-        return Ok(0);
-    }
-    ctx.cache.begin_membership_change(user_ids).await?;
-    let added = try_join_all(parts.iter().map(|(shard, ids)| async move {
-        store::add_members(shard_pool(ctx, *shard)?, group_id, ids, joined_seq).await
-    }))
+    let added = change_members(
+        ctx,
+        user_ids,
+        parts.iter().map(|(shard, ids)| async move {
+            store::add_members(shard_pool(ctx, *shard)?, group_id, ids, joined_seq).await
+        }),
+    )
     .await;
-    finish_membership_change(ctx, user_ids).await;
     lock.commit().await?;
-    Ok(added?.into_iter().sum())
+    added
 }
 
 /// Removes members (sorted, distinct ids); returns how many were members.
-#[instrument(skip_all, fields(group_id, users = user_ids.len()))]
+#[instrument(skip_all, fields(group_id = group_id, users = user_ids.len()))]
 pub async fn remove_members(ctx: &Context, group_id: u64, user_ids: &[u64]) -> Result<u64> {
+    let _permit = ctx.cross_shard_permit().await?;
     let home = ctx.pools.for_group(group_id).1;
     let mut lock = home.begin().await?;
     if !store::lock_group(&mut lock, group_id).await? {
+        lock.rollback().await?;
         return Err(Error::NotFound(format!("group {group_id}")));
     }
     let parts = ctx.pools.map().partition_users(user_ids);
-    ctx.cache.begin_membership_change(user_ids).await?;
-    let removed = try_join_all(parts.iter().map(|(shard, ids)| async move {
-        store::remove_members(shard_pool(ctx, *shard)?, group_id, ids).await
-    }))
+    let removed = change_members(
+        ctx,
+        user_ids,
+        parts.iter().map(|(shard, ids)| async move {
+            store::remove_members(shard_pool(ctx, *shard)?, group_id, ids).await
+        }),
+    )
     .await;
-    finish_membership_change(ctx, user_ids).await;
     lock.commit().await?;
-    Ok(removed?.into_iter().sum())
+    removed
+}
+
+/// Runs per-shard member writes between the cursor cache's begin and end
+/// of a change. Every write runs to completion (none is dropped halfway,
+/// where its commit could still land after the cache was told the change
+/// is over); the first error, if any, is returned after all have finished.
+async fn change_members(
+    ctx: &Context,
+    user_ids: &[u64],
+    writes: impl IntoIterator<Item = impl Future<Output = Result<u64>>>,
+) -> Result<u64> {
+    if let Err(e) = ctx.cache.begin_membership_change(user_ids).await {
+        // Some batches may be marked already: count them out again.
+        finish_membership_change(ctx, user_ids).await;
+        return Err(e);
+    }
+    let changed = on_every_shard(writes).await;
+    finish_membership_change(ctx, user_ids).await;
+    changed
+}
+
+/// Awaits every per-shard future to the end and sums their counts; the
+/// first error wins, but only after all have finished.
+async fn on_every_shard(
+    futures: impl IntoIterator<Item = impl Future<Output = Result<u64>>>,
+) -> Result<u64> {
+    futures::future::join_all(futures).await.into_iter().sum()
 }
 
 fn shard_pool(ctx: &Context, shard: shard_router::ShardId) -> Result<&sqlx::MySqlPool> {
@@ -228,7 +272,7 @@ pub struct Pulled {
 /// ascending. Messages sent before the user joined are never returned.
 /// Pulling does not move the cursor: a page pulled again before its ack
 /// comes back with the same message ids.
-#[instrument(skip_all, fields(user_id = user_id.get(), group_id, limit))]
+#[instrument(skip_all, fields(user_id = user_id.get(), group_id = group_id, limit = limit))]
 pub async fn pull(
     ctx: &Context,
     user_id: UserId,
@@ -247,7 +291,7 @@ pub async fn pull(
 
 /// Moves a member's cursor forward to `seq`; returns the cursor. An older
 /// seq is a no-op; one beyond the group's max seq is rejected.
-#[instrument(skip_all, fields(user_id = user_id.get(), group_id, seq))]
+#[instrument(skip_all, fields(user_id = user_id.get(), group_id = group_id, seq = seq))]
 pub async fn ack(ctx: &Context, user_id: UserId, group_id: u64, seq: u64) -> Result<u64> {
     let membership = member_of(ctx, user_id, group_id).await?;
     if seq <= membership.last_ack_seq {
@@ -287,113 +331,4 @@ async fn current_max_seq(ctx: &Context, group_id: u64, at_least: u64) -> Result<
         .ok_or_else(|| Error::NotFound(format!("group {group_id}")))?;
     raise_cached_seqs(ctx, HashMap::from([(group_id, max_seq)])).await;
     Ok(max_seq)
-}
-
-/// Unread messages of one group for one member.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct GroupUnread {
-    /// The group.
-    pub group_id: u64,
-    /// `max_seq - last_ack_seq`, never negative.
-    pub unread: u64,
-    /// The group's max seq.
-    pub max_seq: u64,
-    /// The member's cursor.
-    pub last_ack_seq: u64,
-}
-
-/// A user's unread counts over all their groups.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct UnreadSummary {
-    /// Per group, by group id.
-    pub groups: Vec<GroupUnread>,
-    /// Sum over the groups.
-    pub total: u64,
-}
-
-/// Computes a user's group unread counts from cursors and max seqs: from
-/// Redis when cached, else from the user's shard (one query) and the groups'
-/// home shards (one query per shard), caching what was read.
-#[instrument(skip_all, fields(user_id = user_id.get()))]
-pub async fn unread(ctx: &Context, user_id: UserId) -> Result<UnreadSummary> {
-    let cached = ctx.cache.cached_user_state(user_id.get()).await.map(|state| state.groups);
-    unread_from(ctx, user_id, cached).await
-}
-
-/// [`unread`] given what the cache held (`Ok(None)`: a miss; `Err`: Redis
-/// is unavailable, so nothing is cached either).
-pub async fn unread_from(
-    ctx: &Context,
-    user_id: UserId,
-    cached: Result<Option<Vec<CachedGroup>>>,
-) -> Result<UnreadSummary> {
-    let cursors: Vec<(u64, u64, Option<u64>)> = match cached {
-        Ok(Some(cached)) => {
-            metrics::counter!("notify_group_cursor_cache_hits_total").increment(1);
-            cached.into_iter().map(|g| (g.group_id, g.last_ack_seq, g.max_seq)).collect()
-        }
-        Ok(None) => {
-            metrics::counter!("notify_group_cursor_cache_misses_total").increment(1);
-            rebuild_cursors(ctx, user_id, true).await?
-        }
-        Err(e) => {
-            warn!(error = %e, "group cache unavailable, reading mysql");
-            rebuild_cursors(ctx, user_id, false).await?
-        }
-    };
-    let missing: Vec<u64> =
-        cursors.iter().filter(|(_, _, seq)| seq.is_none()).map(|(g, _, _)| *g).collect();
-    let loaded = load_max_seqs(ctx, &missing).await?;
-    let mut groups: Vec<GroupUnread> = cursors
-        .into_iter()
-        .map(|(group_id, last_ack_seq, cached)| {
-            let max_seq = cached.or_else(|| loaded.get(&group_id).copied()).unwrap_or(0);
-            GroupUnread {
-                group_id,
-                unread: max_seq.saturating_sub(last_ack_seq),
-                max_seq,
-                last_ack_seq,
-            }
-        })
-        .collect();
-    groups.sort_unstable_by_key(|g| g.group_id);
-    let total = groups.iter().map(|g| g.unread).sum();
-    Ok(UnreadSummary { groups, total })
-}
-
-/// Reads a user's cursors from MySQL, caching them under a lease when asked.
-async fn rebuild_cursors(
-    ctx: &Context,
-    user_id: UserId,
-    cache: bool,
-) -> Result<Vec<(u64, u64, Option<u64>)>> {
-    let lease =
-        if cache { ctx.cache.take_membership_lease(user_id.get()).await.ok() } else { None };
-    let pool = ctx.pools.for_user(user_id.get()).1;
-    let memberships = store::memberships(pool, user_id.get()).await?;
-    if let Some(token) = lease {
-        let ttl = ctx.settings.groups.membership_cache_ttl_secs;
-        let stored = ctx.cache.store_memberships(user_id.get(), token, &memberships, ttl).await;
-        if let Err(e) = stored {
-            warn!(error = %e, "could not cache group cursors");
-        }
-    }
-    Ok(memberships.into_iter().map(|(group, ack)| (group, ack, None)).collect())
-}
-
-/// Reads groups' max seqs from their home shards (one query per shard) and
-/// caches them.
-async fn load_max_seqs(ctx: &Context, group_ids: &[u64]) -> Result<HashMap<u64, u64>> {
-    if group_ids.is_empty() {
-        return Ok(HashMap::new());
-    }
-    let by_shard = ctx.pools.map().partition_users(group_ids);
-    let found =
-        try_join_all(by_shard.iter().map(|(shard, ids)| async move {
-            store::max_seqs(shard_pool(ctx, *shard)?, ids).await
-        }))
-        .await?;
-    let seqs: HashMap<u64, u64> = found.into_iter().flatten().collect();
-    raise_cached_seqs(ctx, seqs.clone()).await;
-    Ok(seqs)
 }

@@ -1,0 +1,123 @@
+//! Group unread counts: `max_seq - last_ack_seq` per group, from cached
+//! cursors and max seqs, with MySQL filling whatever the cache misses.
+
+use std::collections::HashMap;
+
+use futures::future::try_join_all;
+use tracing::{instrument, warn};
+
+use super::{raise_cached_seqs, shard_pool};
+use crate::cache::CachedGroup;
+use crate::context::Context;
+use crate::db::groups as store;
+use crate::domain::UserId;
+use crate::error::Result;
+
+/// Unread messages of one group for one member.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct GroupUnread {
+    /// The group.
+    pub group_id: u64,
+    /// `max_seq - last_ack_seq`, never negative.
+    pub unread: u64,
+    /// The group's max seq.
+    pub max_seq: u64,
+    /// The member's cursor.
+    pub last_ack_seq: u64,
+}
+
+/// A user's unread counts over all their groups.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct UnreadSummary {
+    /// Per group, by group id.
+    pub groups: Vec<GroupUnread>,
+    /// Sum over the groups.
+    pub total: u64,
+}
+
+/// Computes a user's group unread counts from cursors and max seqs: from
+/// Redis when cached, else from the user's shard (one query) and the groups'
+/// home shards (one query per shard), caching what was read.
+#[instrument(skip_all, fields(user_id = user_id.get()))]
+pub async fn unread(ctx: &Context, user_id: UserId) -> Result<UnreadSummary> {
+    let cached = ctx.cache.cached_user_state(user_id.get()).await.map(|state| state.groups);
+    unread_from(ctx, user_id, cached).await
+}
+
+/// [`unread`] given what the cache held (`Ok(None)`: a miss; `Err`: Redis
+/// is unavailable, so nothing is cached either).
+pub async fn unread_from(
+    ctx: &Context,
+    user_id: UserId,
+    cached: Result<Option<Vec<CachedGroup>>>,
+) -> Result<UnreadSummary> {
+    let cursors: Vec<(u64, u64, Option<u64>)> = match cached {
+        Ok(Some(cached)) => {
+            metrics::counter!("notify_group_cursor_cache_hits_total").increment(1);
+            cached.into_iter().map(|g| (g.group_id, g.last_ack_seq, g.max_seq)).collect()
+        }
+        Ok(None) => {
+            metrics::counter!("notify_group_cursor_cache_misses_total").increment(1);
+            rebuild_cursors(ctx, user_id, true).await?
+        }
+        Err(e) => {
+            warn!(error = %e, "group cache unavailable, reading mysql");
+            rebuild_cursors(ctx, user_id, false).await?
+        }
+    };
+    let missing: Vec<u64> =
+        cursors.iter().filter(|(_, _, seq)| seq.is_none()).map(|(g, _, _)| *g).collect();
+    let loaded = load_max_seqs(ctx, &missing).await?;
+    let mut groups: Vec<GroupUnread> = cursors
+        .into_iter()
+        .map(|(group_id, last_ack_seq, cached)| {
+            let max_seq = cached.or_else(|| loaded.get(&group_id).copied()).unwrap_or(0);
+            GroupUnread {
+                group_id,
+                unread: max_seq.saturating_sub(last_ack_seq),
+                max_seq,
+                last_ack_seq,
+            }
+        })
+        .collect();
+    groups.sort_unstable_by_key(|g| g.group_id);
+    let total = groups.iter().map(|g| g.unread).sum();
+    Ok(UnreadSummary { groups, total })
+}
+
+/// Reads a user's cursors from MySQL, caching them under a lease when asked.
+async fn rebuild_cursors(
+    ctx: &Context,
+    user_id: UserId,
+    cache: bool,
+) -> Result<Vec<(u64, u64, Option<u64>)>> {
+    let lease =
+        if cache { ctx.cache.take_membership_lease(user_id.get()).await.ok() } else { None };
+    let pool = ctx.pools.for_user(user_id.get()).1;
+    let memberships = store::memberships(pool, user_id.get()).await?;
+    if let Some(token) = lease {
+        let ttl = ctx.settings.groups.membership_cache_ttl_secs;
+        let stored = ctx.cache.store_memberships(user_id.get(), token, &memberships, ttl).await;
+        if let Err(e) = stored {
+            warn!(error = %e, "could not cache group cursors");
+        }
+    }
+    Ok(memberships.into_iter().map(|(group, ack)| (group, ack, None)).collect())
+}
+
+/// Reads groups' max seqs from their home shards (one query per shard) and
+/// caches them.
+async fn load_max_seqs(ctx: &Context, group_ids: &[u64]) -> Result<HashMap<u64, u64>> {
+    if group_ids.is_empty() {
+        return Ok(HashMap::new());
+    }
+    let by_shard = ctx.pools.map().partition_groups(group_ids);
+    let found =
+        try_join_all(by_shard.iter().map(|(shard, ids)| async move {
+            store::max_seqs(shard_pool(ctx, *shard)?, ids).await
+        }))
+        .await?;
+    let seqs: HashMap<u64, u64> = found.into_iter().flatten().collect();
+    raise_cached_seqs(ctx, seqs.clone()).await;
+    Ok(seqs)
+}
