@@ -115,7 +115,10 @@ impl GroupService for GroupApi {
         }))
     }
 
-    #[instrument(skip_all, fields(user_id = request.get_ref().user_id, group_id = request.get_ref().group_id))]
+    #[instrument(
+        skip_all,
+        fields(user_id = request.get_ref().user_id, group_id = request.get_ref().group_id)
+    )]
     async fn pull_group_messages(
         &self,
         request: Request<v1::PullGroupMessagesRequest>,
@@ -132,7 +135,10 @@ impl GroupService for GroupApi {
         }))
     }
 
-    #[instrument(skip_all, fields(user_id = request.get_ref().user_id, group_id = request.get_ref().group_id))]
+    #[instrument(
+        skip_all,
+        fields(user_id = request.get_ref().user_id, group_id = request.get_ref().group_id)
+    )]
     async fn ack_group_messages(
         &self,
         request: Request<v1::AckGroupMessagesRequest>,
