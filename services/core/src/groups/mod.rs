@@ -84,12 +84,7 @@ pub async fn add_members(
     with_history: bool,
 ) -> Result<u64> {
     let _permit = ctx.cross_shard_permit().await?;
-    let home = ctx.pools.for_group(group_id).1;
-    let mut lock = home.begin().await?;
-    if !store::lock_group(&mut lock, group_id).await? {
-        lock.rollback().await?;
-        return Err(Error::NotFound(format!("group {group_id}")));
-    }
+    let mut lock = lock_group(ctx, group_id).await?;
     let max_seq = store::max_seq(&mut *lock, group_id).await?.unwrap_or(0);
     let joined_seq = if with_history { 0 } else { max_seq };
     let parts = ctx.pools.map().partition_users(user_ids);
@@ -129,12 +124,7 @@ pub async fn add_members(
 #[instrument(skip_all, fields(group_id = group_id, users = user_ids.len()))]
 pub async fn remove_members(ctx: &Context, group_id: u64, user_ids: &[u64]) -> Result<u64> {
     let _permit = ctx.cross_shard_permit().await?;
-    let home = ctx.pools.for_group(group_id).1;
-    let mut lock = home.begin().await?;
-    if !store::lock_group(&mut lock, group_id).await? {
-        lock.rollback().await?;
-        return Err(Error::NotFound(format!("group {group_id}")));
-    }
+    let lock = lock_group(ctx, group_id).await?;
     let parts = ctx.pools.map().partition_users(user_ids);
     let removed = change_members(
         ctx,
@@ -173,6 +163,17 @@ async fn on_every_shard(
     futures: impl IntoIterator<Item = impl Future<Output = Result<u64>>>,
 ) -> Result<u64> {
     futures::future::join_all(futures).await.into_iter().sum()
+}
+
+/// Opens a transaction on the group's home shard holding the group's row
+/// lock (member changes of one group queue here); `NotFound` if unknown.
+async fn lock_group(ctx: &Context, group_id: u64) -> Result<sqlx::Transaction<'_, sqlx::MySql>> {
+    let mut lock = ctx.pools.for_group(group_id).1.begin().await?;
+    if !store::lock_group(&mut lock, group_id).await? {
+        lock.rollback().await?;
+        return Err(Error::NotFound(format!("group {group_id}")));
+    }
+    Ok(lock)
 }
 
 fn shard_pool(ctx: &Context, shard: shard_router::ShardId) -> Result<&sqlx::MySqlPool> {
