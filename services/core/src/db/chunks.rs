@@ -5,6 +5,7 @@
 use chrono::NaiveDateTime;
 use sqlx::{MySqlPool, QueryBuilder};
 
+use super::push_ids;
 use crate::domain::{Content, MessageId};
 use crate::error::{Error, Result};
 
@@ -424,10 +425,7 @@ pub async fn touch(pool: &MySqlPool, message_id: MessageId, chunk_ids: &[u64]) -
         "UPDATE message_chunks SET updated_at = UTC_TIMESTAMP(3) WHERE state = 0 AND message_id = ",
     );
     update.push_bind(message_id.get()).push(" AND chunk_id IN (");
-    let mut ids = update.separated(", ");
-    for id in chunk_ids {
-        ids.push_bind(*id);
-    }
+    push_ids(&mut update, chunk_ids);
     update.push(")");
     update.build().execute(pool).await?;
     Ok(())

@@ -4,6 +4,7 @@
 use chrono::NaiveDateTime;
 use sqlx::{FromRow, MySqlConnection, MySqlPool, QueryBuilder};
 
+use super::push_ids;
 use crate::domain::Content;
 use crate::error::{Error, Result};
 
@@ -86,10 +87,7 @@ pub async fn max_seqs(pool: &MySqlPool, group_ids: &[u64]) -> Result<Vec<(u64, u
     for batch in group_ids.chunks(MEMBER_ROWS_PER_STATEMENT) {
         let mut select =
             QueryBuilder::new("SELECT group_id, max_seq FROM group_seqs WHERE group_id IN (");
-        let mut ids = select.separated(", ");
-        for id in batch {
-            ids.push_bind(*id);
-        }
+        push_ids(&mut select, batch);
         select.push(")");
         found.extend(select.build_query_as::<(u64, u64)>().fetch_all(pool).await?);
     }
@@ -311,10 +309,7 @@ pub async fn count_present(pool: &MySqlPool, group_id: u64, user_ids: &[u64]) ->
     for batch in user_ids.chunks(MEMBER_ROWS_PER_STATEMENT) {
         let mut select = QueryBuilder::new("SELECT COUNT(*) FROM group_members WHERE group_id = ");
         select.push_bind(group_id).push(" AND user_id IN (");
-        let mut ids = select.separated(", ");
-        for id in batch {
-            ids.push_bind(*id);
-        }
+        push_ids(&mut select, batch);
         select.push(")");
         let count: i64 = select.build_query_scalar().fetch_one(pool).await?;
         present += count.max(0) as u64;
@@ -359,10 +354,7 @@ pub async fn remove_members(pool: &MySqlPool, group_id: u64, user_ids: &[u64]) -
     for batch in user_ids.chunks(MEMBER_ROWS_PER_STATEMENT) {
         let mut delete = QueryBuilder::new("DELETE FROM group_members WHERE group_id = ");
         delete.push_bind(group_id).push(" AND user_id IN (");
-        let mut ids = delete.separated(", ");
-        for id in batch {
-            ids.push_bind(*id);
-        }
+        push_ids(&mut delete, batch);
         delete.push(")");
         removed += delete.build().execute(&mut *tx).await?.rows_affected();
     }

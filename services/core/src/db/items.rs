@@ -3,6 +3,7 @@
 use chrono::NaiveDateTime;
 use sqlx::{FromRow, MySqlPool, QueryBuilder};
 
+use super::push_ids;
 use crate::error::Result;
 
 /// One inbox entry with its content.
@@ -118,10 +119,7 @@ pub async fn present<'e>(
     }
     let mut select = QueryBuilder::new("SELECT message_id FROM message_items WHERE user_id = ");
     select.push_bind(user_id).push(" AND message_id IN (");
-    let mut ids = select.separated(", ");
-    for id in message_ids {
-        ids.push_bind(*id);
-    }
+    push_ids(&mut select, message_ids);
     select.push(")");
     Ok(select.build_query_scalar().fetch_all(pool).await?)
 }
@@ -154,10 +152,7 @@ pub async fn materialize(pool: &MySqlPool, user_id: u64, message_ids: &[u64]) ->
     insert.push_bind(user_id).push(
         ", message_id, category, expire_at FROM message_contents WHERE revoked = 0 AND message_id IN (",
     );
-    let mut ids = insert.separated(", ");
-    for id in &missing {
-        ids.push_bind(*id);
-    }
+    push_ids(&mut insert, &missing);
     insert.push(")");
     let written = insert.build().execute(&mut *tx).await?.rows_affected();
     let mut stats =
@@ -193,10 +188,7 @@ pub async fn mark_read(
     let mut select =
         QueryBuilder::new("SELECT message_id, is_read FROM message_items WHERE user_id = ");
     select.push_bind(user_id).push(" AND message_id IN (");
-    let mut ids = select.separated(", ");
-    for id in message_ids {
-        ids.push_bind(*id);
-    }
+    push_ids(&mut select, message_ids);
     select.push(") FOR UPDATE");
     let found: Vec<(u64, bool)> = select.build_query_as().fetch_all(&mut *tx).await?;
     let unknown: Vec<u64> =
@@ -244,10 +236,7 @@ async fn mark_ids(
         "UPDATE message_items SET is_read = 1, read_at = UTC_TIMESTAMP(3) WHERE is_read = 0 AND user_id = ",
     );
     update.push_bind(user_id).push(" AND message_id IN (");
-    let mut ids = update.separated(", ");
-    for id in message_ids {
-        ids.push_bind(*id);
-    }
+    push_ids(&mut update, message_ids);
     update.push(")");
     update.build().execute(&mut **tx).await?;
 

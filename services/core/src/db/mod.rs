@@ -16,6 +16,14 @@ use tracing::info;
 use crate::error::{Error, Result};
 use crate::settings::{Settings, ShardSettings};
 
+/// Binds `ids` as a comma-separated list (the inside of an `IN (...)`).
+pub(crate) fn push_ids(query: &mut sqlx::QueryBuilder<sqlx::MySql>, ids: &[u64]) {
+    let mut list = query.separated(", ");
+    for id in ids {
+        list.push_bind(*id);
+    }
+}
+
 /// Every shard's connection pool, routed by the shard map.
 pub type ShardPools = Shards<MySqlPool>;
 
