@@ -234,6 +234,59 @@ async fn batch_badges_keep_request_order_and_match_mysql() {
     app.cleanup().await;
 }
 
+/// Badge reads in flight together share Redis calls, and each still gets its
+/// own user's count (a user in a group too).
+#[tokio::test]
+async fn concurrent_badges_share_redis_reads_and_each_gets_its_own() {
+    let app = spawn_app().await;
+    let users: Vec<u64> = (1..=300).collect();
+    send_and_wait(&app, users.clone()).await;
+    send_and_wait(&app, (1..=150).collect()).await;
+    for user_id in (3..=300).step_by(3) {
+        let request = v1::MarkAllReadRequest { user_id, ..Default::default() };
+        app.inbox().mark_all_read(request).await.unwrap();
+    }
+    let expected = |user: u64| match (user % 3, user <= 150) {
+        (0, _) => 0,
+        (_, true) => 2,
+        (_, false) => 1,
+    };
+    let mut groups = app.groups();
+    let group = v1::CreateGroupRequest { group_id: 77, name: "badge readers".into() };
+    groups.create_group(group).await.unwrap();
+    let members =
+        v1::AddGroupMembersRequest { group_id: 77, user_ids: vec![7], with_history: false };
+    groups.add_group_members(members).await.unwrap();
+    let message = v1::SendGroupMessageRequest {
+        group_id: 77,
+        sender: "tests".into(),
+        content: Some(notify_testkit::content("group")),
+        ..Default::default()
+    };
+    groups.send_group_message(message).await.unwrap();
+
+    // Every call in flight at once, from one task.
+    let calls = users.iter().map(|&user_id| {
+        let mut inbox = app.inbox();
+        async move {
+            let request = v1::GetUnreadCountRequest { user_id };
+            inbox.get_unread_count(request).await.unwrap().into_inner()
+        }
+    });
+    let (reads_before, calls_before) = app.ctx.cache.user_state_read_stats();
+    let answers = futures::future::join_all(calls).await;
+    for answer in &answers {
+        assert_eq!(answer.unread, expected(answer.user_id), "user {}", answer.user_id);
+        let group_unread = u64::from(answer.user_id == 7);
+        assert_eq!(answer.group_unread, group_unread, "user {}", answer.user_id);
+    }
+    let (reads_after, calls_after) = app.ctx.cache.user_state_read_stats();
+    let (reads, script_calls) = (reads_after - reads_before, calls_after - calls_before);
+    assert_eq!(reads, 300);
+    assert!(script_calls < reads / 2, "{reads} reads took {script_calls} Redis calls");
+    app.cleanup().await;
+}
+
 /// Sends, mark-reads, badge reads, cache flushes and a worker crash race each
 /// other; once quiet, every badge equals the unread items in MySQL.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

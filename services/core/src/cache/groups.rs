@@ -32,24 +32,34 @@ use std::collections::HashMap;
 use redis::Script;
 
 use super::{Cache, CachedCounts, DIRTY_MS, LEASE_MS};
-use crate::error::Result;
+use crate::error::{Error, Result};
 
 /// Users per invalidation script call (a script blocks Redis while it runs).
 const USERS_PER_CALL: usize = 1000;
 
-/// Everything a badge shows, in one round trip. ARGV: prefix, user. Returns
-/// the announcement epoch, the cached badge or '', '1' when the user's
-/// cursors are cached (else '0'), then `group, ack, seq or ''` triples.
-const USER_STATE: &str = r"
+/// Everything the badges of some users show, in one round trip. ARGV:
+/// prefix, users... Returns the announcement epoch, then per user: the cached
+/// badge or '', '1' when the user's cursors are cached (else '0'), the number
+/// of groups n, then n `group, ack, seq or ''` triples.
+const USER_STATES: &str = r"
 local epoch = redis.call('GET', ARGV[1] .. 'ann:epoch') or '0'
-local badge = redis.call('GET', ARGV[1] .. 'unread:' .. epoch .. ':' .. ARGV[2]) or ''
-local entries = redis.call('HGETALL', ARGV[1] .. 'gmem:' .. ARGV[2])
-local out = { epoch, badge, #entries > 0 and '1' or '0' }
-for i = 1, #entries, 2 do
-  if entries[i] ~= '_' then
-    out[#out + 1] = entries[i]
-    out[#out + 1] = entries[i + 1]
-    out[#out + 1] = redis.call('GET', ARGV[1] .. 'gseq:' .. entries[i]) or ''
+local out = { epoch }
+for u = 2, #ARGV do
+  local badge = redis.call('GET', ARGV[1] .. 'unread:' .. epoch .. ':' .. ARGV[u]) or ''
+  local entries = redis.call('HGETALL', ARGV[1] .. 'gmem:' .. ARGV[u])
+  local groups = {}
+  for i = 1, #entries, 2 do
+    if entries[i] ~= '_' then
+      groups[#groups + 1] = entries[i]
+      groups[#groups + 1] = entries[i + 1]
+      groups[#groups + 1] = redis.call('GET', ARGV[1] .. 'gseq:' .. entries[i]) or ''
+    end
+  end
+  out[#out + 1] = badge
+  out[#out + 1] = #entries > 0 and '1' or '0'
+  out[#out + 1] = tostring(#groups / 3)
+  for i = 1, #groups do
+    out[#out + 1] = groups[i]
   end
 end
 return out
@@ -108,7 +118,7 @@ return 1
 /// The group scripts, loaded once per connection.
 #[derive(Clone)]
 pub(super) struct Scripts {
-    user_state: Script,
+    pub(super) user_states: Script,
     store_memberships: Script,
     change_memberships: Script,
     raise_seqs: Script,
@@ -117,7 +127,7 @@ pub(super) struct Scripts {
 impl Scripts {
     pub(super) fn new() -> Self {
         Self {
-            user_state: Script::new(USER_STATE),
+            user_states: Script::new(USER_STATES),
             store_memberships: Script::new(STORE_MEMBERSHIPS),
             change_memberships: Script::new(CHANGE_MEMBERSHIPS),
             raise_seqs: Script::new(RAISE_SEQS),
@@ -146,33 +156,17 @@ pub struct CachedUserState {
 }
 
 impl Cache {
-    /// Reads a user's cached badge, cursors and their groups' max seqs in
-    /// one round trip.
+    /// Reads a user's cached badge, cursors and their groups' max seqs. Reads
+    /// of many users waiting at the same moment share one round trip (see
+    /// [`super::coalesce`]).
     pub async fn cached_user_state(&self, user_id: u64) -> Result<CachedUserState> {
-        let mut conn = self.conn.clone();
-        let flat: Vec<String> =
-            self.groups.user_state.arg(&self.prefix).arg(user_id).invoke_async(&mut conn).await?;
-        let field = |i: usize| flat.get(i).map(String::as_str).unwrap_or_default();
-        let groups = (field(2) == "1").then(|| {
-            flat.get(3..)
-                .unwrap_or_default()
-                .chunks_exact(3)
-                .filter_map(|entry| {
-                    Some(CachedGroup {
-                        group_id: entry[0].parse().ok()?,
-                        last_ack_seq: entry[1].parse().ok()?,
-                        max_seq: entry[2].parse().ok(),
-                    })
-                })
-                .collect()
-        });
-        Ok(CachedUserState {
-            badge: CachedCounts {
-                epoch: field(0).parse().unwrap_or(0),
-                counts: vec![field(1).parse().ok()],
-            },
-            groups,
-        })
+        self.user_state_reads.read(user_id).await
+    }
+
+    /// Returns how many [`Self::cached_user_state`] reads were served so far,
+    /// and with how many Redis script calls.
+    pub fn user_state_read_stats(&self) -> (u64, u64) {
+        self.user_state_reads.stats()
     }
 
     /// Takes a lease to rebuild a user's cached memberships; returns the token.
@@ -255,5 +249,82 @@ impl Cache {
             .arg(format!("{}gseq:{group_id}", self.prefix))
             .query_async(&mut conn)
             .await?)
+    }
+}
+
+/// Reads the cached state of `user_ids` with ONE script call, in input order.
+pub(super) async fn read_user_states(
+    conn: &mut redis::aio::ConnectionManager,
+    script: &Script,
+    prefix: &str,
+    user_ids: &[u64],
+) -> Result<Vec<CachedUserState>> {
+    let mut invocation = script.arg(prefix);
+    for user_id in user_ids {
+        invocation.arg(*user_id);
+    }
+    let flat: Vec<String> = invocation.invoke_async(conn).await?;
+    parse_user_states(&flat, user_ids.len())
+}
+
+/// Splits the flat reply of [`USER_STATES`] into one state per user.
+fn parse_user_states(flat: &[String], users: usize) -> Result<Vec<CachedUserState>> {
+    let malformed = || Error::Internal("malformed reply of the user state script".to_owned());
+    let mut fields = flat.iter().map(String::as_str);
+    let epoch = fields.next().ok_or_else(malformed)?.parse().unwrap_or(0);
+    let mut states = Vec::with_capacity(users);
+    for _ in 0..users {
+        let badge = fields.next().ok_or_else(malformed)?.parse().ok();
+        let cursors_cached = fields.next().ok_or_else(malformed)? == "1";
+        let count: usize = fields.next().ok_or_else(malformed)?.parse().map_err(|_| malformed())?;
+        let mut groups = Vec::with_capacity(count);
+        for _ in 0..count {
+            let (group, ack, seq) = (fields.next(), fields.next(), fields.next());
+            let (Some(group), Some(ack), Some(seq)) = (group, ack, seq) else {
+                return Err(malformed());
+            };
+            if let (Ok(group_id), Ok(last_ack_seq)) = (group.parse(), ack.parse()) {
+                groups.push(CachedGroup { group_id, last_ack_seq, max_seq: seq.parse().ok() });
+            }
+        }
+        states.push(CachedUserState {
+            badge: CachedCounts { epoch, counts: vec![badge] },
+            groups: cursors_cached.then_some(groups),
+        });
+    }
+    Ok(states)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn strings(fields: &[&str]) -> Vec<String> {
+        fields.iter().map(|f| (*f).to_owned()).collect()
+    }
+
+    #[test]
+    fn user_states_split_per_user_in_order() {
+        let flat = strings(&["7", "3", "1", "2", "10", "4", "9", "11", "5", "", "", "0", "0"]);
+        let states = parse_user_states(&flat, 2).unwrap();
+        assert_eq!(states.len(), 2);
+        assert_eq!(states[0].badge.epoch, 7);
+        assert_eq!(states[0].badge.counts, vec![Some(3)]);
+        assert_eq!(
+            states[0].groups,
+            Some(vec![
+                CachedGroup { group_id: 10, last_ack_seq: 4, max_seq: Some(9) },
+                CachedGroup { group_id: 11, last_ack_seq: 5, max_seq: None },
+            ])
+        );
+        assert_eq!(states[1].badge.counts, vec![None]);
+        assert_eq!(states[1].groups, None);
+    }
+
+    #[test]
+    fn truncated_user_states_are_an_error() {
+        let flat = strings(&["0", "1", "1", "2", "10", "4"]);
+        assert!(parse_user_states(&flat, 1).is_err());
+        assert!(parse_user_states(&strings(&["0"]), 1).is_err());
     }
 }

@@ -4,6 +4,7 @@
 //! data and leaves no count wrong.
 
 mod badge;
+mod coalesce;
 mod groups;
 
 pub use badge::{CachedCounts, RebuiltCount};
@@ -46,6 +47,7 @@ pub struct Cache {
     write_status_if_newer: Script,
     badge: badge::Scripts,
     groups: groups::Scripts,
+    user_state_reads: coalesce::UserStateReads,
 }
 
 impl Cache {
@@ -61,12 +63,19 @@ impl Cache {
             .get_connection_manager_with_config(config)
             .await
             .map_err(|e| Error::Unavailable(format!("redis.url: cannot connect: {e}")))?;
+        let groups = groups::Scripts::new();
+        let user_state_reads = coalesce::UserStateReads::start(
+            conn.clone(),
+            groups.user_states.clone(),
+            settings.key_prefix.clone(),
+        );
         Ok(Self {
             conn,
             prefix: settings.key_prefix.clone(),
             write_status_if_newer: Script::new(WRITE_STATUS_IF_NEWER),
             badge: badge::Scripts::new(),
-            groups: groups::Scripts::new(),
+            groups,
+            user_state_reads,
         })
     }
 
