@@ -10,6 +10,7 @@ pub mod status;
 use std::net::SocketAddr;
 use std::time::Duration;
 
+use notify_core::settings::ApiSettings;
 use notify_core::{Context, Settings};
 use notify_proto::v1::group_service_server::GroupServiceServer;
 use notify_proto::v1::inbox_service_server::InboxServiceServer;
@@ -23,6 +24,22 @@ use crate::grpc::group::GroupApi;
 use crate::grpc::inbox::InboxApi;
 use crate::grpc::message::MessageApi;
 use crate::metrics_layer::GrpcMetricsLayer;
+
+/// Builds the runtime `api.worker_threads` asks for: one thread (1), a
+/// work-stealing pool of N threads (N > 1) or of one thread per core (0).
+pub fn runtime(settings: &ApiSettings) -> std::io::Result<tokio::runtime::Runtime> {
+    let mut builder = match settings.worker_threads {
+        1 => tokio::runtime::Builder::new_current_thread(),
+        threads => {
+            let mut builder = tokio::runtime::Builder::new_multi_thread();
+            if threads > 1 {
+                builder.worker_threads(threads);
+            }
+            builder
+        }
+    };
+    builder.enable_all().build()
+}
 
 /// A built, bound, not yet serving api.
 pub struct Application {

@@ -1,12 +1,102 @@
 //! A tower layer that records, per gRPC method and status code, the request
 //! count and duration, and the number of requests in flight.
+//!
+//! Metric handles are resolved once per method and code and kept, so a call
+//! costs a map lookup under a read lock and a few atomic operations, not a
+//! registry lookup with freshly allocated labels.
 
+use std::collections::HashMap;
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::{Arc, LazyLock, OnceLock, RwLock};
 use std::task::{Context, Poll};
 use std::time::Instant;
 
+use metrics::{Counter, Gauge, Histogram};
 use tower::{Layer, Service};
+
+/// Distinct method paths given their own labels; calls to further paths
+/// (only unknown methods, as the services have fewer) share one label, so a
+/// client cannot grow the metrics without bound.
+const MAX_METHODS: usize = 128;
+/// Label of the calls beyond [`MAX_METHODS`].
+const OTHER_METHOD: &str = "other";
+/// gRPC codes 0..=16, then one slot for transport errors.
+const CODES: usize = 18;
+const CODE_LABELS: [&str; CODES] = [
+    "0",
+    "1",
+    "2",
+    "3",
+    "4",
+    "5",
+    "6",
+    "7",
+    "8",
+    "9",
+    "10",
+    "11",
+    "12",
+    "13",
+    "14",
+    "15",
+    "16",
+    "transport",
+];
+
+/// The handles of one method.
+struct MethodMetrics {
+    method: String,
+    in_flight: Gauge,
+    by_code: [OnceLock<(Counter, Histogram)>; CODES],
+}
+
+impl MethodMetrics {
+    fn new(method: &str) -> Self {
+        Self {
+            method: method.to_owned(),
+            in_flight: metrics::gauge!("notify_grpc_requests_in_flight", "method" => method.to_owned()),
+            by_code: std::array::from_fn(|_| OnceLock::new()),
+        }
+    }
+
+    fn finished(&self, code: usize, seconds: f64) {
+        let (count, duration) = self.by_code[code].get_or_init(|| {
+            let labels = [("method", self.method.clone()), ("code", CODE_LABELS[code].to_owned())];
+            (
+                metrics::counter!("notify_grpc_requests_total", &labels),
+                metrics::histogram!("notify_grpc_request_duration_seconds", &labels),
+            )
+        });
+        count.increment(1);
+        duration.record(seconds);
+    }
+}
+
+static METHODS: LazyLock<RwLock<HashMap<String, Arc<MethodMetrics>>>> =
+    LazyLock::new(RwLock::default);
+
+fn method_metrics(path: &str) -> Arc<MethodMetrics> {
+    let known = METHODS.read().unwrap_or_else(|e| e.into_inner()).get(path).cloned();
+    if let Some(known) = known {
+        return known;
+    }
+    let mut methods = METHODS.write().unwrap_or_else(|e| e.into_inner());
+    let key = if methods.len() < MAX_METHODS { path } else { OTHER_METHOD };
+    methods.entry(key.to_owned()).or_insert_with(|| Arc::new(MethodMetrics::new(key))).clone()
+}
+
+/// The index in [`CODE_LABELS`] of a `grpc-status` value.
+fn code_index(status: Option<&str>) -> usize {
+    // Errors travel in the headers of trailers-only responses; a response
+    // without grpc-status in its headers succeeded or reports its status in
+    // trailers (streams), counted as "0". A value that is no gRPC code is
+    // counted as UNKNOWN (2).
+    match status {
+        None => 0,
+        Some(value) => value.parse::<usize>().ok().filter(|code| *code <= 16).unwrap_or(2),
+    }
+}
 
 /// Adds [`GrpcMetrics`] around a service.
 #[derive(Debug, Clone, Copy, Default)]
@@ -41,32 +131,43 @@ where
     }
 
     fn call(&mut self, request: http::Request<B>) -> Self::Future {
-        let method = request.uri().path().to_owned();
+        let metrics = method_metrics(request.uri().path());
         let started = Instant::now();
-        let in_flight =
-            metrics::gauge!("notify_grpc_requests_in_flight", "method" => method.clone());
-        in_flight.increment(1.0);
+        metrics.in_flight.increment(1.0);
         let future = self.inner.call(request);
         Box::pin(async move {
             let result = future.await;
-            in_flight.decrement(1.0);
-            // Errors travel in the headers of trailers-only responses; a
-            // response without grpc-status in its headers succeeded or
-            // reports its status in trailers (streams), counted as "0".
+            metrics.in_flight.decrement(1.0);
             let code = match &result {
-                Ok(response) => response
-                    .headers()
-                    .get("grpc-status")
-                    .and_then(|v| v.to_str().ok())
-                    .unwrap_or("0")
-                    .to_owned(),
-                Err(_) => "transport".to_owned(),
+                Ok(response) => {
+                    code_index(response.headers().get("grpc-status").and_then(|v| v.to_str().ok()))
+                }
+                Err(_) => CODES - 1,
             };
-            let labels = [("method", method), ("code", code)];
-            metrics::counter!("notify_grpc_requests_total", &labels).increment(1);
-            metrics::histogram!("notify_grpc_request_duration_seconds", &labels)
-                .record(started.elapsed().as_secs_f64());
+            metrics.finished(code, started.elapsed().as_secs_f64());
             result
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn status_values_map_to_their_code_labels() {
+        assert_eq!(CODE_LABELS[code_index(Some("3"))], "3");
+        assert_eq!(CODE_LABELS[code_index(Some("16"))], "16");
+        assert_eq!(CODE_LABELS[code_index(None)], "0");
+        assert_eq!(CODE_LABELS[code_index(Some("17"))], "2");
+        assert_eq!(CODE_LABELS[code_index(Some("x"))], "2");
+    }
+
+    #[test]
+    fn a_method_keeps_its_handles() {
+        let first = method_metrics("/test.Service/Method");
+        let second = method_metrics("/test.Service/Method");
+        assert!(Arc::ptr_eq(&first, &second));
+        assert_eq!(first.method, "/test.Service/Method");
     }
 }

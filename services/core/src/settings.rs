@@ -43,6 +43,10 @@ pub struct ApiSettings {
     pub metrics_listen: String,
     /// Longest drain of in-flight calls at shutdown.
     pub shutdown_grace_secs: u64,
+    /// Threads serving calls: 1 runs the api on one thread (the cheapest per
+    /// call; scale out with replicas), N > 1 on a work-stealing pool of N
+    /// threads, 0 on one thread per core.
+    pub worker_threads: usize,
 }
 
 /// Settings of `notify-worker`.

@@ -1,6 +1,11 @@
 //! The server around the RPCs: health, reflection, metrics, shutdown, config errors.
 
-use notify_testkit::{spawn_app, test_settings};
+use std::process::Stdio;
+use std::time::Duration;
+
+use notify_proto::v1;
+use notify_proto::v1::inbox_service_client::InboxServiceClient;
+use notify_testkit::{eventually, spawn_app, spawn_app_with, test_settings};
 use tokio_stream::StreamExt;
 use tonic_health::pb::HealthCheckRequest;
 use tonic_health::pb::health_check_response::ServingStatus;
@@ -97,7 +102,7 @@ async fn graceful_shutdown_reports_not_serving_then_stops() {
     let update = watch.next().await.expect("an update before the stream ends").unwrap();
     assert_eq!(update.status, ServingStatus::NotServing as i32);
     // The open watch stream cannot hold the shutdown past the grace period.
-    let stopped = tokio::time::timeout(std::time::Duration::from_secs(15), stopping).await;
+    let stopped = tokio::time::timeout(Duration::from_secs(15), stopping).await;
     stopped.expect("api stopped within the grace period").unwrap();
 }
 
@@ -110,4 +115,54 @@ async fn migrate_twice_changes_nothing_the_second_time() {
     assert_eq!(second.len(), 4);
     assert!(second.iter().all(|r| !r.created_database && r.applied.is_empty()), "{second:?}");
     notify_core::db::drop_all(&settings).await.unwrap();
+}
+
+/// Picks a free loopback port for a child process to bind.
+fn free_addr() -> String {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    listener.local_addr().unwrap().to_string()
+}
+
+#[tokio::test]
+async fn the_binary_serves_on_one_thread_or_a_pool_and_stops_on_sigterm() {
+    let app = spawn_app_with(test_settings(), false).await;
+    let config = app.write_config_file();
+    for threads in ["1", "2", "0"] {
+        let addr = free_addr();
+        let mut api = tokio::process::Command::new(env!("CARGO_BIN_EXE_notify-api"))
+            .env("NOTIFY_CONFIG", &config)
+            .env("NOTIFY_API__LISTEN", &addr)
+            .env("NOTIFY_API__METRICS_LISTEN", free_addr())
+            .env("NOTIFY_API__WORKER_THREADS", threads)
+            .stdout(Stdio::null())
+            .stderr(Stdio::inherit())
+            .kill_on_drop(true)
+            .spawn()
+            .expect("api binary starts");
+        let channel = eventually("the api binary accepts calls", Duration::from_secs(30), || {
+            let uri = format!("http://{addr}");
+            async move { tonic::transport::Channel::from_shared(uri).unwrap().connect().await.ok() }
+        })
+        .await;
+        let health = HealthClient::new(channel.clone())
+            .check(HealthCheckRequest { service: String::new() })
+            .await
+            .unwrap()
+            .into_inner();
+        assert_eq!(health.status, ServingStatus::Serving as i32, "worker_threads {threads}");
+        let badge = InboxServiceClient::new(channel)
+            .get_unread_count(v1::GetUnreadCountRequest { user_id: 42 })
+            .await
+            .unwrap()
+            .into_inner();
+        assert_eq!((badge.user_id, badge.unread), (42, 0), "worker_threads {threads}");
+
+        let pid = api.id().expect("running").to_string();
+        let killed = std::process::Command::new("kill").args(["-TERM", &pid]).status().unwrap();
+        assert!(killed.success());
+        let exit = tokio::time::timeout(Duration::from_secs(20), api.wait()).await;
+        let exit = exit.expect("stopped within 20 s of SIGTERM").unwrap();
+        assert!(exit.success(), "worker_threads {threads}: {exit}");
+    }
+    app.cleanup().await;
 }
