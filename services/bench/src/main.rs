@@ -19,6 +19,7 @@ mod fanout;
 mod group;
 mod harness;
 mod procstat;
+mod wire;
 
 use std::panic::AssertUnwindSafe;
 

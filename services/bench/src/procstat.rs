@@ -60,6 +60,7 @@ pub fn cpus() -> usize {
 pub struct MachineCpu {
     busy: u64,
     iowait: u64,
+    steal: u64,
     total: u64,
 }
 
@@ -71,9 +72,9 @@ fn machine_cpu() -> MachineCpu {
     let v: Vec<u64> = line.split_whitespace().skip(1).filter_map(|f| f.parse().ok()).collect();
     let get = |i: usize| v.get(i).copied().unwrap_or(0);
     // user nice system idle iowait irq softirq steal
-    let busy = get(0) + get(1) + get(2) + get(5) + get(6) + get(7);
-    let iowait = get(4);
-    MachineCpu { busy, iowait, total: busy + iowait + get(3) }
+    let busy = get(0) + get(1) + get(2) + get(5) + get(6);
+    let (iowait, steal) = (get(4), get(7));
+    MachineCpu { busy, iowait, steal, total: busy + iowait + steal + get(3) }
 }
 
 /// Processes whose CPU time is attributed per phase.
@@ -101,6 +102,9 @@ pub struct CpuUse {
     pub machine_busy: f64,
     /// Whole machine iowait, % of one core.
     pub machine_iowait: f64,
+    /// Time the hypervisor gave the machine's CPUs to other guests, % of
+    /// one core: the run had that much less CPU than it seems.
+    pub machine_steal: f64,
     /// Busy time not explained by the tracked processes.
     pub other: f64,
 }
@@ -149,11 +153,13 @@ impl Tracked {
         let scale = self.cpus as f64 * 100.0 / total;
         let machine_busy = b.machine.busy.saturating_sub(a.machine.busy) as f64 * scale;
         let machine_iowait = b.machine.iowait.saturating_sub(a.machine.iowait) as f64 * scale;
+        let machine_steal = b.machine.steal.saturating_sub(a.machine.steal) as f64 * scale;
         let tracked: f64 = per_process.iter().map(|(_, p)| p).sum();
         CpuUse {
             per_process,
             machine_busy,
             machine_iowait,
+            machine_steal,
             other: (machine_busy - tracked).max(0.0),
         }
     }
@@ -165,7 +171,7 @@ impl Tracked {
 }
 
 impl CpuUse {
-    /// One line: `mariadbd 120% worker 40% ... | machine 190%/200% iowait 5%`.
+    /// One line: `mariadbd 120% worker 40% ... | machine 190%/200% iowait 5% steal 0%`.
     pub fn line(&self, machine_max: usize) -> String {
         let mut parts: Vec<String> = self
             .per_process
@@ -177,11 +183,12 @@ impl CpuUse {
             parts.push("idle".into());
         }
         format!(
-            "{} | other {:.0}% | machine busy {:.0}%/{machine_max}% iowait {:.0}%",
+            "{} | other {:.0}% | machine busy {:.0}%/{machine_max}% iowait {:.0}% steal {:.0}%",
             parts.join(", "),
             self.other,
             self.machine_busy,
-            self.machine_iowait
+            self.machine_iowait,
+            self.machine_steal
         )
     }
 }

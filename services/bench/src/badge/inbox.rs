@@ -1,0 +1,203 @@
+//! The ListInbox half of `notify-bench badge`: a user with 1,000 items on a
+//! shard holding ~1M items, paged through the api one call at a time, and
+//! the same query run directly over sqlx (the database's share of a call).
+
+use std::time::Instant;
+
+use anyhow::{Context as _, bail, ensure};
+use chrono::Utc;
+use hdrhistogram::Histogram;
+use notify_core::ids::IdGenerator;
+use notify_proto::v1;
+use notify_proto::v1::inbox_service_client::InboxServiceClient;
+use sqlx::QueryBuilder;
+use sqlx::mysql::MySqlPool;
+use tonic::transport::Channel;
+
+use super::{BadgeArgs, new_hist};
+use crate::harness::{self, Env, thousands};
+
+/// What the ListInbox run measured.
+pub(super) struct Inbox {
+    pub(super) user: u64,
+    pub(super) shard: u32,
+    pub(super) shard_items: u64,
+    pub(super) seeded_rows: u64,
+    pub(super) seed_secs: f64,
+    pub(super) hist: Histogram<u64>,
+    pub(super) sql: Histogram<u64>,
+}
+
+/// Seeds the shard, then times `--inbox-calls` ListInbox calls.
+pub(super) async fn run_inbox(
+    env: &mut Env,
+    args: &BadgeArgs,
+    channel: &Channel,
+) -> anyhow::Result<Inbox> {
+    ensure!(args.inbox_items > 0, "--inbox-items must be > 0");
+    let map = env.settings.shard_map().map_err(|e| anyhow::anyhow!("{e}"))?;
+    let user = args.users.max(100_000_000) + 1;
+    let shard = map.shard_for_user(user);
+    let slot = map.slot_of(shard).context("shard slot")?;
+    let pool = harness::shard_pool(&env.settings, slot, 4).await?;
+    let started = Instant::now();
+    let seeded_rows = seed_inbox_shard(&pool, &map, shard, user, args).await?;
+    let seed_secs = started.elapsed().as_secs_f64();
+    let shard_items: i64 =
+        sqlx::query_scalar("SELECT COUNT(*) FROM message_items").fetch_one(&pool).await?;
+    let sql = inbox_sql_directly(&pool, user, args).await?;
+    pool.close().await;
+    println!(
+        "inbox seed: {} rows on shard {shard} in {seed_secs:.1} s ({} items on the shard)",
+        thousands(seeded_rows),
+        thousands(shard_items as u64)
+    );
+
+    let mut client = InboxServiceClient::new(channel.clone());
+    let mut hist = new_hist();
+    let mut token = String::new();
+    let mut page = 0;
+    let warmup = 20;
+    for call in 0..warmup + args.inbox_calls {
+        let started = Instant::now();
+        let reply = client
+            .list_inbox(v1::ListInboxRequest {
+                user_id: user,
+                page_size: 20,
+                page_token: std::mem::take(&mut token),
+                ..Default::default()
+            })
+            .await
+            .context("ListInbox")?
+            .into_inner();
+        let micros = (started.elapsed().as_nanos() as u64 / 1000).max(1);
+        if call >= warmup {
+            hist.saturating_record(micros);
+        }
+        let expected = 20.min(args.inbox_items.saturating_sub(u64::from(page) * 20)) as usize;
+        if reply.items.len() != expected {
+            bail!(
+                "ListInbox page {page} returned {} items, expected {expected}",
+                reply.items.len()
+            );
+        }
+        page += 1;
+        if page < args.inbox_pages && !reply.next_page_token.is_empty() {
+            token = reply.next_page_token;
+        } else {
+            page = 0;
+        }
+    }
+    Ok(Inbox {
+        user,
+        shard: shard.0,
+        shard_items: shard_items as u64,
+        seeded_rows,
+        seed_secs,
+        hist,
+        sql,
+    })
+}
+
+/// The api's inbox query (`notify_core::db::items::list`, page_size + 1
+/// rows) run directly from here with the same page pattern: the database's
+/// share of a ListInbox call.
+async fn inbox_sql_directly(
+    pool: &MySqlPool,
+    user: u64,
+    args: &BadgeArgs,
+) -> anyhow::Result<Histogram<u64>> {
+    use notify_core::db::items::{self, InboxQuery};
+    let mut hist = new_hist();
+    let mut before = u64::MAX;
+    let mut page = 0;
+    for call in 0..20 + args.inbox_calls {
+        let query = InboxQuery { before, limit: 21, unread_only: false, category: None };
+        let started = Instant::now();
+        let rows = items::list(pool, user, &query).await?;
+        if call >= 20 {
+            hist.saturating_record((started.elapsed().as_nanos() as u64 / 1000).max(1));
+        }
+        page += 1;
+        match rows.get(19) {
+            Some(row) if page < args.inbox_pages && rows.len() > 20 => before = row.message_id,
+            _ => {
+                before = u64::MAX;
+                page = 0;
+            }
+        }
+    }
+    Ok(hist)
+}
+
+/// Seeds the user's shard directly in SQL: `inbox_items` messages (content
+/// copies), the user's items for all of them, and `inbox_shard_rows` items
+/// of other users on the same shard (100 each). Returns rows inserted.
+async fn seed_inbox_shard(
+    pool: &MySqlPool,
+    map: &shard_router::ShardMap,
+    shard: shard_router::ShardId,
+    user: u64,
+    args: &BadgeArgs,
+) -> anyhow::Result<u64> {
+    let generator = IdGenerator::new();
+    let messages: Vec<u64> = (0..args.inbox_items).map(|_| generator.next_id().get()).collect();
+    let category = |index: usize| if index.is_multiple_of(2) { "news" } else { "promo" };
+    let now = Utc::now().naive_utc();
+    for (part, ids) in messages.chunks(500).enumerate() {
+        let mut insert = QueryBuilder::new(
+            "INSERT INTO message_contents (message_id, title, body, category, data, expire_at, created_at) ",
+        );
+        insert.push_values(ids.iter().enumerate(), |mut row, (i, id)| {
+            let index = part * 500 + i;
+            row.push_bind(*id)
+                .push_bind(format!("Inbox benchmark message {index}"))
+                .push_bind("A body of moderate length, as a notification would have: about a hundred bytes of text.")
+                .push_bind(category(index))
+                .push_bind(r#"{"link":"app://inbox/bench"}"#)
+                .push_bind(None::<chrono::NaiveDateTime>)
+                .push_bind(now);
+        });
+        insert.build().execute(pool).await?;
+    }
+
+    let per_user = 100.min(args.inbox_items);
+    let stride = (args.inbox_items / per_user).max(1);
+    let others: Vec<u64> = (user + 1..)
+        .filter(|u| map.shard_for_user(*u) == shard)
+        .take((args.inbox_shard_rows / per_user) as usize)
+        .collect();
+    // (user, message index, read) rows: the other users, then the target user.
+    let mut rows: Vec<(u64, usize, bool)> = Vec::new();
+    for (k, other) in others.iter().enumerate() {
+        for j in 0..per_user {
+            let index = ((k as u64 + j * stride) % args.inbox_items) as usize;
+            rows.push((*other, index, (k as u64 + j).is_multiple_of(3)));
+        }
+    }
+    for index in 0..args.inbox_items as usize {
+        rows.push((user, index, index.is_multiple_of(4)));
+    }
+    let total = rows.len() as u64;
+    let parts: Vec<&[(u64, usize, bool)]> = rows.chunks(rows.len().div_ceil(4).max(1)).collect();
+    let inserters = parts.into_iter().map(|part| {
+        let messages = &messages;
+        async move {
+            for statement in part.chunks(1000) {
+                let mut insert = QueryBuilder::new(
+                    "INSERT INTO message_items (user_id, message_id, is_read, category) ",
+                );
+                insert.push_values(statement, |mut row, (u, index, read)| {
+                    row.push_bind(*u)
+                        .push_bind(messages[*index])
+                        .push_bind(*read)
+                        .push_bind(category(*index));
+                });
+                insert.build().execute(pool).await?;
+            }
+            Ok::<_, anyhow::Error>(())
+        }
+    });
+    futures::future::try_join_all(inserters).await?;
+    Ok(total)
+}
