@@ -36,12 +36,17 @@ pub struct BadgeArgs {
     /// Concurrent requesters, for raw GET and for GetUnreadCount alike.
     #[arg(long, default_value_t = 32)]
     concurrency: usize,
-    /// Measured seconds of each of the two runs.
+    /// Measured seconds of each run (raw GET and GetUnreadCount: over all
+    /// rounds together).
     #[arg(long, default_value_t = 10)]
     seconds: u64,
-    /// Unmeasured warm-up seconds before each run.
+    /// Unmeasured warm-up seconds before each run (and each round).
     #[arg(long, default_value_t = 1)]
     warmup_secs: u64,
+    /// Rounds that raw GET and GetUnreadCount take turns in, so that a
+    /// burst of CPU steal on a shared machine hits both sides alike.
+    #[arg(long, default_value_t = 5)]
+    rounds: u32,
     /// gRPC channels (HTTP/2 connections) the requesters share.
     #[arg(long, default_value_t = 4)]
     channels: usize,
@@ -75,6 +80,17 @@ struct Load {
 }
 
 impl Load {
+    /// Adds another round of the same load.
+    fn merge(&mut self, round: Load) -> anyhow::Result<()> {
+        self.ops += round.ops;
+        self.wrong += round.wrong;
+        self.secs += round.secs;
+        self.hist.add(&round.hist)?;
+        self.cpu =
+            CpuUse::mean(&[self.cpu.clone(), round.cpu], &[self.secs - round.secs, round.secs]);
+        Ok(())
+    }
+
     fn rate(&self) -> f64 {
         self.ops as f64 / self.secs
     }
@@ -105,6 +121,10 @@ pub async fn run(args: BadgeArgs) -> anyhow::Result<()> {
     ensure!(
         !args.driver_threads.is_empty() && !args.driver_threads.contains(&0),
         "--driver-threads needs thread counts of at least 1"
+    );
+    ensure!(
+        args.rounds > 0 && args.seconds * 1000 / u64::from(args.rounds) >= 100,
+        "--rounds must be at least 1, with at least 100 ms of --seconds per round"
     );
     let base = Settings::load().map_err(|e| anyhow::anyhow!("{e}"))?;
     let tag = harness::fresh_tag();
@@ -174,22 +194,29 @@ async fn body(env: &mut Env, args: &BadgeArgs) -> anyhow::Result<String> {
     };
     let url = env.settings.redis.url.expose_secret().to_owned();
     let addr = env.settings.api.listen.clone();
-    // Raw GET and GetUnreadCount take turns, so drift of a shared machine
-    // hits both sides alike.
-    let (mut raw, mut grpc) = (Vec::new(), Vec::new());
+    // Raw GET and GetUnreadCount take turns, round after round, so drift
+    // and bursts of CPU steal of a shared machine hit both sides alike.
+    let whole = Duration::from_secs(args.seconds);
+    let round = whole / args.rounds;
+    let (mut raw, mut grpc): (Vec<PerThreads>, Vec<PerThreads>) = (Vec::new(), Vec::new());
     let before = env.scrape("notify-api").await;
-    for &threads in &args.driver_threads {
-        let load = run_raw(args, &tracked, threads, url.clone(), &key_base).await?;
-        report(&format!("raw redis GET ({threads}-thread load)"), &load);
-        raw.push((threads, load));
-        let load = run_wire(args, &tracked, threads, &addr, GET_UNREAD_COUNT).await?;
-        report(&format!("GetUnreadCount ({threads}-thread h2 load)"), &load);
-        grpc.push((threads, load));
+    for index in 0..args.rounds as usize {
+        for (slot, &threads) in args.driver_threads.iter().enumerate() {
+            let load = run_raw(args, &tracked, (threads, round), url.clone(), &key_base).await?;
+            merge_round(&mut raw, index, slot, threads, load)?;
+            let load = run_wire(args, &tracked, (threads, round), &addr, GET_UNREAD_COUNT).await?;
+            merge_round(&mut grpc, index, slot, threads, load)?;
+        }
+        println!("round {} of {} done", index + 1, args.rounds);
     }
     let after = env.scrape("notify-api").await;
-    let floor = run_wire(args, &tracked, 1, &addr, HEALTH_CHECK).await?;
+    for ((threads, raw), (_, grpc)) in raw.iter().zip(&grpc) {
+        report(&format!("raw redis GET ({threads}-thread load)"), raw);
+        report(&format!("GetUnreadCount ({threads}-thread h2 load)"), grpc);
+    }
+    let floor = run_wire(args, &tracked, (1, whole), &addr, HEALTH_CHECK).await?;
     report("grpc.health.v1.Health/Check (gRPC floor, 1-thread h2 load)", &floor);
-    let tonic = run_tonic(args, &tracked, 2, &addr).await?;
+    let tonic = run_tonic(args, &tracked, (2, whole), &addr).await?;
     report("GetUnreadCount (2-thread tonic load)", &tonic);
     let misses = metric_sum(&after, &["notify_badge_cache_misses_total"])
         - metric_sum(&before, &["notify_badge_cache_misses_total"]);
@@ -213,6 +240,24 @@ async fn body(env: &mut Env, args: &BadgeArgs) -> anyhow::Result<String> {
     let runs = Runs { raw, grpc, floor, tonic, sequential };
     let cache = CacheUse { hits, misses, mean_batch: batch / batches.max(1.0) };
     Ok(summary(args, &runs, &cache, &inbox, &peaks, tracked.machine_max()))
+}
+
+/// A run and the load generator's thread count.
+type PerThreads = (usize, Load);
+
+/// Adds a round's load to the run of its driver thread count (`slot`).
+fn merge_round(
+    runs: &mut Vec<PerThreads>,
+    round: usize,
+    slot: usize,
+    threads: usize,
+    load: Load,
+) -> anyhow::Result<()> {
+    if round == 0 {
+        runs.push((threads, load));
+        return Ok(());
+    }
+    runs[slot].1.merge(load)
 }
 
 /// Every badge run, for the summary; raw and gRPC per driver thread count.
@@ -428,6 +473,7 @@ async fn drive<C, CFut, F, Fut>(
     args: &BadgeArgs,
     tracked: &Tracked,
     threads: usize,
+    measured: Duration,
     connect: C,
 ) -> anyhow::Result<Load>
 where
@@ -437,8 +483,7 @@ where
     Fut: Future<Output = anyhow::Result<u64>> + Send + 'static,
 {
     let (concurrency, users) = (args.concurrency, args.users);
-    let (warmup, measured) =
-        (Duration::from_secs(args.warmup_secs), Duration::from_secs(args.seconds));
+    let warmup = Duration::from_secs(args.warmup_secs);
     let (window_tx, window_rx) = tokio::sync::oneshot::channel();
     let (done_tx, done_rx) = tokio::sync::oneshot::channel();
     std::thread::spawn(move || {
@@ -486,7 +531,8 @@ where
     tokio::time::sleep_until(end.into()).await;
     let cpu1 = tracked.snap();
     let (hist, ops, wrong) = done_rx.await.context("load thread died")??;
-    Ok(Load { ops, wrong, secs: args.seconds as f64, hist, cpu: tracked.between(&cpu0, &cpu1) })
+    let secs = measured.as_secs_f64();
+    Ok(Load { ops, wrong, secs, hist, cpu: tracked.between(&cpu0, &cpu1) })
 }
 
 /// One requester of [`drive`]: random users, one call at a time.
@@ -525,12 +571,12 @@ where
 async fn run_raw(
     args: &BadgeArgs,
     tracked: &Tracked,
-    threads: usize,
+    (threads, measured): (usize, Duration),
     url: String,
     key_base: &str,
 ) -> anyhow::Result<Load> {
     let key_base = key_base.to_owned();
-    drive(args, tracked, threads, move || async move {
+    drive(args, tracked, threads, measured, move || async move {
         let client = redis::Client::open(url)?;
         let config = redis::aio::ConnectionManagerConfig::new()
             .set_connection_timeout(Some(Duration::from_secs(3)))
@@ -553,11 +599,11 @@ async fn run_raw(
 async fn run_tonic(
     args: &BadgeArgs,
     tracked: &Tracked,
-    threads: usize,
+    (threads, measured): (usize, Duration),
     addr: &str,
 ) -> anyhow::Result<Load> {
     let (uri, connections) = (format!("http://{addr}"), args.channels);
-    drive(args, tracked, threads, move || async move {
+    drive(args, tracked, threads, measured, move || async move {
         let mut clients = Vec::new();
         for _ in 0..connections {
             let channel = Channel::from_shared(uri.clone())?.tcp_nodelay(true).connect().await?;
@@ -580,14 +626,14 @@ async fn run_tonic(
 async fn run_wire(
     args: &BadgeArgs,
     tracked: &Tracked,
-    threads: usize,
+    (threads, measured): (usize, Duration),
     addr: &str,
     path: &'static str,
 ) -> anyhow::Result<Load> {
     use tonic_health::pb::health_check_response::ServingStatus;
     use tonic_health::pb::{HealthCheckRequest, HealthCheckResponse};
     let (addr, connections) = (addr.to_owned(), args.channels);
-    drive(args, tracked, threads, move || async move {
+    drive(args, tracked, threads, measured, move || async move {
         let mut wires = Vec::new();
         for _ in 0..connections {
             wires.push(WireChannel::connect(&addr).await?);
@@ -632,10 +678,11 @@ fn summary<'a>(
     let _ = writeln!(s, "\n================ notify-bench badge: summary ================");
     let _ = writeln!(
         s,
-        "users {} (1 message each, every 3rd read; all badges cached) | concurrency {} | {} s measured after {} s warm-up",
+        "users {} (1 message each, every 3rd read; all badges cached) | concurrency {} | {} s measured per run (raw GET and GetUnreadCount in {} alternating rounds), {} s warm-up each",
         thousands(args.users),
         args.concurrency,
         args.seconds,
+        args.rounds,
         args.warmup_secs
     );
     let line = |name: &str, load: &Load| {

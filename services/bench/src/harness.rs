@@ -59,7 +59,7 @@ pub fn config_toml(s: &Settings) -> String {
         .map(|shard| format!("{{ id = {}, database = {} }}", shard.id, toml_str(&shard.database)))
         .collect();
     format!(
-        "[api]\nlisten = {}\nmetrics_listen = {}\n\n\
+        "[api]\nlisten = {}\nmetrics_listen = {}\nworker_threads = {}\n\n\
          [worker]\nmetrics_listen = {}\nconcurrency = {}\n\n\
          [database]\nurl = {}\npool_max = {}\nshards = [{}]\nbucket_ranges = []\n\n\
          [rabbitmq]\nurl = {}\nprefix = {}\n\n\
@@ -67,6 +67,7 @@ pub fn config_toml(s: &Settings) -> String {
          [log]\nfilter = {}\n",
         toml_str(&s.api.listen),
         toml_str(&s.api.metrics_listen),
+        s.api.worker_threads,
         toml_str(&s.worker.metrics_listen),
         s.worker.concurrency,
         toml_str(s.database.url.expose_secret()),

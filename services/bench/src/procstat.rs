@@ -171,6 +171,33 @@ impl Tracked {
 }
 
 impl CpuUse {
+    /// The mean of several measurements of the same processes, weighted by
+    /// their lengths.
+    pub fn mean(uses: &[CpuUse], weights: &[f64]) -> CpuUse {
+        let total: f64 = weights.iter().sum::<f64>().max(1e-9);
+        let weighted = |field: &dyn Fn(&CpuUse) -> f64| -> f64 {
+            uses.iter().zip(weights).map(|(u, w)| field(u) * w).sum::<f64>() / total
+        };
+        let per_process = uses
+            .first()
+            .map(|first| {
+                first
+                    .per_process
+                    .iter()
+                    .enumerate()
+                    .map(|(i, (name, _))| (name.clone(), weighted(&|u| u.per_process[i].1)))
+                    .collect()
+            })
+            .unwrap_or_default();
+        CpuUse {
+            per_process,
+            machine_busy: weighted(&|u| u.machine_busy),
+            machine_iowait: weighted(&|u| u.machine_iowait),
+            machine_steal: weighted(&|u| u.machine_steal),
+            other: weighted(&|u| u.other),
+        }
+    }
+
     /// One line: `mariadbd 120% worker 40% ... | machine 190%/200% iowait 5% steal 0%`.
     pub fn line(&self, machine_max: usize) -> String {
         let mut parts: Vec<String> = self
