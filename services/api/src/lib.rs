@@ -52,6 +52,9 @@ impl Application {
     /// Connects to every dependency and binds the gRPC and metrics listeners
     /// (port 0 picks a free port, as tests do).
     pub async fn build(settings: Settings) -> anyhow::Result<Self> {
+        // Install the metrics recorder before anything resolves a metric
+        // handle (the cache's badge reader does so when it starts).
+        notify_core::telemetry::metrics_handle();
         let listener = TcpListener::bind(&settings.api.listen)
             .await
             .map_err(|e| anyhow::anyhow!("api.listen: cannot bind {}: {e}", settings.api.listen))?;

@@ -80,13 +80,14 @@ async fn serve(
 ) {
     let slots = Arc::new(Semaphore::new(MAX_IN_FLIGHT));
     let prefix: Arc<str> = prefix.into();
+    let batch_sizes = metrics::histogram!("notify_badge_read_batch_size");
     loop {
         let Ok(slot) = slots.clone().acquire_owned().await else { return };
         let mut batch = Vec::with_capacity(MAX_BATCH);
         if waiting.recv_many(&mut batch, MAX_BATCH).await == 0 {
             return;
         }
-        metrics::histogram!("notify_badge_read_batch_size").record(batch.len() as f64);
+        batch_sizes.record(batch.len() as f64);
         stats.reads.fetch_add(batch.len() as u64, Ordering::Relaxed);
         stats.calls.fetch_add(1, Ordering::Relaxed);
         let (mut conn, script, prefix) = (conn.clone(), script.clone(), prefix.clone());
