@@ -2,6 +2,7 @@
 //! field on the way in.
 
 use chrono::{DateTime, NaiveDateTime, Utc};
+use notify_core::auth::Client;
 use notify_core::domain::{self, AudienceKind, Content, Priority, SendStatus};
 use notify_core::send::{MessageView, Progress};
 use notify_core::{Error, Result};
@@ -102,22 +103,53 @@ pub fn schedule(
     Ok((send_at, expire_at))
 }
 
+/// Resolves a request's `sender` for `caller`: empty means the caller's
+/// default sender; one the caller may not use is PERMISSION_DENIED.
+pub fn sender(caller: &Client, raw: String, field: &str) -> Result<String> {
+    let sender = if raw.is_empty() { caller.default_sender().to_owned() } else { raw };
+    domain::validate_sender(&sender, field)?;
+    if !caller.may_send_as(&sender) {
+        return Err(Error::PermissionDenied(format!(
+            "{field}: client {} may not send as {sender:?} (its senders are set in auth.clients)",
+            caller.name()
+        )));
+    }
+    Ok(sender)
+}
+
+/// The fields SendMessage and CreateMessage share.
+#[derive(Debug, Clone, Default)]
+pub struct SendFields {
+    /// `sender`; empty: the caller's default.
+    pub sender: String,
+    /// `idempotency_key`; empty: none.
+    pub idempotency_key: String,
+    /// `content`.
+    pub content: Option<v1::Content>,
+    /// `priority`.
+    pub priority: i32,
+    /// `send_at`.
+    pub send_at: Option<prost_types::Timestamp>,
+    /// `expire_at`.
+    pub expire_at: Option<prost_types::Timestamp>,
+}
+
 /// Validates the fields shared by SendMessage and CreateMessage.
 pub fn new_send(
-    sender: String,
-    idempotency_key: String,
-    raw_content: Option<v1::Content>,
+    caller: &Client,
+    fields: SendFields,
     audience: AudienceKind,
-    raw_priority: i32,
-    times: (Option<&prost_types::Timestamp>, Option<&prost_types::Timestamp>),
     past_tolerance_secs: i64,
 ) -> Result<notify_core::send::NewSend> {
-    domain::validate_sender(&sender, "sender")?;
-    domain::validate_idempotency_key(&idempotency_key, "idempotency_key")?;
-    let content = content(raw_content, "content")?;
-    let priority = priority(raw_priority)?;
-    let (send_at, expire_at) = schedule(times.0, times.1, past_tolerance_secs)?;
+    let sender = sender(caller, fields.sender, "sender")?;
+    domain::validate_idempotency_key(&fields.idempotency_key, "idempotency_key")?;
+    let content = content(fields.content, "content")?;
+    let priority = priority(fields.priority)?;
+    let (send_at, expire_at) =
+        schedule(fields.send_at.as_ref(), fields.expire_at.as_ref(), past_tolerance_secs)?;
+    let idempotency_key = fields.idempotency_key;
     Ok(notify_core::send::NewSend {
+        client: caller.name().to_owned(),
         sender,
         idempotency_key: (!idempotency_key.is_empty()).then_some(idempotency_key),
         content,

@@ -2,7 +2,8 @@
 //! are explained; internal details are logged and never sent.
 
 use notify_core::Error;
-use tonic::Status;
+use tonic::{Code, Status};
+use tonic_types::{ErrorDetails, StatusExt};
 use tracing::{error, warn};
 
 /// Maps a domain error to the status the client sees.
@@ -13,6 +14,15 @@ pub fn to_status(err: Error) -> Status {
         Error::AlreadyExists(message) => Status::already_exists(message),
         Error::PermissionDenied(message) => Status::permission_denied(message),
         Error::FailedPrecondition(message) => Status::failed_precondition(message),
+        Error::ResourceExhausted { reason, retry_after } => match retry_after {
+            // google.rpc.RetryInfo: gRPC clients read the delay from it.
+            Some(delay) => Status::with_error_details(
+                Code::ResourceExhausted,
+                reason,
+                ErrorDetails::with_retry_info(Some(delay)),
+            ),
+            None => Status::resource_exhausted(reason),
+        },
         Error::Unavailable(_) | Error::Database(_) | Error::Broker(_) | Error::Cache(_)
             if err.is_transient() =>
         {
@@ -41,7 +51,6 @@ impl<T> IntoStatus<T> for Result<T, Error> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use tonic::Code;
 
     #[test]
     fn client_errors_keep_their_message_and_internal_ones_hide_it() {
@@ -55,5 +64,16 @@ mod tests {
         let internal = to_status(Error::Internal("secret detail".into()));
         assert_eq!(internal.code(), Code::Internal);
         assert!(!internal.message().contains("secret"));
+    }
+
+    #[test]
+    fn a_quota_refusal_carries_its_retry_delay() {
+        let delay = std::time::Duration::from_millis(1500);
+        let status = to_status(Error::ResourceExhausted {
+            reason: "client x is over its limit".into(),
+            retry_after: Some(delay),
+        });
+        assert_eq!(status.code(), Code::ResourceExhausted);
+        assert_eq!(status.get_details_retry_info().unwrap().retry_delay, Some(delay));
     }
 }

@@ -27,6 +27,15 @@ pub enum Error {
     /// The operation is illegal in the entity's current state.
     #[error("{0}")]
     FailedPrecondition(String),
+    /// A limit of the caller was reached; `retry_after` says when the
+    /// same call may pass (none: it never will, as is).
+    #[error("{reason}")]
+    ResourceExhausted {
+        /// Which limit, and by how much.
+        reason: String,
+        /// When to retry.
+        retry_after: Option<std::time::Duration>,
+    },
     /// A dependency is down; the caller may retry.
     #[error("unavailable: {0}")]
     Unavailable(String),
@@ -48,6 +57,21 @@ impl Error {
     /// Builds an `InvalidArgument` error for `field`.
     pub fn invalid(field: &str, reason: &str) -> Self {
         Self::InvalidArgument { field: field.to_owned(), reason: reason.to_owned() }
+    }
+
+    /// Returns the gRPC code name (`not_found`, ...) a client sees for this
+    /// error, as audit records and metrics name outcomes.
+    pub fn code_name(&self) -> &'static str {
+        match self {
+            Self::InvalidArgument { .. } => "invalid_argument",
+            Self::NotFound(_) => "not_found",
+            Self::AlreadyExists(_) => "already_exists",
+            Self::PermissionDenied(_) => "permission_denied",
+            Self::FailedPrecondition(_) => "failed_precondition",
+            Self::ResourceExhausted { .. } => "resource_exhausted",
+            e if e.is_transient() => "unavailable",
+            _ => "internal",
+        }
     }
 
     /// Returns true when retrying the same operation later may succeed.

@@ -4,6 +4,8 @@
 //! `notifyctl`.
 
 pub mod announce;
+pub mod audit;
+pub mod auth;
 pub mod cache;
 pub mod context;
 pub mod db;
@@ -11,9 +13,11 @@ pub mod deliver;
 pub mod domain;
 pub mod error;
 pub mod groups;
+pub mod health;
 pub mod ids;
 pub mod inbox;
 pub mod queue;
+pub mod quota;
 pub mod send;
 pub mod settings;
 pub mod telemetry;

@@ -15,6 +15,7 @@ use lapin::options::{
     BasicPublishOptions, ConfirmSelectOptions, ExchangeDeclareOptions, ExchangeDeleteOptions,
     QueueBindOptions, QueueDeclareOptions, QueueDeleteOptions,
 };
+use lapin::tcp::OwnedTLSConfig;
 use lapin::types::{AMQPValue, FieldTable};
 use lapin::{BasicProperties, Channel, Connection, ConnectionProperties, ExchangeKind};
 use secrecy::ExposeSecret;
@@ -168,7 +169,20 @@ impl Topology {
 /// Connects to the broker, naming the setting when it is unreachable.
 pub async fn connect(settings: &RabbitSettings, name: &str) -> Result<Connection> {
     let properties = ConnectionProperties::default().with_connection_name(name.into());
-    let connecting = Connection::connect(settings.url.expose_secret(), properties);
+    let tls = if settings.tls_ca_file.is_empty() {
+        OwnedTLSConfig::default()
+    } else {
+        let ca = std::fs::read_to_string(&settings.tls_ca_file).map_err(|e| {
+            Error::Internal(format!(
+                "rabbitmq.tls_ca_file: cannot read {}: {e}",
+                settings.tls_ca_file
+            ))
+        })?;
+        OwnedTLSConfig { identity: None, cert_chain: Some(ca) }
+    };
+    let runtime = lapin::runtime::default_runtime()?;
+    let connecting =
+        Connection::connect_with_config(settings.url.expose_secret(), properties, tls, runtime);
     match tokio::time::timeout(BROKER_TIMEOUT, connecting).await {
         Ok(connected) => {
             connected.map_err(|e| Error::Unavailable(format!("rabbitmq.url: cannot connect: {e}")))
@@ -200,6 +214,12 @@ impl Publisher {
     /// Returns the topology names.
     pub fn topology(&self) -> &Topology {
         &self.topology
+    }
+
+    /// Returns true when the publisher's channel is up, reconnecting first
+    /// if it was lost (a health check).
+    pub async fn check(&self) -> bool {
+        self.channel().await.is_ok()
     }
 
     async fn channel(&self) -> Result<Channel> {

@@ -3,12 +3,14 @@
 use std::sync::OnceLock;
 
 use axum::Router;
+use axum::http::StatusCode;
 use axum::routing::get;
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 use tracing_subscriber::EnvFilter;
 
+use crate::health::Probes;
 use crate::settings::LogSettings;
 
 /// Installs the global tracing subscriber (once per process; later calls are
@@ -39,13 +41,24 @@ pub fn metrics_handle() -> PrometheusHandle {
         .clone()
 }
 
-/// Serves `GET /metrics` on `listener` until `shutdown` is cancelled.
+/// Serves `GET /metrics`, `GET /healthz` (liveness) and `GET /readyz`
+/// (readiness) on `listener` until `shutdown` is cancelled. A failing probe
+/// answers 503 with the reason.
 pub async fn serve_metrics(
     listener: TcpListener,
+    probes: Probes,
     shutdown: CancellationToken,
 ) -> std::io::Result<()> {
     let handle = metrics_handle();
-    let app = Router::new().route("/metrics", get(move || std::future::ready(handle.render())));
+    let answer = |result: Result<(), String>| match result {
+        Ok(()) => (StatusCode::OK, "ok\n".to_owned()),
+        Err(reason) => (StatusCode::SERVICE_UNAVAILABLE, format!("{reason}\n")),
+    };
+    let live = probes.clone();
+    let app = Router::new()
+        .route("/metrics", get(move || std::future::ready(handle.render())))
+        .route("/healthz", get(move || std::future::ready(answer(live.live()))))
+        .route("/readyz", get(move || std::future::ready(answer(probes.ready()))));
     axum::serve(listener, app)
         .with_graceful_shutdown(async move { shutdown.cancelled().await })
         .await

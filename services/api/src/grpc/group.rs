@@ -2,6 +2,7 @@
 //! members with seq cursors.
 
 use notify_core::Context;
+use notify_core::audit::Target;
 use notify_core::domain::{self, UserId};
 use notify_core::groups::{self, MAX_MEMBER_BATCH, MAX_PULL_LIMIT};
 use notify_proto::v1;
@@ -9,6 +10,8 @@ use notify_proto::v1::group_service_server::GroupService;
 use tonic::{Request, Response, Status};
 use tracing::instrument;
 
+use super::audit;
+use crate::auth::caller;
 use crate::convert;
 use crate::status::IntoStatus;
 
@@ -60,11 +63,14 @@ impl GroupService for GroupApi {
         &self,
         request: Request<v1::CreateGroupRequest>,
     ) -> Result<Response<v1::CreateGroupResponse>, Status> {
+        let caller = caller(&request)?;
         let req = request.into_inner();
         groups::validate_group_name(&req.name, "name").into_status()?;
         let requested = (req.group_id != 0).then_some(req.group_id);
-        let group_id = groups::create(&self.ctx, requested, &req.name).await.into_status()?;
-        Ok(Response::new(v1::CreateGroupResponse { group_id }))
+        let result = groups::create(&self.ctx, requested, &req.name).await;
+        let target = Target::Group(*result.as_ref().unwrap_or(&req.group_id));
+        audit(&self.ctx, &caller, "group.create", target, &result, String::new()).await;
+        Ok(Response::new(v1::CreateGroupResponse { group_id: result.into_status()? }))
     }
 
     #[instrument(skip_all, fields(group_id = request.get_ref().group_id))]
@@ -72,12 +78,14 @@ impl GroupService for GroupApi {
         &self,
         request: Request<v1::AddGroupMembersRequest>,
     ) -> Result<Response<v1::AddGroupMembersResponse>, Status> {
+        let caller = caller(&request)?;
         let req = request.into_inner();
         let group = group_id(req.group_id)?;
         let users = member_ids(&req.user_ids)?;
-        let added =
-            groups::add_members(&self.ctx, group, &users, req.with_history).await.into_status()?;
-        Ok(Response::new(v1::AddGroupMembersResponse { added }))
+        let result = groups::add_members(&self.ctx, group, &users, req.with_history).await;
+        let detail = format!("users={} with_history={}", users.len(), req.with_history);
+        audit(&self.ctx, &caller, "group.members.add", Target::Group(group), &result, detail).await;
+        Ok(Response::new(v1::AddGroupMembersResponse { added: result.into_status()? }))
     }
 
     #[instrument(skip_all, fields(group_id = request.get_ref().group_id))]
@@ -85,11 +93,15 @@ impl GroupService for GroupApi {
         &self,
         request: Request<v1::RemoveGroupMembersRequest>,
     ) -> Result<Response<v1::RemoveGroupMembersResponse>, Status> {
+        let caller = caller(&request)?;
         let req = request.into_inner();
         let group = group_id(req.group_id)?;
         let users = member_ids(&req.user_ids)?;
-        let removed = groups::remove_members(&self.ctx, group, &users).await.into_status()?;
-        Ok(Response::new(v1::RemoveGroupMembersResponse { removed }))
+        let result = groups::remove_members(&self.ctx, group, &users).await;
+        let detail = format!("users={}", users.len());
+        let target = Target::Group(group);
+        audit(&self.ctx, &caller, "group.members.remove", target, &result, detail).await;
+        Ok(Response::new(v1::RemoveGroupMembersResponse { removed: result.into_status()? }))
     }
 
     #[instrument(skip_all, fields(group_id = request.get_ref().group_id))]
@@ -97,14 +109,15 @@ impl GroupService for GroupApi {
         &self,
         request: Request<v1::SendGroupMessageRequest>,
     ) -> Result<Response<v1::SendGroupMessageResponse>, Status> {
+        let caller = caller(&request)?;
         let req = request.into_inner();
         let group = group_id(req.group_id)?;
-        domain::validate_sender(&req.sender, "sender").into_status()?;
+        let sender = convert::sender(&caller, req.sender, "sender").into_status()?;
         domain::validate_idempotency_key(&req.idempotency_key, "idempotency_key").into_status()?;
         let content = convert::content(req.content, "content").into_status()?;
         let message = groups::NewMessage {
             group_id: group,
-            sender: req.sender,
+            sender,
             idempotency_key: (!req.idempotency_key.is_empty()).then_some(req.idempotency_key),
             content,
         };

@@ -1,10 +1,14 @@
 //! `notify.v1.MessageService`: sends to user lists and their lifecycle.
 
 use std::pin::Pin;
+use std::sync::Arc;
 use std::time::Duration;
 
 use futures::Stream;
+use notify_core::audit::Target;
+use notify_core::auth::Caller;
 use notify_core::domain::{self, AudienceKind, MessageId};
+use notify_core::quota::Quotas;
 use notify_core::send::{self, MessageView};
 use notify_core::{Context, Error};
 use notify_proto::v1;
@@ -14,8 +18,11 @@ use tokio_util::sync::CancellationToken;
 use tonic::{Request, Response, Status};
 use tracing::instrument;
 
-use crate::convert;
+use super::audit;
+use crate::auth::{Guard, caller};
+use crate::convert::{self, SendFields};
 use crate::status::IntoStatus;
+use crate::streams::StreamPermits;
 
 const DRAFT_FLOW_HINT: &str =
     "; use CreateMessage, AppendRecipients and StartMessage for larger sends";
@@ -26,13 +33,40 @@ const MAX_LIST_PAGE: u32 = 100;
 #[derive(Clone)]
 pub struct MessageApi {
     ctx: Context,
+    guard: Arc<Guard>,
+    watches: StreamPermits,
     shutdown: CancellationToken,
 }
 
 impl MessageApi {
     /// Creates the service; `shutdown` ends open watch streams.
-    pub fn new(ctx: Context, shutdown: CancellationToken) -> Self {
-        Self { ctx, shutdown }
+    pub fn new(ctx: Context, guard: Arc<Guard>, shutdown: CancellationToken) -> Self {
+        let watches =
+            StreamPermits::new("WatchMessage", ctx.settings.api.max_watch_streams_per_client);
+        Self { ctx, guard, watches, shutdown }
+    }
+
+    fn quotas(&self) -> &Quotas {
+        self.guard.quotas()
+    }
+
+    /// Runs a lifecycle transition for `caller` and records it.
+    async fn lifecycle<F, Fut>(
+        &self,
+        caller: &Caller,
+        action: &str,
+        raw_id: u64,
+        transition: F,
+    ) -> Result<Response<v1::Message>, Status>
+    where
+        F: FnOnce(MessageId, Option<String>) -> Fut,
+        Fut: Future<Output = notify_core::Result<MessageView>>,
+    {
+        let id = message_id(raw_id)?;
+        let owner = caller.sends_owner_filter().map(str::to_owned);
+        let result = transition(id, owner).await;
+        audit(&self.ctx, caller, action, Target::Message(id.get()), &result, String::new()).await;
+        reply(result)
     }
 }
 
@@ -51,6 +85,7 @@ impl MessageService for MessageApi {
         &self,
         request: Request<v1::SendMessageRequest>,
     ) -> Result<Response<v1::SendMessageResponse>, Status> {
+        let caller = caller(&request)?;
         let req = request.into_inner();
         let limits = &self.ctx.settings.send;
         let (audience, user_ids) = match req.audience {
@@ -72,21 +107,39 @@ impl MessageService for MessageApi {
                     .into_status();
             }
         };
-        let new_send = convert::new_send(
-            req.sender,
-            req.idempotency_key,
-            req.content,
-            audience,
-            req.priority,
-            (req.send_at.as_ref(), req.expire_at.as_ref()),
-            limits.send_at_past_tolerance_secs,
-        )
-        .into_status()?;
-        let (created, status) = if audience == AudienceKind::AllUsers {
-            notify_core::announce::send(&self.ctx, &new_send).await.into_status()?
-        } else {
-            send::send_to_users(&self.ctx, &new_send, &user_ids).await.into_status()?
+        let fields = SendFields {
+            sender: req.sender,
+            idempotency_key: req.idempotency_key,
+            content: req.content,
+            priority: req.priority,
+            send_at: req.send_at,
+            expire_at: req.expire_at,
         };
+        let new_send =
+            convert::new_send(&caller, fields, audience, limits.send_at_past_tolerance_secs)
+                .into_status()?;
+        let (action, result) = if audience == AudienceKind::AllUsers {
+            let sent = match self.quotas().admit_announcement(&caller).await {
+                Ok(()) => notify_core::announce::send(&self.ctx, &new_send).await,
+                Err(e) => Err(e),
+            };
+            ("announcement.send", sent)
+        } else {
+            let sent = match self.quotas().admit_recipients(&caller, user_ids.len() as u64).await {
+                Ok(()) => send::send_to_users(&self.ctx, &new_send, &user_ids).await,
+                Err(e) => Err(e),
+            };
+            ("message.send", sent)
+        };
+        let target =
+            result.as_ref().map_or(Target::None, |(c, _)| Target::Message(c.message_id.get()));
+        let detail = match &result {
+            Ok((created, _)) if created.deduplicated => "deduplicated".to_owned(),
+            _ if audience == AudienceKind::Users => format!("recipients={}", user_ids.len()),
+            _ => String::new(),
+        };
+        audit(&self.ctx, &caller, action, target, &result, detail).await;
+        let (created, status) = result.into_status()?;
         Ok(Response::new(v1::SendMessageResponse {
             message_id: created.message_id.get(),
             status: convert::status_to_proto(status) as i32,
@@ -99,18 +152,23 @@ impl MessageService for MessageApi {
         &self,
         request: Request<v1::CreateMessageRequest>,
     ) -> Result<Response<v1::CreateMessageResponse>, Status> {
+        let caller = caller(&request)?;
         let req = request.into_inner();
-        let new_send = convert::new_send(
-            req.sender,
-            req.idempotency_key,
-            req.content,
-            AudienceKind::Users,
-            req.priority,
-            (req.send_at.as_ref(), req.expire_at.as_ref()),
-            self.ctx.settings.send.send_at_past_tolerance_secs,
-        )
-        .into_status()?;
-        let created = send::create(&self.ctx, &new_send).await.into_status()?;
+        let fields = SendFields {
+            sender: req.sender,
+            idempotency_key: req.idempotency_key,
+            content: req.content,
+            priority: req.priority,
+            send_at: req.send_at,
+            expire_at: req.expire_at,
+        };
+        let tolerance = self.ctx.settings.send.send_at_past_tolerance_secs;
+        let new_send =
+            convert::new_send(&caller, fields, AudienceKind::Users, tolerance).into_status()?;
+        let result = send::create(&self.ctx, &new_send).await;
+        let target = result.as_ref().map_or(Target::None, |c| Target::Message(c.message_id.get()));
+        audit(&self.ctx, &caller, "message.create", target, &result, String::new()).await;
+        let created = result.into_status()?;
         Ok(Response::new(v1::CreateMessageResponse {
             message_id: created.message_id.get(),
             deduplicated: created.deduplicated,
@@ -122,6 +180,7 @@ impl MessageService for MessageApi {
         &self,
         request: Request<v1::AppendRecipientsRequest>,
     ) -> Result<Response<v1::AppendRecipientsResponse>, Status> {
+        let caller = caller(&request)?;
         let req = request.into_inner();
         let id = message_id(req.message_id)?;
         if req.batch_number == 0 || req.batch_number > send::plan::MAX_BATCH_NUMBER {
@@ -138,7 +197,10 @@ impl MessageService for MessageApi {
             "; split the list into more batches",
         )
         .into_status()?;
-        let appended = send::append(&self.ctx, id, req.batch_number, &ids).await.into_status()?;
+        self.quotas().admit_recipients(&caller, ids.len() as u64).await.into_status()?;
+        let owner = caller.sends_owner_filter();
+        let appended =
+            send::append(&self.ctx, id, owner, req.batch_number, &ids).await.into_status()?;
         Ok(Response::new(v1::AppendRecipientsResponse {
             message_id: id.get(),
             batch_number: req.batch_number,
@@ -151,16 +213,24 @@ impl MessageService for MessageApi {
         &self,
         request: Request<v1::StartMessageRequest>,
     ) -> Result<Response<v1::Message>, Status> {
-        let id = message_id(request.into_inner().message_id)?;
-        reply(send::start(&self.ctx, id).await)
+        let caller = caller(&request)?;
+        let ctx = &self.ctx;
+        self.lifecycle(
+            &caller,
+            "message.start",
+            request.into_inner().message_id,
+            |id, owner| async move { send::start(ctx, id, owner.as_deref()).await },
+        )
+        .await
     }
 
     async fn get_message(
         &self,
         request: Request<v1::GetMessageRequest>,
     ) -> Result<Response<v1::Message>, Status> {
+        let caller = caller(&request)?;
         let id = message_id(request.into_inner().message_id)?;
-        reply(send::get(&self.ctx, id).await)
+        reply(send::get(&self.ctx, id, caller.sends_owner_filter()).await)
     }
 
     type WatchMessageStream = Pin<Box<dyn Stream<Item = Result<v1::Message, Status>> + Send>>;
@@ -169,6 +239,7 @@ impl MessageService for MessageApi {
         &self,
         request: Request<v1::WatchMessageRequest>,
     ) -> Result<Response<Self::WatchMessageStream>, Status> {
+        let caller = caller(&request)?;
         let req = request.into_inner();
         let id = message_id(req.message_id)?;
         let interval_ms = match req.interval_ms {
@@ -180,12 +251,17 @@ impl MessageService for MessageApi {
             }
         };
         // Fail fast on an unknown id instead of opening an empty stream.
-        let first =
-            send::get(&self.ctx, id).await.and_then(convert::message_to_proto).into_status()?;
+        let owner = caller.sends_owner_filter();
+        let first = send::get(&self.ctx, id, owner)
+            .await
+            .and_then(convert::message_to_proto)
+            .into_status()?;
+        let permit = self.watches.acquire(&caller).into_status()?;
         let (tx, rx) = tokio::sync::mpsc::channel(4);
         let ctx = self.ctx.clone();
         let shutdown = self.shutdown.clone();
         tokio::spawn(async move {
+            let _permit = permit;
             let mut last = first;
             if tx.send(Ok(last.clone())).await.is_err() {
                 return;
@@ -197,7 +273,8 @@ impl MessageService for MessageApi {
                     () = tx.closed() => return,
                     () = shutdown.cancelled() => return,
                 }
-                let next = send::get(&ctx, id).await.and_then(convert::message_to_proto);
+                // Ownership was checked when the watch opened.
+                let next = send::get(&ctx, id, None).await.and_then(convert::message_to_proto);
                 match next {
                     Ok(message) if message == last => {}
                     Ok(message) => {
@@ -220,40 +297,64 @@ impl MessageService for MessageApi {
         &self,
         request: Request<v1::PauseMessageRequest>,
     ) -> Result<Response<v1::Message>, Status> {
-        let id = message_id(request.into_inner().message_id)?;
-        reply(send::pause(&self.ctx, id).await)
+        let caller = caller(&request)?;
+        let ctx = &self.ctx;
+        let raw_id = request.into_inner().message_id;
+        self.lifecycle(&caller, "message.pause", raw_id, |id, owner| async move {
+            send::pause(ctx, id, owner.as_deref()).await
+        })
+        .await
     }
 
     async fn resume_message(
         &self,
         request: Request<v1::ResumeMessageRequest>,
     ) -> Result<Response<v1::Message>, Status> {
-        let id = message_id(request.into_inner().message_id)?;
-        reply(send::resume(&self.ctx, id).await)
+        let caller = caller(&request)?;
+        let ctx = &self.ctx;
+        let raw_id = request.into_inner().message_id;
+        self.lifecycle(&caller, "message.resume", raw_id, |id, owner| async move {
+            send::resume(ctx, id, owner.as_deref()).await
+        })
+        .await
     }
 
     async fn cancel_message(
         &self,
         request: Request<v1::CancelMessageRequest>,
     ) -> Result<Response<v1::Message>, Status> {
-        let id = message_id(request.into_inner().message_id)?;
-        reply(send::cancel(&self.ctx, id).await)
+        let caller = caller(&request)?;
+        let ctx = &self.ctx;
+        let raw_id = request.into_inner().message_id;
+        self.lifecycle(&caller, "message.cancel", raw_id, |id, owner| async move {
+            send::cancel(ctx, id, owner.as_deref()).await
+        })
+        .await
     }
 
     async fn redrive_message(
         &self,
         request: Request<v1::RedriveMessageRequest>,
     ) -> Result<Response<v1::Message>, Status> {
-        let id = message_id(request.into_inner().message_id)?;
-        reply(send::redrive(&self.ctx, id).await)
+        let caller = caller(&request)?;
+        let ctx = &self.ctx;
+        let raw_id = request.into_inner().message_id;
+        self.lifecycle(&caller, "message.redrive", raw_id, |id, owner| async move {
+            send::redrive(ctx, id, owner.as_deref()).await
+        })
+        .await
     }
 
     async fn list_messages(
         &self,
         request: Request<v1::ListMessagesRequest>,
     ) -> Result<Response<v1::ListMessagesResponse>, Status> {
+        let caller = caller(&request)?;
         let req = request.into_inner();
-        domain::validate_sender(&req.sender, "sender").into_status()?;
+        let owner = caller.sends_owner_filter();
+        let sender =
+            if req.sender.is_empty() { caller.default_sender().to_owned() } else { req.sender };
+        domain::validate_sender(&sender, "sender").into_status()?;
         let page_size = match req.page_size {
             0 => DEFAULT_LIST_PAGE,
             n @ 1..=MAX_LIST_PAGE => n,
@@ -268,7 +369,7 @@ impl MessageService for MessageApi {
         let before =
             notify_core::inbox::decode_cursor(&req.page_token, "page_token").into_status()?;
         let views =
-            send::list(&self.ctx, &req.sender, before, page_size + 1).await.into_status()?;
+            send::list(&self.ctx, &sender, owner, before, page_size + 1).await.into_status()?;
         let has_more = views.len() > page_size as usize;
         let messages = views
             .into_iter()

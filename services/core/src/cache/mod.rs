@@ -6,6 +6,7 @@
 mod badge;
 mod coalesce;
 mod groups;
+pub mod quota;
 
 pub use badge::{CachedCounts, RebuiltCount};
 pub use groups::{CachedGroup, CachedUserState};
@@ -39,6 +40,21 @@ redis.call('SET', KEYS[1], ARGV[1] .. ':' .. ARGV[2], 'EX', ARGV[3])
 return 1
 ";
 
+/// Builds a client for `redis.url`; a `rediss://` url verifies the server
+/// against `redis.tls_ca_file` when set (else the system roots).
+pub fn client(settings: &RedisSettings) -> Result<redis::Client> {
+    let url = settings.url.expose_secret();
+    if settings.tls_ca_file.is_empty() {
+        return redis::Client::open(url).map_err(|e| Error::Internal(format!("redis.url: {e}")));
+    }
+    let root_cert = std::fs::read(&settings.tls_ca_file).map_err(|e| {
+        Error::Internal(format!("redis.tls_ca_file: cannot read {}: {e}", settings.tls_ca_file))
+    })?;
+    let certificates = redis::TlsCertificates { client_tls: None, root_cert: Some(root_cert) };
+    redis::Client::build_with_tls(url, certificates)
+        .map_err(|e| Error::Internal(format!("redis.url: {e}")))
+}
+
 /// The Redis cache, with its key prefix.
 #[derive(Clone)]
 pub struct Cache {
@@ -47,14 +63,14 @@ pub struct Cache {
     write_status_if_newer: Script,
     badge: badge::Scripts,
     groups: groups::Scripts,
+    quota: Script,
     user_state_reads: coalesce::UserStateReads,
 }
 
 impl Cache {
     /// Connects, naming the setting when Redis is unreachable.
     pub async fn connect(settings: &RedisSettings) -> Result<Self> {
-        let client = redis::Client::open(settings.url.expose_secret())
-            .map_err(|e| Error::Internal(format!("redis.url: {e}")))?;
+        let client = client(settings)?;
         let config = redis::aio::ConnectionManagerConfig::new()
             .set_connection_timeout(Some(Duration::from_secs(3)))
             .set_response_timeout(Some(Duration::from_secs(3)))
@@ -75,6 +91,7 @@ impl Cache {
             write_status_if_newer: Script::new(WRITE_STATUS_IF_NEWER),
             badge: badge::Scripts::new(),
             groups,
+            quota: quota::script(),
             user_state_reads,
         })
     }

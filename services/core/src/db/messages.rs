@@ -15,6 +15,8 @@ const ER_DUP_ENTRY: &str = "23000";
 pub struct NewMessage {
     /// Its id, which also picks its home shard.
     pub message_id: MessageId,
+    /// The client that creates it (its owner).
+    pub client: String,
     /// Calling service.
     pub sender: String,
     /// Optional idempotency key.
@@ -36,6 +38,8 @@ pub struct NewMessage {
 pub struct MessageRow {
     /// Id.
     pub message_id: u64,
+    /// The client that created it.
+    pub client: String,
     /// Calling service.
     pub sender: String,
     /// Idempotency key, if the send had one.
@@ -76,6 +80,18 @@ impl MessageRow {
         SendStatus::from_db(self.status)
     }
 
+    /// Fails with NOT_FOUND unless `owner` is `None` (the caller sees every
+    /// client's sends) or the client that created this send: another
+    /// client's send is invisible, not forbidden.
+    pub fn visible_to(&self, owner: Option<&str>) -> Result<&Self> {
+        match owner {
+            Some(client) if client != self.client => {
+                Err(Error::NotFound(format!("message {}", self.message_id)))
+            }
+            _ => Ok(self),
+        }
+    }
+
     /// Rebuilds the content.
     pub fn content(&self) -> Content {
         Content {
@@ -87,17 +103,18 @@ impl MessageRow {
     }
 }
 
-const MESSAGE_COLUMNS: &str = "message_id, sender, idempotency_key, audience, status, start_requested, priority, lane, \
+const MESSAGE_COLUMNS: &str = "message_id, client, sender, idempotency_key, audience, status, start_requested, priority, lane, \
     title, body, category, data, send_at, expire_at, created_at, started_at, finished_at";
 
 /// Inserts a control record in NOT_STARTED. Returns false when the id is taken.
 pub async fn insert(pool: &MySqlPool, message: &NewMessage) -> Result<bool> {
     let result = sqlx::query(
-        "INSERT INTO messages (message_id, sender, idempotency_key, audience, status, priority, \
-         title, body, category, data, send_at, expire_at) \
-         VALUES (?, ?, ?, ?, 0, ?, ?, ?, ?, ?, ?, ?)",
+        "INSERT INTO messages (message_id, client, sender, idempotency_key, audience, status, \
+         priority, title, body, category, data, send_at, expire_at) \
+         VALUES (?, ?, ?, ?, ?, 0, ?, ?, ?, ?, ?, ?, ?)",
     )
     .bind(message.message_id.get())
+    .bind(&message.client)
     .bind(&message.sender)
     .bind(&message.idempotency_key)
     .bind(message.audience as u8)
@@ -117,43 +134,58 @@ pub async fn insert(pool: &MySqlPool, message: &NewMessage) -> Result<bool> {
     }
 }
 
-/// Claims `(sender, key)` for `candidate`, or returns the id that already holds it.
+/// An idempotency key: per client and sender.
+#[derive(Debug, Clone, Copy)]
+pub struct IdempotencyKey<'a> {
+    /// The client that sends.
+    pub client: &'a str,
+    /// The sender it sends as.
+    pub sender: &'a str,
+    /// The caller's key.
+    pub key: &'a str,
+}
+
+/// Claims a key for `candidate`, or returns the id that already holds it.
 pub async fn claim_idempotency_key(
     pool: &MySqlPool,
-    sender: &str,
-    key: &str,
+    key: IdempotencyKey<'_>,
     candidate: MessageId,
 ) -> Result<MessageId> {
     sqlx::query(
-        "INSERT IGNORE INTO idempotency_keys (sender, idempotency_key, message_id) VALUES (?, ?, ?)",
+        "INSERT IGNORE INTO idempotency_keys (client, sender, idempotency_key, message_id) \
+         VALUES (?, ?, ?, ?)",
     )
-    .bind(sender)
-    .bind(key)
+    .bind(key.client)
+    .bind(key.sender)
+    .bind(key.key)
     .bind(candidate.get())
     .execute(pool)
     .await?;
     let holder: u64 = sqlx::query_scalar(
-        "SELECT message_id FROM idempotency_keys WHERE sender = ? AND idempotency_key = ?",
+        "SELECT message_id FROM idempotency_keys \
+         WHERE client = ? AND sender = ? AND idempotency_key = ?",
     )
-    .bind(sender)
-    .bind(key)
+    .bind(key.client)
+    .bind(key.sender)
+    .bind(key.key)
     .fetch_one(pool)
     .await?;
     Ok(MessageId::from_raw(holder))
 }
 
-/// Releases a claim on `(sender, key)` made for `holder` (after an id collision).
+/// Releases a key claimed for `holder` (after an id collision).
 pub async fn release_idempotency_key(
     pool: &MySqlPool,
-    sender: &str,
-    key: &str,
+    key: IdempotencyKey<'_>,
     holder: MessageId,
 ) -> Result<()> {
     sqlx::query(
-        "DELETE FROM idempotency_keys WHERE sender = ? AND idempotency_key = ? AND message_id = ?",
+        "DELETE FROM idempotency_keys \
+         WHERE client = ? AND sender = ? AND idempotency_key = ? AND message_id = ?",
     )
-    .bind(sender)
-    .bind(key)
+    .bind(key.client)
+    .bind(key.sender)
+    .bind(key.key)
     .bind(holder.get())
     .execute(pool)
     .await?;
@@ -310,23 +342,39 @@ pub async fn sending(pool: &MySqlPool, after: u64, limit: u32) -> Result<Vec<u64
     .await?)
 }
 
-/// Lists a sender's messages on this shard with ids below `before`, newest first.
+/// Counts this home shard's sends to users in SENDING, with the start of
+/// the oldest (for the "send stuck in SENDING" alert).
+pub async fn sending_summary(pool: &MySqlPool) -> Result<(u64, Option<NaiveDateTime>)> {
+    let (count, oldest): (i64, Option<NaiveDateTime>) = sqlx::query_as(
+        "SELECT COUNT(*), MIN(started_at) FROM messages WHERE status = 1 AND audience = 1",
+    )
+    .fetch_one(pool)
+    .await?;
+    Ok((count.max(0) as u64, oldest))
+}
+
+/// Lists a sender's messages on this shard with ids below `before`, newest
+/// first; only those of client `owner` when it is set.
 pub async fn list_by_sender(
     pool: &MySqlPool,
     sender: &str,
+    owner: Option<&str>,
     before: u64,
     limit: u32,
 ) -> Result<Vec<MessageRow>> {
+    let (filter, client) = match owner {
+        Some(client) => ("client = ? AND ", client),
+        None => ("", ""),
+    };
     let sql = format!(
-        "SELECT {MESSAGE_COLUMNS} FROM messages WHERE sender = ? AND message_id < ? \
+        "SELECT {MESSAGE_COLUMNS} FROM messages WHERE {filter}sender = ? AND message_id < ? \
          ORDER BY message_id DESC LIMIT ?"
     );
-    Ok(sqlx::query_as(sqlx::AssertSqlSafe(sql))
-        .bind(sender)
-        .bind(before)
-        .bind(limit)
-        .fetch_all(pool)
-        .await?)
+    let mut query = sqlx::query_as(sqlx::AssertSqlSafe(sql));
+    if owner.is_some() {
+        query = query.bind(client);
+    }
+    Ok(query.bind(sender).bind(before).bind(limit).fetch_all(pool).await?)
 }
 
 /// Returns true when `batch_number` was already appended to the message.

@@ -1,5 +1,6 @@
 //! MySQL shards: one pool per shard, database creation and migrations.
 
+pub mod audit;
 pub mod chunks;
 pub mod groups;
 pub mod items;
@@ -9,12 +10,12 @@ use std::str::FromStr;
 use std::time::Duration;
 
 use shard_router::{ShardId, Shards};
-use sqlx::mysql::{MySqlConnectOptions, MySqlPool, MySqlPoolOptions};
+use sqlx::mysql::{MySqlConnectOptions, MySqlPool, MySqlPoolOptions, MySqlSslMode};
 use sqlx::{ConnectOptions, Connection, MySqlConnection};
 use tracing::info;
 
 use crate::error::{Error, Result};
-use crate::settings::{Settings, ShardSettings};
+use crate::settings::{MySqlTlsMode, Settings, ShardSettings};
 
 /// Binds `ids` as a comma-separated list (the inside of an `IN (...)`).
 pub(crate) fn push_ids(query: &mut sqlx::QueryBuilder<sqlx::MySql>, ids: &[u64]) {
@@ -43,12 +44,29 @@ pub struct MigrationReport {
     pub applied: Vec<i64>,
 }
 
-fn shard_options(settings: &Settings, shard: &ShardSettings) -> Result<MySqlConnectOptions> {
+/// Options of a shard's server (no database selected), with the TLS settings.
+fn server_options(settings: &Settings, shard: &ShardSettings) -> Result<MySqlConnectOptions> {
     let url = settings.shard_server_url(shard);
     let options = MySqlConnectOptions::from_str(&url).map_err(|e| {
         Error::Internal(format!("database.shards[{}].url: not a mysql url ({e})", shard.id))
     })?;
-    Ok(options
+    let database = &settings.database;
+    let options = options.ssl_mode(match database.tls_mode {
+        MySqlTlsMode::Disabled => MySqlSslMode::Disabled,
+        MySqlTlsMode::Preferred => MySqlSslMode::Preferred,
+        MySqlTlsMode::Required => MySqlSslMode::Required,
+        MySqlTlsMode::VerifyCa => MySqlSslMode::VerifyCa,
+        MySqlTlsMode::VerifyIdentity => MySqlSslMode::VerifyIdentity,
+    });
+    Ok(if database.tls_ca_file.is_empty() {
+        options
+    } else {
+        options.ssl_ca(&database.tls_ca_file)
+    })
+}
+
+fn shard_options(settings: &Settings, shard: &ShardSettings) -> Result<MySqlConnectOptions> {
+    Ok(server_options(settings, shard)?
         .database(&shard.database)
         .charset("utf8mb4")
         .log_statements(tracing::log::LevelFilter::Trace)
@@ -119,9 +137,7 @@ pub async fn migrate_all(settings: &Settings) -> Result<Vec<MigrationReport>> {
 }
 
 async fn create_database(settings: &Settings, shard: &ShardSettings, index: usize) -> Result<bool> {
-    let url = settings.shard_server_url(shard);
-    let options = MySqlConnectOptions::from_str(&url)
-        .map_err(|e| Error::Internal(format!("database.shards[{index}].url: {e}")))?;
+    let options = server_options(settings, shard)?;
     let mut conn = MySqlConnection::connect_with(&options).await.map_err(|e| {
         Error::Unavailable(format!(
             "database.shards[{index}] (shard {}): cannot connect: {e}",
@@ -147,10 +163,8 @@ async fn create_database(settings: &Settings, shard: &ShardSettings, index: usiz
 
 /// Drops every shard database. Used by tests and benchmarks to clean up.
 pub async fn drop_all(settings: &Settings) -> Result<()> {
-    for (index, shard) in settings.database.shards.iter().enumerate() {
-        let url = settings.shard_server_url(shard);
-        let options = MySqlConnectOptions::from_str(&url)
-            .map_err(|e| Error::Internal(format!("database.shards[{index}].url: {e}")))?;
+    for shard in &settings.database.shards {
+        let options = server_options(settings, shard)?;
         let mut conn = MySqlConnection::connect_with(&options).await?;
         let statement = format!("DROP DATABASE IF EXISTS `{}`", shard.database);
         sqlx::raw_sql(sqlx::AssertSqlSafe(statement)).execute(&mut conn).await?;

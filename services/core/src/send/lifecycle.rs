@@ -10,7 +10,7 @@
 
 use tracing::{info, instrument, warn};
 
-use super::{MessageView, get};
+use super::{MessageView, fetch_visible, get};
 use crate::context::Context;
 use crate::db::{chunks, messages};
 use crate::domain::{AudienceKind, Lane, MessageId, Priority, SendStatus};
@@ -57,9 +57,13 @@ pub(crate) async fn refresh_status_best_effort(ctx: &Context, message_id: Messag
     }
 }
 
-async fn reject_announcement(ctx: &Context, message_id: MessageId, verb: &str) -> Result<()> {
-    let home = ctx.pools.for_message(message_id.get()).1;
-    let row = messages::fetch_existing(home, message_id).await?;
+async fn reject_announcement(
+    ctx: &Context,
+    message_id: MessageId,
+    owner: Option<&str>,
+    verb: &str,
+) -> Result<()> {
+    let row = fetch_visible(ctx, message_id, owner).await?;
     crate::announce::reject_for_announcement(row.audience, verb, message_id)
 }
 
@@ -94,9 +98,13 @@ async fn transition(
 /// Starts a draft: now, or at its `send_at` if that is in the future (the
 /// scheduler then starts it). Picks the lane from priority and size.
 #[instrument(skip_all, fields(message_id = %message_id))]
-pub async fn start(ctx: &Context, message_id: MessageId) -> Result<MessageView> {
+pub async fn start(
+    ctx: &Context,
+    message_id: MessageId,
+    owner: Option<&str>,
+) -> Result<MessageView> {
     let home = ctx.pools.for_message(message_id.get()).1;
-    let row = messages::fetch_existing(home, message_id).await?;
+    let row = fetch_visible(ctx, message_id, owner).await?;
     let status = row.status()?;
     if status != SendStatus::NotStarted || row.start_requested {
         let state = if status == SendStatus::NotStarted { "scheduled" } else { status.name() };
@@ -138,7 +146,7 @@ pub async fn start(ctx: &Context, message_id: MessageId) -> Result<MessageView> 
         publish_or_leave_to_sweeper(ctx, message_id, lane).await;
     }
     info!(lane = lane.name(), start_now, total = progress.total, "message started");
-    get(ctx, message_id).await
+    get(ctx, message_id, None).await
 }
 
 /// Starts a scheduled send that is due (called by the scheduler; safe with
@@ -188,16 +196,24 @@ async fn publish_or_leave_to_sweeper(ctx: &Context, message_id: MessageId, lane:
 
 /// Pauses a sending send. After this returns, workers skip its chunks.
 #[instrument(skip_all, fields(message_id = %message_id))]
-pub async fn pause(ctx: &Context, message_id: MessageId) -> Result<MessageView> {
-    reject_announcement(ctx, message_id, "pause").await?;
+pub async fn pause(
+    ctx: &Context,
+    message_id: MessageId,
+    owner: Option<&str>,
+) -> Result<MessageView> {
+    reject_announcement(ctx, message_id, owner, "pause").await?;
     transition(ctx, message_id, &[SendStatus::Sending], SendStatus::Paused, "pause").await?;
-    get(ctx, message_id).await
+    get(ctx, message_id, None).await
 }
 
 /// Resumes a paused send by re-publishing exactly its pending chunks.
 #[instrument(skip_all, fields(message_id = %message_id))]
-pub async fn resume(ctx: &Context, message_id: MessageId) -> Result<MessageView> {
-    reject_announcement(ctx, message_id, "resume").await?;
+pub async fn resume(
+    ctx: &Context,
+    message_id: MessageId,
+    owner: Option<&str>,
+) -> Result<MessageView> {
+    reject_announcement(ctx, message_id, owner, "resume").await?;
     // A repeated resume publishes again too: the first may have died before
     // publishing, and duplicate tasks are no-ops.
     transition(ctx, message_id, &[SendStatus::Paused], SendStatus::Sending, "resume").await?;
@@ -205,34 +221,43 @@ pub async fn resume(ctx: &Context, message_id: MessageId) -> Result<MessageView>
     let lane = Lane::from_db(messages::fetch_existing(home, message_id).await?.lane);
     publish_or_leave_to_sweeper(ctx, message_id, lane).await;
     complete_if_done(ctx, message_id).await?;
-    get(ctx, message_id).await
+    get(ctx, message_id, None).await
 }
 
 /// Cancels a send that has not completed; its pending chunks are marked
 /// cancelled (and the sweeper finishes the job if a shard is down now).
 #[instrument(skip_all, fields(message_id = %message_id))]
-pub async fn cancel(ctx: &Context, message_id: MessageId) -> Result<MessageView> {
+pub async fn cancel(
+    ctx: &Context,
+    message_id: MessageId,
+    owner: Option<&str>,
+) -> Result<MessageView> {
+    fetch_visible(ctx, message_id, owner).await?;
     let from = [SendStatus::NotStarted, SendStatus::Sending, SendStatus::Paused];
     transition(ctx, message_id, &from, SendStatus::Cancelled, "cancel").await?;
     let home = ctx.pools.for_message(message_id.get()).1;
     if messages::fetch_existing(home, message_id).await?.audience == AudienceKind::AllUsers as u8 {
         crate::announce::revoke(ctx, message_id).await?;
-        return get(ctx, message_id).await;
+        return get(ctx, message_id, None).await;
     }
     for (shard, pool) in ctx.pools.iter() {
         if let Err(e) = chunks::cancel_pending(pool, message_id).await {
             warn!(error = %e, shard = %shard, message_id = %message_id, "cancelling chunks failed, the sweeper will retry");
         }
     }
-    get(ctx, message_id).await
+    get(ctx, message_id, None).await
 }
 
 /// Moves a send's failed chunks back to pending and publishes them again.
 /// Allowed while the send is SENDING or COMPLETED (it goes back to SENDING).
 #[instrument(skip_all, fields(message_id = %message_id))]
-pub async fn redrive(ctx: &Context, message_id: MessageId) -> Result<MessageView> {
+pub async fn redrive(
+    ctx: &Context,
+    message_id: MessageId,
+    owner: Option<&str>,
+) -> Result<MessageView> {
     let home = ctx.pools.for_message(message_id.get()).1;
-    let row = messages::fetch_existing(home, message_id).await?;
+    let row = fetch_visible(ctx, message_id, owner).await?;
     let status = row.status()?;
     crate::announce::reject_for_announcement(row.audience, "redrive", message_id)?;
     if !matches!(status, SendStatus::Sending | SendStatus::Completed) {
@@ -252,7 +277,7 @@ pub async fn redrive(ctx: &Context, message_id: MessageId) -> Result<MessageView
         refresh_status_best_effort(ctx, message_id).await;
         publish_or_leave_to_sweeper(ctx, message_id, Lane::from_db(row.lane)).await;
     }
-    get(ctx, message_id).await
+    get(ctx, message_id, None).await
 }
 
 /// Marks a SENDING send COMPLETED once no shard has a pending chunk of it.

@@ -26,7 +26,9 @@ pub const INLINE_BATCH: u64 = 0;
 /// A validated request to create a send.
 #[derive(Debug, Clone)]
 pub struct NewSend {
-    /// Calling service.
+    /// The client that sends (and will own the send).
+    pub client: String,
+    /// The sender it sends as.
     pub sender: String,
     /// Optional idempotency key.
     pub idempotency_key: Option<String>,
@@ -80,8 +82,10 @@ pub async fn create(ctx: &Context, send: &NewSend) -> Result<Created> {
         });
     };
     let candidate = ctx.ids.next_id();
-    let key_pool = ctx.pools.for_key(&format!("{}\u{1f}{key}", send.sender)).1;
-    let holder = messages::claim_idempotency_key(key_pool, &send.sender, key, candidate).await?;
+    let key = messages::IdempotencyKey { client: &send.client, sender: &send.sender, key };
+    let key_pool =
+        ctx.pools.for_key(&format!("{}\u{1f}{}\u{1f}{}", key.client, key.sender, key.key)).1;
+    let holder = messages::claim_idempotency_key(key_pool, key, candidate).await?;
     // The holder's control record may be missing if the first attempt died
     // right after claiming the key: write it now (a no-op if it exists).
     let home = ctx.pools.for_message(holder.get()).1;
@@ -89,9 +93,12 @@ pub async fn create(ctx: &Context, send: &NewSend) -> Result<Created> {
         // The id exists: it must be this key's send, not another send whose
         // id collided with ours (two replicas with the same instance id).
         let existing = messages::fetch_existing(home, holder).await?;
-        if existing.sender != send.sender || existing.idempotency_key.as_deref() != Some(key) {
+        if existing.client != send.client
+            || existing.sender != send.sender
+            || existing.idempotency_key.as_deref() != Some(key.key)
+        {
             if holder == candidate {
-                messages::release_idempotency_key(key_pool, &send.sender, key, holder).await?;
+                messages::release_idempotency_key(key_pool, key, holder).await?;
             }
             return Err(Error::Unavailable("message id collision, retry the request".to_owned()));
         }
@@ -113,6 +120,7 @@ async fn insert_with_fresh_id(ctx: &Context, send: &NewSend) -> Result<MessageId
 fn new_message(send: &NewSend, message_id: MessageId) -> NewMessage {
     NewMessage {
         message_id,
+        client: send.client.clone(),
         sender: send.sender.clone(),
         idempotency_key: send.idempotency_key.clone(),
         audience: send.audience,
@@ -134,6 +142,7 @@ fn new_message(send: &NewSend, message_id: MessageId) -> NewMessage {
 pub async fn append(
     ctx: &Context,
     message_id: MessageId,
+    owner: Option<&str>,
     batch_number: u64,
     user_ids: &[u64],
 ) -> Result<Appended> {
@@ -142,16 +151,19 @@ pub async fn append(
     let _permit = ctx.cross_shard_permit().await?;
     let home = ctx.pools.for_message(message_id.get()).1;
     let mut tx = home.begin().await?;
-    let row: Option<(u8, bool, Option<NaiveDateTime>, NaiveDateTime, u8)> = sqlx::query_as(
-        "SELECT status, start_requested, expire_at, created_at, audience FROM messages \
-         WHERE message_id = ? LOCK IN SHARE MODE",
+    let row: Option<(u8, bool, Option<NaiveDateTime>, NaiveDateTime, u8, String)> = sqlx::query_as(
+        "SELECT status, start_requested, expire_at, created_at, audience, client \
+             FROM messages WHERE message_id = ? LOCK IN SHARE MODE",
     )
     .bind(message_id.get())
     .fetch_optional(&mut *tx)
     .await?;
-    let Some((status, start_requested, expire_at, created_at, audience)) = row else {
+    let Some((status, start_requested, expire_at, created_at, audience, client)) = row else {
         return Err(Error::NotFound(format!("message {message_id}")));
     };
+    if owner.is_some_and(|owner| owner != client) {
+        return Err(Error::NotFound(format!("message {message_id}")));
+    }
     if audience != AudienceKind::Users as u8 {
         return Err(Error::FailedPrecondition(format!(
             "message {message_id} goes to all users; recipients cannot be appended"
@@ -208,8 +220,8 @@ pub async fn send_to_users(
     if row.status()? != SendStatus::NotStarted || row.start_requested {
         return Ok((created, row.status()?));
     }
-    let started = match append(ctx, created.message_id, INLINE_BATCH, user_ids).await {
-        Ok(_) => start(ctx, created.message_id).await.map(|view| view.row),
+    let started = match append(ctx, created.message_id, None, INLINE_BATCH, user_ids).await {
+        Ok(_) => start(ctx, created.message_id, None).await.map(|view| view.row),
         Err(e) => Err(e),
     };
     match started {
@@ -224,23 +236,39 @@ pub async fn send_to_users(
     }
 }
 
-/// Returns a send with its progress, or NOT_FOUND.
-pub async fn get(ctx: &Context, message_id: MessageId) -> Result<MessageView> {
-    let home = ctx.pools.for_message(message_id.get()).1;
-    let row = messages::fetch_existing(home, message_id).await?;
+/// Returns a send with its progress, or NOT_FOUND (also for a send of
+/// another client than `owner`, when set).
+pub async fn get(ctx: &Context, message_id: MessageId, owner: Option<&str>) -> Result<MessageView> {
+    let row = fetch_visible(ctx, message_id, owner).await?;
     let progress = progress(ctx, message_id).await?.for_audience(row.audience);
     Ok(MessageView { row, progress })
 }
 
-/// Lists a sender's sends with ids below `before`, newest first, over all shards.
+/// Reads a send's control record, NOT_FOUND unless `owner` may see it.
+pub(crate) async fn fetch_visible(
+    ctx: &Context,
+    message_id: MessageId,
+    owner: Option<&str>,
+) -> Result<MessageRow> {
+    let home = ctx.pools.for_message(message_id.get()).1;
+    let row = messages::fetch_existing(home, message_id).await?;
+    row.visible_to(owner)?;
+    Ok(row)
+}
+
+/// Lists a sender's sends with ids below `before`, newest first, over all
+/// shards; only those of client `owner`, when set.
 pub async fn list(
     ctx: &Context,
     sender: &str,
+    owner: Option<&str>,
     before: u64,
     limit: u32,
 ) -> Result<Vec<MessageView>> {
-    let pages =
-        ctx.pools.iter().map(|(_, pool)| messages::list_by_sender(pool, sender, before, limit));
+    let pages = ctx
+        .pools
+        .iter()
+        .map(|(_, pool)| messages::list_by_sender(pool, sender, owner, before, limit));
     let mut rows: Vec<MessageRow> =
         futures::future::try_join_all(pages).await?.into_iter().flatten().collect();
     rows.sort_unstable_by_key(|row| std::cmp::Reverse(row.message_id));

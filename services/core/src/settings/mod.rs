@@ -1,5 +1,13 @@
 //! Typed, layered configuration: built-in defaults, an optional file, then
 //! `NOTIFY_SECTION__KEY` environment variables; validated once at start.
+//! The settings of callers and TLS live in [`security`].
+
+mod security;
+
+pub use security::{
+    ApiTlsSettings, AuthSettings, ClientAuth, ClientSettings, MySqlTlsMode, ReflectionMode,
+    valid_client_name,
+};
 
 use std::net::SocketAddr;
 
@@ -9,7 +17,7 @@ use serde::Deserialize;
 use shard_router::{BucketRange, ShardId, ShardMap};
 
 /// The built-in defaults, documented setting by setting.
-pub const DEFAULT_CONFIG: &str = include_str!("../default.toml");
+pub const DEFAULT_CONFIG: &str = include_str!("../../default.toml");
 
 /// Every setting of a Notify process.
 #[derive(Debug, Clone, Deserialize)]
@@ -18,6 +26,8 @@ pub struct Settings {
     pub api: ApiSettings,
     /// The delivery worker.
     pub worker: WorkerSettings,
+    /// Who may call the api, and with which scopes and limits.
+    pub auth: AuthSettings,
     /// The MySQL shards.
     pub database: DatabaseSettings,
     /// The RabbitMQ broker.
@@ -30,6 +40,8 @@ pub struct Settings {
     pub inbox: InboxSettings,
     /// Group limits and caching.
     pub groups: GroupSettings,
+    /// Backend checks and liveness.
+    pub health: HealthSettings,
     /// Logging.
     pub log: LogSettings,
 }
@@ -47,6 +59,26 @@ pub struct ApiSettings {
     /// call; scale out with replicas), N > 1 on a work-stealing pool of N
     /// threads, 0 on one thread per core.
     pub worker_threads: usize,
+    /// Age after which a client connection is asked to reconnect; 0: never.
+    pub max_connection_age_secs: u64,
+    /// How long an aged connection may finish its calls.
+    pub max_connection_age_grace_secs: u64,
+    /// Who may use gRPC reflection.
+    pub reflection: ReflectionMode,
+    /// Largest request message, in bytes.
+    pub max_request_bytes: usize,
+    /// Longest a unary call may run (a shorter caller deadline wins).
+    pub max_deadline_secs: u64,
+    /// HTTP/2 streams one connection may have open.
+    pub max_concurrent_streams: u32,
+    /// Interval of HTTP/2 keepalive pings.
+    pub keepalive_interval_secs: u64,
+    /// How long a keepalive ping may go unanswered.
+    pub keepalive_timeout_secs: u64,
+    /// WatchMessage streams one client may hold on one replica.
+    pub max_watch_streams_per_client: usize,
+    /// TLS on the gRPC listener.
+    pub tls: ApiTlsSettings,
 }
 
 /// Settings of `notify-worker`.
@@ -79,6 +111,9 @@ pub struct ShardSettings {
     pub database: String,
     /// Server url; defaults to `database.url`.
     pub url: Option<SecretString>,
+    /// A file holding the server url; wins over `url`.
+    #[serde(default)]
+    pub url_file: Option<String>,
 }
 
 /// The MySQL shards.
@@ -86,6 +121,12 @@ pub struct ShardSettings {
 pub struct DatabaseSettings {
     /// Default server url (without a database name).
     pub url: SecretString,
+    /// A file holding the default url; wins over `url` when set.
+    pub url_file: String,
+    /// TLS to every shard.
+    pub tls_mode: MySqlTlsMode,
+    /// PEM CA of the servers' certificates; empty: the system roots.
+    pub tls_ca_file: String,
     /// Connections per shard pool.
     pub pool_max: u32,
     /// Connect timeout.
@@ -99,8 +140,12 @@ pub struct DatabaseSettings {
 /// The RabbitMQ broker.
 #[derive(Debug, Clone, Deserialize)]
 pub struct RabbitSettings {
-    /// AMQP url.
+    /// AMQP url (`amqps://` for TLS).
     pub url: SecretString,
+    /// A file holding the url; wins over `url` when set.
+    pub url_file: String,
+    /// PEM CA of the broker's certificate; empty: the system roots.
+    pub tls_ca_file: String,
     /// Prefix of exchange and queue names.
     pub prefix: String,
     /// `quorum` or `classic`.
@@ -110,8 +155,12 @@ pub struct RabbitSettings {
 /// The Redis cache.
 #[derive(Debug, Clone, Deserialize)]
 pub struct RedisSettings {
-    /// Redis url.
+    /// Redis url (`rediss://` for TLS).
     pub url: SecretString,
+    /// A file holding the url; wins over `url` when set.
+    pub url_file: String,
+    /// PEM CA of the server's certificate; empty: the system roots.
+    pub tls_ca_file: String,
     /// Prefix of every key.
     pub key_prefix: String,
 }
@@ -152,6 +201,19 @@ pub struct GroupSettings {
     pub membership_cache_ttl_secs: u64,
 }
 
+/// Backend checks (readiness) and loop heartbeats (liveness).
+#[derive(Debug, Clone, Deserialize)]
+pub struct HealthSettings {
+    /// Interval of backend checks.
+    pub check_interval_ms: u64,
+    /// Failed checks in a row before a backend counts as down.
+    pub failures_before_unready: u32,
+    /// Successful checks in a row before it counts as up again.
+    pub successes_before_ready: u32,
+    /// Silence after which a loop counts as stalled.
+    pub loop_stall_secs: u64,
+}
+
 /// Logging.
 #[derive(Debug, Clone, Deserialize)]
 pub struct LogSettings {
@@ -170,6 +232,16 @@ pub enum SettingsError {
     /// The shard map is inconsistent.
     #[error(transparent)]
     ShardMap(#[from] shard_router::ShardMapError),
+    /// A file named by a setting cannot be read.
+    #[error("{setting}: cannot read {path}: {reason}")]
+    File {
+        /// Dotted setting name.
+        setting: String,
+        /// The file.
+        path: String,
+        /// Why it cannot be read.
+        reason: String,
+    },
     /// A value is out of range.
     #[error("{setting}: {reason}")]
     Invalid {
@@ -181,14 +253,15 @@ pub enum SettingsError {
 }
 
 impl Settings {
-    /// Loads defaults, then `$NOTIFY_CONFIG` if set, then `NOTIFY_*` variables.
+    /// Loads defaults, then `$NOTIFY_CONFIG` if set, then `NOTIFY_*` variables,
+    /// reads the url files and validates the result.
     pub fn load() -> Result<Self, SettingsError> {
         let mut builder =
             Config::builder().add_source(File::from_str(DEFAULT_CONFIG, FileFormat::Toml));
         if let Ok(path) = std::env::var("NOTIFY_CONFIG") {
             builder = builder.add_source(File::with_name(&path).required(true));
         }
-        let settings: Settings = builder
+        let mut settings: Settings = builder
             .add_source(
                 Environment::with_prefix("NOTIFY")
                     .prefix_separator("_")
@@ -197,8 +270,37 @@ impl Settings {
             )
             .build()?
             .try_deserialize()?;
+        settings.read_url_files()?;
         settings.validate()?;
         Ok(settings)
+    }
+
+    /// Replaces every url that names a file (`*.url_file`) with the file's
+    /// content, trimmed: Kubernetes mounts Secrets as files.
+    pub fn read_url_files(&mut self) -> Result<(), SettingsError> {
+        let read = |setting: String, path: &str| -> Result<SecretString, SettingsError> {
+            let text = std::fs::read_to_string(path).map_err(|e| SettingsError::File {
+                setting,
+                path: path.to_owned(),
+                reason: e.to_string(),
+            })?;
+            Ok(SecretString::from(text.trim().to_owned()))
+        };
+        if !self.database.url_file.is_empty() {
+            self.database.url = read("database.url_file".into(), &self.database.url_file)?;
+        }
+        for (index, shard) in self.database.shards.iter_mut().enumerate() {
+            if let Some(path) = shard.url_file.as_deref().filter(|p| !p.is_empty()) {
+                shard.url = Some(read(format!("database.shards[{index}].url_file"), path)?);
+            }
+        }
+        if !self.rabbitmq.url_file.is_empty() {
+            self.rabbitmq.url = read("rabbitmq.url_file".into(), &self.rabbitmq.url_file)?;
+        }
+        if !self.redis.url_file.is_empty() {
+            self.redis.url = read("redis.url_file".into(), &self.redis.url_file)?;
+        }
+        Ok(())
     }
 
     /// Returns the built-in defaults, without files or environment.
@@ -224,6 +326,10 @@ impl Settings {
             ("groups.max_members", self.groups.max_members),
             ("groups.seq_cache_ttl_secs", self.groups.seq_cache_ttl_secs),
             ("groups.membership_cache_ttl_secs", self.groups.membership_cache_ttl_secs),
+            ("health.check_interval_ms", self.health.check_interval_ms),
+            ("health.failures_before_unready", u64::from(self.health.failures_before_unready)),
+            ("health.successes_before_ready", u64::from(self.health.successes_before_ready)),
+            ("health.loop_stall_secs", self.health.loop_stall_secs),
         ];
         for (setting, value) in positive {
             if value == 0 {
@@ -232,6 +338,14 @@ impl Settings {
         }
         if self.send.chunk_size > 5000 {
             return Err(invalid("send.chunk_size", "must be at most 5000"));
+        }
+        self.auth.validate(&self.api.tls)?;
+        self.api.tls.validate()?;
+        if self.api.max_request_bytes < 1024 {
+            return Err(invalid("api.max_request_bytes", "must be at least 1024"));
+        }
+        if self.api.max_deadline_secs == 0 {
+            return Err(invalid("api.max_deadline_secs", "must be at least 1"));
         }
         if !matches!(self.rabbitmq.queue_type.as_str(), "quorum" | "classic") {
             return Err(invalid("rabbitmq.queue_type", "must be \"quorum\" or \"classic\""));
@@ -275,7 +389,7 @@ impl Settings {
     }
 }
 
-fn invalid(setting: &'static str, reason: &str) -> SettingsError {
+pub(crate) fn invalid(setting: &'static str, reason: &str) -> SettingsError {
     SettingsError::Invalid { setting, reason: reason.to_owned() }
 }
 
@@ -307,6 +421,74 @@ mod tests {
             vec![BucketRange { shard: ShardId(7), from: 0, to: 1023 }];
         let err = settings.validate().unwrap_err().to_string();
         assert_eq!(err, "database.bucket_ranges[0]: shard 7 is not defined in database.shards");
+    }
+
+    #[test]
+    fn urls_are_read_from_their_files_and_a_missing_file_names_the_setting() {
+        let dir = std::env::temp_dir().join(format!("notify-url-files-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let file = |name: &str, url: &str| {
+            let path = dir.join(name);
+            std::fs::write(&path, format!("{url}\n")).unwrap();
+            path.display().to_string()
+        };
+        let mut settings = Settings::defaults().unwrap();
+        settings.database.url_file = file("db", "mysql://u:p@db:3306");
+        settings.database.shards[1].url_file = Some(file("db1", "mysql://u:p@db1:3306"));
+        settings.rabbitmq.url_file = file("mq", "amqps://u:p@mq:5671/%2f");
+        settings.redis.url_file = file("redis", "rediss://redis:6380");
+        settings.read_url_files().unwrap();
+        assert_eq!(settings.database.url.expose_secret(), "mysql://u:p@db:3306");
+        let shard1 = &settings.database.shards[1];
+        assert_eq!(settings.shard_server_url(shard1), "mysql://u:p@db1:3306");
+        assert_eq!(settings.rabbitmq.url.expose_secret(), "amqps://u:p@mq:5671/%2f");
+        assert_eq!(settings.redis.url.expose_secret(), "rediss://redis:6380");
+        settings.redis.url_file = dir.join("absent").display().to_string();
+        let err = settings.read_url_files().unwrap_err().to_string();
+        assert!(err.starts_with("redis.url_file: cannot read "), "{err}");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn an_open_listener_without_auth_is_refused_unless_allowed() {
+        let mut auth = Settings::defaults().unwrap().auth;
+        assert!(auth.check_listener("127.0.0.1:50051".parse().unwrap()).is_ok());
+        let err = auth.check_listener("0.0.0.0:50051".parse().unwrap()).unwrap_err();
+        assert!(err.to_string().starts_with("auth.enabled: api.listen 0.0.0.0:50051"), "{err}");
+        auth.insecure_allow_unauthenticated = true;
+        assert!(auth.check_listener("0.0.0.0:50051".parse().unwrap()).is_ok());
+    }
+
+    #[test]
+    fn bad_client_settings_name_the_client_and_field() {
+        let mut settings = Settings::defaults().unwrap();
+        settings.auth.enabled = true;
+        let err = settings.validate().unwrap_err().to_string();
+        assert_eq!(err, "auth.clients: must define a client when auth.enabled is true");
+        settings.auth.clients.push(ClientSettings {
+            name: "billing".into(),
+            token_sha256: vec!["abc".into()],
+            cert_names: Vec::new(),
+            scopes: vec!["send".into()],
+            senders: Vec::new(),
+            requests_per_second: 0,
+            burst: 0,
+            recipients_per_minute: 0,
+            announcements_per_hour: 0,
+        });
+        let err = settings.validate().unwrap_err().to_string();
+        assert!(
+            err.starts_with("auth.clients: auth.clients[0].token_sha256: \"abc\" is not 64 hex"),
+            "{err}"
+        );
+        settings.auth.clients[0].token_sha256 = vec!["a".repeat(64)];
+        settings.auth.clients[0].scopes = vec!["sends.delete".into()];
+        let err = settings.validate().unwrap_err().to_string();
+        assert!(err.contains("auth.clients[0].scopes: unknown scope \"sends.delete\""), "{err}");
+        settings.auth.clients[0].scopes = vec!["send".into()];
+        settings.auth.clients[0].cert_names = vec!["billing.internal".into()];
+        let err = settings.validate().unwrap_err().to_string();
+        assert!(err.contains("cert_names: needs api.tls.client_auth"), "{err}");
     }
 
     #[test]

@@ -1,0 +1,143 @@
+//! The audit log: every lifecycle and admin action, with the client that
+//! acted, the target, the time and the outcome, as a row on the target's home
+//! shard and as a structured log line (target `audit`).
+//!
+//! A record is written after the action, whatever its outcome, so refused
+//! attempts are on record too. If the shard cannot take the row the log
+//! line still carries it and `notify_audit_write_errors_total` counts it;
+//! the action's own result is unchanged (it has happened).
+
+use chrono::Utc;
+use tracing::{info, warn};
+
+use crate::context::Context;
+use crate::db::audit::{self, AuditRow};
+use crate::error::{Error, Result};
+
+/// What an action was done to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Target {
+    /// Nothing in particular (or not known, as for a refused create).
+    None,
+    /// A send or announcement.
+    Message(u64),
+    /// A group.
+    Group(u64),
+}
+
+impl Target {
+    /// Returns the stored kind and id.
+    pub fn parts(self) -> (&'static str, u64) {
+        match self {
+            Target::None => ("", 0),
+            Target::Message(id) => ("message", id),
+            Target::Group(id) => ("group", id),
+        }
+    }
+}
+
+/// One action about to be recorded.
+#[derive(Debug, Clone)]
+pub struct Entry<'a> {
+    /// The client that acted.
+    pub client: &'a str,
+    /// What it did, dotted (`message.pause`).
+    pub action: &'a str,
+    /// What it did it to.
+    pub target: Target,
+    /// `ok` or the gRPC code name of the failure.
+    pub outcome: &'a str,
+    /// Sizes, reasons; at most 512 bytes are kept.
+    pub detail: String,
+}
+
+/// Returns the outcome name of a result: `ok` or the error's gRPC code name.
+pub fn outcome_of<T>(result: &Result<T>) -> &'static str {
+    match result {
+        Ok(_) => "ok",
+        Err(e) => e.code_name(),
+    }
+}
+
+/// Writes an entry to its target's home shard and to the log.
+pub async fn record(ctx: &Context, entry: Entry<'_>) {
+    let (kind, id) = entry.target.parts();
+    info!(
+        target: "audit",
+        client = entry.client,
+        action = entry.action,
+        target_kind = kind,
+        target_id = id,
+        outcome = entry.outcome,
+        detail = %entry.detail,
+        "audit"
+    );
+    let pool = match entry.target {
+        Target::Message(id) => ctx.pools.for_message(id).1,
+        Target::Group(id) => ctx.pools.for_group(id).1,
+        Target::None => ctx.pools.for_key(entry.client).1,
+    };
+    let mut detail = entry.detail;
+    if detail.len() > 512 {
+        let mut end = 512;
+        while !detail.is_char_boundary(end) {
+            end -= 1;
+        }
+        detail.truncate(end);
+    }
+    let row = AuditRow {
+        audit_id: ctx.ids.next_id().get(),
+        at: Utc::now().naive_utc(),
+        client: entry.client.to_owned(),
+        action: entry.action.to_owned(),
+        target_kind: kind.to_owned(),
+        target_id: id,
+        outcome: entry.outcome.to_owned(),
+        detail,
+    };
+    if let Err(e) = audit::insert(pool, &row).await {
+        metrics::counter!("notify_audit_write_errors_total").increment(1);
+        warn!(error = %e, action = %row.action, client = %row.client, "could not store an audit record");
+    }
+}
+
+/// Which records to list.
+#[derive(Debug, Clone, Copy)]
+pub enum Filter<'a> {
+    /// The history of one target.
+    Target(Target),
+    /// Everything one client did.
+    Client(&'a str),
+}
+
+/// Lists records newest first, with ids below `before` (0: from the newest).
+pub async fn list(
+    ctx: &Context,
+    filter: Filter<'_>,
+    before: u64,
+    limit: u32,
+) -> Result<Vec<AuditRow>> {
+    let before = if before == 0 { u64::MAX } else { before };
+    match filter {
+        Filter::Target(Target::None) => {
+            Err(Error::invalid("target", "must name a message or a group"))
+        }
+        Filter::Target(target) => {
+            let (kind, id) = target.parts();
+            let pool = match target {
+                Target::Group(id) => ctx.pools.for_group(id).1,
+                _ => ctx.pools.for_message(id).1,
+            };
+            audit::by_target(pool, kind, id, before, limit).await
+        }
+        Filter::Client(client) => {
+            let pages =
+                ctx.pools.iter().map(|(_, pool)| audit::by_client(pool, client, before, limit));
+            let mut rows: Vec<AuditRow> =
+                futures::future::try_join_all(pages).await?.into_iter().flatten().collect();
+            rows.sort_unstable_by_key(|row| std::cmp::Reverse(row.audit_id));
+            rows.truncate(limit as usize);
+            Ok(rows)
+        }
+    }
+}
