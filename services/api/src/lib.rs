@@ -2,16 +2,24 @@
 //! binds; [`Application::run_until_stopped`] serves until the shutdown token
 //! is cancelled, then reports NOT_SERVING and drains.
 
+pub mod auth;
+pub mod conn_age;
 pub mod convert;
 pub mod grpc;
 pub mod metrics_layer;
 pub mod status;
+pub mod streams;
+pub mod tls;
 
 use std::net::SocketAddr;
+use std::sync::Arc;
 use std::time::Duration;
 
-use notify_core::settings::ApiSettings;
+use futures::StreamExt as _;
+use notify_core::health::{self, BackendStatus, Heartbeats, Probes};
+use notify_core::settings::{ApiSettings, ReflectionMode};
 use notify_core::{Context, Settings};
+use notify_proto::v1::admin_service_server::AdminServiceServer;
 use notify_proto::v1::group_service_server::GroupServiceServer;
 use notify_proto::v1::inbox_service_server::InboxServiceServer;
 use notify_proto::v1::message_service_server::MessageServiceServer;
@@ -20,10 +28,14 @@ use tokio_util::sync::CancellationToken;
 use tonic::transport::server::TcpIncoming;
 use tracing::info;
 
+use crate::auth::{AuthLayer, Guard};
+use crate::conn_age::AgedConnection;
+use crate::grpc::admin::AdminApi;
 use crate::grpc::group::GroupApi;
 use crate::grpc::inbox::InboxApi;
 use crate::grpc::message::MessageApi;
 use crate::metrics_layer::GrpcMetricsLayer;
+use crate::tls::ServerTls;
 
 /// Builds the runtime `api.worker_threads` asks for: one thread (1), a
 /// work-stealing pool of N threads (N > 1) or of one thread per core (0).
@@ -46,6 +58,7 @@ pub struct Application {
     ctx: Context,
     listener: TcpListener,
     metrics_listener: TcpListener,
+    tls: Option<Arc<ServerTls>>,
 }
 
 impl Application {
@@ -55,6 +68,10 @@ impl Application {
         // Install the metrics recorder before anything resolves a metric
         // handle (the cache's badge reader does so when it starts).
         notify_core::telemetry::metrics_handle();
+        let listen = notify_core::settings::parse_addr("api.listen", &settings.api.listen)?;
+        settings.auth.check_listener(listen)?;
+        let tls =
+            settings.api.tls.enabled().then(|| ServerTls::load(&settings.api.tls)).transpose()?;
         let listener = TcpListener::bind(&settings.api.listen)
             .await
             .map_err(|e| anyhow::anyhow!("api.listen: cannot bind {}: {e}", settings.api.listen))?;
@@ -66,7 +83,12 @@ impl Application {
                 )
             })?;
         let ctx = Context::connect(settings).await?;
-        Ok(Self { ctx, listener, metrics_listener })
+        Ok(Self { ctx, listener, metrics_listener, tls })
+    }
+
+    /// Returns the listener's TLS configuration, when TLS is on.
+    pub fn tls(&self) -> Option<Arc<ServerTls>> {
+        self.tls.clone()
     }
 
     /// Returns the bound gRPC address.
@@ -89,50 +111,109 @@ impl Application {
     /// accepting and waits for in-flight calls.
     pub async fn run_until_stopped(self, shutdown: CancellationToken) -> anyhow::Result<()> {
         let (health, health_service) = tonic_health::server::health_reporter();
-        health.set_serving::<MessageServiceServer<MessageApi>>().await;
-        health.set_serving::<InboxServiceServer<InboxApi>>().await;
-        health.set_serving::<GroupServiceServer<GroupApi>>().await;
-        health.set_service_status("", tonic_health::ServingStatus::Serving).await;
-        let reflection = tonic_reflection::server::Builder::configure()
-            .register_encoded_file_descriptor_set(notify_proto::FILE_DESCRIPTOR_SET)
-            .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
-            .build_v1()?;
+        for service in SERVED {
+            health.set_service_status(service, tonic_health::ServingStatus::Serving).await;
+        }
+        let updating = Arc::new(tokio::sync::Mutex::new(()));
 
         let addr = self.listener.local_addr()?;
+        let heartbeats = Heartbeats::default();
+        let backends =
+            health::watch_backends(self.ctx.clone(), heartbeats.clone(), shutdown.clone());
+        let probes = Probes::new(backends.clone(), heartbeats, &self.ctx.settings.health);
+        tokio::spawn(follow_backends(health.clone(), backends, updating.clone(), shutdown.clone()));
         let metrics = tokio::spawn(notify_core::telemetry::serve_metrics(
             self.metrics_listener,
+            probes,
             shutdown.clone(),
         ));
         let draining = {
             let shutdown = shutdown.clone();
             let health = health.clone();
+            let updating = updating.clone();
             async move {
                 shutdown.cancelled().await;
-                health.set_service_status("", tonic_health::ServingStatus::NotServing).await;
-                health.set_not_serving::<MessageServiceServer<MessageApi>>().await;
-                health.set_not_serving::<InboxServiceServer<InboxApi>>().await;
-                health.set_not_serving::<GroupServiceServer<GroupApi>>().await;
+                // After any backend update in progress, so none lands after.
+                let _updating = updating.lock().await;
+                for service in SERVED {
+                    health
+                        .set_service_status(service, tonic_health::ServingStatus::NotServing)
+                        .await;
+                }
                 info!("api draining");
             }
         };
-        info!(%addr, "notify-api serving");
-        let grace = Duration::from_secs(self.ctx.settings.api.shutdown_grace_secs);
-        let server = tonic::transport::Server::builder()
+        let settings = &self.ctx.settings.api;
+        let grace = Duration::from_secs(settings.shutdown_grace_secs);
+        let guard = Guard::new(self.ctx.clone());
+        let mut builder = tonic::transport::Server::builder()
+            .timeout(Duration::from_secs(settings.max_deadline_secs))
+            .max_concurrent_streams(settings.max_concurrent_streams)
+            .http2_keepalive_interval(Some(Duration::from_secs(settings.keepalive_interval_secs)))
+            .http2_keepalive_timeout(Some(Duration::from_secs(settings.keepalive_timeout_secs)));
+        // tonic sends the GOAWAY at the age; the grace is kept by
+        // AgedConnection (see conn_age for why not by tonic).
+        let lifetime = (settings.max_connection_age_secs > 0).then(|| {
+            Duration::from_secs(
+                settings.max_connection_age_secs + settings.max_connection_age_grace_secs,
+            )
+        });
+        if settings.max_connection_age_secs > 0 {
+            builder =
+                builder.max_connection_age(Duration::from_secs(settings.max_connection_age_secs));
+        }
+        let max_bytes = settings.max_request_bytes;
+        let reflect = settings.reflection != ReflectionMode::Off;
+        let reflection_v1 = reflect.then(|| reflection().build_v1()).transpose()?;
+        let reflection_v1alpha = reflect.then(|| reflection().build_v1alpha()).transpose()?;
+        let router = builder
+            // Metrics outermost, so refused calls are counted too.
             .layer(GrpcMetricsLayer)
+            .layer(AuthLayer::new(guard.clone()))
             .add_service(health_service)
-            .add_service(reflection)
-            .add_service(MessageServiceServer::new(MessageApi::new(
-                self.ctx.clone(),
-                shutdown.clone(),
-            )))
-            .add_service(InboxServiceServer::new(InboxApi::new(self.ctx.clone())))
-            .add_service(GroupServiceServer::new(GroupApi::new(self.ctx.clone())))
-            // No Nagle: a response's trailer must not wait for the client's
-            // delayed ACK (that costs ~40 ms per unary call).
-            .serve_with_incoming_shutdown(
-                TcpIncoming::from(self.listener).with_nodelay(Some(true)),
-                draining,
-            );
+            .add_optional_service(reflection_v1)
+            .add_optional_service(reflection_v1alpha)
+            .add_service(
+                MessageServiceServer::new(MessageApi::new(
+                    self.ctx.clone(),
+                    guard.clone(),
+                    shutdown.clone(),
+                ))
+                .max_decoding_message_size(max_bytes),
+            )
+            .add_service(
+                InboxServiceServer::new(InboxApi::new(self.ctx.clone()))
+                    .max_decoding_message_size(max_bytes),
+            )
+            .add_service(
+                GroupServiceServer::new(GroupApi::new(self.ctx.clone()))
+                    .max_decoding_message_size(max_bytes),
+            )
+            .add_service(AdminServiceServer::new(AdminApi::new(self.ctx.clone())));
+        let tls_mode = if self.tls.is_some() { "tls" } else { "plaintext" };
+        info!(%addr, transport = tls_mode, auth = self.ctx.settings.auth.enabled, "notify-api serving");
+        let server = async {
+            match self.tls {
+                Some(tls) => {
+                    tokio::spawn(tls.clone().watch_files(shutdown.clone()));
+                    let incoming = tls
+                        .incoming(self.listener, shutdown.clone())
+                        .map(move |accepted| accepted.map(|c| AgedConnection::new(c, lifetime)));
+                    router.serve_with_incoming_shutdown(incoming, draining).await
+                }
+                // No Nagle: a response's trailer must not wait for the client's
+                // delayed ACK (that costs ~40 ms per unary call).
+                None => {
+                    let incoming = TcpIncoming::from(self.listener).with_nodelay(Some(true)).map(
+                        move |accepted| {
+                            metrics::counter!("notify_grpc_connections_total").increment(1);
+                            accepted.map(|c| AgedConnection::new(c, lifetime))
+                        },
+                    );
+                    router.serve_with_incoming_shutdown(incoming, draining).await
+                }
+            }
+        };
         // Open streams (a health watch, say) would hold a graceful drain
         // forever: after the grace period the server stops regardless.
         let deadline = async {
@@ -147,4 +228,67 @@ impl Application {
         info!("notify-api stopped");
         Ok(())
     }
+}
+
+/// gRPC health names of the api itself: `""` and every Notify service.
+const SERVED: [&str; 5] = [
+    "",
+    "notify.v1.MessageService",
+    "notify.v1.InboxService",
+    "notify.v1.GroupService",
+    "notify.v1.AdminService",
+];
+
+/// gRPC health service names of the backends, reported beside `""`.
+pub const BACKEND_HEALTH_SERVICES: [&str; 3] =
+    ["notify.backend.mysql", "notify.backend.redis", "notify.backend.rabbitmq"];
+
+/// Makes gRPC health follow the backends: `""` and every Notify service
+/// are SERVING while the api can work (see `notify_core::health`), each
+/// backend has its own entry, and draining wins over everything.
+async fn follow_backends(
+    health: tonic_health::server::HealthReporter,
+    mut backends: tokio::sync::watch::Receiver<BackendStatus>,
+    updating: Arc<tokio::sync::Mutex<()>>,
+    shutdown: CancellationToken,
+) {
+    use tonic_health::ServingStatus::{NotServing, Serving};
+    let serving = |up: bool| if up { Serving } else { NotServing };
+    // Watchers see every update, so only changes are reported.
+    let mut reported: Option<BackendStatus> = None;
+    loop {
+        let status = *backends.borrow_and_update();
+        {
+            let _updating = updating.lock().await;
+            if shutdown.is_cancelled() {
+                return;
+            }
+            if reported.is_none_or(|before| before.ready() != status.ready()) {
+                for service in SERVED {
+                    health.set_service_status(service, serving(status.ready())).await;
+                }
+            }
+            let before = reported.map(|b| [b.mysql, b.redis, b.rabbitmq]);
+            let now = [status.mysql, status.redis, status.rabbitmq];
+            for (index, service) in BACKEND_HEALTH_SERVICES.into_iter().enumerate() {
+                if before.is_none_or(|before| before[index] != now[index]) {
+                    health.set_service_status(service, serving(now[index])).await;
+                }
+            }
+            reported = Some(status);
+        }
+        tokio::select! {
+            changed = backends.changed() => if changed.is_err() { return },
+            () = shutdown.cancelled() => return,
+        }
+    }
+}
+
+/// A reflection builder over every descriptor the api serves. Both protocol
+/// versions are served: v1, and v1alpha, which many clients still speak
+/// (Python's grpcio-reflection, older grpcurl builds).
+fn reflection() -> tonic_reflection::server::Builder<'static> {
+    tonic_reflection::server::Builder::configure()
+        .register_encoded_file_descriptor_set(notify_proto::FILE_DESCRIPTOR_SET)
+        .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
 }

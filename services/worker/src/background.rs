@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use notify_core::db::{chunks, messages};
 use notify_core::domain::{Lane, MessageId, SendStatus};
+use notify_core::health::Heartbeats;
 use notify_core::queue::ChunkTask;
 use notify_core::{Context, Result, send};
 use shard_router::ShardId;
@@ -16,14 +17,21 @@ use tracing::{info, warn};
 
 const BATCH: u32 = 1000;
 
-/// Runs `job` every `every` until `shutdown`.
-pub async fn every<F, Fut>(name: &'static str, every: Duration, shutdown: CancellationToken, job: F)
-where
+/// Runs `job` every `every` until `shutdown`, beating `name` after each run
+/// (a job that never returns stops the beats, and `/healthz` says so).
+pub async fn every<F, Fut>(
+    name: &'static str,
+    every: Duration,
+    heartbeats: Heartbeats,
+    shutdown: CancellationToken,
+    job: F,
+) where
     F: Fn() -> Fut,
     Fut: Future<Output = Result<()>>,
 {
     let mut ticker = tokio::time::interval(every);
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    heartbeats.beat(name);
     loop {
         tokio::select! {
             _ = ticker.tick() => {}
@@ -32,6 +40,7 @@ where
         if let Err(e) = job().await {
             warn!(error = %e, job = name, "background job failed");
         }
+        heartbeats.beat(name);
     }
     info!(job = name, "background job stopped");
 }
@@ -77,11 +86,36 @@ pub async fn sweep_once(ctx: &Context) -> Result<u64> {
     for (shard, pool) in ctx.pools.iter() {
         complete_finished_sends(ctx, shard, pool).await;
     }
+    report_sending(ctx).await;
     if republished > 0 {
         info!(republished, "sweeper re-published stuck chunks");
         metrics::counter!("notify_chunks_republished_total").increment(republished);
     }
     Ok(republished)
+}
+
+/// Sets `notify_sends_sending` and `notify_oldest_sending_send_age_seconds`
+/// over every home shard that answers (a send stuck in SENDING shows as an
+/// age that keeps growing).
+async fn report_sending(ctx: &Context) {
+    let (mut count, mut oldest) = (0u64, None);
+    for (shard, pool) in ctx.pools.iter() {
+        match messages::sending_summary(pool).await {
+            Ok((n, started)) => {
+                count += n;
+                oldest = match (oldest, started) {
+                    (Some(a), Some(b)) => Some(std::cmp::min(a, b)),
+                    (a, b) => a.or(b),
+                };
+            }
+            Err(e) => warn!(error = %e, shard = %shard, "cannot count sending messages"),
+        }
+    }
+    let age = oldest.map_or(0.0, |started| {
+        (chrono::Utc::now().naive_utc() - started).num_milliseconds().max(0) as f64 / 1000.0
+    });
+    metrics::gauge!("notify_sends_sending").set(count as f64);
+    metrics::gauge!("notify_oldest_sending_send_age_seconds").set(age);
 }
 
 /// Completes the SENDING sends of one home shard whose last chunk finished

@@ -3,9 +3,10 @@
 //! permanent failure, manual acks only after the work is committed, and
 //! reconnection after broker restarts.
 
-use std::time::Duration;
-
 use std::panic::AssertUnwindSafe;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
 
 use futures::{FutureExt, StreamExt};
 use lapin::message::Delivery;
@@ -13,16 +14,41 @@ use lapin::options::{BasicAckOptions, BasicConsumeOptions, BasicNackOptions, Bas
 use lapin::types::FieldTable;
 use notify_core::deliver::{self, TaskOutcome};
 use notify_core::domain::Lane;
+use notify_core::health::Heartbeats;
 use notify_core::queue::{self, ChunkTask, Topology};
 use notify_core::{Context, Error};
+use tokio_stream::wrappers::IntervalStream;
 use tokio_util::sync::CancellationToken;
 use tracing::{error, info, warn};
 
+/// How often an idle consumer reports that it is alive.
+const IDLE_BEAT: Duration = Duration::from_secs(5);
+
+/// What a lane's consumer tells the probes.
+#[derive(Clone)]
+pub struct LaneHealth {
+    /// Beats while the consumer loop turns (deliveries handled, or idle ticks
+    /// taken in the same loop, so a wedged loop stops beating).
+    pub heartbeats: Heartbeats,
+    /// True while the lane is subscribed to its queue.
+    pub consuming: Arc<AtomicBool>,
+}
+
+fn beat_name(lane: Lane) -> &'static str {
+    match lane {
+        Lane::High => "consumer high",
+        Lane::Bulk => "consumer bulk",
+    }
+}
+
 /// Runs a lane's consumer until `shutdown`; reconnects when the broker goes away.
-pub async fn run_lane(ctx: Context, lane: Lane, shutdown: CancellationToken) {
+pub async fn run_lane(ctx: Context, lane: Lane, health: LaneHealth, shutdown: CancellationToken) {
     let mut backoff = Duration::from_millis(200);
     while !shutdown.is_cancelled() {
-        match consume(&ctx, lane, &shutdown).await {
+        health.heartbeats.beat(beat_name(lane));
+        let consumed = consume(&ctx, lane, &health, &shutdown).await;
+        health.consuming.store(false, Ordering::Relaxed);
+        match consumed {
             Ok(()) if shutdown.is_cancelled() => break,
             Ok(()) => warn!(lane = lane.name(), "consumer stream ended, reconnecting"),
             Err(e) => warn!(error = %e, lane = lane.name(), "consumer failed, reconnecting"),
@@ -36,7 +62,19 @@ pub async fn run_lane(ctx: Context, lane: Lane, shutdown: CancellationToken) {
     info!(lane = lane.name(), "consumer stopped");
 }
 
-async fn consume(ctx: &Context, lane: Lane, shutdown: &CancellationToken) -> Result<(), Error> {
+/// What the consumer loop takes next.
+enum Event {
+    /// Boxed: a delivery is large and a tick is nothing.
+    Delivery(Box<Result<Delivery, lapin::Error>>),
+    Tick,
+}
+
+async fn consume(
+    ctx: &Context,
+    lane: Lane,
+    health: &LaneHealth,
+    shutdown: &CancellationToken,
+) -> Result<(), Error> {
     let settings = &ctx.settings;
     let connection =
         queue::connect(&settings.rabbitmq, &format!("notify-worker-{}", lane.name())).await?;
@@ -56,15 +94,41 @@ async fn consume(ctx: &Context, lane: Lane, shutdown: &CancellationToken) -> Res
         )
         .await?;
     info!(lane = lane.name(), concurrency, "consuming chunk tasks");
+    health.consuming.store(true, Ordering::Relaxed);
+    // Idle ticks share the deliveries' slots: when every slot is stuck, the
+    // ticks stop too and the heartbeat goes stale.
+    let ticks = IntervalStream::new(tokio::time::interval(IDLE_BEAT)).map(|_| Event::Tick);
+    let events = futures::stream::select(consumer.map(|d| Event::Delivery(Box::new(d))), ticks);
+    // A broken connection ends the stream (and this consumption, which the
+    // caller starts again on a new connection): an aborted socket surfaces as
+    // a delivery error, a silently dead one as a channel no longer connected
+    // at the next tick. Tasks taken and not acked go back to the queue.
+    let alive = |event: &Event| {
+        let broken = match event {
+            Event::Delivery(delivery) => match delivery.as_ref() {
+                Err(e) => Some(e.to_string()),
+                Ok(_) => None,
+            },
+            Event::Tick if !channel.status().connected() => Some("channel closed".to_owned()),
+            Event::Tick => None,
+        };
+        if let Some(error) = &broken {
+            warn!(error = %error, lane = lane.name(), "consumer connection lost");
+        }
+        std::future::ready(broken.is_none())
+    };
     // Stop taking new deliveries at shutdown; for_each_concurrent still
     // finishes (and acks) every delivery already taken.
-    consumer
+    events
         .take_until(shutdown.cancelled())
-        .for_each_concurrent(concurrency, |delivery| async move {
-            match delivery {
-                Ok(delivery) => handle(ctx, lane, delivery, shutdown).await,
-                Err(e) => warn!(error = %e, "delivery error"),
+        .take_while(alive)
+        .for_each_concurrent(concurrency, |event| async move {
+            if let Event::Delivery(delivery) = event
+                && let Ok(delivery) = *delivery
+            {
+                handle(ctx, lane, delivery, shutdown).await;
             }
+            health.heartbeats.beat(beat_name(lane));
         })
         .await;
     // Closing returns any unacked (never started) deliveries to the queue.

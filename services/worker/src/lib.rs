@@ -7,14 +7,19 @@ pub mod background;
 pub mod consumer;
 
 use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use notify_core::domain::Lane;
+use notify_core::health::{self, Heartbeats, Probes};
 use notify_core::{Context, Settings};
 use tokio::net::TcpListener;
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 use tracing::info;
+
+use crate::consumer::LaneHealth;
 
 /// A built, connected, not yet running worker.
 pub struct Worker {
@@ -50,15 +55,37 @@ impl Worker {
     pub async fn run_until_stopped(self, shutdown: CancellationToken) -> anyhow::Result<()> {
         let ctx = self.ctx;
         let worker_settings = ctx.settings.worker.clone();
+        let heartbeats = Heartbeats::default();
         let mut tasks = JoinSet::new();
+        let mut lanes = Vec::new();
         for lane in [Lane::High, Lane::Bulk] {
-            tasks.spawn(consumer::run_lane(ctx.clone(), lane, shutdown.clone()));
+            let health = LaneHealth {
+                heartbeats: heartbeats.clone(),
+                consuming: Arc::new(AtomicBool::new(false)),
+            };
+            lanes.push((lane, health.consuming.clone()));
+            tasks.spawn(consumer::run_lane(ctx.clone(), lane, health, shutdown.clone()));
         }
+        let backends = health::watch_backends(ctx.clone(), heartbeats.clone(), shutdown.clone());
+        let probes = Probes::new(backends, heartbeats.clone(), &ctx.settings.health)
+            .with_ready_check(move || {
+                let idle: Vec<&str> = lanes
+                    .iter()
+                    .filter(|(_, consuming)| !consuming.load(Ordering::Relaxed))
+                    .map(|(lane, _)| lane.name())
+                    .collect();
+                if idle.is_empty() {
+                    Ok(())
+                } else {
+                    Err(format!("not consuming lane {}", idle.join(", ")))
+                }
+            });
         {
             let ctx = ctx.clone();
             tasks.spawn(background::every(
                 "scheduler",
                 Duration::from_millis(worker_settings.scheduler_interval_ms),
+                heartbeats.clone(),
                 shutdown.clone(),
                 move || {
                     let ctx = ctx.clone();
@@ -71,6 +98,7 @@ impl Worker {
             tasks.spawn(background::every(
                 "sweeper",
                 Duration::from_secs(worker_settings.sweep_interval_secs),
+                heartbeats.clone(),
                 shutdown.clone(),
                 move || {
                     let ctx = ctx.clone();
@@ -82,7 +110,8 @@ impl Worker {
         let metrics_shutdown = shutdown.clone();
         tasks.spawn(async move {
             if let Err(e) =
-                notify_core::telemetry::serve_metrics(metrics_listener, metrics_shutdown).await
+                notify_core::telemetry::serve_metrics(metrics_listener, probes, metrics_shutdown)
+                    .await
             {
                 tracing::warn!(error = %e, "metrics endpoint failed");
             }
