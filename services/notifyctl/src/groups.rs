@@ -1,9 +1,9 @@
 //! `group ...`: create groups, manage members, send, pull, ack and unread.
 
+use crate::connect::Api;
 use clap::{Args, Subcommand};
 use notify_proto::v1;
 use notify_proto::v1::group_service_client::GroupServiceClient;
-use tonic::transport::Channel;
 
 use crate::sends::ContentArgs;
 use crate::{inbox, recipients};
@@ -84,7 +84,7 @@ pub struct SendArgs {
 }
 
 /// Runs a `group` subcommand.
-pub async fn run(channel: Channel, command: GroupCommand) -> anyhow::Result<()> {
+pub async fn run(channel: Api, command: GroupCommand) -> anyhow::Result<()> {
     let mut client = GroupServiceClient::new(channel);
     match command {
         GroupCommand::Create { name, id } => {

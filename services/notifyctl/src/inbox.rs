@@ -1,10 +1,10 @@
 //! `inbox` and `badge`.
 
+use crate::connect::Api;
 use chrono::DateTime;
 use clap::Args;
 use notify_proto::v1;
 use notify_proto::v1::inbox_service_client::InboxServiceClient;
-use tonic::transport::Channel;
 
 /// Arguments of `notifyctl inbox`.
 #[derive(Debug, Args)]
@@ -26,7 +26,7 @@ pub struct InboxArgs {
 }
 
 /// Prints one inbox page.
-pub async fn inbox(channel: Channel, args: InboxArgs) -> anyhow::Result<()> {
+pub async fn inbox(channel: Api, args: InboxArgs) -> anyhow::Result<()> {
     let mut client = InboxServiceClient::new(channel);
     let page = client
         .list_inbox(v1::ListInboxRequest {
@@ -58,7 +58,7 @@ pub fn rfc3339(at: Option<prost_types::Timestamp>) -> String {
 }
 
 /// Prints unread counts.
-pub async fn badge(channel: Channel, user_ids: Vec<u64>) -> anyhow::Result<()> {
+pub async fn badge(channel: Api, user_ids: Vec<u64>) -> anyhow::Result<()> {
     let mut client = InboxServiceClient::new(channel);
     let response = client
         .batch_get_unread_counts(v1::BatchGetUnreadCountsRequest { user_ids })

@@ -1,21 +1,23 @@
 //! `notifyctl`: the operator CLI. Migrates shards directly; everything else
 //! goes through the api over gRPC.
 
+mod admin;
+mod connect;
 mod groups;
 mod inbox;
 mod recipients;
 mod sends;
 
 use clap::{Parser, Subcommand};
-use tonic::transport::Channel;
+
+use crate::connect::ConnectArgs;
 
 /// Operator CLI for Notify.
 #[derive(Debug, Parser)]
 #[command(name = "notifyctl", version, about)]
 struct Cli {
-    /// Address of notify-api.
-    #[arg(long, global = true, env = "NOTIFY_ADDR", default_value = "http://127.0.0.1:50051")]
-    addr: String,
+    #[command(flatten)]
+    connect: ConnectArgs,
     #[command(subcommand)]
     command: Command,
 }
@@ -59,8 +61,8 @@ enum Command {
     },
     /// Lists a sender's sends, newest first.
     List {
-        /// Sender name.
-        #[arg(long, default_value = "notifyctl")]
+        /// Sender name (default: the calling client's own).
+        #[arg(long, default_value = "")]
         sender: String,
         /// How many.
         #[arg(long, default_value_t = 20)]
@@ -77,6 +79,18 @@ enum Command {
         #[arg(required = true)]
         user_ids: Vec<u64>,
     },
+    /// Makes client tokens (offline: nothing is sent to the api).
+    #[command(subcommand)]
+    Token(admin::TokenCommand),
+    /// Shows audit records of a send, a group or a client (admin scope).
+    Audit(admin::AuditArgs),
+    /// Checks the api's health: exit code 0 when SERVING, 1 when not, 2
+    /// when it cannot be asked.
+    Health {
+        /// A service name; empty means the whole api.
+        #[arg(long, default_value = "")]
+        service: String,
+    },
 }
 
 #[tokio::main]
@@ -89,15 +103,32 @@ async fn main() {
 }
 
 async fn run(cli: Cli) -> anyhow::Result<()> {
-    if let Command::Migrate = cli.command {
-        return migrate().await;
-    }
-    let channel = Channel::from_shared(cli.addr.clone())?
-        .connect()
-        .await
-        .map_err(|e| anyhow::anyhow!("cannot reach notify-api at {}: {e}", cli.addr))?;
-    match cli.command {
-        Command::Migrate => unreachable!("handled above"),
+    let command = match cli.command {
+        Command::Migrate => return migrate().await,
+        Command::Token(command) => return admin::token(command),
+        Command::Health { service } => {
+            // The exit code is the answer: 1 for not serving, 2 for no answer.
+            let serving = match cli.connect.connect().await {
+                Ok(channel) => admin::health(channel, service).await,
+                Err(e) => Err(e),
+            };
+            match serving {
+                Ok(true) => return Ok(()),
+                Ok(false) => std::process::exit(1),
+                Err(e) => {
+                    eprintln!("notifyctl: {e:#}");
+                    std::process::exit(2);
+                }
+            }
+        }
+        command => command,
+    };
+    let channel = cli.connect.connect().await?;
+    match command {
+        Command::Migrate | Command::Token(_) | Command::Health { .. } => {
+            unreachable!("handled above")
+        }
+        Command::Audit(args) => admin::audit(channel, args).await,
         Command::Send(args) => sends::send(channel, args).await,
         Command::Announce(args) => sends::announce(channel, args).await,
         Command::Status { message_id, watch } => sends::status(channel, message_id, watch).await,

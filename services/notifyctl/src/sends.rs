@@ -1,12 +1,12 @@
 //! `send`, `status`, `pause`, `resume`, `cancel`, `list`.
 
+use crate::connect::Api;
 use chrono::{DateTime, Utc};
 use clap::Args;
 use indicatif::{ProgressBar, ProgressStyle};
 use notify_proto::v1;
 use notify_proto::v1::message_service_client::MessageServiceClient;
 use tokio_stream::StreamExt;
-use tonic::transport::Channel;
 
 use crate::recipients;
 
@@ -26,8 +26,8 @@ pub struct ContentArgs {
     /// Category.
     #[arg(long, default_value = "")]
     category: String,
-    /// Sender name.
-    #[arg(long, default_value = "notifyctl")]
+    /// Sender name (default: the calling client's own).
+    #[arg(long, default_value = "")]
     pub sender: String,
     /// Idempotency key: a retry with the same key sends nothing new.
     #[arg(long, default_value = "")]
@@ -85,7 +85,7 @@ pub struct AnnounceArgs {
 }
 
 /// Sends an announcement to every user.
-pub async fn announce(channel: Channel, args: AnnounceArgs) -> anyhow::Result<()> {
+pub async fn announce(channel: Api, args: AnnounceArgs) -> anyhow::Result<()> {
     let mut client = MessageServiceClient::new(channel);
     let response = client
         .send_message(v1::SendMessageRequest {
@@ -108,7 +108,7 @@ fn timestamp(at: DateTime<Utc>) -> prost_types::Timestamp {
 }
 
 /// Sends inline (up to 100,000 ids) or through the draft flow.
-pub async fn send(channel: Channel, args: SendArgs) -> anyhow::Result<()> {
+pub async fn send(channel: Api, args: SendArgs) -> anyhow::Result<()> {
     let ids = args.recipients.read()?;
     let mut client = MessageServiceClient::new(channel.clone());
     let content = args.message.what.content();
@@ -201,7 +201,7 @@ fn print_message(message: &v1::Message) {
     );
 }
 
-async fn watch(channel: Channel, message_id: u64) -> anyhow::Result<()> {
+async fn watch(channel: Api, message_id: u64) -> anyhow::Result<()> {
     let mut client = MessageServiceClient::new(channel);
     let mut stream = client
         .watch_message(v1::WatchMessageRequest { message_id, interval_ms: 250 })
@@ -225,7 +225,7 @@ async fn watch(channel: Channel, message_id: u64) -> anyhow::Result<()> {
 }
 
 /// Prints a send's state, or follows it.
-pub async fn status(channel: Channel, message_id: u64, follow: bool) -> anyhow::Result<()> {
+pub async fn status(channel: Api, message_id: u64, follow: bool) -> anyhow::Result<()> {
     if follow {
         return watch(channel, message_id).await;
     }
@@ -236,7 +236,7 @@ pub async fn status(channel: Channel, message_id: u64, follow: bool) -> anyhow::
 }
 
 /// Pauses a send.
-pub async fn pause(channel: Channel, message_id: u64) -> anyhow::Result<()> {
+pub async fn pause(channel: Api, message_id: u64) -> anyhow::Result<()> {
     let mut client = MessageServiceClient::new(channel);
     let message = client.pause_message(v1::PauseMessageRequest { message_id }).await?.into_inner();
     print_message(&message);
@@ -244,7 +244,7 @@ pub async fn pause(channel: Channel, message_id: u64) -> anyhow::Result<()> {
 }
 
 /// Resumes a send.
-pub async fn resume(channel: Channel, message_id: u64) -> anyhow::Result<()> {
+pub async fn resume(channel: Api, message_id: u64) -> anyhow::Result<()> {
     let mut client = MessageServiceClient::new(channel);
     let message =
         client.resume_message(v1::ResumeMessageRequest { message_id }).await?.into_inner();
@@ -253,7 +253,7 @@ pub async fn resume(channel: Channel, message_id: u64) -> anyhow::Result<()> {
 }
 
 /// Cancels a send.
-pub async fn cancel(channel: Channel, message_id: u64) -> anyhow::Result<()> {
+pub async fn cancel(channel: Api, message_id: u64) -> anyhow::Result<()> {
     let mut client = MessageServiceClient::new(channel);
     let message =
         client.cancel_message(v1::CancelMessageRequest { message_id }).await?.into_inner();
@@ -262,7 +262,7 @@ pub async fn cancel(channel: Channel, message_id: u64) -> anyhow::Result<()> {
 }
 
 /// Re-drives a send's failed chunks.
-pub async fn redrive(channel: Channel, message_id: u64) -> anyhow::Result<()> {
+pub async fn redrive(channel: Api, message_id: u64) -> anyhow::Result<()> {
     let mut client = MessageServiceClient::new(channel);
     let message =
         client.redrive_message(v1::RedriveMessageRequest { message_id }).await?.into_inner();
@@ -271,7 +271,7 @@ pub async fn redrive(channel: Channel, message_id: u64) -> anyhow::Result<()> {
 }
 
 /// Lists a sender's sends.
-pub async fn list(channel: Channel, sender: String, limit: u32) -> anyhow::Result<()> {
+pub async fn list(channel: Api, sender: String, limit: u32) -> anyhow::Result<()> {
     let mut client = MessageServiceClient::new(channel);
     let response = client
         .list_messages(v1::ListMessagesRequest {

@@ -44,3 +44,65 @@ async fn group_commands_create_add_send_pull_ack_and_count() {
     assert_eq!(removed.trim(), "removed 1 members from group 77");
     app.cleanup().await;
 }
+
+/// Runs notifyctl with extra environment; returns (exit code, stdout, stderr).
+async fn notifyctl_env(env: &[(&str, &str)], args: &[&str]) -> (i32, String, String) {
+    let output = tokio::process::Command::new(env!("CARGO_BIN_EXE_notifyctl"))
+        .envs(env.iter().copied())
+        .args(args)
+        .output()
+        .await
+        .expect("notifyctl runs");
+    let text = |bytes: &[u8]| String::from_utf8_lossy(bytes).into_owned();
+    (output.status.code().unwrap_or(-1), text(&output.stdout), text(&output.stderr))
+}
+
+#[tokio::test]
+async fn token_health_send_and_audit_against_an_api_with_tls_and_tokens() {
+    let (code, made, _) = notifyctl_env(&[], &["token", "new", "ops", "--scopes", "admin"]).await;
+    assert_eq!(code, 0, "{made}");
+    let token = made.lines().nth(1).expect("token line").trim().to_owned();
+    let digest_line = made.lines().find(|l| l.starts_with("token_sha256 = ")).expect("digest line");
+    let digest = digest_line.split('"').nth(1).expect("quoted digest").to_owned();
+    assert_eq!(digest, notify_core::auth::token_sha256_hex(&token));
+
+    let pki = notify_testkit::pki::TestPki::new("cli");
+    let server = pki.server("api");
+    let mut settings = test_settings();
+    settings.api.tls.cert_file = server.cert.display().to_string();
+    settings.api.tls.key_file = server.key.display().to_string();
+    settings.auth.enabled = true;
+    settings.auth.clients.push(notify_core::settings::ClientSettings {
+        name: "ops".into(),
+        token_sha256: vec![digest],
+        cert_names: Vec::new(),
+        scopes: vec!["admin".into()],
+        senders: Vec::new(),
+        requests_per_second: 0,
+        burst: 0,
+        recipients_per_minute: 0,
+        announcements_per_hour: 0,
+    });
+    let app = spawn_app_with(settings, false).await;
+    let addr = format!("https://localhost:{}", app.addr.port());
+    let ca = pki.ca.display().to_string();
+    let tls = [("NOTIFY_ADDR", addr.as_str()), ("NOTIFY_CA", ca.as_str())];
+
+    let (code, out, err) = notifyctl_env(&tls, &["health"]).await;
+    assert_eq!((code, out.trim()), (0, "notify-api: SERVING"), "{err}");
+    let (code, _, err) = notifyctl_env(&tls, &["badge", "1"]).await;
+    assert_eq!(code, 1, "a call without a token is refused");
+    assert!(err.contains("no credentials"), "{err}");
+    let with_token = [tls[0], tls[1], ("NOTIFY_TOKEN", token.as_str())];
+    let (code, out, err) =
+        notifyctl_env(&with_token, &["send", "--users", "1..=3", "--title", "hi"]).await;
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains("message "), "{out}");
+    let (code, out, err) = notifyctl_env(&with_token, &["audit", "--client", "ops"]).await;
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains("message.send") && out.contains(" ok "), "{out}");
+    // A client that does not trust the api's CA cannot reach it.
+    let (code, _, err) = notifyctl_env(&[tls[0]], &["health"]).await;
+    assert_eq!(code, 2, "{err}");
+    app.cleanup().await;
+}
