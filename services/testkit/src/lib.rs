@@ -1,7 +1,12 @@
 //! Test harness: starts `notify-api` and `notify-worker` in-process on port 0
 //! against the real local MariaDB, RabbitMQ and Redis, with fresh shard
 //! databases, queue names and Redis key prefix per test, and removes them
-//! afterwards.
+//! afterwards. [`pki`] makes test certificates; [`servers`] starts private
+//! Redis, MariaDB and RabbitMQ instances for tests that need their own.
+
+pub mod faults;
+pub mod pki;
+pub mod servers;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -9,6 +14,7 @@ use std::time::Duration;
 
 use notify_api::Application;
 use notify_core::queue::{self, Topology};
+use notify_core::settings::ClientSettings;
 use notify_core::{Context, Settings, telemetry};
 use notify_proto::v1;
 use notify_proto::v1::group_service_client::GroupServiceClient;
@@ -21,6 +27,9 @@ use sqlx::Connection;
 use tokio::task::JoinHandle;
 use tokio_stream::StreamExt;
 use tokio_util::sync::CancellationToken;
+use tonic::metadata::{Ascii, MetadataValue};
+use tonic::service::Interceptor;
+use tonic::service::interceptor::InterceptedService;
 use tonic::transport::Channel;
 
 /// Settings for one test: unique names for everything, fast background loops.
@@ -47,6 +56,8 @@ pub fn test_settings() -> Settings {
 
 /// A worker running in this process.
 pub struct WorkerHandle {
+    /// Its `/metrics`, `/healthz` and `/readyz` address.
+    pub metrics_addr: SocketAddr,
     shutdown: CancellationToken,
     task: JoinHandle<anyhow::Result<()>>,
 }
@@ -69,6 +80,8 @@ pub struct TestApp {
     pub metrics_addr: SocketAddr,
     /// The api's shared context, for inspecting state directly.
     pub ctx: Context,
+    /// The api's TLS configuration, when TLS is on.
+    pub tls: Option<std::sync::Arc<notify_api::tls::ServerTls>>,
     /// The in-process worker, if running.
     pub worker: Option<WorkerHandle>,
     api_shutdown: CancellationToken,
@@ -97,13 +110,71 @@ impl ApiReplica {
     }
 }
 
-async fn connect(addr: SocketAddr) -> Channel {
-    Channel::from_shared(format!("http://{addr}"))
+/// A channel to the api; lazy when it speaks TLS (the test then builds its
+/// own channels with its CA and certificates).
+async fn connect(addr: SocketAddr, tls: bool) -> Channel {
+    let endpoint = Channel::from_shared(format!("http://{addr}"))
         .expect("valid uri")
-        .connect_timeout(Duration::from_secs(5))
-        .connect()
-        .await
-        .expect("api accepts connections")
+        .connect_timeout(Duration::from_secs(5));
+    if tls {
+        return endpoint.connect_lazy();
+    }
+    endpoint.connect().await.expect("api accepts connections")
+}
+
+/// Adds `authorization: Bearer <token>` to every call.
+#[derive(Clone)]
+pub struct Bearer(MetadataValue<Ascii>);
+
+impl Bearer {
+    /// A bearer token interceptor.
+    pub fn new(token: &str) -> Self {
+        Self(format!("Bearer {token}").parse().expect("token is ascii"))
+    }
+}
+
+impl Interceptor for Bearer {
+    fn call(
+        &mut self,
+        mut request: tonic::Request<()>,
+    ) -> Result<tonic::Request<()>, tonic::Status> {
+        request.metadata_mut().insert("authorization", self.0.clone());
+        Ok(request)
+    }
+}
+
+/// A channel that sends `token` with every call.
+pub type AuthedChannel = InterceptedService<Channel, Bearer>;
+
+/// Wraps `channel` so every call carries `token`.
+pub fn authed(channel: Channel, token: &str) -> AuthedChannel {
+    InterceptedService::new(channel, Bearer::new(token))
+}
+
+/// Turns authentication on in `settings` with one client per entry
+/// (`name`, scopes, settings tweak); returns each client's token by name.
+pub fn with_clients(
+    settings: &mut Settings,
+    clients: &[(&str, &[&str])],
+) -> std::collections::HashMap<String, String> {
+    settings.auth.enabled = true;
+    let mut tokens = std::collections::HashMap::new();
+    for (name, scopes) in clients {
+        let token = notify_core::auth::new_token();
+        settings.auth.clients.push(ClientSettings {
+            name: (*name).to_owned(),
+            token_sha256: vec![notify_core::auth::token_sha256_hex(&token)],
+            cert_names: Vec::new(),
+            scopes: scopes.iter().map(|s| (*s).to_owned()).collect(),
+            senders: Vec::new(),
+            requests_per_second: 0,
+            burst: 0,
+            recipients_per_minute: 0,
+            announcements_per_hour: 0,
+        });
+        tokens.insert((*name).to_owned(), token);
+    }
+    tokens
 }
 
 /// Migrates fresh shard databases and starts api and worker.
@@ -121,14 +192,16 @@ pub async fn spawn_app_with(settings: Settings, with_worker: bool) -> TestApp {
     let addr = app.local_addr().expect("api bound");
     let metrics_addr = app.metrics_addr().expect("metrics bound");
     let ctx = app.context().clone();
+    let tls = app.tls();
     let api_shutdown = CancellationToken::new();
     let api_task = tokio::spawn(app.run_until_stopped(api_shutdown.clone()));
-    let channel = connect(addr).await;
+    let channel = connect(addr, tls.is_some()).await;
     let mut app = TestApp {
         settings,
         addr,
         metrics_addr,
         ctx,
+        tls,
         worker: None,
         api_shutdown,
         api_task,
@@ -155,9 +228,10 @@ impl TestApp {
     pub async fn spawn_api_replica(&self) -> ApiReplica {
         let app = Application::build(self.settings.clone()).await.expect("replica builds");
         let addr = app.local_addr().expect("replica bound");
+        let tls = app.tls().is_some();
         let shutdown = CancellationToken::new();
         let task = tokio::spawn(app.run_until_stopped(shutdown.clone()));
-        ApiReplica { shutdown, task, channel: connect(addr).await }
+        ApiReplica { shutdown, task, channel: connect(addr, tls).await }
     }
 
     /// A client of `GroupService`.
@@ -176,9 +250,10 @@ impl TestApp {
             return;
         }
         let worker = Worker::build(self.settings.clone()).await.expect("worker builds");
+        let metrics_addr = worker.metrics_addr().expect("worker metrics bound");
         let shutdown = CancellationToken::new();
         let task = tokio::spawn(worker.run_until_stopped(shutdown.clone()));
-        self.worker = Some(WorkerHandle { shutdown, task });
+        self.worker = Some(WorkerHandle { metrics_addr, shutdown, task });
     }
 
     /// Stops the in-process worker gracefully.
@@ -423,6 +498,20 @@ pub fn send_request(user_ids: Vec<u64>) -> v1::SendMessageRequest {
     }
 }
 
+/// GETs `path` from an HTTP/1.1 endpoint (metrics, probes); returns the
+/// status code and the body.
+pub async fn http_get(addr: SocketAddr, path: &str) -> (u16, String) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut stream = tokio::net::TcpStream::connect(addr).await.expect("endpoint accepts");
+    let request = format!("GET {path} HTTP/1.1\r\nHost: test\r\nConnection: close\r\n\r\n");
+    stream.write_all(request.as_bytes()).await.expect("request sent");
+    let mut response = String::new();
+    stream.read_to_string(&mut response).await.expect("response read");
+    let status = response.split(' ').nth(1).and_then(|code| code.parse().ok()).unwrap_or(0);
+    let body = response.split_once("\r\n\r\n").map(|(_, body)| body.to_owned()).unwrap_or_default();
+    (status, body)
+}
+
 /// Polls `check` every 20 ms until it returns `Some`, or panics after `within`.
 /// For waiting on state that has no event to await (rows in another process).
 pub async fn eventually<T, F, Fut>(what: &str, within: Duration, mut check: F) -> T
@@ -438,4 +527,20 @@ where
         assert!(tokio::time::Instant::now() < deadline, "timed out waiting for {what}");
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
+}
+
+/// True when a call failed before any byte of it left the client: hyper
+/// cancels a request queued on a connection that closed under it (a server's
+/// GOAWAY at `api.max_connection_age_secs` racing a new call). The server never
+/// saw such a call, so it is safe to send again; grpc-go, grpc-java and gRPC
+/// C++ do exactly that ("transparent retry", gRFC A6), tonic's `Channel` does not.
+pub fn never_sent(status: &tonic::Status) -> bool {
+    let mut source = std::error::Error::source(status);
+    while let Some(error) = source {
+        if error.downcast_ref::<hyper::Error>().is_some_and(hyper::Error::is_canceled) {
+            return true;
+        }
+        source = error.source();
+    }
+    false
 }

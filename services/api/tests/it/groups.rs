@@ -392,12 +392,12 @@ async fn bad_group_input_is_rejected_cleanly() {
         (status.code(), status.message()),
         (Code::InvalidArgument, "content.title: must not be empty")
     );
-    let mut no_sender = send_request(group, "x", "");
-    no_sender.sender.clear();
-    let status = client.send_group_message(no_sender).await.unwrap_err();
+    let mut bad_sender = send_request(group, "x", "");
+    bad_sender.sender = "two words".into();
+    let status = client.send_group_message(bad_sender).await.unwrap_err();
     assert_eq!(
         (status.code(), status.message()),
-        (Code::InvalidArgument, "sender: must not be empty")
+        (Code::InvalidArgument, "sender: must be printable ASCII without spaces")
     );
     assert_eq!(unread(&app, 1).await.groups[0].max_seq, 0, "rejected sends take no seq");
 

@@ -2,10 +2,12 @@
 //! real MariaDB, RabbitMQ and Redis.
 
 mod announce;
+mod auth;
 mod groups;
 mod helpers;
 mod inbox;
 mod lifecycle;
 mod send;
 mod server;
+mod tls;
 mod validation;

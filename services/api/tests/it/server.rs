@@ -166,3 +166,128 @@ async fn the_binary_serves_on_one_thread_or_a_pool_and_stops_on_sigterm() {
     }
     app.cleanup().await;
 }
+
+/// The next status a health watch reports (30 s at most).
+async fn next(stream: &mut tonic::Streaming<tonic_health::pb::HealthCheckResponse>) -> i32 {
+    let item = tokio::time::timeout(Duration::from_secs(30), stream.next()).await;
+    item.expect("a health change in 30 s").expect("stream open").unwrap().status
+}
+
+/// Reads a counter's value from a Prometheus page (0 when absent).
+fn counter(page: &str, name: &str) -> f64 {
+    page.lines()
+        .find(|line| line.starts_with(name) && line[name.len()..].starts_with(' '))
+        .and_then(|line| line.rsplit(' ').next())
+        .and_then(|value| value.parse().ok())
+        .unwrap_or(0.0)
+}
+
+#[tokio::test]
+async fn connections_past_their_max_age_reconnect_and_no_call_fails_at_the_switch() {
+    let mut settings = test_settings();
+    settings.api.max_connection_age_secs = 1;
+    settings.api.max_connection_age_grace_secs = 1;
+    let app = spawn_app_with(settings, false).await;
+    let connections = || async {
+        counter(
+            &notify_testkit::http_get(app.metrics_addr, "/metrics").await.1,
+            "notify_grpc_connections_total",
+        )
+    };
+    let before = connections().await;
+    let started = std::time::Instant::now();
+    let callers = (0..8).map(|caller| {
+        let mut inbox = InboxServiceClient::new(app.channel());
+        async move {
+            let (mut calls, mut resent) = (0u32, 0u32);
+            while started.elapsed() < Duration::from_millis(3500) {
+                let user_id = 1 + caller;
+                match inbox.get_unread_count(v1::GetUnreadCountRequest { user_id }).await {
+                    Ok(_) => calls += 1,
+                    // Queued on the old connection as it closed, never sent:
+                    // what a gRPC client retries transparently.
+                    Err(status) if notify_testkit::never_sent(&status) => resent += 1,
+                    Err(e) => panic!("call {calls} of caller {caller} failed: {e:?}"),
+                }
+            }
+            (calls, resent)
+        }
+    });
+    let (calls, resent) = futures::future::join_all(callers)
+        .await
+        .into_iter()
+        .fold((0, 0), |(calls, resent), (c, r)| (calls + c, resent + r));
+    let reconnects = connections().await - before;
+    assert!(reconnects >= 2.0, "{reconnects} new connections in 3.5 s with a 1 s max age");
+    assert!(calls > 100, "{calls} calls");
+    // At most one queued call per caller per switch can race the close.
+    assert!(resent <= 8 * reconnects as u32, "{resent} calls lost to {reconnects} switches");
+
+    // A stream that never ends cannot hold its connection past age + grace.
+    let id = app.send(vec![1]).await;
+    let own = tonic::transport::Channel::from_shared(format!("http://{}", app.addr))
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    let mut watch = v1::message_service_client::MessageServiceClient::new(own)
+        .watch_message(v1::WatchMessageRequest { message_id: id, interval_ms: 60_000 })
+        .await
+        .unwrap()
+        .into_inner();
+    let opened = std::time::Instant::now();
+    let ended = tokio::time::timeout(Duration::from_secs(10), async {
+        while let Some(Ok(_)) = watch.next().await {}
+    })
+    .await;
+    assert!(ended.is_ok(), "the stream outlived the connection's age and grace");
+    assert!(opened.elapsed() >= Duration::from_millis(1500), "{:?}", opened.elapsed());
+    app.cleanup().await;
+}
+
+#[tokio::test]
+async fn readiness_follows_mysql_and_rabbitmq_while_redis_only_degrades() {
+    use notify_testkit::faults::route_through_proxies;
+    let mut settings = test_settings();
+    let proxies = route_through_proxies(&mut settings).await;
+    settings.health.check_interval_ms = 100;
+    let app = spawn_app_with(settings, false).await;
+    let mut health = HealthClient::new(app.channel());
+    let mut overall =
+        health.watch(HealthCheckRequest { service: String::new() }).await.unwrap().into_inner();
+    let mut redis = health
+        .watch(HealthCheckRequest { service: "notify.backend.redis".into() })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(next(&mut overall).await, ServingStatus::Serving as i32);
+    assert_eq!(next(&mut redis).await, ServingStatus::Serving as i32);
+    let probe = |path: &'static str| notify_testkit::http_get(app.metrics_addr, path);
+
+    proxies.shards[2].down().await;
+    assert_eq!(next(&mut overall).await, ServingStatus::NotServing as i32);
+    let (code, body) = probe("/readyz").await;
+    assert_eq!((code, body.trim()), (503, "mysql down, redis up, rabbitmq up"));
+    assert_eq!(probe("/healthz").await.0, 200, "a backend outage is no reason to restart");
+    proxies.shards[2].up().await;
+    assert_eq!(next(&mut overall).await, ServingStatus::Serving as i32);
+    assert_eq!(probe("/readyz").await, (200, "ok\n".to_owned()));
+
+    // Redis is a cache: its outage is reported, but the api stays ready.
+    proxies.redis.down().await;
+    assert_eq!(next(&mut redis).await, ServingStatus::NotServing as i32);
+    let badge = InboxServiceClient::new(app.channel())
+        .get_unread_count(v1::GetUnreadCountRequest { user_id: 5 })
+        .await
+        .expect("badges are answered from MySQL without Redis");
+    assert_eq!(badge.into_inner().unread, 0);
+    proxies.redis.up().await;
+    assert_eq!(next(&mut redis).await, ServingStatus::Serving as i32);
+
+    proxies.rabbitmq.down().await;
+    assert_eq!(next(&mut overall).await, ServingStatus::NotServing as i32);
+    proxies.rabbitmq.up().await;
+    assert_eq!(next(&mut overall).await, ServingStatus::Serving as i32);
+    assert_eq!(probe("/readyz").await.0, 200);
+    app.cleanup().await;
+}

@@ -54,8 +54,8 @@ async fn send_message_rejects_each_bad_field_by_name_and_writes_nothing() {
     r.audience = None;
     cases.push((r, "audience: must be set to users or all_users"));
     let mut r = send_request(vec![1]);
-    r.sender = String::new();
-    cases.push((r, "sender: must not be empty"));
+    r.sender = "has space".into();
+    cases.push((r, "sender: must be printable ASCII without spaces"));
     let mut r = send_request(vec![1]);
     r.send_at = Some(prost_types::Timestamp { seconds: now - 3_600, nanos: 0 });
     cases.push((r, "send_at: is more than 300 s in the past"));

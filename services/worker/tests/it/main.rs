@@ -3,3 +3,4 @@
 //! poison chunks and re-drive.
 
 mod faults;
+mod probes;
