@@ -2,6 +2,7 @@
 //! of the same keys at the same concurrency, and `ListInbox` latency for a
 //! user with 1,000 items on a shard holding ~1M items (in [`inbox`]).
 
+mod auth;
 mod inbox;
 
 use std::fmt::Write as _;
@@ -204,7 +205,8 @@ async fn body(env: &mut Env, args: &BadgeArgs) -> anyhow::Result<String> {
         for (slot, &threads) in args.driver_threads.iter().enumerate() {
             let load = run_raw(args, &tracked, (threads, round), url.clone(), &key_base).await?;
             merge_round(&mut raw, index, slot, threads, load)?;
-            let load = run_wire(args, &tracked, (threads, round), &addr, GET_UNREAD_COUNT).await?;
+            let target = (addr.as_str(), None);
+            let load = run_wire(args, &tracked, (threads, round), target, GET_UNREAD_COUNT).await?;
             merge_round(&mut grpc, index, slot, threads, load)?;
         }
         println!("round {} of {} done", index + 1, args.rounds);
@@ -214,7 +216,7 @@ async fn body(env: &mut Env, args: &BadgeArgs) -> anyhow::Result<String> {
         report(&format!("raw redis GET ({threads}-thread load)"), raw);
         report(&format!("GetUnreadCount ({threads}-thread h2 load)"), grpc);
     }
-    let floor = run_wire(args, &tracked, (1, whole), &addr, HEALTH_CHECK).await?;
+    let floor = run_wire(args, &tracked, (1, whole), (&addr, None), HEALTH_CHECK).await?;
     report("grpc.health.v1.Health/Check (gRPC floor, 1-thread h2 load)", &floor);
     let tonic = run_tonic(args, &tracked, (2, whole), &addr).await?;
     report("GetUnreadCount (2-thread tonic load)", &tonic);
@@ -237,9 +239,12 @@ async fn body(env: &mut Env, args: &BadgeArgs) -> anyhow::Result<String> {
     let inbox = run_inbox(env, args, &channels[0]).await?;
     let peaks = rss.peaks();
     drop(rss);
+    let auth = auth::overhead(env, args, api_pid).await?;
     let runs = Runs { raw, grpc, floor, tonic, sequential };
     let cache = CacheUse { hits, misses, mean_batch: batch / batches.max(1.0) };
-    Ok(summary(args, &runs, &cache, &inbox, &peaks, tracked.machine_max()))
+    let mut report = summary(args, &runs, &cache, &inbox, &peaks, tracked.machine_max());
+    report.push_str(&auth);
+    Ok(report)
 }
 
 /// A run and the load generator's thread count.
@@ -623,20 +628,26 @@ async fn run_tonic(
 
 /// GetUnreadCount, or the api's health check (what any RPC costs, with no
 /// Redis behind it), through the lean h2 client.
+///
+/// `target` is the api's address and the bearer token to send, if any.
 async fn run_wire(
     args: &BadgeArgs,
     tracked: &Tracked,
     (threads, measured): (usize, Duration),
-    addr: &str,
+    (addr, token): (&str, Option<&str>),
     path: &'static str,
 ) -> anyhow::Result<Load> {
     use tonic_health::pb::health_check_response::ServingStatus;
     use tonic_health::pb::{HealthCheckRequest, HealthCheckResponse};
     let (addr, connections) = (addr.to_owned(), args.channels);
+    let token = token.map(str::to_owned);
     drive(args, tracked, threads, measured, move || async move {
         let mut wires = Vec::new();
         for _ in 0..connections {
-            wires.push(WireChannel::connect(&addr).await?);
+            wires.push(match &token {
+                Some(token) => WireChannel::connect_with_token(&addr, token).await?,
+                None => WireChannel::connect(&addr).await?,
+            });
         }
         Ok(move |task: usize, user| {
             let wire = wires[task % wires.len()].clone();

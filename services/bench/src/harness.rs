@@ -31,7 +31,12 @@ pub fn fresh_tag() -> String {
 pub fn settings_for(base: &Settings, tag: &str, shards: u32) -> Settings {
     let mut s = base.clone();
     s.database.shards = (0..shards)
-        .map(|i| ShardSettings { id: ShardId(i), database: format!("notify_{tag}_{i}"), url: None })
+        .map(|i| ShardSettings {
+            id: ShardId(i),
+            database: format!("notify_{tag}_{i}"),
+            url: None,
+            url_file: None,
+        })
         .collect();
     s.database.bucket_ranges = Vec::new();
     s.rabbitmq.prefix = format!("notify_{tag}");
@@ -226,11 +231,41 @@ impl Env {
         Ok(())
     }
 
+    /// Starts one more api over the same databases, queues and keys, with
+    /// its own ports and `extra` TOML appended to its config (an `[auth]`
+    /// section, say); waits until it listens. Returns its address and pid.
+    pub async fn start_extra_api(
+        &mut self,
+        name: &'static str,
+        extra: &str,
+    ) -> anyhow::Result<(String, u32)> {
+        let mut settings = self.settings.clone();
+        settings.api.listen = format!("127.0.0.1:{}", free_port()?);
+        settings.api.metrics_listen = format!("127.0.0.1:{}", free_port()?);
+        settings.worker.metrics_listen = format!("127.0.0.1:{}", free_port()?);
+        let config = self.dir.join(format!("{name}.toml"));
+        std::fs::write(&config, format!("{}\n{extra}", config_toml(&settings)))?;
+        let child = self.spawn_with(name, self.bins.api.clone(), &config)?;
+        let pid = child.pid;
+        self.children.push(child);
+        self.wait_port(name, settings.api.listen.parse()?).await?;
+        Ok((settings.api.listen, pid))
+    }
+
     fn spawn(&self, name: &'static str, bin: PathBuf) -> anyhow::Result<ChildProc> {
+        self.spawn_with(name, bin, &self.config)
+    }
+
+    fn spawn_with(
+        &self,
+        name: &'static str,
+        bin: PathBuf,
+        config: &Path,
+    ) -> anyhow::Result<ChildProc> {
         let log = self.dir.join(format!("{name}.log"));
         let file = std::fs::File::create(&log)?;
         let mut cmd = Command::new(&bin);
-        child_env(&mut cmd, &self.config);
+        child_env(&mut cmd, config);
         cmd.stdin(Stdio::null()).stdout(file.try_clone()?).stderr(file).kill_on_drop(true);
         let child = cmd.spawn().with_context(|| format!("spawn {}", bin.display()))?;
         let pid = child.id().ok_or_else(|| anyhow!("{name} exited at once"))?;

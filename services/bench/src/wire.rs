@@ -22,6 +22,8 @@ use tokio::net::TcpStream;
 pub struct WireChannel {
     send: SendRequest<Bytes>,
     authority: String,
+    /// `authorization: Bearer ...` sent with every call, when set.
+    authorization: Option<HeaderValue>,
 }
 
 impl WireChannel {
@@ -35,7 +37,14 @@ impl WireChannel {
             // Ends when every clone is dropped or the server goes away.
             let _ = connection.await;
         });
-        Ok(Self { send, authority: addr.to_owned() })
+        Ok(Self { send, authority: addr.to_owned(), authorization: None })
+    }
+
+    /// Connects like [`Self::connect`] and sends `token` with every call.
+    pub async fn connect_with_token(addr: &str, token: &str) -> anyhow::Result<Self> {
+        let mut wire = Self::connect(addr).await?;
+        wire.authorization = Some(HeaderValue::from_str(&format!("Bearer {token}"))?);
+        Ok(wire)
     }
 
     /// Calls the unary method at `path` (`/package.Service/Method`).
@@ -53,6 +62,9 @@ impl WireChannel {
         let headers = head.headers_mut();
         headers.insert("content-type", HeaderValue::from_static("application/grpc"));
         headers.insert("te", HeaderValue::from_static("trailers"));
+        if let Some(authorization) = &self.authorization {
+            headers.insert("authorization", authorization.clone());
+        }
 
         let mut send = self.send.clone().ready().await?;
         let (response, mut body_out) = send.send_request(head, false)?;
