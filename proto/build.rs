@@ -17,6 +17,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         "notify/v1/inbox.proto",
         "notify/v1/group.proto",
         "notify/v1/admin.proto",
+        "notify/v1/events.proto",
     ];
     tonic_prost_build::configure()
         .file_descriptor_set_path(out_dir.join("notify_descriptor.bin"))

@@ -5,6 +5,7 @@
 pub mod auth;
 pub mod conn_age;
 pub mod convert;
+pub mod events;
 pub mod grpc;
 pub mod metrics_layer;
 pub mod status;
@@ -20,6 +21,7 @@ use notify_core::health::{self, BackendStatus, Heartbeats, Probes};
 use notify_core::settings::{ApiSettings, ReflectionMode};
 use notify_core::{Context, Settings};
 use notify_proto::v1::admin_service_server::AdminServiceServer;
+use notify_proto::v1::event_service_server::EventServiceServer;
 use notify_proto::v1::group_service_server::GroupServiceServer;
 use notify_proto::v1::inbox_service_server::InboxServiceServer;
 use notify_proto::v1::message_service_server::MessageServiceServer;
@@ -31,6 +33,7 @@ use tracing::info;
 use crate::auth::{AuthLayer, Guard};
 use crate::conn_age::AgedConnection;
 use crate::grpc::admin::AdminApi;
+use crate::grpc::events::EventApi;
 use crate::grpc::group::GroupApi;
 use crate::grpc::inbox::InboxApi;
 use crate::grpc::message::MessageApi;
@@ -189,7 +192,14 @@ impl Application {
                 GroupServiceServer::new(GroupApi::new(self.ctx.clone()))
                     .max_decoding_message_size(max_bytes),
             )
-            .add_service(AdminServiceServer::new(AdminApi::new(self.ctx.clone())));
+            .add_service(AdminServiceServer::new(AdminApi::new(self.ctx.clone())))
+            .add_service(
+                EventServiceServer::new(EventApi::new(
+                    events::Hub::new(self.ctx.clone(), shutdown.clone()),
+                    shutdown.clone(),
+                ))
+                .max_decoding_message_size(max_bytes),
+            );
         let tls_mode = if self.tls.is_some() { "tls" } else { "plaintext" };
         info!(%addr, transport = tls_mode, auth = self.ctx.settings.auth.enabled, "notify-api serving");
         let server = async {
@@ -231,12 +241,13 @@ impl Application {
 }
 
 /// gRPC health names of the api itself: `""` and every Notify service.
-const SERVED: [&str; 5] = [
+const SERVED: [&str; 6] = [
     "",
     "notify.v1.MessageService",
     "notify.v1.InboxService",
     "notify.v1.GroupService",
     "notify.v1.AdminService",
+    "notify.v1.EventService",
 ];
 
 /// gRPC health service names of the backends, reported beside `""`.

@@ -21,6 +21,7 @@ use crate::context::Context;
 use crate::db::{chunks, items, messages};
 use crate::domain::{Lane, MessageId, SendStatus};
 use crate::error::{Error, Result};
+use crate::events::{self, BusEvent};
 use crate::send::{self, Created, NewSend};
 
 /// How long the active list stays cached (it is also refreshed on change).
@@ -67,23 +68,37 @@ pub async fn send(ctx: &Context, new_send: &NewSend) -> Result<(Created, SendSta
     Ok((created, status))
 }
 
-/// Makes a newly live (or cancelled) announcement visible to every badge.
+/// Makes a newly live announcement visible to every badge and stream.
 pub async fn activated(ctx: &Context, message_id: MessageId) {
+    retire_badges(ctx, message_id).await;
+    let home = ctx.pools.for_message(message_id.get()).1;
+    match chunks::content_summary(home, message_id).await {
+        Ok(Some(summary)) => {
+            let event = BusEvent::Announced { message_id: message_id.get(), summary };
+            events::publish_best_effort(ctx, &event).await;
+        }
+        Ok(None) => {}
+        Err(e) => warn!(error = %e, message_id = %message_id, "could not read the announcement"),
+    }
+}
+
+/// Hides a cancelled announcement everywhere: revokes every content copy
+/// (materialized items disappear), retires cached badges and tells streams.
+pub async fn revoke(ctx: &Context, message_id: MessageId) -> Result<()> {
+    for (_, pool) in ctx.pools.iter() {
+        chunks::revoke_content(pool, message_id).await?;
+    }
+    retire_badges(ctx, message_id).await;
+    events::publish_best_effort(ctx, &BusEvent::Revoked { message_id: message_id.get() }).await;
+    Ok(())
+}
+
+async fn retire_badges(ctx: &Context, message_id: MessageId) {
     send::refresh_status_best_effort(ctx, message_id).await;
     if let Err(e) = ctx.cache.bump_announcement_epoch().await {
         // Cached badges catch up when they expire (inbox.counter_ttl_secs).
         warn!(error = %e, message_id = %message_id, "could not retire cached badges");
     }
-}
-
-/// Hides a cancelled announcement everywhere: revokes every content copy
-/// (materialized items disappear) and retires cached badges.
-pub async fn revoke(ctx: &Context, message_id: MessageId) -> Result<()> {
-    for (_, pool) in ctx.pools.iter() {
-        chunks::revoke_content(pool, message_id).await?;
-    }
-    activated(ctx, message_id).await;
-    Ok(())
 }
 
 /// Returns the live announcements (cached per epoch, rebuilt on a miss).

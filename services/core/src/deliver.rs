@@ -4,8 +4,9 @@
 //! 1. check the send's status (cache, else home shard); not SENDING -> skip,
 //!    the chunk stays pending (paused) or is cancelled later (cancelled);
 //! 2. apply the chunk in one transaction on its shard (the guard);
-//! 3. invalidate the recipients' cached badges (also when step 2 finds the
-//!    chunk already done: a worker may have died between commit and here);
+//! 3. invalidate the recipients' cached badges and publish the chunk's
+//!    change event for gateway streams (also when step 2 finds the chunk
+//!    already done: a worker may have died between commit and here);
 //! 4. complete the send if this shard has no pending chunk left and no other
 //!    shard has either.
 //!
@@ -16,9 +17,10 @@ use shard_router::ShardId;
 use tracing::{debug, instrument};
 
 use crate::context::Context;
-use crate::db::chunks::{self, ApplyOutcome};
+use crate::db::chunks::{self, ApplyOutcome, ContentSummary};
 use crate::domain::{MessageId, SendStatus};
 use crate::error::{Error, Result};
+use crate::events::{self, BusEvent};
 use crate::queue::ChunkTask;
 use crate::send;
 
@@ -74,8 +76,9 @@ pub async fn apply_task(ctx: &Context, task: &ChunkTask, redelivered: bool) -> R
         return Ok(TaskOutcome::Failed);
     }
     match chunks::apply(pool, message_id, task.chunk_id).await? {
-        ApplyOutcome::Applied { user_ids, delivered } => {
+        ApplyOutcome::Applied { user_ids, delivered, summary } => {
             ctx.cache.invalidate_counts(&user_ids).await?;
+            announce_items(ctx, message_id, user_ids, summary).await?;
             // Tells the sweeper this send is moving; losing it only costs a
             // harmless re-publish.
             let _ =
@@ -86,8 +89,12 @@ pub async fn apply_task(ctx: &Context, task: &ChunkTask, redelivered: bool) -> R
             }
             Ok(TaskOutcome::Delivered { items: delivered })
         }
-        ApplyOutcome::AlreadyFinished { user_ids } => {
+        ApplyOutcome::AlreadyFinished { user_ids, delivered, summary } => {
             ctx.cache.invalidate_counts(&user_ids).await?;
+            if delivered {
+                // The earlier attempt may have died before its event.
+                announce_items(ctx, message_id, user_ids, summary).await?;
+            }
             if status == SendStatus::Sending && !chunks::has_pending(pool, message_id).await? {
                 send::complete_if_done(ctx, message_id).await?;
             }
@@ -95,6 +102,18 @@ pub async fn apply_task(ctx: &Context, task: &ChunkTask, redelivered: bool) -> R
         }
         ApplyOutcome::Missing => Ok(TaskOutcome::Dropped),
     }
+}
+
+/// Publishes the chunk's [`BusEvent::ItemsDelivered`]. Before the ack: a
+/// failure fails the task, whose redelivery publishes again.
+async fn announce_items(
+    ctx: &Context,
+    message_id: MessageId,
+    user_ids: Vec<u64>,
+    summary: ContentSummary,
+) -> Result<()> {
+    let event = BusEvent::ItemsDelivered { message_id: message_id.get(), user_ids, summary };
+    events::publish(ctx, &event).await
 }
 
 /// Records a task's chunk as failed after its last attempt, so its

@@ -14,6 +14,7 @@ use crate::context::Context;
 use crate::db::items::{self, InboxQuery, InboxRow};
 use crate::domain::UserId;
 use crate::error::{Error, Result};
+use crate::events::{self, BusEvent};
 use crate::groups;
 
 /// Largest inbox page.
@@ -82,6 +83,9 @@ pub async fn mark_read(
     ctx.cache.begin_count_change(user_id.get()).await?;
     let result = items::mark_read(pool, user_id.get(), message_ids).await;
     finish_count_change(ctx, user_id).await;
+    if result.as_ref().is_ok_and(|(changed, _)| !changed.is_empty()) {
+        badges_changed(ctx, user_id).await;
+    }
     result
 }
 
@@ -97,7 +101,16 @@ pub async fn mark_all_read(
     ctx.cache.begin_count_change(user_id.get()).await?;
     let result = items::mark_all_read(pool, user_id.get(), category, up_to).await;
     finish_count_change(ctx, user_id).await;
+    if result.as_ref().is_ok_and(|changed| *changed > 0) {
+        badges_changed(ctx, user_id).await;
+    }
     result
+}
+
+/// Tells gateway streams that a user's badge changed.
+pub(crate) async fn badges_changed(ctx: &Context, user_id: UserId) {
+    let event = BusEvent::BadgesChanged { user_ids: vec![user_id.get()] };
+    events::publish_best_effort(ctx, &event).await;
 }
 
 async fn finish_count_change(ctx: &Context, user_id: UserId) {

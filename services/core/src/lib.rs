@@ -12,6 +12,7 @@ pub mod db;
 pub mod deliver;
 pub mod domain;
 pub mod error;
+pub mod events;
 pub mod groups;
 pub mod health;
 pub mod ids;

@@ -84,6 +84,11 @@ impl Topology {
         format!("{}.chunks.{}", self.prefix, lane.name())
     }
 
+    /// The fanout exchange change events go to (see `crate::events`).
+    pub fn events_exchange(&self) -> String {
+        format!("{}.events", self.prefix)
+    }
+
     /// The dead-letter exchange.
     pub fn dead_letter_exchange(&self) -> String {
         format!("{}.chunks.dlx", self.prefix)
@@ -108,6 +113,14 @@ impl Topology {
         channel
             .exchange_declare(
                 self.dead_letter_exchange().into(),
+                ExchangeKind::Fanout,
+                durable,
+                FieldTable::default(),
+            )
+            .await?;
+        channel
+            .exchange_declare(
+                self.events_exchange().into(),
                 ExchangeKind::Fanout,
                 durable,
                 FieldTable::default(),
@@ -159,7 +172,7 @@ impl Topology {
         for queue in [self.queue(Lane::High), self.queue(Lane::Bulk), self.dead_queue()] {
             channel.queue_delete(queue.into(), QueueDeleteOptions::default()).await?;
         }
-        for exchange in [self.exchange(), self.dead_letter_exchange()] {
+        for exchange in [self.exchange(), self.dead_letter_exchange(), self.events_exchange()] {
             channel.exchange_delete(exchange.into(), ExchangeDeleteOptions::default()).await?;
         }
         Ok(())
@@ -255,6 +268,47 @@ impl Publisher {
                 self.publish_once(lane, tasks).await
             }
         }
+    }
+
+    /// Publishes one change event to the events exchange (transient: it
+    /// only matters to streams open now) and waits for its confirm; retries
+    /// once on a new channel like [`Self::publish`].
+    pub async fn publish_event(&self, kind: &'static str, body: &[u8]) -> Result<()> {
+        let once = || async {
+            let channel = self.channel().await?;
+            let properties =
+                BasicProperties::default().with_content_type("application/json".into());
+            let confirm = channel
+                .basic_publish(
+                    self.topology.events_exchange().as_str().into(),
+                    "".into(),
+                    BasicPublishOptions::default(),
+                    body,
+                    properties,
+                )
+                .await?;
+            let confirmed = tokio::time::timeout(BROKER_TIMEOUT, confirm)
+                .await
+                .map_err(|_| Error::Unavailable("rabbitmq confirms timed out".to_owned()))??;
+            if confirmed.is_ack() {
+                Ok(())
+            } else {
+                Err(Error::Unavailable("rabbitmq refused an event".to_owned()))
+            }
+        };
+        let published = match once().await {
+            Ok(()) => Ok(()),
+            Err(first) => {
+                warn!(error = %first, kind, "event publish failed, retrying on a new channel");
+                self.channel.lock().await.take();
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                once().await
+            }
+        };
+        if published.is_ok() {
+            metrics::counter!("notify_events_published_total", "kind" => kind).increment(1);
+        }
+        published
     }
 
     async fn publish_once(&self, lane: Lane, tasks: &[ChunkTask]) -> Result<()> {

@@ -55,6 +55,7 @@ pub const RULES: &[Rule] = &[
     rule("/notify.v1.MessageService/ResumeMessage", Scope::SendsManage, true),
     rule("/notify.v1.MessageService/CancelMessage", Scope::SendsManage, true),
     rule("/notify.v1.MessageService/RedriveMessage", Scope::SendsManage, true),
+    rule("/notify.v1.EventService/Subscribe", Scope::EventsSubscribe, false),
     rule("/notify.v1.InboxService/ListInbox", Scope::InboxRead, false),
     rule("/notify.v1.InboxService/MarkRead", Scope::InboxWrite, false),
     rule("/notify.v1.InboxService/MarkAllRead", Scope::InboxWrite, false),

@@ -1,6 +1,7 @@
 //! The gRPC service implementations.
 
 pub mod admin;
+pub mod events;
 pub mod group;
 pub mod inbox;
 pub mod message;

@@ -3,6 +3,7 @@
 
 mod announce;
 mod auth;
+mod events;
 mod groups;
 mod helpers;
 mod inbox;

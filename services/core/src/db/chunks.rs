@@ -150,11 +150,17 @@ pub enum ApplyOutcome {
         user_ids: Vec<u64>,
         /// Items written (recipients minus those that already had the item).
         delivered: u64,
+        /// What the items show.
+        summary: ContentSummary,
     },
     /// An earlier attempt already applied (or failed, or cancelled) it.
     AlreadyFinished {
         /// Its recipients, so their counters can be invalidated again.
         user_ids: Vec<u64>,
+        /// True when that attempt delivered it (not failed or cancelled).
+        delivered: bool,
+        /// What the items show.
+        summary: ContentSummary,
     },
     /// No such chunk on this shard (a draft that never committed, say).
     Missing,
@@ -165,14 +171,11 @@ pub enum ApplyOutcome {
 /// the shard stats are bumped. A redelivered task finds the chunk done and
 /// changes nothing.
 pub async fn apply(pool: &MySqlPool, message_id: MessageId, chunk_id: u64) -> Result<ApplyOutcome> {
-    let content: Option<(String, Option<NaiveDateTime>)> =
-        sqlx::query_as("SELECT category, expire_at FROM message_contents WHERE message_id = ?")
-            .bind(message_id.get())
-            .fetch_optional(pool)
-            .await?;
-    let Some((category, expire_at)) = content else {
+    let Some((title, category, expire_at, created_at)) = content_row(pool, message_id).await?
+    else {
         return Ok(ApplyOutcome::Missing);
     };
+    let summary = ContentSummary::new(title, category.clone(), created_at, expire_at);
 
     let mut tx = pool.begin().await?;
     let chunk: Option<(u8, Vec<u8>)> = sqlx::query_as(
@@ -188,7 +191,8 @@ pub async fn apply(pool: &MySqlPool, message_id: MessageId, chunk_id: u64) -> Re
     let user_ids = decode_user_ids(&packed)?;
     if chunk_state != state::PENDING {
         tx.rollback().await?;
-        return Ok(ApplyOutcome::AlreadyFinished { user_ids });
+        let delivered = chunk_state == state::DONE;
+        return Ok(ApplyOutcome::AlreadyFinished { user_ids, delivered, summary });
     }
 
     let mut insert = QueryBuilder::new(
@@ -213,7 +217,61 @@ pub async fn apply(pool: &MySqlPool, message_id: MessageId, chunk_id: u64) -> Re
     .await?;
     bump_stats(&mut tx, message_id, chunk_id, "delivered", delivered, duplicates).await?;
     tx.commit().await?;
-    Ok(ApplyOutcome::Applied { user_ids, delivered })
+    Ok(ApplyOutcome::Applied { user_ids, delivered, summary })
+}
+
+/// What a gateway shows of a message (bodies stay behind `ListInbox`).
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct ContentSummary {
+    /// Headline.
+    #[serde(rename = "t")]
+    pub title: String,
+    /// Category.
+    #[serde(rename = "c", default)]
+    pub category: String,
+    /// When the message was created, ms since the epoch.
+    #[serde(rename = "at")]
+    pub created_at_ms: i64,
+    /// When its items expire, ms since the epoch.
+    #[serde(rename = "x", default, skip_serializing_if = "Option::is_none")]
+    pub expire_at_ms: Option<i64>,
+}
+
+impl ContentSummary {
+    fn new(
+        title: String,
+        category: String,
+        created_at: NaiveDateTime,
+        expire_at: Option<NaiveDateTime>,
+    ) -> Self {
+        Self {
+            title,
+            category,
+            created_at_ms: created_at.and_utc().timestamp_millis(),
+            expire_at_ms: expire_at.map(|at| at.and_utc().timestamp_millis()),
+        }
+    }
+}
+
+/// Reads a message's summary from its content copy on `pool`.
+pub async fn content_summary(
+    pool: &MySqlPool,
+    message_id: MessageId,
+) -> Result<Option<ContentSummary>> {
+    Ok(content_row(pool, message_id).await?.map(|(title, category, expire_at, created_at)| {
+        ContentSummary::new(title, category, created_at, expire_at)
+    }))
+}
+
+type ContentRow = (String, String, Option<NaiveDateTime>, NaiveDateTime);
+
+async fn content_row(pool: &MySqlPool, message_id: MessageId) -> Result<Option<ContentRow>> {
+    Ok(sqlx::query_as(
+        "SELECT title, category, expire_at, created_at FROM message_contents WHERE message_id = ?",
+    )
+    .bind(message_id.get())
+    .fetch_optional(pool)
+    .await?)
 }
 
 async fn bump_stats(

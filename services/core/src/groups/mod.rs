@@ -17,6 +17,7 @@ use crate::db::groups::{
 };
 use crate::domain::{Content, UserId};
 use crate::error::{Error, Result};
+use crate::events::{self, BusEvent};
 
 /// Most users in one AddGroupMembers or RemoveGroupMembers call.
 pub const MAX_MEMBER_BATCH: usize = 10_000;
@@ -117,6 +118,11 @@ pub async fn add_members(
     )
     .await;
     lock.commit().await?;
+    if added.as_ref().is_ok_and(|added| *added > 0) {
+        let event =
+            BusEvent::MembersChanged { group_id, added: user_ids.to_vec(), removed: Vec::new() };
+        events::publish_best_effort(ctx, &event).await;
+    }
     added
 }
 
@@ -135,6 +141,11 @@ pub async fn remove_members(ctx: &Context, group_id: u64, user_ids: &[u64]) -> R
     )
     .await;
     lock.commit().await?;
+    if removed.as_ref().is_ok_and(|removed| *removed > 0) {
+        let event =
+            BusEvent::MembersChanged { group_id, added: Vec::new(), removed: user_ids.to_vec() };
+        events::publish_best_effort(ctx, &event).await;
+    }
     removed
 }
 
@@ -228,6 +239,14 @@ pub async fn send(ctx: &Context, message: &NewMessage) -> Result<Sent> {
     )
     .await?;
     raise_cached_seqs(ctx, HashMap::from([(message.group_id, appended.seq)])).await;
+    if !appended.deduplicated {
+        let event = BusEvent::GroupMessage {
+            group_id: message.group_id,
+            seq: appended.seq,
+            message_id: appended.message_id,
+        };
+        events::publish_best_effort(ctx, &event).await;
+    }
     Ok(Sent {
         message_id: appended.message_id,
         seq: appended.seq,
@@ -310,6 +329,9 @@ pub async fn ack(ctx: &Context, user_id: UserId, group_id: u64, seq: u64) -> Res
     let pool = ctx.pools.for_user(user_id.get()).1;
     let advanced = store::advance_ack(pool, user_id.get(), group_id, seq).await;
     finish_membership_change(ctx, &users).await;
+    if advanced.as_ref().is_ok_and(Option::is_some) {
+        crate::inbox::badges_changed(ctx, user_id).await;
+    }
     advanced?.ok_or_else(|| {
         Error::PermissionDenied(format!(
             "user {} is not a member of group {group_id}",

@@ -42,6 +42,8 @@ pub struct Settings {
     pub groups: GroupSettings,
     /// Backend checks and liveness.
     pub health: HealthSettings,
+    /// The gateway event stream.
+    pub events: EventSettings,
     /// Logging.
     pub log: LogSettings,
 }
@@ -201,6 +203,22 @@ pub struct GroupSettings {
     pub membership_cache_ttl_secs: u64,
 }
 
+/// The gateway event stream (`notify.v1.EventService`).
+#[derive(Debug, Clone, Deserialize)]
+pub struct EventSettings {
+    /// Events one stream may have queued before per-user events are
+    /// coalesced into fresh snapshots.
+    pub stream_buffer: usize,
+    /// Most users one stream may follow.
+    pub max_users_per_stream: usize,
+    /// Most event streams one client may hold open on one replica.
+    pub max_streams_per_client: usize,
+    /// Interval of heartbeats on a stream.
+    pub heartbeat_secs: u64,
+    /// Snapshots (and badge refreshes) computed at once per stream.
+    pub snapshot_concurrency: usize,
+}
+
 /// Backend checks (readiness) and loop heartbeats (liveness).
 #[derive(Debug, Clone, Deserialize)]
 pub struct HealthSettings {
@@ -330,6 +348,11 @@ impl Settings {
             ("health.failures_before_unready", u64::from(self.health.failures_before_unready)),
             ("health.successes_before_ready", u64::from(self.health.successes_before_ready)),
             ("health.loop_stall_secs", self.health.loop_stall_secs),
+            ("events.stream_buffer", self.events.stream_buffer as u64),
+            ("events.max_users_per_stream", self.events.max_users_per_stream as u64),
+            ("events.max_streams_per_client", self.events.max_streams_per_client as u64),
+            ("events.heartbeat_secs", self.events.heartbeat_secs),
+            ("events.snapshot_concurrency", self.events.snapshot_concurrency as u64),
         ];
         for (setting, value) in positive {
             if value == 0 {

@@ -1,0 +1,154 @@
+//! The replica's consumer of the `{prefix}.events` fanout exchange: an
+//! exclusive, auto-deleted queue of its own, consumed without acks (an event
+//! only matters to streams open now), running while any stream is open.
+
+use std::time::Duration;
+
+use futures::StreamExt as _;
+use lapin::options::{BasicConsumeOptions, QueueBindOptions, QueueDeclareOptions};
+use lapin::types::FieldTable;
+use notify_core::Error;
+use notify_core::events::BusEvent;
+use notify_core::queue::{self, Topology};
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+use tonic::Status;
+use tracing::{info, warn};
+
+use super::Hub;
+
+/// Longest a new stream waits for the consumer to be bound.
+const BIND_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// How often a quiet consumer checks that its channel is still open.
+const CHECK_EVERY: Duration = Duration::from_secs(2);
+
+/// Starts and stops the consumer with the first and last stream.
+#[derive(Default)]
+pub struct BusControl {
+    running: tokio::sync::Mutex<Option<Running>>,
+}
+
+struct Running {
+    stop: CancellationToken,
+    bound: watch::Receiver<bool>,
+    task: JoinHandle<()>,
+}
+
+impl BusControl {
+    /// Starts the consumer if it is not running, and waits until its queue
+    /// is bound (UNAVAILABLE after 10 s).
+    pub async fn ensure(&self, hub: &Hub) -> Result<(), Status> {
+        let mut bound = {
+            let mut running = self.running.lock().await;
+            if running.as_ref().is_none_or(|r| r.task.is_finished()) {
+                let stop = hub.inner.shutdown.child_token();
+                let (tx, rx) = watch::channel(false);
+                let task = tokio::spawn(run(hub.clone(), tx, stop.clone()));
+                *running = Some(Running { stop, bound: rx, task });
+            }
+            running.as_ref().map(|r| r.bound.clone()).expect("just started")
+        };
+        match tokio::time::timeout(BIND_TIMEOUT, bound.wait_for(|bound| *bound)).await {
+            Ok(Ok(_)) => Ok(()),
+            _ => Err(Status::unavailable(
+                "the event bus (rabbitmq.url) is unreachable; subscribe again later",
+            )),
+        }
+    }
+
+    /// Stops the consumer when no stream is open (its queue goes with it).
+    pub async fn stop_if_idle(&self, hub: &Hub) {
+        let mut running = self.running.lock().await;
+        if hub.streams() == 0
+            && let Some(running) = running.take()
+        {
+            running.stop.cancel();
+        }
+    }
+}
+
+async fn run(hub: Hub, bound: watch::Sender<bool>, stop: CancellationToken) {
+    let mut was_bound = false;
+    let mut backoff = Duration::from_millis(100);
+    while !stop.is_cancelled() {
+        let consumed = consume(&hub, &bound, &stop, was_bound).await;
+        was_bound |= *bound.borrow();
+        if *bound.borrow() {
+            backoff = Duration::from_millis(100);
+        }
+        bound.send_replace(false);
+        match consumed {
+            Ok(()) if stop.is_cancelled() => break,
+            Ok(()) => warn!("event consumer ended, reconnecting"),
+            Err(e) => warn!(error = %e, "event consumer failed, reconnecting"),
+        }
+        tokio::select! {
+            () = tokio::time::sleep(backoff) => {}
+            () = stop.cancelled() => break,
+        }
+        backoff = (backoff * 2).min(Duration::from_secs(5));
+    }
+    info!("event consumer stopped");
+}
+
+async fn consume(
+    hub: &Hub,
+    bound: &watch::Sender<bool>,
+    stop: &CancellationToken,
+    resync: bool,
+) -> Result<(), Error> {
+    let settings = &hub.context().settings.rabbitmq;
+    let connection = queue::connect(settings, "notify-api-events").await?;
+    let channel = connection.create_channel().await?;
+    let topology = Topology::new(settings);
+    topology.declare(&channel).await?;
+    let exclusive =
+        QueueDeclareOptions { exclusive: true, auto_delete: true, ..Default::default() };
+    let queue = channel.queue_declare("".into(), exclusive, FieldTable::default()).await?;
+    channel
+        .queue_bind(
+            queue.name().as_str().into(),
+            topology.events_exchange().into(),
+            "".into(),
+            QueueBindOptions::default(),
+            FieldTable::default(),
+        )
+        .await?;
+    let mut deliveries = channel
+        .basic_consume(
+            queue.name().as_str().into(),
+            "notify-api-events".into(),
+            BasicConsumeOptions { no_ack: true, ..Default::default() },
+            FieldTable::default(),
+        )
+        .await?;
+    bound.send_replace(true);
+    info!(queue = queue.name().as_str(), "consuming change events");
+    if resync {
+        // Events published while the consumer was away are lost to it.
+        metrics::counter!("notify_event_bus_reconnects_total").increment(1);
+        hub.resync_all();
+    }
+    let mut check = tokio::time::interval(CHECK_EVERY);
+    let result = loop {
+        tokio::select! {
+            delivery = deliveries.next() => match delivery {
+                Some(Ok(delivery)) => match BusEvent::decode(&delivery.data) {
+                    Ok(event) => hub.dispatch(event),
+                    Err(e) => warn!(error = %e, "skipping a malformed event"),
+                },
+                Some(Err(e)) => break Err(e.into()),
+                None => break Ok(()),
+            },
+            _ = check.tick() => if !channel.status().connected() {
+                break Err(Error::Unavailable("event channel closed".to_owned()));
+            },
+            () = stop.cancelled() => break Ok(()),
+        }
+    };
+    let _ = channel.close(200, "no event streams".into()).await;
+    let _ = connection.close(200, "no event streams".into()).await;
+    result
+}

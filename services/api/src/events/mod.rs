@@ -1,0 +1,673 @@
+//! The gateway event stream: routes change events from the bus to the
+//! streams that follow the users they name.
+//!
+//! One [`Hub`] per api replica holds every open stream, which users each
+//! follows, and which of those users belong to which group. The bus consumer
+//! ([`bus`]) runs only while at least one stream is open; it hands each event
+//! to [`Hub::dispatch`], which never waits on a stream: it queues into the
+//! stream's bounded buffer and, when that is full, marks the user as needing
+//! a fresh snapshot instead (coalescing). Each stream has its own task that
+//! sends those snapshots as the reader makes room, so a slow gateway costs
+//! its own stream some latency and nothing else.
+//!
+//! No change is lost: a user is added to the routing table (with the bus
+//! already consuming) before their snapshot is read, so every change after
+//! the snapshot arrives as a delta. After the bus consumer reconnects, every
+//! user of every stream gets a fresh snapshot, covering the events that
+//! were published while it was away.
+
+pub mod bus;
+
+use std::collections::{HashMap, HashSet};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::Duration;
+
+use futures::StreamExt as _;
+use notify_core::db::chunks::ContentSummary;
+use notify_core::db::items::InboxQuery;
+use notify_core::domain::UserId;
+use notify_core::events::BusEvent;
+use notify_core::{Context, groups, inbox};
+use notify_proto::v1::{self, subscribe_response::Event};
+use tokio::sync::{Notify, mpsc};
+use tokio_util::sync::CancellationToken;
+use tonic::Status;
+use tracing::warn;
+
+/// What a stream's reader receives.
+pub type Outgoing = Result<v1::SubscribeResponse, Status>;
+
+/// Users a batch of snapshots or badge refreshes covers at most.
+const BATCH: usize = 256;
+
+/// The routing state of one api replica.
+#[derive(Clone)]
+pub struct Hub {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    ctx: Context,
+    tables: RwLock<Tables>,
+    next_stream: AtomicU64,
+    /// Users whose badges changed, waiting for the refresher.
+    badges: Mutex<HashSet<u64>>,
+    badges_ready: Notify,
+    bus: bus::BusControl,
+    shutdown: CancellationToken,
+}
+
+#[derive(Default)]
+struct Tables {
+    streams: HashMap<u64, Arc<Stream>>,
+    users: HashMap<u64, Follower>,
+    /// Group -> the followed users that are members.
+    groups: HashMap<u64, HashSet<u64>>,
+}
+
+/// A followed user.
+#[derive(Default)]
+struct Follower {
+    /// Streams following the user (usually one).
+    streams: Vec<u64>,
+    /// The user's groups, as of the last snapshot and member events since.
+    groups: Vec<u64>,
+    /// Bumped by every membership event, so a snapshot read before one does
+    /// not overwrite it.
+    version: u64,
+}
+
+/// One open `Subscribe` stream.
+pub struct Stream {
+    id: u64,
+    tx: mpsc::Sender<Outgoing>,
+    /// The users it follows.
+    users: Mutex<HashSet<u64>>,
+    /// Users owed a snapshot (just added, or events coalesced).
+    owed: Mutex<HashSet<u64>>,
+    owed_ready: Notify,
+    closed: CancellationToken,
+}
+
+impl Stream {
+    /// Queues `event` without waiting; false when the buffer is full (the
+    /// caller coalesces) or the reader is gone.
+    fn offer(&self, event: Event) -> bool {
+        let kind = event_kind(&event);
+        match self.tx.try_send(Ok(v1::SubscribeResponse { event: Some(event) })) {
+            Ok(()) => {
+                metrics::counter!("notify_events_sent_total", "kind" => kind).increment(1);
+                true
+            }
+            Err(mpsc::error::TrySendError::Full(_)) => false,
+            Err(mpsc::error::TrySendError::Closed(_)) => true,
+        }
+    }
+
+    /// Queues a per-user event, or owes the user a snapshot when the buffer
+    /// is full.
+    fn offer_for(&self, user_id: u64, event: Event) {
+        if !self.offer(event) {
+            metrics::counter!("notify_events_coalesced_total").increment(1);
+            self.owe(std::iter::once(user_id));
+        }
+    }
+
+    /// Queues an event for the whole stream, or owes every user a snapshot.
+    fn offer_to_all(&self, event: Event) {
+        if !self.offer(event) {
+            metrics::counter!("notify_events_coalesced_total").increment(1);
+            let users: Vec<u64> = lock(&self.users).iter().copied().collect();
+            self.owe(users);
+        }
+    }
+
+    /// Queues a heartbeat unless the buffer is full (then the stream is not
+    /// quiet anyway).
+    pub fn heartbeat(&self) {
+        let now = std::time::SystemTime::now();
+        self.offer(Event::Heartbeat(v1::Heartbeat { at: Some(now.into()) }));
+    }
+
+    /// Completes when the reader went away or the stream was ended.
+    pub async fn finished(&self) {
+        tokio::select! {
+            () = self.tx.closed() => {}
+            () = self.closed.cancelled() => {}
+        }
+    }
+
+    /// Ends the stream with `status` (waiting up to a second for room).
+    pub async fn end(&self, status: Status) {
+        let _ = tokio::time::timeout(Duration::from_secs(1), self.tx.send(Err(status))).await;
+        self.closed.cancel();
+    }
+
+    fn owe(&self, users: impl IntoIterator<Item = u64>) {
+        lock(&self.owed).extend(users);
+        self.owed_ready.notify_one();
+    }
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+fn event_kind(event: &Event) -> &'static str {
+    match event {
+        Event::Snapshot(_) => "snapshot",
+        Event::ItemDelivered(_) => "item_delivered",
+        Event::BadgeChanged(_) => "badge_changed",
+        Event::GroupMessage(_) => "group_message",
+        Event::ItemRevoked(_) => "item_revoked",
+        Event::Heartbeat(_) => "heartbeat",
+    }
+}
+
+/// Why a subscription change was refused.
+#[derive(Debug, PartialEq, Eq)]
+pub struct TooManyUsers {
+    /// Users the stream would follow.
+    pub would_follow: usize,
+}
+
+impl Hub {
+    /// Creates the hub; its tasks end with `shutdown`.
+    pub fn new(ctx: Context, shutdown: CancellationToken) -> Self {
+        let hub = Self {
+            inner: Arc::new(Inner {
+                ctx,
+                tables: RwLock::default(),
+                next_stream: AtomicU64::new(1),
+                badges: Mutex::default(),
+                badges_ready: Notify::new(),
+                bus: bus::BusControl::default(),
+                shutdown,
+            }),
+        };
+        tokio::spawn(hub.clone().refresh_badges());
+        hub
+    }
+
+    /// The shared context.
+    pub fn context(&self) -> &Context {
+        &self.inner.ctx
+    }
+
+    fn read(&self) -> std::sync::RwLockReadGuard<'_, Tables> {
+        self.inner.tables.read().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn write(&self) -> std::sync::RwLockWriteGuard<'_, Tables> {
+        self.inner.tables.write().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Opens a stream: makes sure the bus is consuming first (UNAVAILABLE
+    /// when it cannot), then registers the stream and starts its snapshot
+    /// task. Returns the stream and its reader's end.
+    pub async fn open(&self) -> Result<(Arc<Stream>, mpsc::Receiver<Outgoing>), Status> {
+        // Registered before the bus check, so a concurrent last close does
+        // not stop the bus under this stream.
+        let (tx, rx) = mpsc::channel(self.inner.ctx.settings.events.stream_buffer);
+        let stream = Arc::new(Stream {
+            id: self.inner.next_stream.fetch_add(1, Ordering::Relaxed),
+            tx,
+            users: Mutex::default(),
+            owed: Mutex::default(),
+            owed_ready: Notify::new(),
+            closed: CancellationToken::new(),
+        });
+        let streams = {
+            let mut tables = self.write();
+            tables.streams.insert(stream.id, stream.clone());
+            tables.streams.len()
+        };
+        metrics::gauge!("notify_event_streams").set(streams as f64);
+        if let Err(status) = self.inner.bus.ensure(self).await {
+            self.close(&stream).await;
+            return Err(status);
+        }
+        tokio::spawn(self.clone().send_snapshots(stream.clone()));
+        Ok((stream, rx))
+    }
+
+    /// Closes a stream: forgets its users and stops the bus after the last.
+    pub async fn close(&self, stream: &Arc<Stream>) {
+        stream.closed.cancel();
+        let users: Vec<u64> = lock(&stream.users).drain().collect();
+        let remaining = {
+            let mut tables = self.write();
+            tables.streams.remove(&stream.id);
+            for user_id in users {
+                forget(&mut tables, stream.id, user_id);
+            }
+            metrics::gauge!("notify_event_subscribed_users").set(tables.users.len() as f64);
+            tables.streams.len()
+        };
+        metrics::gauge!("notify_event_streams").set(remaining as f64);
+        if remaining == 0 {
+            self.inner.bus.stop_if_idle(self).await;
+        }
+    }
+
+    /// Number of open streams.
+    pub fn streams(&self) -> usize {
+        self.read().streams.len()
+    }
+
+    /// Follows `add` and stops following `remove` on `stream`; each added
+    /// user is owed a snapshot. Refuses (changing nothing) when the stream
+    /// would follow more than `events.max_users_per_stream` users.
+    pub fn change(&self, stream: &Stream, add: &[u64], remove: &[u64]) -> Result<(), TooManyUsers> {
+        let limit = self.inner.ctx.settings.events.max_users_per_stream;
+        let mut tables = self.write();
+        let mut users = lock(&stream.users);
+        let mut added: Vec<u64> = add.iter().copied().filter(|u| !users.contains(u)).collect();
+        added.sort_unstable();
+        added.dedup();
+        let removing = remove.iter().filter(|u| users.contains(u) && !add.contains(u)).count();
+        let would_follow = users.len() + added.len() - removing;
+        if would_follow > limit {
+            return Err(TooManyUsers { would_follow });
+        }
+        for user_id in remove.iter().filter(|u| !add.contains(u)) {
+            if users.remove(user_id) {
+                forget(&mut tables, stream.id, *user_id);
+            }
+        }
+        for &user_id in &added {
+            users.insert(user_id);
+            let follower = tables.users.entry(user_id).or_default();
+            follower.streams.push(stream.id);
+            // Group routes come from the snapshot (or another stream's).
+            let known_groups = follower.groups.clone();
+            for group_id in known_groups {
+                tables.groups.entry(group_id).or_default().insert(user_id);
+            }
+        }
+        metrics::gauge!("notify_event_subscribed_users").set(tables.users.len() as f64);
+        drop(users);
+        drop(tables);
+        if !added.is_empty() {
+            stream.owe(added);
+        }
+        Ok(())
+    }
+
+    /// Owes every user of every stream a snapshot: after the bus consumer
+    /// reconnected, events published meanwhile may be lost.
+    pub fn resync_all(&self) {
+        let streams: Vec<Arc<Stream>> = self.read().streams.values().cloned().collect();
+        for stream in streams {
+            let users: Vec<u64> = lock(&stream.users).iter().copied().collect();
+            stream.owe(users);
+        }
+    }
+
+    /// Routes one event from the bus. Never waits on a stream.
+    pub fn dispatch(&self, event: BusEvent) {
+        metrics::counter!("notify_events_received_total", "kind" => event.kind()).increment(1);
+        match event {
+            BusEvent::ItemsDelivered { message_id, user_ids, summary } => {
+                let followed = self.deliver(message_id, &summary, user_ids.iter().copied());
+                self.expire_later(&summary, followed.clone());
+                self.badges_changed(followed);
+            }
+            BusEvent::BadgesChanged { user_ids } => {
+                let followed: Vec<u64> = {
+                    let tables = self.read();
+                    user_ids.into_iter().filter(|u| tables.users.contains_key(u)).collect()
+                };
+                self.badges_changed(followed);
+            }
+            BusEvent::GroupMessage { group_id, seq, message_id } => {
+                let members = {
+                    let tables = self.read();
+                    let members: Vec<u64> = tables
+                        .groups
+                        .get(&group_id)
+                        .map(|members| members.iter().copied().collect())
+                        .unwrap_or_default();
+                    for &user_id in &members {
+                        for stream in streams_of(&tables, user_id) {
+                            let event = v1::GroupMessageSent { user_id, group_id, seq, message_id };
+                            stream.offer_for(user_id, Event::GroupMessage(event));
+                        }
+                    }
+                    members
+                };
+                self.badges_changed(members);
+            }
+            BusEvent::MembersChanged { group_id, added, removed } => {
+                let mut changed = Vec::new();
+                {
+                    let mut tables = self.write();
+                    for user_id in added {
+                        if let Some(follower) = tables.users.get_mut(&user_id) {
+                            follower.version += 1;
+                            if !follower.groups.contains(&group_id) {
+                                follower.groups.push(group_id);
+                            }
+                            tables.groups.entry(group_id).or_default().insert(user_id);
+                            changed.push(user_id);
+                        }
+                    }
+                    for user_id in removed {
+                        if let Some(follower) = tables.users.get_mut(&user_id) {
+                            follower.version += 1;
+                            follower.groups.retain(|g| *g != group_id);
+                            remove_member(&mut tables, group_id, user_id);
+                            changed.push(user_id);
+                        }
+                    }
+                }
+                self.badges_changed(changed);
+            }
+            BusEvent::Announced { message_id, summary } => {
+                let everyone: Vec<u64> = self.read().users.keys().copied().collect();
+                let followed = self.deliver(message_id, &summary, everyone);
+                if let Some(expire_at_ms) = summary.expire_at_ms {
+                    self.revoke_later(message_id, expire_at_ms);
+                }
+                self.badges_changed(followed);
+            }
+            BusEvent::Revoked { message_id } => self.revoke(message_id),
+        }
+    }
+
+    /// Sends `ItemDelivered` to every followed user among `user_ids`;
+    /// returns those users.
+    fn deliver(
+        &self,
+        message_id: u64,
+        summary: &ContentSummary,
+        user_ids: impl IntoIterator<Item = u64>,
+    ) -> Vec<u64> {
+        let tables = self.read();
+        let created_at = timestamp_ms(summary.created_at_ms);
+        let mut followed = Vec::new();
+        for user_id in user_ids {
+            let streams = streams_of(&tables, user_id);
+            if streams.is_empty() {
+                continue;
+            }
+            followed.push(user_id);
+            for stream in streams {
+                let event = v1::ItemDelivered {
+                    user_id,
+                    message_id,
+                    title: summary.title.clone(),
+                    category: summary.category.clone(),
+                    created_at: Some(created_at),
+                };
+                stream.offer_for(user_id, Event::ItemDelivered(event));
+            }
+        }
+        followed
+    }
+
+    /// Tells every stream a message was withdrawn, and refreshes every badge.
+    fn revoke(&self, message_id: u64) {
+        let (streams, everyone): (Vec<Arc<Stream>>, Vec<u64>) = {
+            let tables = self.read();
+            (tables.streams.values().cloned().collect(), tables.users.keys().copied().collect())
+        };
+        for stream in streams {
+            stream.offer_to_all(Event::ItemRevoked(v1::ItemRevoked { message_id }));
+        }
+        self.badges_changed(everyone);
+    }
+
+    /// An announcement ends at its expiry: streams learn it then.
+    fn revoke_later(&self, message_id: u64, expire_at_ms: i64) {
+        let Some(delay) = until(expire_at_ms) else { return };
+        let hub = self.clone();
+        tokio::spawn(async move {
+            tokio::select! {
+                () = tokio::time::sleep(delay) => hub.revoke(message_id),
+                () = hub.inner.shutdown.cancelled() => {}
+            }
+        });
+    }
+
+    /// Items with an expiry leave their users' badges then.
+    fn expire_later(&self, summary: &ContentSummary, user_ids: Vec<u64>) {
+        let Some(delay) = summary.expire_at_ms.and_then(until) else { return };
+        if user_ids.is_empty() {
+            return;
+        }
+        let hub = self.clone();
+        tokio::spawn(async move {
+            tokio::select! {
+                () = tokio::time::sleep(delay) => {
+                    let followed: Vec<u64> = {
+                        let tables = hub.read();
+                        user_ids.into_iter().filter(|u| tables.users.contains_key(u)).collect()
+                    };
+                    hub.badges_changed(followed);
+                }
+                () = hub.inner.shutdown.cancelled() => {}
+            }
+        });
+    }
+
+    /// Queues users for a `BadgeChanged` with fresh counts.
+    fn badges_changed(&self, user_ids: Vec<u64>) {
+        if user_ids.is_empty() {
+            return;
+        }
+        lock(&self.inner.badges).extend(user_ids);
+        self.inner.badges_ready.notify_one();
+    }
+
+    /// Sends fresh badges for queued users, in batches; a user queued many
+    /// times while a batch runs is read once.
+    async fn refresh_badges(self) {
+        let concurrency = self.inner.ctx.settings.events.snapshot_concurrency;
+        loop {
+            tokio::select! {
+                () = self.inner.badges_ready.notified() => {}
+                () = self.inner.shutdown.cancelled() => return,
+            }
+            loop {
+                let batch: Vec<u64> = {
+                    let mut pending = lock(&self.inner.badges);
+                    let batch: Vec<u64> = pending.iter().take(BATCH).copied().collect();
+                    for user_id in &batch {
+                        pending.remove(user_id);
+                    }
+                    batch
+                };
+                if batch.is_empty() {
+                    break;
+                }
+                let ctx = &self.inner.ctx;
+                let mut reads = futures::stream::iter(batch)
+                    .map(|user_id| async move {
+                        let badge = match UserId::parse(user_id, "user_id") {
+                            Ok(user) => inbox::badge(ctx, user).await,
+                            Err(e) => Err(e),
+                        };
+                        (user_id, badge)
+                    })
+                    .buffer_unordered(concurrency);
+                while let Some((user_id, badge)) = reads.next().await {
+                    match badge {
+                        Ok(badge) => {
+                            let tables = self.read();
+                            for stream in streams_of(&tables, user_id) {
+                                let event = v1::BadgeChanged {
+                                    user_id,
+                                    unread: badge.unread,
+                                    group_unread: badge.group_unread,
+                                };
+                                stream.offer_for(user_id, Event::BadgeChanged(event));
+                            }
+                        }
+                        Err(e) => {
+                            // The user's shard is down: a snapshot later.
+                            warn!(error = %e, user_id, "could not read a badge for a stream");
+                            let tables = self.read();
+                            for stream in streams_of(&tables, user_id) {
+                                stream.owe(std::iter::once(user_id));
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// A stream's task: sends the snapshots it is owed, as fast as its
+    /// reader takes them, until the stream closes.
+    async fn send_snapshots(self, stream: Arc<Stream>) {
+        let concurrency = self.inner.ctx.settings.events.snapshot_concurrency;
+        loop {
+            tokio::select! {
+                () = stream.owed_ready.notified() => {}
+                () = stream.closed.cancelled() => return,
+            }
+            loop {
+                let batch: Vec<u64> = {
+                    let mut owed = lock(&stream.owed);
+                    let following = lock(&stream.users);
+                    let batch: Vec<u64> = owed.iter().take(BATCH).copied().collect();
+                    for user_id in &batch {
+                        owed.remove(user_id);
+                    }
+                    batch.into_iter().filter(|u| following.contains(u)).collect()
+                };
+                if batch.is_empty() {
+                    break;
+                }
+                let hub = &self;
+                let mut snapshots = futures::stream::iter(batch)
+                    .map(|user_id| async move { (user_id, hub.snapshot(user_id).await) })
+                    .buffer_unordered(concurrency);
+                while let Some((user_id, snapshot)) = snapshots.next().await {
+                    let snapshot = match snapshot {
+                        Ok(snapshot) => snapshot,
+                        Err(status) => {
+                            // A shard down: end the stream rather than leave
+                            // the gateway with a user it has no state for.
+                            warn!(error = %status, user_id, "snapshot failed, ending the stream");
+                            let _ = stream.tx.send(Err(status)).await;
+                            stream.closed.cancel();
+                            return;
+                        }
+                    };
+                    let response = v1::SubscribeResponse { event: Some(Event::Snapshot(snapshot)) };
+                    tokio::select! {
+                        sent = stream.tx.send(Ok(response)) => if sent.is_err() { return },
+                        () = stream.closed.cancelled() => return,
+                    }
+                    metrics::counter!("notify_events_sent_total", "kind" => "snapshot")
+                        .increment(1);
+                }
+            }
+        }
+    }
+
+    /// Reads a user's snapshot, and records their groups for routing.
+    async fn snapshot(&self, user_id: u64) -> Result<v1::Snapshot, Status> {
+        let ctx = &self.inner.ctx;
+        let user = UserId::parse(user_id, "add_user_ids").map_err(crate::status::to_status)?;
+        let version = self.read().users.get(&user_id).map(|f| f.version);
+        let query = InboxQuery { before: u64::MAX, limit: 1, unread_only: false, category: None };
+        let (counts, groups, page) = futures::future::join3(
+            inbox::unread_counts(ctx, &[user_id]),
+            groups::unread(ctx, user),
+            inbox::list(ctx, user, &query),
+        )
+        .await;
+        let unread = counts.map_err(crate::status::to_status)?.first().copied().unwrap_or(0);
+        let page = page.map_err(crate::status::to_status)?;
+        let group_unread = match groups {
+            Ok(summary) => {
+                let ids: Vec<u64> = summary.groups.iter().map(|g| g.group_id).collect();
+                self.set_groups(user_id, version, ids);
+                summary.total
+            }
+            Err(e) => {
+                // The inbox badge still answers; group routes stay as they were.
+                metrics::counter!("notify_badge_group_errors_total").increment(1);
+                warn!(error = %e, user_id, "group unread unavailable in a snapshot");
+                0
+            }
+        };
+        let latest = page.items.first().map(|row| v1::ItemSummary {
+            message_id: row.message_id,
+            title: row.title.clone(),
+            category: row.category.clone(),
+            created_at: Some(crate::convert::timestamp(row.created_at)),
+        });
+        Ok(v1::Snapshot { user_id, unread, group_unread, latest })
+    }
+
+    /// Replaces a followed user's groups with what a snapshot read, unless a
+    /// membership event arrived since it started (then the events' state
+    /// stands and the user is owed another snapshot).
+    fn set_groups(&self, user_id: u64, version: Option<u64>, group_ids: Vec<u64>) {
+        let mut tables = self.write();
+        let Some(follower) = tables.users.get_mut(&user_id) else { return };
+        if Some(follower.version) != version {
+            let streams = follower.streams.clone();
+            for stream in streams.iter().filter_map(|id| tables.streams.get(id)) {
+                stream.owe(std::iter::once(user_id));
+            }
+            return;
+        }
+        let old = std::mem::replace(&mut follower.groups, group_ids.clone());
+        for group_id in old {
+            remove_member(&mut tables, group_id, user_id);
+        }
+        for group_id in group_ids {
+            tables.groups.entry(group_id).or_default().insert(user_id);
+        }
+    }
+}
+
+/// The streams following `user_id`.
+fn streams_of(tables: &Tables, user_id: u64) -> Vec<&Arc<Stream>> {
+    tables
+        .users
+        .get(&user_id)
+        .map(|f| f.streams.iter().filter_map(|id| tables.streams.get(id)).collect())
+        .unwrap_or_default()
+}
+
+/// Drops `stream_id` from a user's followers (and the user, after the last).
+fn forget(tables: &mut Tables, stream_id: u64, user_id: u64) {
+    let Some(follower) = tables.users.get_mut(&user_id) else { return };
+    follower.streams.retain(|id| *id != stream_id);
+    if follower.streams.is_empty() {
+        let groups = std::mem::take(&mut follower.groups);
+        tables.users.remove(&user_id);
+        for group_id in groups {
+            remove_member(tables, group_id, user_id);
+        }
+    }
+}
+
+fn remove_member(tables: &mut Tables, group_id: u64, user_id: u64) {
+    if let Some(members) = tables.groups.get_mut(&group_id) {
+        members.remove(&user_id);
+        if members.is_empty() {
+            tables.groups.remove(&group_id);
+        }
+    }
+}
+
+fn timestamp_ms(ms: i64) -> prost_types::Timestamp {
+    prost_types::Timestamp {
+        seconds: ms.div_euclid(1000),
+        nanos: (ms.rem_euclid(1000) * 1_000_000) as i32,
+    }
+}
+
+/// Time until `at_ms`, when it is in the future.
+fn until(at_ms: i64) -> Option<Duration> {
+    let now = chrono::Utc::now().timestamp_millis();
+    (at_ms > now).then(|| Duration::from_millis((at_ms - now) as u64 + 10))
+}
