@@ -7,6 +7,7 @@ mod groups;
 mod inbox;
 mod recipients;
 mod sends;
+mod tail;
 
 use clap::{Parser, Subcommand};
 
@@ -79,6 +80,12 @@ enum Command {
         #[arg(required = true)]
         user_ids: Vec<u64>,
     },
+    /// Follows users on the gateway event stream and prints each event live.
+    Tail {
+        /// User ids, comma separated.
+        #[arg(long, required = true, value_delimiter = ',')]
+        users: Vec<u64>,
+    },
     /// Makes client tokens (offline: nothing is sent to the api).
     #[command(subcommand)]
     Token(admin::TokenCommand),
@@ -139,6 +146,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::List { sender, limit } => sends::list(channel, sender, limit).await,
         Command::Inbox(args) => inbox::inbox(channel, args).await,
         Command::Badge { user_ids } => inbox::badge(channel, user_ids).await,
+        Command::Tail { users } => tail::tail(channel, users).await,
         Command::Group(command) => groups::run(channel, command).await,
     }
 }

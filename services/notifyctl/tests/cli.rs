@@ -106,3 +106,34 @@ async fn token_health_send_and_audit_against_an_api_with_tls_and_tokens() {
     assert_eq!(code, 2, "{err}");
     app.cleanup().await;
 }
+
+#[tokio::test]
+async fn tail_prints_snapshots_then_items_as_they_arrive() {
+    use tokio::io::{AsyncBufReadExt, BufReader};
+    let app = spawn_app_with(test_settings(), true).await;
+    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_notifyctl"))
+        .arg("--addr")
+        .arg(format!("http://{}", app.addr))
+        .args(["tail", "--users", "42,43"])
+        .stdout(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("notifyctl runs");
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    let mut next = async || {
+        let line = tokio::time::timeout(std::time::Duration::from_secs(20), lines.next_line());
+        line.await.expect("a line within 20 s").unwrap().expect("tail still running")
+    };
+    let mut snapshots = vec![next().await, next().await];
+    snapshots.sort();
+    assert_eq!(
+        snapshots,
+        ["snapshot  user 42 unread 0 group_unread 0", "snapshot  user 43 unread 0 group_unread 0"]
+    );
+    let id = app.send(vec![42]).await;
+    let item = next().await;
+    assert!(item.starts_with(&format!("item      user 42 message {id} \"hello\"")), "{item}");
+    assert_eq!(next().await, "badge     user 42 unread 1 group_unread 0");
+    child.kill().await.unwrap();
+    app.cleanup().await;
+}
