@@ -15,6 +15,7 @@
 
 mod announce;
 mod badge;
+mod events;
 mod fanout;
 mod group;
 mod harness;
@@ -44,6 +45,8 @@ enum Command {
     Announce(announce::AnnounceArgs),
     /// SendGroupMessage latency in a 10 vs 100k member group, pulling a 20k backlog.
     Group(group::GroupArgs),
+    /// Gateway events of a 100k-recipient send to 10k, then 100k, followed users.
+    Events(events::EventsArgs),
 }
 
 #[tokio::main]
@@ -54,6 +57,7 @@ async fn main() {
         Command::Badge(args) => badge::run(args).await,
         Command::Announce(args) => announce::run(args).await,
         Command::Group(args) => group::run(args).await,
+        Command::Events(args) => events::run(args).await,
     };
     if let Err(e) = result {
         eprintln!("notify-bench: {e:#}");
