@@ -115,13 +115,35 @@ pub async fn active(ctx: &Context) -> Result<Vec<Active>> {
         return Ok(list.into_iter().filter(|a| a.is_live(now_ms)).collect());
     }
     let mut list = Vec::new();
-    for (_, pool) in ctx.pools.iter() {
-        for (message_id, expire_at) in messages::live_announcements(pool).await? {
-            list.push(Active { message_id, expire_at_ms: expire_at.map(to_ms) });
+    let (mut reached, mut unreachable) = (0, None);
+    for (shard, pool) in ctx.pools.iter() {
+        match messages::live_announcements(pool).await {
+            Ok(live) => {
+                reached += 1;
+                list.extend(live.into_iter().map(|(message_id, expire_at)| Active {
+                    message_id,
+                    expire_at_ms: expire_at.map(to_ms),
+                }));
+            }
+            // One shard down must not take every badge with it: the list
+            // lacks that shard's announcements until it is back (and is not
+            // cached meanwhile).
+            Err(e) if e.is_transient() => {
+                metrics::counter!("notify_announcement_list_shard_errors_total").increment(1);
+                warn!(error = %e, shard = shard.0, "announcements of an unreachable shard left out");
+                unreachable = Some(e);
+            }
+            Err(e) => return Err(e),
         }
     }
+    let complete = unreachable.is_none();
+    if let Some(e) = unreachable
+        && reached == 0
+    {
+        return Err(e);
+    }
     list.sort_unstable_by_key(|a| a.message_id);
-    if let Some(epoch) = epoch {
+    if let Some(epoch) = epoch.filter(|_| complete) {
         let json = serde_json::to_string(&list).unwrap_or_default();
         let _ = ctx.cache.store_announcements(epoch, &json, ACTIVE_LIST_TTL_SECS).await;
     }

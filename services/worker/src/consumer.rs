@@ -3,6 +3,7 @@
 //! permanent failure, manual acks only after the work is committed, and
 //! reconnection after broker restarts.
 
+use std::collections::HashMap;
 use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -17,6 +18,7 @@ use notify_core::domain::Lane;
 use notify_core::health::Heartbeats;
 use notify_core::queue::{self, ChunkTask, Topology};
 use notify_core::{Context, Error};
+use shard_router::ShardId;
 use tokio_stream::wrappers::IntervalStream;
 use tokio_util::sync::CancellationToken;
 use tracing::{error, info, warn};
@@ -32,6 +34,48 @@ pub struct LaneHealth {
     pub heartbeats: Heartbeats,
     /// True while the lane is subscribed to its queue.
     pub consuming: Arc<AtomicBool>,
+    /// Shards found unreachable, shared by the lanes.
+    pub circuits: ShardCircuits,
+}
+
+/// How long a shard that did not answer is skipped before it is tried again.
+const SHARD_OPEN_FOR: Duration = Duration::from_secs(2);
+
+/// Longest a shard gets to answer `SELECT 1` after a chunk failed on it.
+const SHARD_PROBE_TIMEOUT: Duration = Duration::from_secs(1);
+
+/// Shards that did not answer, and until when their chunks are parked.
+///
+/// A chunk whose shard is down would hold a consumer slot through every
+/// retry and pool timeout, and enough of them would hold every slot: the
+/// other shards' chunks would wait behind a shard they do not need. A parked
+/// chunk's task is acknowledged and its row stays pending on its shard, where
+/// the sweeper finds it and publishes it again once the shard is back
+/// (`worker.sweep_timeout_secs` after the send last moved). Nothing is lost:
+/// the pending row is the truth, the task only a pointer to it.
+#[derive(Clone, Default)]
+pub struct ShardCircuits {
+    open_until: Arc<std::sync::Mutex<HashMap<u32, tokio::time::Instant>>>,
+}
+
+impl ShardCircuits {
+    fn is_open(&self, shard: u32) -> bool {
+        let open = self.open_until.lock().unwrap_or_else(|e| e.into_inner());
+        open.get(&shard).is_some_and(|until| *until > tokio::time::Instant::now())
+    }
+
+    /// After a transient failure: true (and the circuit opened) when the
+    /// shard does not answer a ping.
+    async fn trips(&self, ctx: &Context, shard: u32) -> bool {
+        let Some(pool) = ctx.pools.get(ShardId(shard)) else { return false };
+        let ping = sqlx::query("SELECT 1").execute(pool);
+        let answers = matches!(tokio::time::timeout(SHARD_PROBE_TIMEOUT, ping).await, Ok(Ok(_)));
+        if !answers {
+            let until = tokio::time::Instant::now() + SHARD_OPEN_FOR;
+            self.open_until.lock().unwrap_or_else(|e| e.into_inner()).insert(shard, until);
+        }
+        !answers
+    }
 }
 
 fn beat_name(lane: Lane) -> &'static str {
@@ -126,7 +170,7 @@ async fn consume(
             if let Event::Delivery(delivery) = event
                 && let Ok(delivery) = *delivery
             {
-                handle(ctx, lane, delivery, shutdown).await;
+                handle(ctx, lane, delivery, &health.circuits, shutdown).await;
             }
             health.heartbeats.beat(beat_name(lane));
         })
@@ -138,7 +182,26 @@ async fn consume(
     Ok(())
 }
 
-async fn handle(ctx: &Context, lane: Lane, delivery: Delivery, shutdown: &CancellationToken) {
+/// Acknowledges a task whose shard is down, leaving its chunk pending for
+/// the sweeper (see [`ShardCircuits`]).
+async fn park(lane: Lane, task: &ChunkTask, delivery: &Delivery) {
+    metrics::counter!("notify_chunks_parked_total", "lane" => lane.name()).increment(1);
+    warn!(
+        message_id = task.message_id,
+        chunk_id = task.chunk_id,
+        shard = task.shard,
+        "shard down, chunk left pending for the sweeper"
+    );
+    let _ = delivery.ack(BasicAckOptions::default()).await;
+}
+
+async fn handle(
+    ctx: &Context,
+    lane: Lane,
+    delivery: Delivery,
+    circuits: &ShardCircuits,
+    shutdown: &CancellationToken,
+) {
     let task = match ChunkTask::decode(&delivery.data) {
         Ok(task) => task,
         Err(e) => {
@@ -147,6 +210,10 @@ async fn handle(ctx: &Context, lane: Lane, delivery: Delivery, shutdown: &Cancel
             return;
         }
     };
+    if circuits.is_open(task.shard) {
+        park(lane, &task, &delivery).await;
+        return;
+    }
     let max_attempts = ctx.settings.worker.max_attempts;
     let mut delay = Duration::from_millis(ctx.settings.worker.retry_base_ms);
     for attempt in 1..=max_attempts {
@@ -169,6 +236,10 @@ async fn handle(ctx: &Context, lane: Lane, delivery: Delivery, shutdown: &Cancel
             }
             Err(e) if e.is_transient() => {
                 warn!(error = %e, attempt, message_id = task.message_id, chunk_id = task.chunk_id, "chunk attempt failed");
+                if circuits.trips(ctx, task.shard).await {
+                    park(lane, &task, &delivery).await;
+                    return;
+                }
                 if attempt == max_attempts {
                     break;
                 }

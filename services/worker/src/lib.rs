@@ -58,10 +58,12 @@ impl Worker {
         let heartbeats = Heartbeats::default();
         let mut tasks = JoinSet::new();
         let mut lanes = Vec::new();
+        let circuits = consumer::ShardCircuits::default();
         for lane in [Lane::High, Lane::Bulk] {
             let health = LaneHealth {
                 heartbeats: heartbeats.clone(),
                 consuming: Arc::new(AtomicBool::new(false)),
+                circuits: circuits.clone(),
             };
             lanes.push((lane, health.consuming.clone()));
             tasks.spawn(consumer::run_lane(ctx.clone(), lane, health, shutdown.clone()));
