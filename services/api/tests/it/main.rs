@@ -4,6 +4,7 @@
 mod announce;
 mod auth;
 mod events;
+mod faults;
 mod groups;
 mod helpers;
 mod inbox;
