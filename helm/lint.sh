@@ -15,17 +15,27 @@
 # Checks, for every helm:
 #   - helm lint --strict with the default values and with each ci/*-values.yaml
 #   - helm template (which also renders NOTES.txt) with those and with a few
-#     --set combinations, against --kube-version 1.24.0, the chart's floor
+#     --set combinations, against --kube-version 1.27.0, the chart's floor
 #   - every rendered document parses as YAML and has apiVersion/kind/name;
-#     every notify.toml in a Secret parses as TOML
-#   - kubernetes-validate --strict (JSON schemas of Kubernetes 1.25 and the
+#     every Notify config file in a Secret parses as TOML and names only
+#     settings that exist in services/core/default.toml
+#   - kubernetes-validate --strict (JSON schemas of Kubernetes 1.27 and the
 #     newest it ships; PyPI package) rejects no resource
 #   - a bad value (a shard url for an undefined shard) fails to render
+# and once:
+#   - `config` in values.yaml names only settings of default.toml and
+#     restates none of their defaults (ci/*-values.yaml: names only); both
+#     checks are shown to fail on a bad file
+#
+# default.toml is the one of this checkout (../services/core/default.toml);
+# NOTIFY_DEFAULT_TOML=/path/to/default.toml checks against another one.
 set -euo pipefail
 shopt -s inherit_errexit
 
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 chart="$here/notify"
+default_toml=${NOTIFY_DEFAULT_TOML:-$here/../services/core/default.toml}
+[[ -f $default_toml ]] || { echo "no Notify settings file at $default_toml" >&2; exit 1; }
 tools=${NOTIFY_HELM_TOOLS:-${TMPDIR:-/tmp}/notify-helm-tools}
 mkdir -p "$tools"
 
@@ -110,25 +120,19 @@ check() { # description, command...
   fi
 }
 
-# Checks one rendered manifest stream: YAML, names, TOML in Secrets.
+# Checks one rendered manifest stream: YAML, names, config files in Secrets.
 check_rendered() { # file
-  PYTHONPATH="$pydir" python3 - "$1" <<'PY'
-import base64, sys, tomllib, yaml
-docs = [d for d in yaml.safe_load_all(open(sys.argv[1])) if d is not None]
-assert docs, "nothing rendered"
-for d in docs:
-    assert isinstance(d, dict) and d.get("apiVersion") and d.get("kind"), d
-    assert d.get("metadata", {}).get("name"), d
-    if d["kind"] == "Secret" and "notify.toml" in (d.get("data") or {}):
-        toml = tomllib.loads(base64.b64decode(d["data"]["notify.toml"]).decode())
-        assert toml["api"]["listen"].rsplit(":", 1)[1].isdigit(), toml["api"]
-        assert toml["log"]["format"] in ("json", "pretty"), toml["log"]
-print(f"{len(docs)} documents")
-PY
+  PYTHONPATH="$pydir" python3 "$here/lint_checks.py" rendered "$default_toml" "$1"
+}
+
+# Checks `config` of a values file against default.toml (extra args:
+# --allow-defaults).
+check_config_values() { # file, args...
+  PYTHONPATH="$pydir" python3 "$here/lint_checks.py" config-values "$default_toml" "$@"
 }
 
 validate_schemas() { # file
-  PYTHONPATH="$pydir" python3 -m kubernetes_validate --strict --quiet -k 1.25.0 "$1" &&
+  PYTHONPATH="$pydir" python3 -m kubernetes_validate --strict --quiet -k 1.27.0 "$1" &&
     PYTHONPATH="$pydir" python3 -m kubernetes_validate --strict --quiet "$1"
 }
 
@@ -144,7 +148,7 @@ render_and_check() { # helm, label, helm template args...
   local file="$out/render.yaml"
   rm -f "$file"
   check "$label: template" render_to "$file" \
-    "$helm" template notify-test "$chart" --kube-version 1.24.0 "$@"
+    "$helm" template notify-test "$chart" --kube-version 1.27.0 "$@"
   [[ -s $file ]] || return 0
   check "$label: YAML and TOML" check_rendered "$file"
   check "$label: Kubernetes schemas" validate_schemas "$file"
@@ -153,6 +157,19 @@ render_and_check() { # helm, label, helm template args...
 must_fail() {
   ! "$@"
 }
+
+check "values.yaml config: only existing settings, no copied defaults" \
+  check_config_values "$chart/values.yaml"
+for values in "$chart"/ci/*-values.yaml; do
+  check "$(basename "$values") config: only existing settings" \
+    check_config_values "$values" --allow-defaults
+done
+printf 'config:\n  send:\n    chunk_size: 500\n' >"$out/copied-default.yaml"
+check "a copied default in config is rejected" \
+  must_fail check_config_values "$out/copied-default.yaml"
+printf 'config:\n  api:\n    max_conection_age_secs: 300\n' >"$out/unknown-setting.yaml"
+check "an unknown setting in config is rejected" \
+  must_fail check_config_values "$out/unknown-setting.yaml" --allow-defaults
 
 for helm in "${helms[@]}"; do
   version=$("$helm" version --short)
@@ -172,6 +189,8 @@ for helm in "${helms[@]}"; do
     --set worker.podDisruptionBudget.enabled=false --set api.preStopSleepSeconds=0
   render_and_check "$helm" "[$version] existingSecret + shardUrls" \
     --set secrets.existingSecret=notify-credentials \
+    --set 'config.database.shards[0].id=0' \
+    --set 'config.database.shards[0].database=notify_0' \
     --set secrets.shardUrls.0=mysql://u:p@db0:3306 --set listenHost='[::]'
   check "[$version] shard url of an undefined shard is rejected" \
     must_fail "$helm" template notify-test "$chart" --set secrets.shardUrls.9=mysql://x

@@ -1,0 +1,127 @@
+"""Checks of helm/lint.sh that need a parser: chart values against Notify's
+settings, and rendered manifests. Run by lint.sh; needs PyYAML and Python
+>= 3.11 (tomllib).
+
+  lint_checks.py config-values DEFAULT_TOML VALUES_YAML [--allow-defaults]
+      Fails when `config` in VALUES_YAML names a setting that does not exist
+      in DEFAULT_TOML (services/core/default.toml), or, unless
+      --allow-defaults, restates a built-in default: values.yaml overrides
+      only what a cluster needs, so that changing a default in Notify reaches
+      every deploy.
+  lint_checks.py rendered DEFAULT_TOML MANIFESTS_YAML
+      Every document parses and has apiVersion, kind and a name; every config
+      file in a Secret parses as TOML and names only existing settings.
+"""
+
+import base64
+import sys
+import tomllib
+
+import yaml
+
+# Fields of the array-of-tables settings, which default.toml cannot show by
+# example (its lists are empty or carry only some fields). They follow
+# ShardSettings, BucketRange and ClientSettings in services/core/src/settings/.
+ITEM_FIELDS = {
+    "database.shards": {"id", "database", "url", "url_file"},
+    "database.bucket_ranges": {"shard", "from", "to"},
+    "auth.clients": {
+        "name",
+        "token_sha256",
+        "cert_names",
+        "scopes",
+        "senders",
+        "requests_per_second",
+        "burst",
+        "recipients_per_minute",
+        "announcements_per_hour",
+    },
+}
+
+# Keys of the chart's Secrets that hold a Notify config file.
+CONFIG_KEYS = ("notify.toml", "notify-api.toml")
+
+
+def walk(values, defaults, path, prefix, allow_defaults, errors):
+    """Compares a (YAML or TOML) table with the same table of default.toml."""
+    for key, value in values.items():
+        name = f"{path}.{key}" if path else key
+        if value is None:  # left out of the rendered file
+            continue
+        if key not in defaults:
+            errors.append(f"{prefix}{name}: no such setting in default.toml")
+            continue
+        default = defaults[key]
+        if isinstance(default, dict):
+            if not isinstance(value, dict):
+                errors.append(f"{prefix}{name}: must be a table of settings")
+                continue
+            walk(value, default, name, prefix, allow_defaults, errors)
+            continue
+        if name in ITEM_FIELDS and isinstance(value, list):
+            for index, item in enumerate(value):
+                unknown = sorted(set(item) - ITEM_FIELDS[name]) if isinstance(item, dict) else []
+                for field in unknown:
+                    errors.append(f"{prefix}{name}[{index}].{field}: no such field")
+        if not allow_defaults and value == default and type(value) is type(default):
+            errors.append(
+                f"{prefix}{name}: {value!r} is the built-in default; leave it out of values.yaml"
+            )
+
+
+def config_values(default_toml, values_yaml, allow_defaults):
+    with open(default_toml, "rb") as f:
+        defaults = tomllib.load(f)
+    with open(values_yaml) as f:
+        values = yaml.safe_load(f) or {}
+    config = values.get("config") or {}
+    errors = []
+    if not isinstance(config, dict):
+        errors.append("config: must be a map of sections")
+    else:
+        walk(config, defaults, "", "config.", allow_defaults, errors)
+    for error in errors:
+        print(f"{values_yaml}: {error}")
+    return not errors
+
+
+def rendered(default_toml, manifests):
+    with open(default_toml, "rb") as f:
+        defaults = tomllib.load(f)
+    with open(manifests) as f:
+        docs = [d for d in yaml.safe_load_all(f) if d is not None]
+    assert docs, "nothing rendered"
+    errors = []
+    files = 0
+    for d in docs:
+        assert isinstance(d, dict) and d.get("apiVersion") and d.get("kind"), d
+        name = d.get("metadata", {}).get("name")
+        assert name, d
+        if d["kind"] != "Secret":
+            continue
+        for key in CONFIG_KEYS:
+            data = (d.get("data") or {}).get(key)
+            if data is None:
+                continue
+            files += 1
+            toml = tomllib.loads(base64.b64decode(data).decode())
+            assert toml["api"]["listen"].rsplit(":", 1)[1].isdigit(), toml["api"]
+            assert toml["log"]["format"] in ("json", "pretty"), toml["log"]
+            walk(toml, defaults, "", f"Secret {name} {key}: ", True, errors)
+    for error in errors:
+        print(error)
+    print(f"{len(docs)} documents, {files} config files")
+    return not errors
+
+
+def main(argv):
+    if len(argv) >= 4 and argv[1] == "config-values":
+        return config_values(argv[2], argv[3], "--allow-defaults" in argv[4:])
+    if len(argv) == 4 and argv[1] == "rendered":
+        return rendered(argv[2], argv[3])
+    print(__doc__, file=sys.stderr)
+    return False
+
+
+if __name__ == "__main__":
+    sys.exit(0 if main(sys.argv) else 1)
