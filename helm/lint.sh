@@ -186,7 +186,9 @@ for helm in "${helms[@]}"; do
   render_and_check "$helm" "[$version] minimal" \
     --set migration.enabled=false --set serviceAccount.create=false \
     --set worker.service.enabled=false --set api.podDisruptionBudget.enabled=false \
-    --set worker.podDisruptionBudget.enabled=false --set api.preStopSleepSeconds=0
+    --set worker.podDisruptionBudget.enabled=false --set api.preStopSleepSeconds=0 \
+    --set api.probeType=grpc --set priorityClassName=notify-critical \
+    --set defaultTopologySpread=false
   render_and_check "$helm" "[$version] existingSecret + shardUrls" \
     --set secrets.existingSecret=notify-credentials \
     --set 'config.database.shards[0].id=0' \

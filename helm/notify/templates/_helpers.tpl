@@ -306,12 +306,16 @@ Mounts matching notify.volumes.
 {{- end }}
 
 {{/*
-nodeSelector, tolerations and affinity of a pod: the component's own when
-non-empty, the global ones otherwise. Call with (dict "root" $ "c" .Values.api).
+priorityClassName, nodeSelector, tolerations and affinity of a pod: the
+component's own when non-empty, the global ones otherwise. Call with
+(dict "root" $ "c" .Values.api).
 */}}
 {{- define "notify.scheduling" -}}
 {{- $root := .root }}
 {{- $c := .c }}
+{{- with ($c.priorityClassName | default $root.Values.priorityClassName) }}
+priorityClassName: {{ . }}
+{{- end }}
 {{- with ($c.nodeSelector | default $root.Values.nodeSelector) }}
 nodeSelector:
   {{- toYaml . | nindent 2 }}
@@ -323,6 +327,33 @@ tolerations:
 {{- with ($c.affinity | default $root.Values.affinity) }}
 affinity:
   {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- end }}
+
+{{/*
+topologySpreadConstraints of a Deployment's pods: the component's own, or,
+with defaultTopologySpread, a soft spread over zones, then nodes, of the
+pods of the same rollout (matchLabelKeys pod-template-hash, beta and on by
+default since 1.27, so old pods being replaced do not skew it). Call with
+(dict "root" $ "c" .Values.api "component" "api").
+*/}}
+{{- define "notify.topologySpread" -}}
+{{- $root := .root }}
+{{- if .c.topologySpreadConstraints }}
+topologySpreadConstraints:
+  {{- toYaml .c.topologySpreadConstraints | nindent 2 }}
+{{- else if $root.Values.defaultTopologySpread }}
+topologySpreadConstraints:
+{{- range $key := list "topology.kubernetes.io/zone" "kubernetes.io/hostname" }}
+  - maxSkew: 1
+    topologyKey: {{ $key }}
+    whenUnsatisfiable: ScheduleAnyway
+    labelSelector:
+      matchLabels:
+        {{- include "notify.componentSelectorLabels" (list $root $.component) | nindent 8 }}
+    matchLabelKeys:
+      - pod-template-hash
+{{- end }}
 {{- end }}
 {{- end }}
 
