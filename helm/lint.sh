@@ -158,6 +158,21 @@ must_fail() {
   ! "$@"
 }
 
+# Succeeds when the command fails and its output says why (the message).
+must_fail_with() { # message, command...
+  local message=$1 output
+  shift
+  if output=$("$@" 2>&1); then
+    echo "succeeded, expected a failure saying: $message"
+    return 1
+  fi
+  grep -qF -- "$message" <<<"$output" || {
+    echo "failed, but without saying: $message"
+    echo "$output"
+    return 1
+  }
+}
+
 check "values.yaml config: only existing settings, no copied defaults" \
   check_config_values "$chart/values.yaml"
 for values in "$chart"/ci/*-values.yaml; do
@@ -174,28 +189,42 @@ check "an unknown setting in config is rejected" \
 for helm in "${helms[@]}"; do
   version=$("$helm" version --short)
   log "helm $version ($helm)"
-  check "[$version] lint default values" "$helm" lint --strict "$chart"
-  render_and_check "$helm" "[$version] default values"
+  check "[$version] default values (no callers) are refused" \
+    must_fail_with "auth.clients is empty" "$helm" template notify-test "$chart"
   for values in "$chart"/ci/*-values.yaml; do
     base=$(basename "$values")
     check "[$version] lint $base" "$helm" lint --strict "$chart" -f "$values"
     render_and_check "$helm" "[$version] $base" -f "$values"
   done
-  render_and_check "$helm" "[$version] autoscaling" \
+  minimal="$chart/ci/minimal-values.yaml"
+  render_and_check "$helm" "[$version] autoscaling" -f "$minimal" \
     --set autoscaling.enabled=true --set autoscaling.worker.enabled=false
-  render_and_check "$helm" "[$version] minimal" \
+  render_and_check "$helm" "[$version] minimal, everything optional off" -f "$minimal" \
     --set migration.enabled=false --set serviceAccount.create=false \
     --set worker.service.enabled=false --set api.podDisruptionBudget.enabled=false \
     --set worker.podDisruptionBudget.enabled=false --set api.preStopSleepSeconds=0 \
     --set api.probeType=grpc --set priorityClassName=notify-critical \
     --set defaultTopologySpread=false
-  render_and_check "$helm" "[$version] existingSecret + shardUrls" \
+  render_and_check "$helm" "[$version] existingSecret + shardUrls" -f "$minimal" \
     --set secrets.existingSecret=notify-credentials \
     --set 'config.database.shards[0].id=0' \
     --set 'config.database.shards[0].database=notify_0' \
     --set secrets.shardUrls.0=mysql://u:p@db0:3306 --set listenHost='[::]'
+  render_and_check "$helm" "[$version] no authentication (insecure opt-in)" \
+    --set auth.enabled=false --set auth.insecureAllowUnauthenticated=true
   check "[$version] shard url of an undefined shard is rejected" \
-    must_fail "$helm" template notify-test "$chart" --set secrets.shardUrls.9=mysql://x
+    must_fail_with "no shard with id 9" "$helm" template notify-test "$chart" -f "$minimal" \
+    --set 'config.database.shards[0].id=0' --set 'config.database.shards[0].database=notify_0' \
+    --set secrets.shardUrls.9=mysql://x
+  check "[$version] auth off without the insecure opt-in is refused" \
+    must_fail_with "refuses to listen on 0.0.0.0" "$helm" template notify-test "$chart" \
+    --set auth.enabled=false
+  check "[$version] a token in place of a digest is refused" \
+    must_fail_with "holds a token, not its digest" "$helm" template notify-test "$chart" \
+    --set 'auth.clients[0].name=x' --set 'auth.clients[0].token_sha256[0]=ntf_abc'
+  check "[$version] a setting the chart owns is refused in config" \
+    must_fail_with "config.auth" "$helm" template notify-test "$chart" -f "$minimal" \
+    --set config.auth.enabled=false
 done
 
 echo "helm: $passed passed, $failed failed"

@@ -164,6 +164,9 @@ urls of secrets.shardUrls merged into database.shards.
 {{- fail (printf "config.%s must be a map of settings (a [%s] table)" $section $section) }}
 {{- end }}
 {{- end }}
+{{- if hasKey $cfg "auth" }}
+{{- fail "config.auth: callers are set in the chart's `auth` values (auth.enabled, auth.clients, ...), not in config" }}
+{{- end }}
 {{- $host := .Values.listenHost | default "0.0.0.0" }}
 {{- $api := get $cfg "api" | default dict }}
 {{- $_ := set $api "listen" (printf "%s:%d" $host (int .Values.api.ports.grpc)) }}
@@ -214,13 +217,83 @@ urls of secrets.shardUrls merged into database.shards.
 {{ end }}
 
 {{/*
-Data of the chart-managed Secret (and of its hook copy): the config file
-unless existingConfigSecret, the urls unless existingSecret.
+The [auth] part of the api's config file, from the chart's `auth` values:
+[[auth.clients]] tables with every field given in values. A client without
+token_sha256 in values, when auth.existingSecret is set, gets the line
+"#@token_sha256 <name> required|optional" instead, which the api pod's
+auth-config init container replaces with the digests in that Secret's key
+<name> (optional when the client also has cert_names).
 */}}
-{{- define "notify.secretData" -}}
-{{- if not .Values.secrets.existingConfigSecret }}
-notify.toml: {{ include "notify.configToml" . | b64enc }}
+{{- define "notify.authToml" -}}
+{{- $a := .Values.auth }}
+{{- $host := .Values.listenHost | default "0.0.0.0" }}
+{{- $loopback := or (hasPrefix "127." $host) (eq $host "[::1]") }}
+{{- if and $a.enabled (not $a.clients) }}
+{{- fail "auth.enabled is true but auth.clients is empty: add the callers (`notifyctl token new NAME --scopes ...` prints a token and its digest), or set auth.enabled=false with auth.insecureAllowUnauthenticated=true to run without authentication" }}
 {{- end }}
+{{- if and (not $a.enabled) (not $a.insecureAllowUnauthenticated) (not $loopback) }}
+{{- fail (printf "auth.enabled is false: notify-api refuses to listen on %s without authentication; set auth.insecureAllowUnauthenticated=true to accept that anyone who reaches the api can make every call" $host) }}
+{{- end }}
+{{- $names := list }}
+[auth]
+enabled = {{ $a.enabled }}
+{{- if $a.insecureAllowUnauthenticated }}
+insecure_allow_unauthenticated = true
+{{- end }}
+{{- range $i, $c := $a.clients }}
+{{- $where := printf "auth.clients[%d]" $i }}
+{{- if not (kindIs "map" $c) }}
+{{- fail (printf "%s: must be a map with name, scopes, token_sha256 or cert_names, ..." $where) }}
+{{- end }}
+{{- $name := toString ($c.name | default "") }}
+{{- if not (regexMatch "^[a-z0-9_.-]{1,64}$" $name) }}
+{{- fail (printf "%s.name: %q must be 1..64 of [a-z0-9_.-]" $where $name) }}
+{{- end }}
+{{- if has $name $names }}
+{{- fail (printf "%s.name: client %q is defined twice" $where $name) }}
+{{- end }}
+{{- $names = append $names $name }}
+{{- range $digest := $c.token_sha256 | default list }}
+{{- if hasPrefix "ntf_" (toString $digest) }}
+{{- fail (printf "%s.token_sha256 holds a token, not its digest: never put tokens in values; `echo -n TOKEN | notifyctl token hash` prints the digest" $where) }}
+{{- end }}
+{{- if not (regexMatch "^[0-9a-fA-F]{64}$" (toString $digest)) }}
+{{- fail (printf "%s.token_sha256: %q is not a hex SHA-256 digest (64 hex digits)" $where (toString $digest)) }}
+{{- end }}
+{{- end }}
+{{- if not (or $c.token_sha256 $c.cert_names $a.existingSecret) }}
+{{- fail (printf "%s (%s): needs token_sha256 digests or cert_names, or auth.existingSecret with a key %q" $where $name $name) }}
+{{- end }}
+
+[[auth.clients]]
+name = {{ toJson $name }}
+{{- range $key := keys $c | sortAlpha }}
+{{- $v := get $c $key }}
+{{- if and (ne $key "name") (not (kindIs "invalid" $v)) }}
+{{ include "notify.tomlKey" $key }} = {{ include "notify.tomlValue" $v }}
+{{- end }}
+{{- end }}
+{{- if and $a.existingSecret (not $c.token_sha256) }}
+#@token_sha256 {{ $name }} {{ if $c.cert_names }}optional{{ else }}required{{ end }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{/*
+The api's config file: the shared one plus [auth]. The worker and the
+migration Job read the shared file: they take no calls, so they need no
+callers, and a client change rolls only the api.
+*/}}
+{{- define "notify.apiConfigToml" -}}
+{{ include "notify.configToml" . }}
+# Callers, from values.yaml `auth`.
+{{ include "notify.authToml" . }}
+{{ end }}
+
+{{/*
+The url keys of the chart-managed Secret (none with existingSecret).
+*/}}
+{{- define "notify.urlData" -}}
 {{- if not .Values.secrets.existingSecret }}
 {{- with .Values.secrets.databaseUrl }}
 database-url: {{ . | b64enc }}
@@ -235,11 +308,38 @@ redis-url: {{ . | b64enc }}
 {{- end }}
 
 {{/*
-Pod annotation that changes whenever the Secret's content does, so that
-`helm upgrade` with new settings rolls the pods.
+Data of the chart-managed Secret, or of its hook copy for the migration Job
+(which gets no api config file). The config files unless
+existingConfigSecret, the urls unless existingSecret. Call with
+(dict "root" $ "api" true|false).
+*/}}
+{{- define "notify.secretData" -}}
+{{- $root := .root }}
+{{- if not $root.Values.secrets.existingConfigSecret }}
+notify.toml: {{ include "notify.configToml" $root | b64enc }}
+{{- if .api }}
+notify-api.toml: {{ include "notify.apiConfigToml" $root | b64enc }}
+{{- end }}
+{{- end }}
+{{- include "notify.urlData" $root }}
+{{- end }}
+
+{{/*
+Pod annotation that changes whenever what the pod reads from the chart's
+Secret does, so that `helm upgrade` with new settings rolls the pods (a
+client change rolls only the api). Call with (dict "root" $ "component" "api").
 */}}
 {{- define "notify.checksumAnnotation" -}}
-checksum/secret: {{ include "notify.secretData" . | sha256sum }}
+{{- $root := .root }}
+{{- $config := "" }}
+{{- if not $root.Values.secrets.existingConfigSecret }}
+{{- if eq .component "api" }}
+{{- $config = include "notify.apiConfigToml" $root }}
+{{- else }}
+{{- $config = include "notify.configToml" $root }}
+{{- end }}
+{{- end }}
+checksum/secret: {{ printf "%s\n%s" $config (include "notify.urlData" $root) | sha256sum }}
 {{- end }}
 
 {{/*
@@ -278,24 +378,47 @@ global extraEnv. Call with (dict "root" $ "secretName" "<chart secret name>").
 {{- end }}
 
 {{/*
-Volumes of every pod: the config file and a scratch /tmp (the root file
-system is read-only). Call with (dict "root" $ "secretName" "<chart secret name>").
+Volumes of a pod: the config file (for the api with auth.existingSecret, a
+template of it plus the digests, joined by the auth-config init container
+into an emptyDir) and a scratch /tmp (the root file system is read-only).
+Call with (dict "root" $ "component" "api|worker|migration" "secretName" "<chart secret>").
 */}}
 {{- define "notify.volumes" -}}
-- name: config
+{{- $root := .root }}
+{{- $s := $root.Values.secrets }}
+{{- $key := ternary "notify-api.toml" "notify.toml" (and (eq .component "api") (not $s.existingConfigSecret)) }}
+{{- if include "notify.authConfigInit" (dict "root" $root "component" .component) }}
+- name: config-template
   secret:
-    secretName: {{ .root.Values.secrets.existingConfigSecret | default .secretName }}
+    secretName: {{ .secretName }}
     defaultMode: 0444
     items:
-      - key: notify.toml
+      - key: {{ $key }}
         path: notify.toml
+- name: config
+  emptyDir:
+    medium: Memory
+    sizeLimit: 1Mi
+- name: auth-digests
+  secret:
+    secretName: {{ $root.Values.auth.existingSecret }}
+    defaultMode: 0444
+{{- else }}
+- name: config
+  secret:
+    secretName: {{ $s.existingConfigSecret | default .secretName }}
+    defaultMode: 0444
+    items:
+      - key: {{ $key }}
+        path: notify.toml
+{{- end }}
 - name: tmp
   emptyDir:
     sizeLimit: 64Mi
 {{- end }}
 
 {{/*
-Mounts matching notify.volumes.
+Mounts matching notify.volumes. Call with (dict "root" $ "component" "api").
 */}}
 {{- define "notify.volumeMounts" -}}
 - name: config
@@ -303,6 +426,82 @@ Mounts matching notify.volumes.
   readOnly: true
 - name: tmp
   mountPath: /tmp
+{{- end }}
+
+{{/*
+"true" when the pod joins its config file from the chart's template and the
+digests of auth.existingSecret (the api, unless existingConfigSecret).
+Call with (dict "root" $ "component" "api").
+*/}}
+{{- define "notify.authConfigInit" -}}
+{{- if and (eq .component "api") .root.Values.auth.existingSecret (not .root.Values.secrets.existingConfigSecret) }}true{{ end }}
+{{- end }}
+
+{{/*
+The auth-config init container of the api: copies the config template,
+replacing each "#@token_sha256 NAME required|optional" line with the digests
+in file NAME of auth.existingSecret (hex digits separated by blanks, commas or
+newlines). A required key that is missing, or a value that is not hex, stops
+the pod with a line saying which.
+*/}}
+{{- define "notify.authConfigInitContainer" -}}
+{{- $root := . }}
+- name: auth-config
+  image: {{ include "notify.image" $root }}
+  imagePullPolicy: {{ $root.Values.image.pullPolicy }}
+  command:
+    - sh
+    - -ec
+    - |
+      out=/etc/notify/notify.toml
+      : >"$out.tmp"
+      while IFS= read -r line || [ -n "$line" ]; do
+        case $line in
+        '#@token_sha256 '*)
+          set -- ${line#'#@token_sha256 '}
+          file=/etc/notify-auth/$1
+          if [ ! -f "$file" ]; then
+            if [ "$2" = required ]; then
+              echo "auth.existingSecret {{ $root.Values.auth.existingSecret }} has no key $1 (the token digests of client $1)" >&2
+              exit 1
+            fi
+            continue
+          fi
+          list=
+          for digest in $(tr ',' ' ' <"$file"); do
+            case $digest in
+            *[!0-9a-fA-F]*)
+              echo "auth.existingSecret {{ $root.Values.auth.existingSecret }}, key $1: not a hex digest (notifyctl token hash prints one)" >&2
+              exit 1
+              ;;
+            esac
+            list="$list${list:+, }\"$digest\""
+          done
+          printf 'token_sha256 = [%s]\n' "$list" >>"$out.tmp"
+          ;;
+        *) printf '%s\n' "$line" >>"$out.tmp" ;;
+        esac
+      done </etc/notify-template/notify.toml
+      mv "$out.tmp" "$out"
+  resources:
+    requests:
+      cpu: 10m
+      memory: 16Mi
+    limits:
+      memory: 32Mi
+  {{- with $root.Values.securityContext }}
+  securityContext:
+    {{- toYaml . | nindent 4 }}
+  {{- end }}
+  volumeMounts:
+    - name: config-template
+      mountPath: /etc/notify-template
+      readOnly: true
+    - name: auth-digests
+      mountPath: /etc/notify-auth
+      readOnly: true
+    - name: config
+      mountPath: /etc/notify
 {{- end }}
 
 {{/*
