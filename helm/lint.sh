@@ -222,6 +222,9 @@ for helm in "${helms[@]}"; do
   check "[$version] a token in place of a digest is refused" \
     must_fail_with "holds a token, not its digest" "$helm" template notify-test "$chart" \
     --set 'auth.clients[0].name=x' --set 'auth.clients[0].token_sha256[0]=ntf_abc'
+  check "[$version] gRPC probes with TLS are refused" \
+    must_fail_with "speak plaintext" "$helm" template notify-test "$chart" -f "$minimal" \
+    --set api.probeType=grpc --set api.tls.enabled=true --set api.tls.secretName=x
   check "[$version] a setting the chart owns is refused in config" \
     must_fail_with "config.auth" "$helm" template notify-test "$chart" -f "$minimal" \
     --set config.auth.enabled=false

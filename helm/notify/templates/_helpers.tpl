@@ -171,6 +171,31 @@ urls of secrets.shardUrls merged into database.shards.
 {{- $api := get $cfg "api" | default dict }}
 {{- $_ := set $api "listen" (printf "%s:%d" $host (int .Values.api.ports.grpc)) }}
 {{- $_ = set $api "metrics_listen" (printf "%s:%d" $host (int .Values.api.ports.metrics)) }}
+{{- $tls := get $api "tls" | default dict }}
+{{- range $key := list "cert_file" "key_file" "client_ca_file" "client_auth" }}
+{{- if hasKey $tls $key }}
+{{- fail (printf "config.api.tls.%s: set by the chart from api.tls (enabled, secretName, clientAuth, clientCA)" $key) }}
+{{- end }}
+{{- end }}
+{{- with .Values.api.tls }}
+{{- if .enabled }}
+{{- if not .secretName }}
+{{- fail "api.tls.enabled needs api.tls.secretName (a kubernetes.io/tls Secret)" }}
+{{- end }}
+{{- $_ = set $tls "cert_file" "/etc/notify-tls/server/tls.crt" }}
+{{- $_ = set $tls "key_file" "/etc/notify-tls/server/tls.key" }}
+{{- if not (has .clientAuth (list "none" "optional" "required")) }}
+{{- fail (printf "api.tls.clientAuth: %q is not \"none\", \"optional\" or \"required\"" .clientAuth) }}
+{{- end }}
+{{- if ne .clientAuth "none" }}
+{{- $_ = set $tls "client_auth" .clientAuth }}
+{{- $_ = set $tls "client_ca_file" "/etc/notify-tls/client-ca/ca.crt" }}
+{{- end }}
+{{- $_ = set $api "tls" $tls }}
+{{- else if ne .clientAuth "none" }}
+{{- fail "api.tls.clientAuth needs api.tls.enabled" }}
+{{- end }}
+{{- end }}
 {{- $_ = set $cfg "api" $api }}
 {{- $worker := get $cfg "worker" | default dict }}
 {{- $_ = set $worker "metrics_listen" (printf "%s:%d" $host (int .Values.worker.ports.metrics)) }}
@@ -260,6 +285,9 @@ insecure_allow_unauthenticated = true
 {{- if not (regexMatch "^[0-9a-fA-F]{64}$" (toString $digest)) }}
 {{- fail (printf "%s.token_sha256: %q is not a hex SHA-256 digest (64 hex digits)" $where (toString $digest)) }}
 {{- end }}
+{{- end }}
+{{- if and $c.cert_names (eq $.Values.api.tls.clientAuth "none") }}
+{{- fail (printf "%s (%s).cert_names: client certificates need api.tls.clientAuth \"optional\" or \"required\"" $where $name) }}
 {{- end }}
 {{- if not (or $c.token_sha256 $c.cert_names $a.existingSecret) }}
 {{- fail (printf "%s (%s): needs token_sha256 digests or cert_names, or auth.existingSecret with a key %q" $where $name $name) }}
@@ -415,6 +443,28 @@ Call with (dict "root" $ "component" "api|worker|migration" "secretName" "<chart
 - name: tmp
   emptyDir:
     sizeLimit: 64Mi
+{{- $tls := $root.Values.api.tls }}
+{{- if and (eq .component "api") $tls.enabled }}
+{{- /* Whole-Secret directories (no subPath), so that renewals reach the pod. */}}
+- name: tls
+  secret:
+    secretName: {{ $tls.secretName }}
+    defaultMode: 0440
+    items:
+      - key: tls.crt
+        path: tls.crt
+      - key: tls.key
+        path: tls.key
+{{- if ne $tls.clientAuth "none" }}
+- name: client-ca
+  secret:
+    secretName: {{ $tls.clientCA.secretName | default $tls.secretName }}
+    defaultMode: 0444
+    items:
+      - key: {{ $tls.clientCA.key | default "ca.crt" }}
+        path: ca.crt
+{{- end }}
+{{- end }}
 {{- end }}
 
 {{/*
@@ -426,6 +476,17 @@ Mounts matching notify.volumes. Call with (dict "root" $ "component" "api").
   readOnly: true
 - name: tmp
   mountPath: /tmp
+{{- $tls := .root.Values.api.tls }}
+{{- if and (eq .component "api") $tls.enabled }}
+- name: tls
+  mountPath: /etc/notify-tls/server
+  readOnly: true
+{{- if ne $tls.clientAuth "none" }}
+- name: client-ca
+  mountPath: /etc/notify-tls/client-ca
+  readOnly: true
+{{- end }}
+{{- end }}
 {{- end }}
 
 {{/*
