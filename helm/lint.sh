@@ -225,9 +225,16 @@ for helm in "${helms[@]}"; do
   check "[$version] gRPC probes with TLS are refused" \
     must_fail_with "speak plaintext" "$helm" template notify-test "$chart" -f "$minimal" \
     --set api.probeType=grpc --set api.tls.enabled=true --set api.tls.secretName=x
+  render_and_check "$helm" "[$version] url files from the chart's Secret" -f "$minimal" \
+    --set secrets.urlsFrom=files --set secrets.databaseUrl=mysql://u:p@db:3306 \
+    --set 'config.database.shards[0].id=0' --set 'config.database.shards[0].database=notify_0' \
+    --set secrets.shardUrls.0=mysql://u:p@db0:3306 --set backendTLS.redis.secretName=redis-ca
   check "[$version] a setting the chart owns is refused in config" \
     must_fail_with "config.auth" "$helm" template notify-test "$chart" -f "$minimal" \
     --set config.auth.enabled=false
+  check "[$version] a url in config is refused" \
+    must_fail_with "config.redis.url: set by the chart" "$helm" template notify-test "$chart" \
+    -f "$minimal" --set config.redis.url=redis://x
 done
 
 echo "helm: $passed passed, $failed failed"

@@ -200,24 +200,52 @@ urls of secrets.shardUrls merged into database.shards.
 {{- $worker := get $cfg "worker" | default dict }}
 {{- $_ = set $worker "metrics_listen" (printf "%s:%d" $host (int .Values.worker.ports.metrics)) }}
 {{- $_ = set $cfg "worker" $worker }}
-{{- $shardUrls := .Values.secrets.shardUrls | default dict }}
-{{- if $shardUrls }}
+{{- $urlFiles := include "notify.urlFiles" . | fromJson }}
+{{- range $section := list "database" "rabbitmq" "redis" }}
+{{- $table := get $cfg $section | default dict }}
+{{- range $key := list "url" "url_file" "tls_ca_file" }}
+{{- if hasKey $table $key }}
+{{- fail (printf "config.%s.%s: set by the chart (urls: secrets.*; url files: secrets.urlsFrom=files; CA files: backendTLS.%s)" $section $key $section) }}
+{{- end }}
+{{- end }}
+{{- with get $urlFiles.main $section }}
+{{- $_ := set $table "url_file" . }}
+{{- end }}
+{{- $ca := get $.Values.backendTLS $section | default dict }}
+{{- if and $ca.secretName $ca.configMapName }}
+{{- fail (printf "backendTLS.%s: set secretName or configMapName, not both" $section) }}
+{{- end }}
+{{- if or $ca.secretName $ca.configMapName }}
+{{- $_ := set $table "tls_ca_file" (printf "/etc/notify-tls/%s/ca.crt" $section) }}
+{{- end }}
+{{- if $table }}
+{{- $_ := set $cfg $section $table }}
+{{- end }}
+{{- end }}
+{{- $inline := ternary dict (.Values.secrets.shardUrls | default dict) (eq .Values.secrets.urlsFrom "files") }}
+{{- if or $inline $urlFiles.shards }}
 {{- $db := get $cfg "database" | default dict }}
 {{- if not (get $db "shards") }}
-{{- fail "secrets.shardUrls needs the shard list in config.database.shards" }}
+{{- fail "per-shard urls (secrets.shardUrls, secrets.existingSecretKeys.shardUrls) need the shard list in config.database.shards" }}
 {{- end }}
 {{- $ids := list }}
 {{- $shards := list }}
 {{- range $s := get $db "shards" }}
 {{- $s2 := deepCopy $s }}
+{{- if or (hasKey $s2 "url") (hasKey $s2 "url_file") }}
+{{- fail (printf "config.database.shards (shard %v): urls hold passwords; set secrets.shardUrls or secrets.existingSecretKeys.shardUrls" $s.id) }}
+{{- end }}
 {{- $id := toString (int64 $s.id) }}
 {{- $ids = append $ids $id }}
-{{- with get $shardUrls $id }}
+{{- with get $inline $id }}
 {{- $_ = set $s2 "url" . }}
+{{- end }}
+{{- with get $urlFiles.shards $id }}
+{{- $_ = set $s2 "url_file" . }}
 {{- end }}
 {{- $shards = append $shards $s2 }}
 {{- end }}
-{{- range $id := keys $shardUrls }}
+{{- range $id := concat (keys (.Values.secrets.shardUrls | default dict)) (keys $urlFiles.shards) }}
 {{- if not (has $id $ids) }}
 {{- fail (printf "secrets.shardUrls.%s: no shard with id %s in config.database.shards" $id $id) }}
 {{- end }}
@@ -319,7 +347,59 @@ callers, and a client change rolls only the api.
 {{ end }}
 
 {{/*
-The url keys of the chart-managed Secret (none with existingSecret).
+Which backend urls the processes read from files (secrets.urlsFrom=files,
+or per-shard keys of existingSecret), as JSON: "main" maps database,
+rabbitmq and redis to their file, "shards" shard ids to theirs; "chart" and
+"existing" list the {key, path} items that the urls volume projects from the
+chart's Secret and from existingSecret. Every file is /etc/notify-urls/<path>.
+*/}}
+{{- define "notify.urlFiles" -}}
+{{- $s := .Values.secrets }}
+{{- if not (has $s.urlsFrom (list "env" "files")) }}
+{{- fail (printf "secrets.urlsFrom: %q is neither \"env\" nor \"files\"" $s.urlsFrom) }}
+{{- end }}
+{{- $files := eq $s.urlsFrom "files" }}
+{{- $keys := $s.existingSecretKeys | default dict }}
+{{- $out := dict "main" dict "shards" dict "chart" list "existing" list }}
+{{- range $u := list (list "database" "databaseUrl" "database-url") (list "rabbitmq" "rabbitmqUrl" "rabbitmq-url") (list "redis" "redisUrl" "redis-url") }}
+{{- $section := index $u 0 }}
+{{- $path := index $u 2 }}
+{{- if $files }}
+{{- if $s.existingSecret }}
+{{- with get $keys (index $u 1) }}
+{{- $_ := set $out "existing" (append $out.existing (dict "key" . "path" $path)) }}
+{{- $_ := set $out.main $section (printf "/etc/notify-urls/%s" $path) }}
+{{- end }}
+{{- else if get $s (index $u 1) }}
+{{- $_ := set $out "chart" (append $out.chart (dict "key" $path "path" $path)) }}
+{{- $_ := set $out.main $section (printf "/etc/notify-urls/%s" $path) }}
+{{- end }}
+{{- end }}
+{{- end }}
+{{- if $files }}
+{{- range $id, $url := $s.shardUrls | default dict }}
+{{- $path := printf "shard-%s-url" $id }}
+{{- $_ := set $out "chart" (append $out.chart (dict "key" $path "path" $path)) }}
+{{- $_ := set $out.shards $id (printf "/etc/notify-urls/%s" $path) }}
+{{- end }}
+{{- end }}
+{{- range $id, $key := $keys.shardUrls | default dict }}
+{{- if not $s.existingSecret }}
+{{- fail "secrets.existingSecretKeys.shardUrls needs secrets.existingSecret" }}
+{{- end }}
+{{- if hasKey ($s.shardUrls | default dict) $id }}
+{{- fail (printf "shard %s has a url in both secrets.shardUrls and secrets.existingSecretKeys.shardUrls" $id) }}
+{{- end }}
+{{- $path := printf "shard-%s-url" $id }}
+{{- $_ := set $out "existing" (append $out.existing (dict "key" $key "path" $path)) }}
+{{- $_ := set $out.shards $id (printf "/etc/notify-urls/%s" $path) }}
+{{- end }}
+{{- toJson $out }}
+{{- end }}
+
+{{/*
+The url keys of the chart-managed Secret: the three urls (none with
+existingSecret) and, with urlsFrom=files, one key per shard url.
 */}}
 {{- define "notify.urlData" -}}
 {{- if not .Values.secrets.existingSecret }}
@@ -331,6 +411,11 @@ rabbitmq-url: {{ . | b64enc }}
 {{- end }}
 {{- with .Values.secrets.redisUrl }}
 redis-url: {{ . | b64enc }}
+{{- end }}
+{{- end }}
+{{- if eq .Values.secrets.urlsFrom "files" }}
+{{- range $id, $url := .Values.secrets.shardUrls | default dict }}
+shard-{{ $id }}-url: {{ $url | b64enc }}
 {{- end }}
 {{- end }}
 {{- end }}
@@ -381,7 +466,8 @@ global extraEnv. Call with (dict "root" $ "secretName" "<chart secret name>").
 {{- $keys := $s.existingSecretKeys | default dict }}
 - name: NOTIFY_CONFIG
   value: /etc/notify/notify.toml
-{{- range $u := list (list "NOTIFY_DATABASE__URL" "databaseUrl" "database-url") (list "NOTIFY_RABBITMQ__URL" "rabbitmqUrl" "rabbitmq-url") (list "NOTIFY_REDIS__URL" "redisUrl" "redis-url") }}
+{{- $urls := ternary list (list (list "NOTIFY_DATABASE__URL" "databaseUrl" "database-url") (list "NOTIFY_RABBITMQ__URL" "rabbitmqUrl" "rabbitmq-url") (list "NOTIFY_REDIS__URL" "redisUrl" "redis-url")) (eq $s.urlsFrom "files") }}
+{{- range $u := $urls }}
 {{- $var := index $u 0 }}
 {{- $value := index $u 1 }}
 {{- if $s.existingSecret }}
@@ -430,7 +516,7 @@ Call with (dict "root" $ "component" "api|worker|migration" "secretName" "<chart
 - name: auth-digests
   secret:
     secretName: {{ $root.Values.auth.existingSecret }}
-    defaultMode: 0444
+    defaultMode: 0440
 {{- else }}
 - name: config
   secret:
@@ -443,6 +529,45 @@ Call with (dict "root" $ "component" "api|worker|migration" "secretName" "<chart
 - name: tmp
   emptyDir:
     sizeLimit: 64Mi
+{{- $urlFiles := include "notify.urlFiles" $root | fromJson }}
+{{- if or $urlFiles.chart $urlFiles.existing }}
+- name: urls
+  projected:
+    defaultMode: 0440
+    sources:
+      {{- with $urlFiles.chart }}
+      - secret:
+          name: {{ $.secretName }}
+          items:
+            {{- toYaml . | nindent 12 }}
+      {{- end }}
+      {{- with $urlFiles.existing }}
+      - secret:
+          name: {{ $s.existingSecret }}
+          items:
+            {{- toYaml . | nindent 12 }}
+      {{- end }}
+{{- end }}
+{{- range $backend := list "database" "rabbitmq" "redis" }}
+{{- $ca := get $root.Values.backendTLS $backend }}
+{{- if $ca.secretName }}
+- name: {{ $backend }}-ca
+  secret:
+    secretName: {{ $ca.secretName }}
+    defaultMode: 0444
+    items:
+      - key: {{ $ca.key | default "ca.crt" }}
+        path: ca.crt
+{{- else if $ca.configMapName }}
+- name: {{ $backend }}-ca
+  configMap:
+    name: {{ $ca.configMapName }}
+    defaultMode: 0444
+    items:
+      - key: {{ $ca.key | default "ca.crt" }}
+        path: ca.crt
+{{- end }}
+{{- end }}
 {{- $tls := $root.Values.api.tls }}
 {{- if and (eq .component "api") $tls.enabled }}
 {{- /* Whole-Secret directories (no subPath), so that renewals reach the pod. */}}
@@ -476,6 +601,20 @@ Mounts matching notify.volumes. Call with (dict "root" $ "component" "api").
   readOnly: true
 - name: tmp
   mountPath: /tmp
+{{- $urlFiles := include "notify.urlFiles" .root | fromJson }}
+{{- if or $urlFiles.chart $urlFiles.existing }}
+- name: urls
+  mountPath: /etc/notify-urls
+  readOnly: true
+{{- end }}
+{{- range $backend := list "database" "rabbitmq" "redis" }}
+{{- $ca := get $.root.Values.backendTLS $backend }}
+{{- if or $ca.secretName $ca.configMapName }}
+- name: {{ $backend }}-ca
+  mountPath: /etc/notify-tls/{{ $backend }}
+  readOnly: true
+{{- end }}
+{{- end }}
 {{- $tls := .root.Values.api.tls }}
 {{- if and (eq .component "api") $tls.enabled }}
 - name: tls
