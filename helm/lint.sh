@@ -229,6 +229,10 @@ for helm in "${helms[@]}"; do
     --set secrets.urlsFrom=files --set secrets.databaseUrl=mysql://u:p@db:3306 \
     --set 'config.database.shards[0].id=0' --set 'config.database.shards[0].database=notify_0' \
     --set secrets.shardUrls.0=mysql://u:p@db0:3306 --set backendTLS.redis.secretName=redis-ca
+  check "[$version] required client certificates without one for the test are refused" \
+    must_fail_with "tests.tls.clientCertSecretName" "$helm" template notify-test "$chart" \
+    -f "$minimal" --set api.tls.enabled=true --set api.tls.secretName=x \
+    --set api.tls.clientAuth=required
   check "[$version] a setting the chart owns is refused in config" \
     must_fail_with "config.auth" "$helm" template notify-test "$chart" -f "$minimal" \
     --set config.auth.enabled=false
