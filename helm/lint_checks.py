@@ -1,19 +1,23 @@
 """Checks of helm/lint.sh that need a parser: chart values against Notify's
-settings, and rendered manifests. Run by lint.sh; needs PyYAML and Python
->= 3.11 (tomllib).
+settings, and rendered manifests against Notify's settings and metrics. Run
+by lint.sh; needs PyYAML, promql-parser and Python >= 3.11 (tomllib).
+SOURCE_ROOT is a Notify checkout (the chart's own, ..).
 
-  lint_checks.py config-values DEFAULT_TOML VALUES_YAML [--allow-defaults]
+  lint_checks.py config-values SOURCE_ROOT VALUES_YAML [--allow-defaults]
       Fails when `config` in VALUES_YAML names a setting that does not exist
-      in DEFAULT_TOML (services/core/default.toml), or, unless
-      --allow-defaults, restates a built-in default: values.yaml overrides
-      only what a cluster needs, so that changing a default in Notify reaches
-      every deploy.
-  lint_checks.py rendered DEFAULT_TOML MANIFESTS_YAML
+      in services/core/default.toml, or, unless --allow-defaults, restates a
+      built-in default: values.yaml overrides only what a cluster needs, so
+      that changing a default in Notify reaches every deploy.
+  lint_checks.py rendered SOURCE_ROOT MANIFESTS_YAML
       Every document parses and has apiVersion, kind and a name; every config
-      file in a Secret parses as TOML and names only existing settings.
+      file in a Secret parses as TOML and names only existing settings; every
+      PrometheusRule expression parses as PromQL and names only metrics the
+      services' sources record.
 """
 
 import base64
+import pathlib
+import re
 import sys
 import tomllib
 
@@ -69,9 +73,36 @@ def walk(values, defaults, path, prefix, allow_defaults, errors):
             )
 
 
-def config_values(default_toml, values_yaml, allow_defaults):
-    with open(default_toml, "rb") as f:
-        defaults = tomllib.load(f)
+def load_defaults(source_root):
+    with open(pathlib.Path(source_root) / "services/core/default.toml", "rb") as f:
+        return tomllib.load(f)
+
+
+def recorded_metrics(source_root):
+    """Names of the notify_* metrics the services record (string literals)."""
+    names = set()
+    for path in (pathlib.Path(source_root) / "services").glob("*/src/**/*.rs"):
+        names.update(re.findall(r'"(notify_[a-z0-9_]+)"', path.read_text()))
+    return names
+
+
+def check_rule(rule, metrics, errors, where):
+    import promql_parser
+
+    expr = rule.get("expr", "")
+    try:
+        promql_parser.parse(expr)
+    except Exception as e:  # the parser raises plain exceptions
+        errors.append(f"{where} {rule.get('alert')}: not PromQL: {e}")
+        return
+    for name in re.findall(r"\b(notify_[a-z0-9_]+)", expr):
+        base = re.sub(r"_(bucket|sum|count)$", "", name)
+        if name not in metrics and base not in metrics:
+            errors.append(f"{where} {rule.get('alert')}: no service records the metric {name}")
+
+
+def config_values(source_root, values_yaml, allow_defaults):
+    defaults = load_defaults(source_root)
     with open(values_yaml) as f:
         values = yaml.safe_load(f) or {}
     config = values.get("config") or {}
@@ -85,9 +116,9 @@ def config_values(default_toml, values_yaml, allow_defaults):
     return not errors
 
 
-def rendered(default_toml, manifests):
-    with open(default_toml, "rb") as f:
-        defaults = tomllib.load(f)
+def rendered(source_root, manifests):
+    defaults = load_defaults(source_root)
+    metrics = None
     with open(manifests) as f:
         docs = [d for d in yaml.safe_load_all(f) if d is not None]
     assert docs, "nothing rendered"
@@ -97,6 +128,11 @@ def rendered(default_toml, manifests):
         assert isinstance(d, dict) and d.get("apiVersion") and d.get("kind"), d
         name = d.get("metadata", {}).get("name")
         assert name, d
+        if d["kind"] == "PrometheusRule":
+            metrics = metrics if metrics is not None else recorded_metrics(source_root)
+            for group in d["spec"]["groups"]:
+                for rule in group["rules"]:
+                    check_rule(rule, metrics, errors, f"PrometheusRule {name}")
         if d["kind"] != "Secret":
             continue
         for key in CONFIG_KEYS:
