@@ -23,11 +23,14 @@
 #     metrics that the services' sources record
 #   - kubernetes-validate --strict (JSON schemas of Kubernetes 1.27 and the
 #     newest it ships; PyPI package) rejects no resource
-#   - a bad value (a shard url for an undefined shard) fails to render
+#   - bad values fail to render, each with its message: a shard url for an
+#     undefined shard, no callers, auth off without the insecure opt-in, a
+#     token in place of a digest, a misspelt value (values.schema.json), ...
 # and once:
 #   - `config` in values.yaml names only settings of default.toml and
 #     restates none of their defaults (ci/*-values.yaml: names only); both
-#     checks are shown to fail on a bad file
+#     checks are shown to fail on a bad file, as is the alert check
+#   - values.schema.json lists the fields and scopes of Notify's clients
 #
 # Settings and metrics are those of this checkout (..); NOTIFY_SOURCE_ROOT=
 # /path/to/checkout checks against another one (a branch with the chart but
@@ -179,6 +182,8 @@ must_fail_with() { # message, command...
   }
 }
 
+check "values.schema.json: auth.clients fields and scopes are Notify's" \
+  env PYTHONPATH="$pydir" python3 "$here/lint_checks.py" schema "$source_root" "$chart/values.schema.json"
 check "values.yaml config: only existing settings, no copied defaults" \
   check_config_values "$chart/values.yaml"
 for values in "$chart"/ci/*-values.yaml; do
@@ -255,6 +260,9 @@ for helm in "${helms[@]}"; do
     must_fail_with "tests.tls.clientCertSecretName" "$helm" template notify-test "$chart" \
     -f "$minimal" --set api.tls.enabled=true --set api.tls.secretName=x \
     --set api.tls.clientAuth=required
+  check "[$version] a misspelt value is refused by values.schema.json" \
+    must_fail_with "clientAuht" "$helm" template notify-test "$chart" -f "$minimal" \
+    --set api.tls.clientAuht=required
   check "[$version] a setting the chart owns is refused in config" \
     must_fail_with "config.auth" "$helm" template notify-test "$chart" -f "$minimal" \
     --set config.auth.enabled=false

@@ -13,9 +13,13 @@ SOURCE_ROOT is a Notify checkout (the chart's own, ..).
       file in a Secret parses as TOML and names only existing settings; every
       PrometheusRule expression parses as PromQL and names only metrics the
       services' sources record.
+  lint_checks.py schema SOURCE_ROOT VALUES_SCHEMA_JSON
+      The schema's auth.clients fields and scopes are those of Notify's
+      ClientSettings and Scope.
 """
 
 import base64
+import json
 import pathlib
 import re
 import sys
@@ -23,30 +27,20 @@ import tomllib
 
 import yaml
 
-# Fields of the array-of-tables settings, which default.toml cannot show by
-# example (its lists are empty or carry only some fields). They follow
-# ShardSettings, BucketRange and ClientSettings in services/core/src/settings/.
-ITEM_FIELDS = {
-    "database.shards": {"id", "database", "url", "url_file"},
-    "database.bucket_ranges": {"shard", "from", "to"},
-    "auth.clients": {
-        "name",
-        "token_sha256",
-        "cert_names",
-        "scopes",
-        "senders",
-        "requests_per_second",
-        "burst",
-        "recipients_per_minute",
-        "announcements_per_hour",
-    },
+# The array-of-tables settings, whose fields default.toml cannot show by
+# example (its lists are empty or carry only some fields): the Rust struct of
+# one item, and where it is defined.
+ITEM_STRUCTS = {
+    "database.shards": ("services/core/src/settings/*.rs", "ShardSettings"),
+    "database.bucket_ranges": ("shard-router/src/*.rs", "BucketRange"),
+    "auth.clients": ("services/core/src/settings/*.rs", "ClientSettings"),
 }
 
 # Keys of the chart's Secrets that hold a Notify config file.
 CONFIG_KEYS = ("notify.toml", "notify-api.toml")
 
 
-def walk(values, defaults, path, prefix, allow_defaults, errors):
+def walk(values, defaults, path, prefix, allow_defaults, errors, fields):
     """Compares a (YAML or TOML) table with the same table of default.toml."""
     for key, value in values.items():
         name = f"{path}.{key}" if path else key
@@ -60,17 +54,43 @@ def walk(values, defaults, path, prefix, allow_defaults, errors):
             if not isinstance(value, dict):
                 errors.append(f"{prefix}{name}: must be a table of settings")
                 continue
-            walk(value, default, name, prefix, allow_defaults, errors)
+            walk(value, default, name, prefix, allow_defaults, errors, fields)
             continue
-        if name in ITEM_FIELDS and isinstance(value, list):
+        if name in fields and isinstance(value, list):
             for index, item in enumerate(value):
-                unknown = sorted(set(item) - ITEM_FIELDS[name]) if isinstance(item, dict) else []
+                unknown = sorted(set(item) - fields[name]) if isinstance(item, dict) else []
                 for field in unknown:
                     errors.append(f"{prefix}{name}[{index}].{field}: no such field")
         if not allow_defaults and value == default and type(value) is type(default):
             errors.append(
                 f"{prefix}{name}: {value!r} is the built-in default; leave it out of values.yaml"
             )
+
+
+def struct_fields(source_root, pattern, name):
+    """The `pub` field names of a Rust struct with named fields."""
+    for path in sorted(pathlib.Path(source_root).glob(pattern)):
+        match = re.search(
+            r"pub struct " + name + r" \{(.*?)\n\}", path.read_text(), re.DOTALL
+        )
+        if match:
+            return set(re.findall(r"^\s*pub (\w+):", match.group(1), re.MULTILINE))
+    raise SystemExit(f"struct {name} not found in {source_root}/{pattern}")
+
+
+def item_fields(source_root):
+    return {
+        setting: struct_fields(source_root, pattern, name)
+        for setting, (pattern, name) in ITEM_STRUCTS.items()
+    }
+
+
+def scope_names(source_root):
+    text = (pathlib.Path(source_root) / "services/core/src/auth.rs").read_text()
+    names = set(re.findall(r'Scope::\w+ => "([a-z._]+)"', text))
+    if not names:
+        raise SystemExit("no scope names found in services/core/src/auth.rs")
+    return names
 
 
 def load_defaults(source_root):
@@ -110,7 +130,7 @@ def config_values(source_root, values_yaml, allow_defaults):
     if not isinstance(config, dict):
         errors.append("config: must be a map of sections")
     else:
-        walk(config, defaults, "", "config.", allow_defaults, errors)
+        walk(config, defaults, "", "config.", allow_defaults, errors, item_fields(source_root))
     for error in errors:
         print(f"{values_yaml}: {error}")
     return not errors
@@ -118,6 +138,7 @@ def config_values(source_root, values_yaml, allow_defaults):
 
 def rendered(source_root, manifests):
     defaults = load_defaults(source_root)
+    fields = item_fields(source_root)
     metrics = None
     with open(manifests) as f:
         docs = [d for d in yaml.safe_load_all(f) if d is not None]
@@ -143,10 +164,29 @@ def rendered(source_root, manifests):
             toml = tomllib.loads(base64.b64decode(data).decode())
             assert toml["api"]["listen"].rsplit(":", 1)[1].isdigit(), toml["api"]
             assert toml["log"]["format"] in ("json", "pretty"), toml["log"]
-            walk(toml, defaults, "", f"Secret {name} {key}: ", True, errors)
+            walk(toml, defaults, "", f"Secret {name} {key}: ", True, errors, fields)
     for error in errors:
         print(error)
     print(f"{len(docs)} documents, {files} config files")
+    return not errors
+
+
+def schema(source_root, schema_json):
+    with open(schema_json) as f:
+        client = json.load(f)["properties"]["auth"]["properties"]["clients"]["items"]
+    errors = []
+    want = item_fields(source_root)["auth.clients"]
+    have = set(client["properties"])
+    if have != want:
+        errors.append(
+            f"auth.clients fields: schema {sorted(have)}, ClientSettings {sorted(want)}"
+        )
+    have = set(client["properties"]["scopes"]["items"]["enum"])
+    want = scope_names(source_root)
+    if have != want:
+        errors.append(f"auth.clients scopes: schema {sorted(have)}, Scope {sorted(want)}")
+    for error in errors:
+        print(f"{schema_json}: {error}")
     return not errors
 
 
@@ -155,6 +195,8 @@ def main(argv):
         return config_values(argv[2], argv[3], "--allow-defaults" in argv[4:])
     if len(argv) == 4 and argv[1] == "rendered":
         return rendered(argv[2], argv[3])
+    if len(argv) == 4 and argv[1] == "schema":
+        return schema(argv[2], argv[3])
     print(__doc__, file=sys.stderr)
     return False
 
