@@ -31,6 +31,7 @@
 #     restates none of their defaults (ci/*-values.yaml: names only); both
 #     checks are shown to fail on a bad file, as is the alert check
 #   - values.schema.json lists the fields and scopes of Notify's clients
+#   - the README's production example is ci/external-shards-values.yaml
 #
 # Settings and metrics are those of this checkout (..); NOTIFY_SOURCE_ROOT=
 # /path/to/checkout checks against another one (a branch with the chart but
@@ -182,6 +183,13 @@ must_fail_with() { # message, command...
   }
 }
 
+# The production example of the chart's README is ci/external-shards-values.yaml
+# (after its header comment), so that the example is rendered and validated.
+readme_example_is_ci_values() {
+  diff <(sed -n '/^# prod-values.yaml$/,/^```$/p' "$chart/README.md" | sed '1d;$d') \
+    <(sed '/^#/d' "$chart/ci/external-shards-values.yaml")
+}
+check "README's production example is ci/external-shards-values.yaml" readme_example_is_ci_values
 check "values.schema.json: auth.clients fields and scopes are Notify's" \
   env PYTHONPATH="$pydir" python3 "$here/lint_checks.py" schema "$source_root" "$chart/values.schema.json"
 check "values.yaml config: only existing settings, no copied defaults" \
