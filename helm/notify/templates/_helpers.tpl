@@ -153,9 +153,13 @@ inline tables; null members are left out (TOML has no null).
 {{- end }}
 
 {{/*
-The config file /etc/notify/notify.toml: .Values.config section by section,
-plus the listen addresses (from listenHost and the ports) and the per-shard
-urls of secrets.shardUrls merged into database.shards.
+The config file /etc/notify/notify.toml of the worker and the migration Job
+(the api's adds [auth], see notify.apiConfigToml): .Values.config section by
+section, plus what the chart derives from its own values, which it therefore
+refuses in config: the listen addresses (listenHost and the ports), api.tls
+file paths and client_auth (api.tls), url files (secrets.urlsFrom=files,
+secrets.existingSecretKeys.shardUrls), backend CA files (backendTLS), and
+the per-shard urls of secrets.shardUrls merged into database.shards.
 */}}
 {{- define "notify.configToml" -}}
 {{- $cfg := deepCopy (.Values.config | default dict) }}
@@ -254,8 +258,9 @@ urls of secrets.shardUrls merged into database.shards.
 {{- $_ = set $cfg "database" $db }}
 {{- end -}}
 # Notify configuration rendered by the Helm chart from values.yaml `config`
-# (and secrets.shardUrls). Layering: built-in defaults, then this file
-# (NOTIFY_CONFIG), then NOTIFY_SECTION__KEY environment variables.
+# and the chart's own values (ports, TLS, url and CA files). Layering:
+# built-in defaults, then this file (NOTIFY_CONFIG), then
+# NOTIFY_SECTION__KEY environment variables.
 {{- range $section := keys $cfg | sortAlpha }}
 {{- $settings := get $cfg $section }}
 
@@ -311,7 +316,7 @@ insecure_allow_unauthenticated = true
 {{- fail (printf "%s.token_sha256 holds a token, not its digest: never put tokens in values; `echo -n TOKEN | notifyctl token hash` prints the digest" $where) }}
 {{- end }}
 {{- if not (regexMatch "^[0-9a-fA-F]{64}$" (toString $digest)) }}
-{{- fail (printf "%s.token_sha256: %q is not a hex SHA-256 digest (64 hex digits)" $where (toString $digest)) }}
+{{- fail (printf "%s.token_sha256: a value is not a hex SHA-256 digest (64 hex digits; not shown, in case it is a secret)" $where) }}
 {{- end }}
 {{- end }}
 {{- if and $c.cert_names (eq $.Values.api.tls.clientAuth "none") }}
