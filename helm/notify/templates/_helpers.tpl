@@ -153,9 +153,13 @@ inline tables; null members are left out (TOML has no null).
 {{- end }}
 
 {{/*
-The config file /etc/notify/notify.toml: .Values.config section by section,
-plus the listen addresses (from listenHost and the ports) and the per-shard
-urls of secrets.shardUrls merged into database.shards.
+The config file /etc/notify/notify.toml of the worker and the migration Job
+(the api's adds [auth], see notify.apiConfigToml): .Values.config section by
+section, plus what the chart derives from its own values, which it therefore
+refuses in config: the listen addresses (listenHost and the ports), api.tls
+file paths and client_auth (api.tls), url files (secrets.urlsFrom=files,
+secrets.existingSecretKeys.shardUrls), backend CA files (backendTLS), and
+the per-shard urls of secrets.shardUrls merged into database.shards.
 */}}
 {{- define "notify.configToml" -}}
 {{- $cfg := deepCopy (.Values.config | default dict) }}
@@ -164,32 +168,88 @@ urls of secrets.shardUrls merged into database.shards.
 {{- fail (printf "config.%s must be a map of settings (a [%s] table)" $section $section) }}
 {{- end }}
 {{- end }}
+{{- if hasKey $cfg "auth" }}
+{{- fail "config.auth: callers are set in the chart's `auth` values (auth.enabled, auth.clients, ...), not in config" }}
+{{- end }}
 {{- $host := .Values.listenHost | default "0.0.0.0" }}
 {{- $api := get $cfg "api" | default dict }}
 {{- $_ := set $api "listen" (printf "%s:%d" $host (int .Values.api.ports.grpc)) }}
 {{- $_ = set $api "metrics_listen" (printf "%s:%d" $host (int .Values.api.ports.metrics)) }}
+{{- $tls := get $api "tls" | default dict }}
+{{- range $key := list "cert_file" "key_file" "client_ca_file" "client_auth" }}
+{{- if hasKey $tls $key }}
+{{- fail (printf "config.api.tls.%s: set by the chart from api.tls (enabled, secretName, clientAuth, clientCA)" $key) }}
+{{- end }}
+{{- end }}
+{{- with .Values.api.tls }}
+{{- if .enabled }}
+{{- if not .secretName }}
+{{- fail "api.tls.enabled needs api.tls.secretName (a kubernetes.io/tls Secret)" }}
+{{- end }}
+{{- $_ = set $tls "cert_file" "/etc/notify-tls/server/tls.crt" }}
+{{- $_ = set $tls "key_file" "/etc/notify-tls/server/tls.key" }}
+{{- if not (has .clientAuth (list "none" "optional" "required")) }}
+{{- fail (printf "api.tls.clientAuth: %q is not \"none\", \"optional\" or \"required\"" .clientAuth) }}
+{{- end }}
+{{- if ne .clientAuth "none" }}
+{{- $_ = set $tls "client_auth" .clientAuth }}
+{{- $_ = set $tls "client_ca_file" "/etc/notify-tls/client-ca/ca.crt" }}
+{{- end }}
+{{- $_ = set $api "tls" $tls }}
+{{- else if ne .clientAuth "none" }}
+{{- fail "api.tls.clientAuth needs api.tls.enabled" }}
+{{- end }}
+{{- end }}
 {{- $_ = set $cfg "api" $api }}
 {{- $worker := get $cfg "worker" | default dict }}
 {{- $_ = set $worker "metrics_listen" (printf "%s:%d" $host (int .Values.worker.ports.metrics)) }}
 {{- $_ = set $cfg "worker" $worker }}
-{{- $shardUrls := .Values.secrets.shardUrls | default dict }}
-{{- if $shardUrls }}
+{{- $urlFiles := include "notify.urlFiles" . | fromJson }}
+{{- range $section := list "database" "rabbitmq" "redis" }}
+{{- $table := get $cfg $section | default dict }}
+{{- range $key := list "url" "url_file" "tls_ca_file" }}
+{{- if hasKey $table $key }}
+{{- fail (printf "config.%s.%s: set by the chart (urls: secrets.*; url files: secrets.urlsFrom=files; CA files: backendTLS.%s)" $section $key $section) }}
+{{- end }}
+{{- end }}
+{{- with get $urlFiles.main $section }}
+{{- $_ := set $table "url_file" . }}
+{{- end }}
+{{- $ca := get $.Values.backendTLS $section | default dict }}
+{{- if and $ca.secretName $ca.configMapName }}
+{{- fail (printf "backendTLS.%s: set secretName or configMapName, not both" $section) }}
+{{- end }}
+{{- if or $ca.secretName $ca.configMapName }}
+{{- $_ := set $table "tls_ca_file" (printf "/etc/notify-tls/%s/ca.crt" $section) }}
+{{- end }}
+{{- if $table }}
+{{- $_ := set $cfg $section $table }}
+{{- end }}
+{{- end }}
+{{- $inline := ternary dict (.Values.secrets.shardUrls | default dict) (eq .Values.secrets.urlsFrom "files") }}
+{{- if or $inline $urlFiles.shards }}
 {{- $db := get $cfg "database" | default dict }}
 {{- if not (get $db "shards") }}
-{{- fail "secrets.shardUrls needs the shard list in config.database.shards" }}
+{{- fail "per-shard urls (secrets.shardUrls, secrets.existingSecretKeys.shardUrls) need the shard list in config.database.shards" }}
 {{- end }}
 {{- $ids := list }}
 {{- $shards := list }}
 {{- range $s := get $db "shards" }}
 {{- $s2 := deepCopy $s }}
+{{- if or (hasKey $s2 "url") (hasKey $s2 "url_file") }}
+{{- fail (printf "config.database.shards (shard %v): urls hold passwords; set secrets.shardUrls or secrets.existingSecretKeys.shardUrls" $s.id) }}
+{{- end }}
 {{- $id := toString (int64 $s.id) }}
 {{- $ids = append $ids $id }}
-{{- with get $shardUrls $id }}
+{{- with get $inline $id }}
 {{- $_ = set $s2 "url" . }}
+{{- end }}
+{{- with get $urlFiles.shards $id }}
+{{- $_ = set $s2 "url_file" . }}
 {{- end }}
 {{- $shards = append $shards $s2 }}
 {{- end }}
-{{- range $id := keys $shardUrls }}
+{{- range $id := concat (keys (.Values.secrets.shardUrls | default dict)) (keys $urlFiles.shards) }}
 {{- if not (has $id $ids) }}
 {{- fail (printf "secrets.shardUrls.%s: no shard with id %s in config.database.shards" $id $id) }}
 {{- end }}
@@ -198,8 +258,9 @@ urls of secrets.shardUrls merged into database.shards.
 {{- $_ = set $cfg "database" $db }}
 {{- end -}}
 # Notify configuration rendered by the Helm chart from values.yaml `config`
-# (and secrets.shardUrls). Layering: built-in defaults, then this file
-# (NOTIFY_CONFIG), then NOTIFY_SECTION__KEY environment variables.
+# and the chart's own values (ports, TLS, url and CA files). Layering:
+# built-in defaults, then this file (NOTIFY_CONFIG), then
+# NOTIFY_SECTION__KEY environment variables.
 {{- range $section := keys $cfg | sortAlpha }}
 {{- $settings := get $cfg $section }}
 
@@ -214,13 +275,138 @@ urls of secrets.shardUrls merged into database.shards.
 {{ end }}
 
 {{/*
-Data of the chart-managed Secret (and of its hook copy): the config file
-unless existingConfigSecret, the urls unless existingSecret.
+The [auth] part of the api's config file, from the chart's `auth` values:
+[[auth.clients]] tables with every field given in values. A client without
+token_sha256 in values, when auth.existingSecret is set, gets the line
+"#@token_sha256 <name> required|optional" instead, which the api pod's
+auth-config init container replaces with the digests in that Secret's key
+<name> (optional when the client also has cert_names).
 */}}
-{{- define "notify.secretData" -}}
-{{- if not .Values.secrets.existingConfigSecret }}
-notify.toml: {{ include "notify.configToml" . | b64enc }}
+{{- define "notify.authToml" -}}
+{{- $a := .Values.auth }}
+{{- $host := .Values.listenHost | default "0.0.0.0" }}
+{{- $loopback := or (hasPrefix "127." $host) (eq $host "[::1]") }}
+{{- if and $a.enabled (not $a.clients) }}
+{{- fail "auth.enabled is true but auth.clients is empty: add the callers (`notifyctl token new NAME --scopes ...` prints a token and its digest), or set auth.enabled=false with auth.insecureAllowUnauthenticated=true to run without authentication" }}
 {{- end }}
+{{- if and (not $a.enabled) (not $a.insecureAllowUnauthenticated) (not $loopback) }}
+{{- fail (printf "auth.enabled is false: notify-api refuses to listen on %s without authentication; set auth.insecureAllowUnauthenticated=true to accept that anyone who reaches the api can make every call" $host) }}
+{{- end }}
+{{- $names := list }}
+[auth]
+enabled = {{ $a.enabled }}
+{{- if $a.insecureAllowUnauthenticated }}
+insecure_allow_unauthenticated = true
+{{- end }}
+{{- range $i, $c := $a.clients }}
+{{- $where := printf "auth.clients[%d]" $i }}
+{{- if not (kindIs "map" $c) }}
+{{- fail (printf "%s: must be a map with name, scopes, token_sha256 or cert_names, ..." $where) }}
+{{- end }}
+{{- $name := toString ($c.name | default "") }}
+{{- if not (regexMatch "^[a-z0-9_.-]{1,64}$" $name) }}
+{{- fail (printf "%s.name: %q must be 1..64 of [a-z0-9_.-]" $where $name) }}
+{{- end }}
+{{- if has $name $names }}
+{{- fail (printf "%s.name: client %q is defined twice" $where $name) }}
+{{- end }}
+{{- $names = append $names $name }}
+{{- range $digest := $c.token_sha256 | default list }}
+{{- if hasPrefix "ntf_" (toString $digest) }}
+{{- fail (printf "%s.token_sha256 holds a token, not its digest: never put tokens in values; `echo -n TOKEN | notifyctl token hash` prints the digest" $where) }}
+{{- end }}
+{{- if not (regexMatch "^[0-9a-fA-F]{64}$" (toString $digest)) }}
+{{- fail (printf "%s.token_sha256: a value is not a hex SHA-256 digest (64 hex digits; not shown, in case it is a secret)" $where) }}
+{{- end }}
+{{- end }}
+{{- if and $c.cert_names (eq $.Values.api.tls.clientAuth "none") }}
+{{- fail (printf "%s (%s).cert_names: client certificates need api.tls.clientAuth \"optional\" or \"required\"" $where $name) }}
+{{- end }}
+{{- if not (or $c.token_sha256 $c.cert_names $a.existingSecret) }}
+{{- fail (printf "%s (%s): needs token_sha256 digests or cert_names, or auth.existingSecret with a key %q" $where $name $name) }}
+{{- end }}
+
+[[auth.clients]]
+name = {{ toJson $name }}
+{{- range $key := keys $c | sortAlpha }}
+{{- $v := get $c $key }}
+{{- if and (ne $key "name") (not (kindIs "invalid" $v)) }}
+{{ include "notify.tomlKey" $key }} = {{ include "notify.tomlValue" $v }}
+{{- end }}
+{{- end }}
+{{- if and $a.existingSecret (not $c.token_sha256) }}
+#@token_sha256 {{ $name }} {{ if $c.cert_names }}optional{{ else }}required{{ end }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{/*
+The api's config file: the shared one plus [auth]. The worker and the
+migration Job read the shared file: they take no calls, so they need no
+callers, and a client change rolls only the api.
+*/}}
+{{- define "notify.apiConfigToml" -}}
+{{ include "notify.configToml" . }}
+# Callers, from values.yaml `auth`.
+{{ include "notify.authToml" . }}
+{{ end }}
+
+{{/*
+Which backend urls the processes read from files (secrets.urlsFrom=files,
+or per-shard keys of existingSecret), as JSON: "main" maps database,
+rabbitmq and redis to their file, "shards" shard ids to theirs; "chart" and
+"existing" list the {key, path} items that the urls volume projects from the
+chart's Secret and from existingSecret. Every file is /etc/notify-urls/<path>.
+*/}}
+{{- define "notify.urlFiles" -}}
+{{- $s := .Values.secrets }}
+{{- if not (has $s.urlsFrom (list "env" "files")) }}
+{{- fail (printf "secrets.urlsFrom: %q is neither \"env\" nor \"files\"" $s.urlsFrom) }}
+{{- end }}
+{{- $files := eq $s.urlsFrom "files" }}
+{{- $keys := $s.existingSecretKeys | default dict }}
+{{- $out := dict "main" dict "shards" dict "chart" list "existing" list }}
+{{- range $u := list (list "database" "databaseUrl" "database-url") (list "rabbitmq" "rabbitmqUrl" "rabbitmq-url") (list "redis" "redisUrl" "redis-url") }}
+{{- $section := index $u 0 }}
+{{- $path := index $u 2 }}
+{{- if $files }}
+{{- if $s.existingSecret }}
+{{- with get $keys (index $u 1) }}
+{{- $_ := set $out "existing" (append $out.existing (dict "key" . "path" $path)) }}
+{{- $_ := set $out.main $section (printf "/etc/notify-urls/%s" $path) }}
+{{- end }}
+{{- else if get $s (index $u 1) }}
+{{- $_ := set $out "chart" (append $out.chart (dict "key" $path "path" $path)) }}
+{{- $_ := set $out.main $section (printf "/etc/notify-urls/%s" $path) }}
+{{- end }}
+{{- end }}
+{{- end }}
+{{- if $files }}
+{{- range $id, $url := $s.shardUrls | default dict }}
+{{- $path := printf "shard-%s-url" $id }}
+{{- $_ := set $out "chart" (append $out.chart (dict "key" $path "path" $path)) }}
+{{- $_ := set $out.shards $id (printf "/etc/notify-urls/%s" $path) }}
+{{- end }}
+{{- end }}
+{{- range $id, $key := $keys.shardUrls | default dict }}
+{{- if not $s.existingSecret }}
+{{- fail "secrets.existingSecretKeys.shardUrls needs secrets.existingSecret" }}
+{{- end }}
+{{- if hasKey ($s.shardUrls | default dict) $id }}
+{{- fail (printf "shard %s has a url in both secrets.shardUrls and secrets.existingSecretKeys.shardUrls" $id) }}
+{{- end }}
+{{- $path := printf "shard-%s-url" $id }}
+{{- $_ := set $out "existing" (append $out.existing (dict "key" $key "path" $path)) }}
+{{- $_ := set $out.shards $id (printf "/etc/notify-urls/%s" $path) }}
+{{- end }}
+{{- toJson $out }}
+{{- end }}
+
+{{/*
+The url keys of the chart-managed Secret: the three urls (none with
+existingSecret) and, with urlsFrom=files, one key per shard url.
+*/}}
+{{- define "notify.urlData" -}}
 {{- if not .Values.secrets.existingSecret }}
 {{- with .Values.secrets.databaseUrl }}
 database-url: {{ . | b64enc }}
@@ -232,14 +418,46 @@ rabbitmq-url: {{ . | b64enc }}
 redis-url: {{ . | b64enc }}
 {{- end }}
 {{- end }}
+{{- if eq .Values.secrets.urlsFrom "files" }}
+{{- range $id, $url := .Values.secrets.shardUrls | default dict }}
+shard-{{ $id }}-url: {{ $url | b64enc }}
+{{- end }}
+{{- end }}
 {{- end }}
 
 {{/*
-Pod annotation that changes whenever the Secret's content does, so that
-`helm upgrade` with new settings rolls the pods.
+Data of the chart-managed Secret, or of its hook copy for the migration Job
+(which gets no api config file). The config files unless
+existingConfigSecret, the urls unless existingSecret. Call with
+(dict "root" $ "api" true|false).
+*/}}
+{{- define "notify.secretData" -}}
+{{- $root := .root }}
+{{- if not $root.Values.secrets.existingConfigSecret }}
+notify.toml: {{ include "notify.configToml" $root | b64enc }}
+{{- if .api }}
+notify-api.toml: {{ include "notify.apiConfigToml" $root | b64enc }}
+{{- end }}
+{{- end }}
+{{- include "notify.urlData" $root }}
+{{- end }}
+
+{{/*
+Pod annotation that changes whenever what the pod reads from the chart's
+Secret does, so that `helm upgrade` with new settings rolls the pods (a
+client change rolls only the api). Call with (dict "root" $ "component" "api").
 */}}
 {{- define "notify.checksumAnnotation" -}}
-checksum/secret: {{ include "notify.secretData" . | sha256sum }}
+{{- $root := .root }}
+{{- $config := "" }}
+{{- if not $root.Values.secrets.existingConfigSecret }}
+{{- if eq .component "api" }}
+{{- $config = include "notify.apiConfigToml" $root }}
+{{- else }}
+{{- $config = include "notify.configToml" $root }}
+{{- end }}
+{{- end }}
+checksum/secret: {{ printf "%s\n%s" $config (include "notify.urlData" $root) | sha256sum }}
 {{- end }}
 
 {{/*
@@ -253,7 +471,8 @@ global extraEnv. Call with (dict "root" $ "secretName" "<chart secret name>").
 {{- $keys := $s.existingSecretKeys | default dict }}
 - name: NOTIFY_CONFIG
   value: /etc/notify/notify.toml
-{{- range $u := list (list "NOTIFY_DATABASE__URL" "databaseUrl" "database-url") (list "NOTIFY_RABBITMQ__URL" "rabbitmqUrl" "rabbitmq-url") (list "NOTIFY_REDIS__URL" "redisUrl" "redis-url") }}
+{{- $urls := ternary list (list (list "NOTIFY_DATABASE__URL" "databaseUrl" "database-url") (list "NOTIFY_RABBITMQ__URL" "rabbitmqUrl" "rabbitmq-url") (list "NOTIFY_REDIS__URL" "redisUrl" "redis-url")) (eq $s.urlsFrom "files") }}
+{{- range $u := $urls }}
 {{- $var := index $u 0 }}
 {{- $value := index $u 1 }}
 {{- if $s.existingSecret }}
@@ -278,24 +497,108 @@ global extraEnv. Call with (dict "root" $ "secretName" "<chart secret name>").
 {{- end }}
 
 {{/*
-Volumes of every pod: the config file and a scratch /tmp (the root file
-system is read-only). Call with (dict "root" $ "secretName" "<chart secret name>").
+Volumes of a pod: the config file (for the api with auth.existingSecret, a
+template of it plus the digests, joined by the auth-config init container
+into an emptyDir) and a scratch /tmp (the root file system is read-only).
+Call with (dict "root" $ "component" "api|worker|migration" "secretName" "<chart secret>").
 */}}
 {{- define "notify.volumes" -}}
-- name: config
+{{- $root := .root }}
+{{- $s := $root.Values.secrets }}
+{{- $key := ternary "notify-api.toml" "notify.toml" (and (eq .component "api") (not $s.existingConfigSecret)) }}
+{{- if include "notify.authConfigInit" (dict "root" $root "component" .component) }}
+- name: config-template
   secret:
-    secretName: {{ .root.Values.secrets.existingConfigSecret | default .secretName }}
+    secretName: {{ .secretName }}
     defaultMode: 0444
     items:
-      - key: notify.toml
+      - key: {{ $key }}
         path: notify.toml
+- name: config
+  emptyDir:
+    medium: Memory
+    sizeLimit: 1Mi
+- name: auth-digests
+  secret:
+    secretName: {{ $root.Values.auth.existingSecret }}
+    defaultMode: 0440
+{{- else }}
+- name: config
+  secret:
+    secretName: {{ $s.existingConfigSecret | default .secretName }}
+    defaultMode: 0444
+    items:
+      - key: {{ $key }}
+        path: notify.toml
+{{- end }}
 - name: tmp
   emptyDir:
     sizeLimit: 64Mi
+{{- $urlFiles := include "notify.urlFiles" $root | fromJson }}
+{{- if or $urlFiles.chart $urlFiles.existing }}
+- name: urls
+  projected:
+    defaultMode: 0440
+    sources:
+      {{- with $urlFiles.chart }}
+      - secret:
+          name: {{ $.secretName }}
+          items:
+            {{- toYaml . | nindent 12 }}
+      {{- end }}
+      {{- with $urlFiles.existing }}
+      - secret:
+          name: {{ $s.existingSecret }}
+          items:
+            {{- toYaml . | nindent 12 }}
+      {{- end }}
+{{- end }}
+{{- range $backend := list "database" "rabbitmq" "redis" }}
+{{- $ca := get $root.Values.backendTLS $backend }}
+{{- if $ca.secretName }}
+- name: {{ $backend }}-ca
+  secret:
+    secretName: {{ $ca.secretName }}
+    defaultMode: 0444
+    items:
+      - key: {{ $ca.key | default "ca.crt" }}
+        path: ca.crt
+{{- else if $ca.configMapName }}
+- name: {{ $backend }}-ca
+  configMap:
+    name: {{ $ca.configMapName }}
+    defaultMode: 0444
+    items:
+      - key: {{ $ca.key | default "ca.crt" }}
+        path: ca.crt
+{{- end }}
+{{- end }}
+{{- $tls := $root.Values.api.tls }}
+{{- if and (eq .component "api") $tls.enabled }}
+{{- /* Whole-Secret directories (no subPath), so that renewals reach the pod. */}}
+- name: tls
+  secret:
+    secretName: {{ $tls.secretName }}
+    defaultMode: 0440
+    items:
+      - key: tls.crt
+        path: tls.crt
+      - key: tls.key
+        path: tls.key
+{{- if ne $tls.clientAuth "none" }}
+- name: client-ca
+  secret:
+    secretName: {{ $tls.clientCA.secretName | default $tls.secretName }}
+    defaultMode: 0444
+    items:
+      - key: {{ $tls.clientCA.key | default "ca.crt" }}
+        path: ca.crt
+{{- end }}
+{{- end }}
 {{- end }}
 
 {{/*
-Mounts matching notify.volumes.
+Mounts matching notify.volumes. Call with (dict "root" $ "component" "api").
 */}}
 {{- define "notify.volumeMounts" -}}
 - name: config
@@ -303,15 +606,120 @@ Mounts matching notify.volumes.
   readOnly: true
 - name: tmp
   mountPath: /tmp
+{{- $urlFiles := include "notify.urlFiles" .root | fromJson }}
+{{- if or $urlFiles.chart $urlFiles.existing }}
+- name: urls
+  mountPath: /etc/notify-urls
+  readOnly: true
+{{- end }}
+{{- range $backend := list "database" "rabbitmq" "redis" }}
+{{- $ca := get $.root.Values.backendTLS $backend }}
+{{- if or $ca.secretName $ca.configMapName }}
+- name: {{ $backend }}-ca
+  mountPath: /etc/notify-tls/{{ $backend }}
+  readOnly: true
+{{- end }}
+{{- end }}
+{{- $tls := .root.Values.api.tls }}
+{{- if and (eq .component "api") $tls.enabled }}
+- name: tls
+  mountPath: /etc/notify-tls/server
+  readOnly: true
+{{- if ne $tls.clientAuth "none" }}
+- name: client-ca
+  mountPath: /etc/notify-tls/client-ca
+  readOnly: true
+{{- end }}
+{{- end }}
 {{- end }}
 
 {{/*
-nodeSelector, tolerations and affinity of a pod: the component's own when
-non-empty, the global ones otherwise. Call with (dict "root" $ "c" .Values.api).
+"true" when the pod joins its config file from the chart's template and the
+digests of auth.existingSecret (the api, unless existingConfigSecret).
+Call with (dict "root" $ "component" "api").
+*/}}
+{{- define "notify.authConfigInit" -}}
+{{- if and (eq .component "api") .root.Values.auth.existingSecret (not .root.Values.secrets.existingConfigSecret) }}true{{ end }}
+{{- end }}
+
+{{/*
+The auth-config init container of the api: copies the config template,
+replacing each "#@token_sha256 NAME required|optional" line with the digests
+in file NAME of auth.existingSecret (hex digits separated by blanks, commas or
+newlines). A required key that is missing, or a value that is not hex, stops
+the pod with a line saying which.
+*/}}
+{{- define "notify.authConfigInitContainer" -}}
+{{- $root := . }}
+- name: auth-config
+  image: {{ include "notify.image" $root }}
+  imagePullPolicy: {{ $root.Values.image.pullPolicy }}
+  command:
+    - sh
+    - -ec
+    - |
+      out=/etc/notify/notify.toml
+      : >"$out.tmp"
+      while IFS= read -r line || [ -n "$line" ]; do
+        case $line in
+        '#@token_sha256 '*)
+          set -- ${line#'#@token_sha256 '}
+          file=/etc/notify-auth/$1
+          if [ ! -f "$file" ]; then
+            if [ "$2" = required ]; then
+              echo "auth.existingSecret {{ $root.Values.auth.existingSecret }} has no key $1 (the token digests of client $1)" >&2
+              exit 1
+            fi
+            continue
+          fi
+          list=
+          for digest in $(tr ',' ' ' <"$file"); do
+            case $digest in
+            *[!0-9a-fA-F]*)
+              echo "auth.existingSecret {{ $root.Values.auth.existingSecret }}, key $1: not a hex digest (notifyctl token hash prints one)" >&2
+              exit 1
+              ;;
+            esac
+            list="$list${list:+, }\"$digest\""
+          done
+          printf 'token_sha256 = [%s]\n' "$list" >>"$out.tmp"
+          ;;
+        *) printf '%s\n' "$line" >>"$out.tmp" ;;
+        esac
+      done </etc/notify-template/notify.toml
+      mv "$out.tmp" "$out"
+  resources:
+    requests:
+      cpu: 10m
+      memory: 16Mi
+    limits:
+      memory: 32Mi
+  {{- with $root.Values.securityContext }}
+  securityContext:
+    {{- toYaml . | nindent 4 }}
+  {{- end }}
+  volumeMounts:
+    - name: config-template
+      mountPath: /etc/notify-template
+      readOnly: true
+    - name: auth-digests
+      mountPath: /etc/notify-auth
+      readOnly: true
+    - name: config
+      mountPath: /etc/notify
+{{- end }}
+
+{{/*
+priorityClassName, nodeSelector, tolerations and affinity of a pod: the
+component's own when non-empty, the global ones otherwise. Call with
+(dict "root" $ "c" .Values.api).
 */}}
 {{- define "notify.scheduling" -}}
 {{- $root := .root }}
 {{- $c := .c }}
+{{- with ($c.priorityClassName | default $root.Values.priorityClassName) }}
+priorityClassName: {{ . }}
+{{- end }}
 {{- with ($c.nodeSelector | default $root.Values.nodeSelector) }}
 nodeSelector:
   {{- toYaml . | nindent 2 }}
@@ -323,6 +731,33 @@ tolerations:
 {{- with ($c.affinity | default $root.Values.affinity) }}
 affinity:
   {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- end }}
+
+{{/*
+topologySpreadConstraints of a Deployment's pods: the component's own, or,
+with defaultTopologySpread, a soft spread over zones, then nodes, of the
+pods of the same rollout (matchLabelKeys pod-template-hash, beta and on by
+default since 1.27, so old pods being replaced do not skew it). Call with
+(dict "root" $ "c" .Values.api "component" "api").
+*/}}
+{{- define "notify.topologySpread" -}}
+{{- $root := .root }}
+{{- if .c.topologySpreadConstraints }}
+topologySpreadConstraints:
+  {{- toYaml .c.topologySpreadConstraints | nindent 2 }}
+{{- else if $root.Values.defaultTopologySpread }}
+topologySpreadConstraints:
+{{- range $key := list "topology.kubernetes.io/zone" "kubernetes.io/hostname" }}
+  - maxSkew: 1
+    topologyKey: {{ $key }}
+    whenUnsatisfiable: ScheduleAnyway
+    labelSelector:
+      matchLabels:
+        {{- include "notify.componentSelectorLabels" (list $root $.component) | nindent 8 }}
+    matchLabelKeys:
+      - pod-template-hash
+{{- end }}
 {{- end }}
 {{- end }}
 
