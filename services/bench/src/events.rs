@@ -84,6 +84,8 @@ struct Run {
     delivery_secs: f64,
     api_cpu_secs: f64,
     api_rss_kb: u64,
+    /// The api's `notify_event_lag_seconds` p50 and p99 (publish to routed).
+    api_lag_ms: (f64, f64),
 }
 
 async fn body(env: &mut Env, args: &EventsArgs) -> anyhow::Result<String> {
@@ -155,6 +157,7 @@ async fn body(env: &mut Env, args: &EventsArgs) -> anyhow::Result<String> {
             delivery_secs,
             api_cpu_secs: (cpu1 - cpu0) as f64 / procstat::clock_ticks_per_sec() as f64,
             api_rss_kb: procstat::status_kb(api, "VmRSS:").unwrap_or(0),
+            api_lag_ms: lag(env).await,
         });
     }
     let mut report =
@@ -165,6 +168,7 @@ async fn body(env: &mut Env, args: &EventsArgs) -> anyhow::Result<String> {
         report.push_str(&format!(
             "{} followed of {} recipients: every one exactly once: {} (missing {}, duplicates {}, coalesced {})\n\
              \x20 insert -> event p50 {p50} ms ({}), p99 {p99} ms ({}), max {} ms; all events {:.1} s after SendMessage\n\
+             \x20 publish -> routed in the api (notify_event_lag_seconds, rolling) p50 {:.0} ms, p99 {:.0} ms\n\
              \x20 api cpu {:.2} s, api rss {} MB\n",
             thousands(run.followed),
             thousands(args.recipients),
@@ -176,6 +180,8 @@ async fn body(env: &mut Env, args: &EventsArgs) -> anyhow::Result<String> {
             verdict(p99 < 100),
             run.latency.max(),
             run.delivery_secs,
+            run.api_lag_ms.0,
+            run.api_lag_ms.1,
             run.api_cpu_secs,
             run.api_rss_kb / 1024,
         ));
@@ -310,4 +316,13 @@ async fn inserted_at(
 
 async fn coalesced(env: &Env) -> u64 {
     harness::metric_sum(&env.scrape("notify-api").await, &["notify_events_coalesced_total"]) as u64
+}
+
+async fn lag(env: &Env) -> (f64, f64) {
+    let page = env.scrape("notify-api").await;
+    let at = |q: &str| {
+        let quantile = format!("quantile=\"{q}\"");
+        harness::metric(&page, &["notify_event_lag_seconds{", &quantile]).unwrap_or(0.0) * 1000.0
+    };
+    (at("0.5"), at("0.99"))
 }

@@ -30,6 +30,9 @@ use crate::settings::RabbitSettings;
 /// Longest wait for a broker connection or for the confirms of one publish.
 const BROKER_TIMEOUT: Duration = Duration::from_secs(10);
 
+/// Header of an event: when it was published, ms since the epoch.
+pub const PUBLISHED_AT_HEADER: &str = "x-published-ms";
+
 /// Redeliveries after which a quorum queue dead-letters a task. Guards against
 /// a task that kills every worker that takes it.
 const DELIVERY_LIMIT: i64 = 20;
@@ -276,8 +279,15 @@ impl Publisher {
     pub async fn publish_event(&self, kind: &'static str, body: &[u8]) -> Result<()> {
         let once = || async {
             let channel = self.channel().await?;
-            let properties =
-                BasicProperties::default().with_content_type("application/json".into());
+            // When it was published, so consumers can measure their lag.
+            let mut headers = FieldTable::default();
+            headers.insert(
+                PUBLISHED_AT_HEADER.into(),
+                AMQPValue::LongLongInt(chrono::Utc::now().timestamp_millis()),
+            );
+            let properties = BasicProperties::default()
+                .with_content_type("application/json".into())
+                .with_headers(headers);
             let confirm = channel
                 .basic_publish(
                     self.topology.events_exchange().as_str().into(),

@@ -93,6 +93,23 @@ async fn run(hub: Hub, bound: watch::Sender<bool>, stop: CancellationToken) {
     info!("event consumer stopped");
 }
 
+/// Records how long the event took from its publish to this replica.
+fn record_lag(delivery: &lapin::message::Delivery) {
+    let published = delivery
+        .properties
+        .headers()
+        .as_ref()
+        .and_then(|headers| headers.inner().get(queue::PUBLISHED_AT_HEADER))
+        .and_then(|value| match value {
+            lapin::types::AMQPValue::LongLongInt(ms) => Some(*ms),
+            _ => None,
+        });
+    if let Some(published) = published {
+        let lag_ms = (chrono::Utc::now().timestamp_millis() - published).max(0);
+        metrics::histogram!("notify_event_lag_seconds").record(lag_ms as f64 / 1000.0);
+    }
+}
+
 async fn consume(
     hub: &Hub,
     bound: &watch::Sender<bool>,
@@ -136,7 +153,10 @@ async fn consume(
         tokio::select! {
             delivery = deliveries.next() => match delivery {
                 Some(Ok(delivery)) => match BusEvent::decode(&delivery.data) {
-                    Ok(event) => hub.dispatch(event),
+                    Ok(event) => {
+                        record_lag(&delivery);
+                        hub.dispatch(event);
+                    }
                     Err(e) => warn!(error = %e, "skipping a malformed event"),
                 },
                 Some(Err(e)) => break Err(e.into()),

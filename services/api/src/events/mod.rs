@@ -55,6 +55,10 @@ struct Inner {
     badges: Mutex<HashSet<u64>>,
     badges_ready: Notify,
     bus: bus::BusControl,
+    /// Snapshots being read at once, over every stream of the replica, so
+    /// that many streams subscribing together cannot take every database
+    /// connection.
+    snapshot_permits: tokio::sync::Semaphore,
     shutdown: CancellationToken,
 }
 
@@ -175,6 +179,7 @@ pub struct TooManyUsers {
 impl Hub {
     /// Creates the hub; its tasks end with `shutdown`.
     pub fn new(ctx: Context, shutdown: CancellationToken) -> Self {
+        let snapshots = ctx.settings.events.snapshot_concurrency;
         let hub = Self {
             inner: Arc::new(Inner {
                 ctx,
@@ -183,6 +188,7 @@ impl Hub {
                 badges: Mutex::default(),
                 badges_ready: Notify::new(),
                 bus: bus::BusControl::default(),
+                snapshot_permits: tokio::sync::Semaphore::new(snapshots),
                 shutdown,
             }),
         };
@@ -543,18 +549,32 @@ impl Hub {
                 }
                 let hub = &self;
                 let mut snapshots = futures::stream::iter(batch)
-                    .map(|user_id| async move { (user_id, hub.snapshot(user_id).await) })
+                    .map(|user_id| async move {
+                        let Ok(_permit) = hub.inner.snapshot_permits.acquire().await else {
+                            return (user_id, Err(Status::unavailable("shutting down")));
+                        };
+                        (user_id, hub.snapshot(user_id).await)
+                    })
                     .buffer_unordered(concurrency);
                 while let Some((user_id, snapshot)) = snapshots.next().await {
                     let snapshot = match snapshot {
                         Ok(snapshot) => snapshot,
                         Err(status) => {
-                            // A shard down: end the stream rather than leave
-                            // the gateway with a user it has no state for.
-                            warn!(error = %status, user_id, "snapshot failed, ending the stream");
-                            let _ = stream.tx.send(Err(status)).await;
-                            stream.closed.cancel();
-                            return;
+                            // The user's shard is down or busy: the user is
+                            // still routed (deltas flow) and is owed the
+                            // snapshot again in a second.
+                            metrics::counter!("notify_event_snapshot_errors_total").increment(1);
+                            warn!(error = %status, user_id, "snapshot failed, retrying in 1 s");
+                            let stream = stream.clone();
+                            tokio::spawn(async move {
+                                tokio::select! {
+                                    () = tokio::time::sleep(Duration::from_secs(1)) => {
+                                        stream.owe(std::iter::once(user_id));
+                                    }
+                                    () = stream.closed.cancelled() => {}
+                                }
+                            });
+                            continue;
                         }
                     };
                     let response = v1::SubscribeResponse { event: Some(Event::Snapshot(snapshot)) };

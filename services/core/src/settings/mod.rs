@@ -215,7 +215,7 @@ pub struct EventSettings {
     pub max_streams_per_client: usize,
     /// Interval of heartbeats on a stream.
     pub heartbeat_secs: u64,
-    /// Snapshots (and badge refreshes) computed at once per stream.
+    /// Snapshots read at once per replica (and badge refreshes at once).
     pub snapshot_concurrency: usize,
 }
 
