@@ -239,7 +239,7 @@ async fn body(env: &mut Env, args: &BadgeArgs) -> anyhow::Result<String> {
     let inbox = run_inbox(env, args, &channels[0]).await?;
     let peaks = rss.peaks();
     drop(rss);
-    let auth = auth::overhead(env, args, api_pid).await?;
+    let auth = auth::overhead(env, args).await?;
     let runs = Runs { raw, grpc, floor, tonic, sequential };
     let cache = CacheUse { hits, misses, mean_batch: batch / batches.max(1.0) };
     let mut report = summary(args, &runs, &cache, &inbox, &peaks, tracked.machine_max());

@@ -66,12 +66,12 @@ pub async fn run(args: EventsArgs) -> anyhow::Result<()> {
     env.finish(outcome).await
 }
 
-/// Arrival times of `ItemDelivered` per user, for one message.
+/// Arrival times of `ItemDelivered` per message and user (recorded for any
+/// message: the first events can arrive before `StartMessage` returns).
 #[derive(Default)]
 struct Arrivals {
-    message_id: u64,
-    at_ms: HashMap<u64, i64>,
-    duplicates: u64,
+    at_ms: HashMap<u64, HashMap<u64, i64>>,
+    duplicates: HashMap<u64, u64>,
     snapshots: u64,
 }
 
@@ -120,14 +120,9 @@ async fn body(env: &mut Env, args: &EventsArgs) -> anyhow::Result<String> {
         let coalesced0 = coalesced(env).await;
         let started = Instant::now();
         let message_id = send(&channel, &recipients).await?;
-        {
-            let mut arrivals = arrivals.lock().unwrap();
-            arrivals.message_id = message_id;
-            arrivals.at_ms.clear();
-            arrivals.duplicates = 0;
-        }
+        let arrived = |arrivals: &Arrivals| arrivals.at_ms.get(&message_id).map_or(0, HashMap::len);
         let deadline = Instant::now() + Duration::from_secs(args.timeout_secs);
-        while (arrivals.lock().unwrap().at_ms.len() as u64) < followed.len() as u64 {
+        while arrived(&arrivals.lock().unwrap()) < followed.len() {
             if Instant::now() > deadline {
                 break;
             }
@@ -139,7 +134,10 @@ async fn body(env: &mut Env, args: &EventsArgs) -> anyhow::Result<String> {
         let cpu1 = procstat::cpu_ticks(api).unwrap_or(0);
         let (at_ms, duplicates) = {
             let arrivals = arrivals.lock().unwrap();
-            (arrivals.at_ms.clone(), arrivals.duplicates)
+            (
+                arrivals.at_ms.get(&message_id).cloned().unwrap_or_default(),
+                arrivals.duplicates.get(&message_id).copied().unwrap_or(0),
+            )
         };
         let inserted = inserted_at(&pools, &map, message_id, &followed).await?;
         let mut latency = Histogram::<u64>::new(3)?;
@@ -223,11 +221,11 @@ async fn open_stream(
                 .unwrap_or(0);
             let mut arrivals = arrivals.lock().unwrap();
             match response.event {
-                Some(Event::ItemDelivered(item))
-                    if item.message_id == arrivals.message_id
-                        && arrivals.at_ms.insert(item.user_id, now_ms).is_some() =>
-                {
-                    arrivals.duplicates += 1;
+                Some(Event::ItemDelivered(item)) => {
+                    let users = arrivals.at_ms.entry(item.message_id).or_default();
+                    if users.insert(item.user_id, now_ms).is_some() {
+                        *arrivals.duplicates.entry(item.message_id).or_default() += 1;
+                    }
                 }
                 Some(Event::Snapshot(_)) => arrivals.snapshots += 1,
                 _ => {}
