@@ -20,12 +20,19 @@
 #     every Notify config file in a Secret parses as TOML and names only
 #     settings that exist in services/core/default.toml; every alert of the
 #     PrometheusRule parses as PromQL (promql-parser, PyPI) and names only
-#     metrics that the services' sources record
+#     metrics that the services' sources record; every cert-manager
+#     Certificate writes a Secret that a Deployment mounts, and its dnsNames
+#     cover the host the helm test Pod dials
 #   - kubernetes-validate --strict (JSON schemas of Kubernetes 1.27 and the
-#     newest it ships; PyPI package) rejects no resource
+#     newest it ships; PyPI package) rejects no resource (it has no schema
+#     for the CRD kinds ServiceMonitor, PrometheusRule and Certificate: it
+#     warns and passes them, and the checks above look into them instead)
+#   - ci/cert-manager-values.yaml renders the Certificate of the api's
+#     default TLS Secret
 #   - bad values fail to render, each with its message: a shard url for an
 #     undefined shard, no callers, auth off without the insecure opt-in, a
-#     token in place of a digest, a misspelt value (values.schema.json), ...
+#     token in place of a digest, a misspelt value (values.schema.json),
+#     api.tls.certManager without api.tls.enabled, ...
 # and once:
 #   - `config` in values.yaml names only settings of default.toml and
 #     restates none of their defaults (ci/*-values.yaml: names only); both
@@ -168,6 +175,21 @@ must_fail() {
   ! "$@"
 }
 
+# Succeeds when the api's cert-manager Certificate renders and writes the
+# given Secret.
+renders_certificate() { # helm, secret name, helm template args...
+  local helm=$1 secret=$2 rendered
+  shift 2
+  rendered=$("$helm" template notify-test "$chart" --kube-version 1.27.0 "$@" \
+    --show-only templates/api-certificate.yaml)
+  grep -qx 'kind: Certificate' <<<"$rendered" &&
+    grep -qx "  secretName: $secret" <<<"$rendered" || {
+    echo "no Certificate writing the Secret $secret in:"
+    echo "$rendered"
+    return 1
+  }
+}
+
 # Succeeds when the command fails and its output says why (the message).
 must_fail_with() { # message, command...
   local message=$1 output
@@ -268,6 +290,30 @@ for helm in "${helms[@]}"; do
     must_fail_with "tests.tls.clientCertSecretName" "$helm" template notify-test "$chart" \
     -f "$minimal" --set api.tls.enabled=true --set api.tls.secretName=x \
     --set api.tls.clientAuth=required
+  check "[$version] cert-manager-values.yaml: a Certificate for <fullname>-api-tls" \
+    renders_certificate "$helm" notify-test-api-tls -f "$chart/ci/cert-manager-values.yaml"
+  cert_manager=(--set api.tls.enabled=true --set api.tls.certManager.enabled=true
+    --set api.tls.certManager.issuerRef.name=notify-ca)
+  render_and_check "$helm" "[$version] cert-manager: own Secret name, DNS names, RSA key" \
+    -f "$minimal" "${cert_manager[@]}" --set api.tls.secretName=notify-api-tls \
+    --set 'api.tls.certManager.dnsNames={notify.example.com,notify-test-api.default.svc}' \
+    --set api.tls.certManager.privateKey.algorithm=RSA \
+    --set api.tls.certManager.privateKey.size=3072 --set api.tls.certManager.duration=2160h
+  check "[$version] cert-manager without api.tls.enabled is refused" \
+    must_fail_with "api.tls.certManager.enabled needs api.tls.enabled" \
+    "$helm" template notify-test "$chart" -f "$minimal" \
+    --set api.tls.certManager.enabled=true --set api.tls.certManager.issuerRef.name=notify-ca
+  check "[$version] TLS without a Secret name or cert-manager is refused" \
+    must_fail_with "api.tls.enabled needs api.tls.secretName" \
+    "$helm" template notify-test "$chart" -f "$minimal" --set api.tls.enabled=true
+  check "[$version] cert-manager without an issuer is refused" \
+    must_fail_with "api.tls.certManager.issuerRef.name" \
+    "$helm" template notify-test "$chart" -f "$minimal" "${cert_manager[@]}" \
+    --set api.tls.certManager.issuerRef.name=
+  check "[$version] an ECDSA P-521 key, which notify-api cannot serve, is refused" \
+    must_fail_with "cannot sign with P-521" \
+    "$helm" template notify-test "$chart" -f "$minimal" "${cert_manager[@]}" \
+    --set api.tls.certManager.privateKey.size=521
   check "[$version] a misspelt value is refused by values.schema.json" \
     must_fail_with "clientAuht" "$helm" template notify-test "$chart" -f "$minimal" \
     --set api.tls.clientAuht=required

@@ -12,7 +12,8 @@ SOURCE_ROOT is a Notify checkout (the chart's own, ..).
       Every document parses and has apiVersion, kind and a name; every config
       file in a Secret parses as TOML and names only existing settings; every
       PrometheusRule expression parses as PromQL and names only metrics the
-      services' sources record.
+      services' sources record; every cert-manager Certificate writes a
+      Secret a Deployment mounts and names the host helm test dials.
   lint_checks.py schema SOURCE_ROOT VALUES_SCHEMA_JSON
       The schema's auth.clients fields and scopes are those of Notify's
       ClientSettings and Scope.
@@ -139,6 +140,52 @@ def config_values(source_root, values_yaml, allow_defaults):
     return not errors
 
 
+def dns_name_covers(pattern, host):
+    """Whether a certificate's DNS name (maybe *.wildcard) covers host."""
+    if pattern.startswith("*."):
+        head, _, rest = host.partition(".")
+        return bool(head) and rest == pattern[2:]
+    return pattern == host
+
+
+def check_certificate(cert, docs, errors):
+    """A cert-manager Certificate (no Kubernetes schema validates it) writes
+    a Secret that a Deployment mounts, and its DNS names cover the host the
+    helm test Pod dials over TLS."""
+    where = f"Certificate {cert['metadata']['name']}"
+    spec = cert.get("spec") or {}
+    secret = spec.get("secretName")
+    dns_names = spec.get("dnsNames") or []
+    if not secret:
+        errors.append(f"{where}: no spec.secretName")
+    if not (spec.get("issuerRef") or {}).get("name"):
+        errors.append(f"{where}: no spec.issuerRef.name")
+    if not dns_names:
+        errors.append(f"{where}: no spec.dnsNames")
+    mounted = {
+        (v.get("secret") or {}).get("secretName")
+        for d in docs
+        if d["kind"] == "Deployment"
+        for v in d["spec"]["template"]["spec"].get("volumes") or []
+    }
+    if secret and secret not in mounted:
+        errors.append(f"{where}: no Deployment mounts its Secret {secret}")
+    for d in docs:
+        if d["kind"] != "Pod":
+            continue
+        for c in d["spec"]["containers"]:
+            for env in c.get("env") or []:
+                url = env.get("value") or ""
+                if env["name"] != "NOTIFY_ADDR" or not url.startswith("https://"):
+                    continue
+                host = url.removeprefix("https://").rsplit(":", 1)[0]
+                if not any(dns_name_covers(n, host) for n in dns_names):
+                    errors.append(
+                        f"{where}: Pod {d['metadata']['name']} dials {host}, "
+                        f"which is not among its dnsNames {dns_names}"
+                    )
+
+
 def rendered(source_root, manifests):
     defaults = load_defaults(source_root)
     fields = item_fields(source_root)
@@ -148,6 +195,7 @@ def rendered(source_root, manifests):
     assert docs, "nothing rendered"
     errors = []
     files = 0
+    certificates = []
     for d in docs:
         assert isinstance(d, dict) and d.get("apiVersion") and d.get("kind"), d
         name = d.get("metadata", {}).get("name")
@@ -157,6 +205,8 @@ def rendered(source_root, manifests):
             for group in d["spec"]["groups"]:
                 for rule in group["rules"]:
                     check_rule(rule, metrics, errors, f"PrometheusRule {name}")
+        if d["kind"] == "Certificate":
+            certificates.append(d)
         if d["kind"] != "Secret":
             continue
         for key in CONFIG_KEYS:
@@ -168,9 +218,11 @@ def rendered(source_root, manifests):
             assert toml["api"]["listen"].rsplit(":", 1)[1].isdigit(), toml["api"]
             assert toml["log"]["format"] in ("json", "pretty"), toml["log"]
             walk(toml, defaults, "", f"Secret {name} {key}: ", True, errors, fields)
+    for cert in certificates:
+        check_certificate(cert, docs, errors)
     for error in errors:
         print(error)
-    print(f"{len(docs)} documents, {files} config files")
+    print(f"{len(docs)} documents, {files} config files, {len(certificates)} Certificates")
     return not errors
 
 

@@ -97,6 +97,22 @@ Name of the chart-managed Secret (config file and urls).
 {{- end }}
 
 {{/*
+Name of the kubernetes.io/tls Secret the api serves gRPC TLS from:
+api.tls.secretName, or, when cert-manager issues it (api.tls.certManager),
+<fullname>-api-tls. Fails when neither names one.
+*/}}
+{{- define "notify.apiTLSSecretName" -}}
+{{- $tls := .Values.api.tls }}
+{{- if $tls.secretName }}
+{{- $tls.secretName }}
+{{- else if ($tls.certManager | default dict).enabled }}
+{{- printf "%s-api-tls" (include "notify.fullname" .) }}
+{{- else }}
+{{- fail "api.tls.enabled needs api.tls.secretName (a kubernetes.io/tls Secret with tls.crt and tls.key), or api.tls.certManager.enabled=true with api.tls.certManager.issuerRef to have cert-manager issue <fullname>-api-tls" }}
+{{- end }}
+{{- end }}
+
+{{/*
 Name of the hook copy of that Secret, read by the migration Job.
 */}}
 {{- define "notify.migrationSecretName" -}}
@@ -183,9 +199,7 @@ the per-shard urls of secrets.shardUrls merged into database.shards.
 {{- end }}
 {{- with .Values.api.tls }}
 {{- if .enabled }}
-{{- if not .secretName }}
-{{- fail "api.tls.enabled needs api.tls.secretName (a kubernetes.io/tls Secret)" }}
-{{- end }}
+{{- $_ = include "notify.apiTLSSecretName" $ }}
 {{- $_ = set $tls "cert_file" "/etc/notify-tls/server/tls.crt" }}
 {{- $_ = set $tls "key_file" "/etc/notify-tls/server/tls.key" }}
 {{- if not (has .clientAuth (list "none" "optional" "required")) }}
@@ -578,7 +592,7 @@ Call with (dict "root" $ "component" "api|worker|migration" "secretName" "<chart
 {{- /* Whole-Secret directories (no subPath), so that renewals reach the pod. */}}
 - name: tls
   secret:
-    secretName: {{ $tls.secretName }}
+    secretName: {{ include "notify.apiTLSSecretName" $root }}
     defaultMode: 0440
     items:
       - key: tls.crt
@@ -588,7 +602,7 @@ Call with (dict "root" $ "component" "api|worker|migration" "secretName" "<chart
 {{- if ne $tls.clientAuth "none" }}
 - name: client-ca
   secret:
-    secretName: {{ $tls.clientCA.secretName | default $tls.secretName }}
+    secretName: {{ $tls.clientCA.secretName | default (include "notify.apiTLSSecretName" $root) }}
     defaultMode: 0444
     items:
       - key: {{ $tls.clientCA.key | default "ca.crt" }}
