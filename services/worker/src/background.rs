@@ -62,7 +62,7 @@ pub async fn sweep_once(ctx: &Context) -> Result<u64> {
     let timeout = ctx.settings.worker.sweep_timeout_secs;
     let mut republished = 0;
     for (shard, pool) in ctx.pools.iter() {
-        let stale = match chunks::stale_pending(pool, timeout, BATCH).await {
+        let stale = match chunks::claim_stale(pool, timeout, BATCH).await {
             Ok(stale) => stale,
             Err(e) => {
                 warn!(error = %e, shard = %shard, "sweeper cannot read this shard");

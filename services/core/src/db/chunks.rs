@@ -458,20 +458,63 @@ pub async fn has_pending(pool: &MySqlPool, message_id: MessageId) -> Result<bool
     Ok(found.is_some())
 }
 
-/// Returns pending chunks not touched for `older_than_secs`, oldest first.
-pub async fn stale_pending(
+/// Claims up to `limit` chunks left pending for longer than
+/// `older_than_secs`: they are locked (`SKIP LOCKED`: chunks another
+/// sweeper is claiming are passed over) and marked as just handled in one
+/// transaction, so several workers' sweepers never republish the same chunk
+/// in the same round. Returns (message id, chunk id) pairs.
+pub async fn claim_stale(
     pool: &MySqlPool,
     older_than_secs: u64,
     limit: u32,
 ) -> Result<Vec<(u64, u64)>> {
-    Ok(sqlx::query_as(
+    let mut claimed = claim_stale_once(pool, older_than_secs, limit).await;
+    // Two claims moving the same index range can deadlock; InnoDB rolls one
+    // back (it claimed nothing), and trying again is the documented remedy.
+    for _ in 0..3 {
+        match &claimed {
+            Err(Error::Database(sqlx::Error::Database(e)))
+                if matches!(e.code().as_deref(), Some("40001")) =>
+            {
+                claimed = claim_stale_once(pool, older_than_secs, limit).await;
+            }
+            _ => break,
+        }
+    }
+    claimed
+}
+
+async fn claim_stale_once(
+    pool: &MySqlPool,
+    older_than_secs: u64,
+    limit: u32,
+) -> Result<Vec<(u64, u64)>> {
+    let mut tx = pool.begin().await?;
+    let stale: Vec<(u64, u64)> = sqlx::query_as(
         "SELECT message_id, chunk_id FROM message_chunks WHERE state = 0 \
-         AND updated_at < UTC_TIMESTAMP(3) - INTERVAL ? SECOND ORDER BY updated_at LIMIT ?",
+         AND updated_at < UTC_TIMESTAMP(3) - INTERVAL ? SECOND ORDER BY updated_at LIMIT ? \
+         FOR UPDATE SKIP LOCKED",
     )
     .bind(older_than_secs)
     .bind(limit)
-    .fetch_all(pool)
-    .await?)
+    .fetch_all(&mut *tx)
+    .await?;
+    if stale.is_empty() {
+        tx.rollback().await?;
+        return Ok(stale);
+    }
+    let mut update = QueryBuilder::new(
+        "UPDATE message_chunks SET updated_at = UTC_TIMESTAMP(3) WHERE state = 0 AND (message_id, chunk_id) IN (",
+    );
+    let mut pairs = update.separated(", ");
+    for (message_id, chunk_id) in &stale {
+        pairs.push("(").push_bind_unseparated(*message_id).push_unseparated(", ");
+        pairs.push_bind_unseparated(*chunk_id).push_unseparated(")");
+    }
+    update.push(")");
+    update.build().execute(&mut *tx).await?;
+    tx.commit().await?;
+    Ok(stale)
 }
 
 /// Marks chunks as just re-published.

@@ -133,6 +133,46 @@ async fn sweeper_republishes_chunks_whose_publish_was_lost() {
 }
 
 #[tokio::test]
+async fn two_sweepers_claim_each_stale_chunk_once() {
+    let app = spawn_app_with(test_settings(), false).await;
+    let id = send(&app, (1..=6_000).collect()).await;
+    let mut expected = 0;
+    let mut pools = Vec::new();
+    for (_, pool) in app.ctx.pools.iter() {
+        // As if every publish of this send had been lost an hour ago.
+        let aged = sqlx::query(
+            "UPDATE message_chunks SET updated_at = updated_at - INTERVAL 1 HOUR \
+             WHERE message_id = ? AND state = 0",
+        )
+        .bind(id)
+        .execute(pool)
+        .await
+        .unwrap();
+        expected += aged.rows_affected();
+        pools.push(pool.clone());
+    }
+    assert!(expected >= 12, "{expected} chunks");
+    let claims = pools.iter().flat_map(|pool| {
+        // Two sweepers at once on each shard, in small batches.
+        (0..2).map(move |_| async move {
+            let mut mine = Vec::new();
+            loop {
+                let claimed = chunks::claim_stale(pool, 60, 2).await.unwrap();
+                if claimed.is_empty() {
+                    return mine;
+                }
+                mine.extend(claimed);
+            }
+        })
+    });
+    let claimed: Vec<(u64, u64)> = futures::future::join_all(claims).await.concat();
+    let distinct: std::collections::HashSet<(u64, u64)> = claimed.iter().copied().collect();
+    assert_eq!(distinct.len(), claimed.len(), "a chunk was claimed twice");
+    assert_eq!(claimed.len() as u64, expected, "every stale chunk was claimed");
+    app.cleanup().await;
+}
+
+#[tokio::test]
 async fn a_poison_chunk_is_dead_lettered_counted_as_failed_and_redrivable() {
     let mut app = spawn_app_with(test_settings(), false).await;
     let id = send(&app, (1..=1_000).collect()).await;
