@@ -86,6 +86,8 @@ struct Run {
     api_rss_kb: u64,
     /// The api's `notify_event_lag_seconds` p50 and p99 (publish to routed).
     api_lag_ms: (f64, f64),
+    /// The api's `notify_event_commit_lag_seconds` p50 and p99.
+    commit_lag_ms: (f64, f64),
 }
 
 async fn body(env: &mut Env, args: &EventsArgs) -> anyhow::Result<String> {
@@ -156,6 +158,7 @@ async fn body(env: &mut Env, args: &EventsArgs) -> anyhow::Result<String> {
             api_cpu_secs: (cpu1 - cpu0) as f64 / procstat::clock_ticks_per_sec() as f64,
             api_rss_kb: procstat::status_kb(api, "VmRSS:").unwrap_or(0),
             api_lag_ms: lag(env).await,
+            commit_lag_ms: commit_lag(env).await,
         });
     }
     let mut report =
@@ -167,6 +170,7 @@ async fn body(env: &mut Env, args: &EventsArgs) -> anyhow::Result<String> {
             "{} followed of {} recipients: every one exactly once: {} (missing {}, duplicates {}, coalesced {})\n\
              \x20 insert -> event p50 {p50} ms ({}), p99 {p99} ms ({}), max {} ms; all events {:.1} s after SendMessage\n\
              \x20 publish -> routed in the api (notify_event_lag_seconds, rolling) p50 {:.0} ms, p99 {:.0} ms\n\
+             \x20 chunk commit -> routed in the api (notify_event_commit_lag_seconds, rolling) p50 {:.0} ms ({}), p99 {:.0} ms ({})\n\
              \x20 api cpu {:.2} s, api rss {} MB\n",
             thousands(run.followed),
             thousands(args.recipients),
@@ -180,6 +184,10 @@ async fn body(env: &mut Env, args: &EventsArgs) -> anyhow::Result<String> {
             run.delivery_secs,
             run.api_lag_ms.0,
             run.api_lag_ms.1,
+            run.commit_lag_ms.0,
+            verdict(run.commit_lag_ms.0 < 20.0),
+            run.commit_lag_ms.1,
+            verdict(run.commit_lag_ms.1 < 100.0),
             run.api_cpu_secs,
             run.api_rss_kb / 1024,
         ));
@@ -321,6 +329,18 @@ async fn lag(env: &Env) -> (f64, f64) {
     let at = |q: &str| {
         let quantile = format!("quantile=\"{q}\"");
         harness::metric(&page, &["notify_event_lag_seconds{", &quantile]).unwrap_or(0.0) * 1000.0
+    };
+    (at("0.5"), at("0.99"))
+}
+
+/// The api's `notify_event_commit_lag_seconds` p50 and p99 (chunk commit
+/// in the worker to routed in the api).
+async fn commit_lag(env: &Env) -> (f64, f64) {
+    let page = env.scrape("notify-api").await;
+    let at = |q: &str| {
+        let quantile = format!("quantile=\"{q}\"");
+        let name = "notify_event_commit_lag_seconds{";
+        harness::metric(&page, &[name, &quantile]).unwrap_or(0.0) * 1000.0
     };
     (at("0.5"), at("0.99"))
 }

@@ -77,8 +77,9 @@ pub async fn apply_task(ctx: &Context, task: &ChunkTask, redelivered: bool) -> R
     }
     match chunks::apply(pool, message_id, task.chunk_id).await? {
         ApplyOutcome::Applied { user_ids, delivered, summary } => {
+            let committed_at_ms = Some(chrono::Utc::now().timestamp_millis());
             ctx.cache.invalidate_counts(&user_ids).await?;
-            announce_items(ctx, message_id, user_ids, summary).await?;
+            announce_items(ctx, message_id, user_ids, summary, committed_at_ms).await?;
             // Tells the sweeper this send is moving; losing it only costs a
             // harmless re-publish.
             let _ =
@@ -93,7 +94,7 @@ pub async fn apply_task(ctx: &Context, task: &ChunkTask, redelivered: bool) -> R
             ctx.cache.invalidate_counts(&user_ids).await?;
             if delivered {
                 // The earlier attempt may have died before its event.
-                announce_items(ctx, message_id, user_ids, summary).await?;
+                announce_items(ctx, message_id, user_ids, summary, None).await?;
             }
             if status == SendStatus::Sending && !chunks::has_pending(pool, message_id).await? {
                 send::complete_if_done(ctx, message_id).await?;
@@ -111,8 +112,14 @@ async fn announce_items(
     message_id: MessageId,
     user_ids: Vec<u64>,
     summary: ContentSummary,
+    committed_at_ms: Option<i64>,
 ) -> Result<()> {
-    let event = BusEvent::ItemsDelivered { message_id: message_id.get(), user_ids, summary };
+    let event = BusEvent::ItemsDelivered {
+        message_id: message_id.get(),
+        user_ids,
+        summary,
+        committed_at_ms,
+    };
     events::publish(ctx, &event).await
 }
 

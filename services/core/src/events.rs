@@ -38,6 +38,10 @@ pub enum BusEvent {
         /// What the gateway shows.
         #[serde(rename = "c")]
         summary: ContentSummary,
+        /// When the chunk's transaction committed, ms since the epoch (unset
+        /// when a redelivery publishes it again).
+        #[serde(rename = "k", default, skip_serializing_if = "Option::is_none")]
+        committed_at_ms: Option<i64>,
     },
     /// These users' badges changed (mark-read, mark-all-read, group ack).
     #[serde(rename = "badges")]
@@ -145,6 +149,7 @@ mod tests {
                 created_at_ms: 1_700_000_000_000,
                 expire_at_ms: None,
             },
+            committed_at_ms: Some(1_700_000_000_001),
         };
         let bytes = event.encode();
         let text = String::from_utf8(bytes.clone()).unwrap();

@@ -315,7 +315,12 @@ impl Hub {
     pub fn dispatch(&self, event: BusEvent) {
         metrics::counter!("notify_events_received_total", "kind" => event.kind()).increment(1);
         match event {
-            BusEvent::ItemsDelivered { message_id, user_ids, summary } => {
+            BusEvent::ItemsDelivered { message_id, user_ids, summary, committed_at_ms } => {
+                if let Some(committed) = committed_at_ms {
+                    let lag_ms = (chrono::Utc::now().timestamp_millis() - committed).max(0);
+                    metrics::histogram!("notify_event_commit_lag_seconds")
+                        .record(lag_ms as f64 / 1000.0);
+                }
                 let followed = self.deliver(message_id, &summary, user_ids.iter().copied());
                 self.expire_later(&summary, followed.clone());
                 self.badges_changed(followed);
