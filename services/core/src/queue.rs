@@ -17,7 +17,10 @@ use lapin::options::{
 };
 use lapin::tcp::OwnedTLSConfig;
 use lapin::types::{AMQPValue, FieldTable};
-use lapin::{BasicProperties, Channel, Connection, ConnectionProperties, ExchangeKind};
+
+use lapin::{
+    BasicProperties, Channel, Confirmation, Connection, ConnectionProperties, ExchangeKind,
+};
 use secrecy::ExposeSecret;
 use serde::{Deserialize, Serialize};
 use tokio::sync::Mutex;
@@ -333,7 +336,9 @@ impl Publisher {
                 .basic_publish(
                     exchange.as_str().into(),
                     lane.name().into(),
-                    BasicPublishOptions::default(),
+                    // Mandatory: a task with no queue to go to comes back
+                    // instead of being confirmed and dropped.
+                    BasicPublishOptions { mandatory: true, ..Default::default() },
                     &task.encode(),
                     properties.clone(),
                 )
@@ -342,8 +347,22 @@ impl Publisher {
         }
         let confirmed = tokio::time::timeout(BROKER_TIMEOUT, async {
             for confirm in confirms {
-                if !confirm.await?.is_ack() {
-                    return Err(Error::Unavailable("rabbitmq refused a chunk task".to_owned()));
+                match confirm.await? {
+                    Confirmation::Ack(None) | Confirmation::NotRequested => {}
+                    Confirmation::Ack(Some(returned)) => {
+                        metrics::counter!("notify_tasks_returned_total", "lane" => lane.name())
+                            .increment(1);
+                        return Err(Error::Unavailable(format!(
+                            "rabbitmq returned a chunk task as unroutable ({} {}): the {} lane \
+                             queue is missing",
+                            returned.reply_code,
+                            returned.reply_text,
+                            lane.name()
+                        )));
+                    }
+                    Confirmation::Nack(_) => {
+                        return Err(Error::Unavailable("rabbitmq refused a chunk task".to_owned()));
+                    }
                 }
             }
             Ok(())

@@ -137,3 +137,36 @@ async fn redis_down_mid_send_badges_come_from_mysql_and_none_is_stale_after() {
     }
     app.cleanup().await;
 }
+
+#[tokio::test]
+async fn a_task_with_no_queue_comes_back_and_is_published_again_after_redeclaring() {
+    use notify_core::domain::Lane;
+    let mut app = spawn_app_with(test_settings(), false).await;
+    // The high lane's queue disappears under the running api (an operator's
+    // mistake, a broker that lost its definitions).
+    let conn = notify_core::queue::connect(&app.settings.rabbitmq, "test-delete").await.unwrap();
+    let channel = conn.create_channel().await.unwrap();
+    let topology = notify_core::queue::Topology::new(&app.settings.rabbitmq);
+    let options = lapin::options::QueueDeleteOptions::default();
+    channel.queue_delete(topology.queue(Lane::High).into(), options).await.unwrap();
+    let _ = channel.close(200, "done".into()).await;
+    let _ = conn.close(200, "done".into()).await;
+
+    let before = returned(&app).await;
+    let id = send(&app, vec![1, 2, 3]).await;
+    // Mandatory publishing saw the task come back, and the publisher's new
+    // channel declared the queue again before publishing it once more.
+    assert!(returned(&app).await > before, "the unroutable task was confirmed and dropped");
+    app.start_worker().await;
+    wait_for_status(&app, id, v1::MessageStatus::Completed).await;
+    assert_exactly_once(&app, id, &[1, 2, 3]).await;
+    app.cleanup().await;
+}
+
+async fn returned(app: &TestApp) -> f64 {
+    let page = notify_testkit::http_get(app.metrics_addr, "/metrics").await.1;
+    page.lines()
+        .filter(|line| line.starts_with("notify_tasks_returned_total"))
+        .filter_map(|line| line.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
