@@ -101,6 +101,18 @@ async fn retire_badges(ctx: &Context, message_id: MessageId) {
     }
 }
 
+/// Ends the announcements on `pool` (their home shard) whose expiry has
+/// passed: SENDING -> COMPLETED. They have left every inbox and badge at
+/// their expiry already; this makes their status say so.
+pub async fn end_expired(ctx: &Context, pool: &sqlx::MySqlPool) -> Result<Vec<u64>> {
+    let ended = messages::end_expired_announcements(pool).await?;
+    for id in &ended {
+        send::refresh_status_best_effort(ctx, MessageId::from_raw(*id)).await;
+        tracing::info!(message_id = *id, "announcement expired, completed");
+    }
+    Ok(ended)
+}
+
 /// Returns the live announcements (cached per epoch, rebuilt on a miss).
 pub async fn active(ctx: &Context) -> Result<Vec<Active>> {
     let now_ms = Utc::now().timestamp_millis();

@@ -85,6 +85,7 @@ pub async fn sweep_once(ctx: &Context) -> Result<u64> {
     }
     for (shard, pool) in ctx.pools.iter() {
         complete_finished_sends(ctx, shard, pool).await;
+        end_expired_announcements(ctx, shard, pool).await;
     }
     report_sending(ctx).await;
     if republished > 0 {
@@ -120,6 +121,14 @@ async fn report_sending(ctx: &Context) {
 
 /// Completes the SENDING sends of one home shard whose last chunk finished
 /// while nobody checked (keyset paging over all of them).
+/// Announcements end (COMPLETED) when they expire; they have left every
+/// inbox and badge already, this makes their status say so.
+async fn end_expired_announcements(ctx: &Context, shard: ShardId, pool: &sqlx::MySqlPool) {
+    if let Err(e) = notify_core::announce::end_expired(ctx, pool).await {
+        warn!(error = %e, shard = %shard, "sweeper cannot end expired announcements");
+    }
+}
+
 async fn complete_finished_sends(ctx: &Context, shard: ShardId, pool: &sqlx::MySqlPool) {
     let mut after = 0;
     loop {

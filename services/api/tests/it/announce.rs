@@ -108,6 +108,9 @@ async fn an_announcement_expires_on_time() {
     assert_eq!(badge(&app, 8).await, 0);
     assert_eq!(badge(&app, 9).await, 0);
     assert!(inbox_ids(&app, 8).await.is_empty());
+    // And the send ends: the worker's sweeper completes it once it expired.
+    let done = wait_for_status(&app, id, v1::MessageStatus::Completed).await;
+    assert_eq!(done.progress.unwrap().delivered, 1, "user 8's copy was materialized");
     app.cleanup().await;
 }
 

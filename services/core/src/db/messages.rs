@@ -318,6 +318,31 @@ pub async fn live_announcements(pool: &MySqlPool) -> Result<Vec<(u64, Option<Nai
     .await?)
 }
 
+/// Ends live announcements whose `expire_at` has passed (SENDING ->
+/// COMPLETED); returns the ids this call ended.
+pub async fn end_expired_announcements(pool: &MySqlPool) -> Result<Vec<u64>> {
+    let expired: Vec<u64> = sqlx::query_scalar(
+        "SELECT message_id FROM messages WHERE audience = 2 AND status = 1 \
+         AND expire_at <= UTC_TIMESTAMP(3)",
+    )
+    .fetch_all(pool)
+    .await?;
+    let mut ended = Vec::new();
+    for message_id in expired {
+        let result = sqlx::query(
+            "UPDATE messages SET status = 3, status_version = status_version + 1, \
+             finished_at = UTC_TIMESTAMP(3) WHERE message_id = ? AND audience = 2 AND status = 1",
+        )
+        .bind(message_id)
+        .execute(pool)
+        .await?;
+        if result.rows_affected() == 1 {
+            ended.push(message_id);
+        }
+    }
+    Ok(ended)
+}
+
 /// Returns scheduled sends whose `send_at` has come.
 pub async fn due_scheduled(pool: &MySqlPool, limit: u32) -> Result<Vec<u64>> {
     Ok(sqlx::query_scalar(
