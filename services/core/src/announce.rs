@@ -27,6 +27,9 @@ use crate::send::{self, Created, NewSend};
 /// How long the active list stays cached (it is also refreshed on change).
 const ACTIVE_LIST_TTL_SECS: u64 = 30;
 
+/// Longest one shard gets to list its live announcements for a badge.
+const SHARD_READ_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(2);
+
 /// An announcement that is live now.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Active {
@@ -129,7 +132,12 @@ pub async fn active(ctx: &Context) -> Result<Vec<Active>> {
     let mut list = Vec::new();
     let (mut reached, mut unreachable) = (0, None);
     for (shard, pool) in ctx.pools.iter() {
-        match messages::live_announcements(pool).await {
+        // A shard that accepts and never answers counts as unreachable.
+        let reading = tokio::time::timeout(SHARD_READ_TIMEOUT, messages::live_announcements(pool));
+        let read = reading.await.unwrap_or_else(|_| {
+            Err(Error::Unavailable(format!("shard {} did not answer in time", shard.0)))
+        });
+        match read {
             Ok(live) => {
                 reached += 1;
                 list.extend(live.into_iter().map(|(message_id, expire_at)| Active {

@@ -46,13 +46,23 @@ pub async fn every<F, Fut>(
 }
 
 /// Starts every due scheduled send on every shard.
+/// A shard that does not answer is passed over until the next run.
 pub async fn schedule_once(ctx: &Context) -> Result<()> {
-    for (_, pool) in ctx.pools.iter() {
-        for id in messages::due_scheduled(pool, BATCH).await? {
-            send::start_due(ctx, MessageId::from_raw(id)).await?;
+    let limit = Duration::from_secs(ctx.settings.worker.operation_timeout_secs);
+    let mut first_error = None;
+    for (shard, pool) in ctx.pools.iter() {
+        let starting = async {
+            for id in messages::due_scheduled(pool, BATCH).await? {
+                send::start_due(ctx, MessageId::from_raw(id)).await?;
+            }
+            Ok(())
+        };
+        if let Err(e) = within(limit, starting).await {
+            warn!(error = %e, shard = %shard, "scheduler passed over a shard");
+            first_error.get_or_insert(e);
         }
     }
-    Ok(())
+    first_error.map_or(Ok(()), Err)
 }
 
 /// One sweep over every shard. Returns the number of chunks re-published.
@@ -60,12 +70,18 @@ pub async fn schedule_once(ctx: &Context) -> Result<()> {
 /// one shard that is down does not stop healing on the others.
 pub async fn sweep_once(ctx: &Context) -> Result<u64> {
     let timeout = ctx.settings.worker.sweep_timeout_secs;
+    let limit = Duration::from_secs(ctx.settings.worker.operation_timeout_secs);
     let mut republished = 0;
     for (shard, pool) in ctx.pools.iter() {
-        let stale = match chunks::claim_stale(pool, timeout, BATCH).await {
-            Ok(stale) => stale,
-            Err(e) => {
+        let claimed = tokio::time::timeout(limit, chunks::claim_stale(pool, timeout, BATCH)).await;
+        let stale = match claimed {
+            Ok(Ok(stale)) => stale,
+            Ok(Err(e)) => {
                 warn!(error = %e, shard = %shard, "sweeper cannot read this shard");
+                continue;
+            }
+            Err(_) => {
+                warn!(shard = %shard, "sweeper gave up on a shard that does not answer");
                 continue;
             }
         };
@@ -75,7 +91,7 @@ pub async fn sweep_once(ctx: &Context) -> Result<u64> {
         }
         for (message_id, chunk_ids) in by_message {
             let id = MessageId::from_raw(message_id);
-            match sweep_message(ctx, shard, id, &chunk_ids).await {
+            match within(limit, sweep_message(ctx, shard, id, &chunk_ids)).await {
                 Ok(count) => republished += count,
                 Err(e) => {
                     warn!(error = %e, message_id, shard = %shard, "sweeping a message failed")
@@ -84,10 +100,15 @@ pub async fn sweep_once(ctx: &Context) -> Result<u64> {
         }
     }
     for (shard, pool) in ctx.pools.iter() {
-        complete_finished_sends(ctx, shard, pool).await;
-        end_expired_announcements(ctx, shard, pool).await;
+        let finishing = async {
+            complete_finished_sends(ctx, shard, pool).await;
+            end_expired_announcements(ctx, shard, pool).await;
+        };
+        if tokio::time::timeout(limit, finishing).await.is_err() {
+            warn!(shard = %shard, "sweeper gave up on a shard that does not answer");
+        }
     }
-    report_sending(ctx).await;
+    report_sending(ctx, limit).await;
     if republished > 0 {
         info!(republished, "sweeper re-published stuck chunks");
         metrics::counter!("notify_chunks_republished_total").increment(republished);
@@ -95,13 +116,23 @@ pub async fn sweep_once(ctx: &Context) -> Result<u64> {
     Ok(republished)
 }
 
+/// `work`, or an error once it has taken longer than `limit`.
+async fn within<T>(limit: Duration, work: impl Future<Output = Result<T>>) -> Result<T> {
+    tokio::time::timeout(limit, work).await.unwrap_or_else(|_| {
+        Err(notify_core::Error::Unavailable(format!(
+            "no answer within worker.operation_timeout_secs ({} s)",
+            limit.as_secs()
+        )))
+    })
+}
+
 /// Sets `notify_sends_sending` and `notify_oldest_sending_send_age_seconds`
 /// over every home shard that answers (a send stuck in SENDING shows as an
 /// age that keeps growing).
-async fn report_sending(ctx: &Context) {
+async fn report_sending(ctx: &Context, limit: Duration) {
     let (mut count, mut oldest) = (0u64, None);
     for (shard, pool) in ctx.pools.iter() {
-        match messages::sending_summary(pool).await {
+        match within(limit, messages::sending_summary(pool)).await {
             Ok((n, started)) => {
                 count += n;
                 oldest = match (oldest, started) {

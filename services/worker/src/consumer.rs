@@ -221,10 +221,18 @@ async fn handle(
         // A panic is a permanent failure of this task, not of the worker.
         // In-process retries count as redeliveries too.
         let redelivered = delivery.redelivered || attempt > 1;
-        let result = AssertUnwindSafe(deliver::apply_task(ctx, &task, redelivered))
-            .catch_unwind()
-            .await
-            .unwrap_or_else(|_| Err(Error::Internal("applying the chunk panicked".to_owned())));
+        let limit = Duration::from_secs(ctx.settings.worker.operation_timeout_secs);
+        let applying =
+            AssertUnwindSafe(deliver::apply_task(ctx, &task, redelivered)).catch_unwind();
+        let result = match tokio::time::timeout(limit, applying).await {
+            Ok(applied) => applied
+                .unwrap_or_else(|_| Err(Error::Internal("applying the chunk panicked".to_owned()))),
+            // Dropping the attempt rolls its transaction back.
+            Err(_) => Err(Error::Unavailable(format!(
+                "applying the chunk took longer than worker.operation_timeout_secs ({} s)",
+                limit.as_secs()
+            ))),
+        };
         match result {
             Ok(outcome) => {
                 record(lane, outcome, started);

@@ -82,7 +82,23 @@ pub async fn connect(settings: &Settings) -> Result<ShardPools> {
     let mut pools = Vec::new();
     for (index, shard) in settings.database.shards.iter().enumerate() {
         let options = shard_options(settings, shard)?;
+        let idle_transaction_timeout = settings.database.idle_transaction_timeout_secs;
         let pool = MySqlPoolOptions::new()
+            .after_connect(move |conn, _| {
+                Box::pin(async move {
+                    if idle_transaction_timeout > 0 {
+                        // MariaDB only; a server without the variable keeps
+                        // its own behaviour.
+                        let set = format!(
+                            "SET SESSION idle_transaction_timeout = {idle_transaction_timeout}"
+                        );
+                        if let Err(e) = sqlx::query(sqlx::AssertSqlSafe(set)).execute(conn).await {
+                            tracing::debug!(error = %e, "idle_transaction_timeout not set");
+                        }
+                    }
+                    Ok(())
+                })
+            })
             .max_connections(settings.database.pool_max)
             .min_connections(1)
             // A broken connection fails its query, which is retried; pinging

@@ -96,6 +96,8 @@ pub struct WorkerSettings {
     pub retry_base_ms: u64,
     /// Attempts at a chunk that never commit before it is recorded as failed.
     pub poison_attempts: u32,
+    /// Longest one attempt at a chunk, or a sweep of one shard, may take.
+    pub operation_timeout_secs: u64,
     /// Scheduler poll interval.
     pub scheduler_interval_ms: u64,
     /// Sweeper poll interval.
@@ -133,6 +135,8 @@ pub struct DatabaseSettings {
     pub pool_max: u32,
     /// Connect timeout.
     pub connect_timeout_secs: u64,
+    /// Server-side end of sessions idle inside a transaction (0: unset).
+    pub idle_transaction_timeout_secs: u64,
     /// The physical shards.
     pub shards: Vec<ShardSettings>,
     /// Bucket ranges; empty means an even split.
@@ -340,6 +344,7 @@ impl Settings {
             ("send.chunk_size", self.send.chunk_size as u64),
             ("worker.concurrency", self.worker.concurrency as u64),
             ("worker.max_attempts", u64::from(self.worker.max_attempts)),
+            ("worker.operation_timeout_secs", self.worker.operation_timeout_secs),
             ("database.pool_max", u64::from(self.database.pool_max)),
             ("groups.max_members", self.groups.max_members),
             ("groups.seq_cache_ttl_secs", self.groups.seq_cache_ttl_secs),
