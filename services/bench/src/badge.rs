@@ -348,28 +348,7 @@ async fn seed_badges(env: &mut Env, channel: &Channel, args: &BadgeArgs) -> anyh
             .into_inner()
             .message_id
     } else {
-        let id = messages
-            .create_message(v1::CreateMessageRequest {
-                sender: "notify-bench".into(),
-                content: Some(content),
-                ..Default::default()
-            })
-            .await
-            .context("CreateMessage")?
-            .into_inner()
-            .message_id;
-        for (index, batch) in users.chunks(100_000).enumerate() {
-            messages
-                .append_recipients(v1::AppendRecipientsRequest {
-                    message_id: id,
-                    batch_number: index as u64 + 1,
-                    user_ids: batch.to_vec(),
-                })
-                .await
-                .context("AppendRecipients")?;
-        }
-        messages.start_message(v1::StartMessageRequest { message_id: id }).await?;
-        id
+        harness::send_draft(channel, content, &users).await?
     };
     let mut stream = messages
         .watch_message(v1::WatchMessageRequest { message_id, interval_ms: 100 })

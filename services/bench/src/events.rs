@@ -16,7 +16,6 @@ use hdrhistogram::Histogram;
 use notify_core::Settings;
 use notify_proto::v1;
 use notify_proto::v1::event_service_client::EventServiceClient;
-use notify_proto::v1::message_service_client::MessageServiceClient;
 use notify_proto::v1::subscribe_response::Event;
 use tonic::transport::Channel;
 
@@ -259,37 +258,13 @@ async fn wait_for_snapshots(
 }
 
 async fn send(channel: &Channel, recipients: &[u64]) -> anyhow::Result<u64> {
-    let mut client = MessageServiceClient::new(channel.clone())
-        .max_decoding_message_size(64 << 20)
-        .max_encoding_message_size(64 << 20);
     let content = v1::Content {
         title: "Benchmark events".into(),
         body: "One send, many followed users.".into(),
         category: "bench".into(),
         data: HashMap::new(),
     };
-    let message_id = client
-        .create_message(v1::CreateMessageRequest {
-            sender: "notify-bench".into(),
-            content: Some(content),
-            ..Default::default()
-        })
-        .await
-        .context("CreateMessage")?
-        .into_inner()
-        .message_id;
-    for (index, batch) in recipients.chunks(10_000).enumerate() {
-        client
-            .append_recipients(v1::AppendRecipientsRequest {
-                message_id,
-                batch_number: index as u64 + 1,
-                user_ids: batch.to_vec(),
-            })
-            .await
-            .context("AppendRecipients")?;
-    }
-    client.start_message(v1::StartMessageRequest { message_id }).await.context("StartMessage")?;
-    Ok(message_id)
+    harness::send_draft(channel, content, recipients).await
 }
 
 /// When each user's item was inserted, ms since the epoch, from their shard.

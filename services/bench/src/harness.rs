@@ -589,3 +589,42 @@ pub fn thousands(n: u64) -> String {
 pub fn verdict(ok: bool) -> &'static str {
     if ok { "OK" } else { "MISS" }
 }
+
+/// Sends `content` to `users` through the draft flow (CreateMessage, numbered
+/// AppendRecipients batches of up to 100,000 ids, StartMessage); returns the
+/// message id.
+pub async fn send_draft(
+    channel: &Channel,
+    content: notify_proto::v1::Content,
+    users: &[u64],
+) -> anyhow::Result<u64> {
+    use notify_proto::v1;
+    let mut messages = v1::message_service_client::MessageServiceClient::new(channel.clone())
+        .max_decoding_message_size(64 << 20)
+        .max_encoding_message_size(64 << 20);
+    let id = messages
+        .create_message(v1::CreateMessageRequest {
+            sender: "notify-bench".into(),
+            content: Some(content),
+            ..Default::default()
+        })
+        .await
+        .context("CreateMessage")?
+        .into_inner()
+        .message_id;
+    for (index, batch) in users.chunks(100_000).enumerate() {
+        messages
+            .append_recipients(v1::AppendRecipientsRequest {
+                message_id: id,
+                batch_number: index as u64 + 1,
+                user_ids: batch.to_vec(),
+            })
+            .await
+            .context("AppendRecipients")?;
+    }
+    messages
+        .start_message(v1::StartMessageRequest { message_id: id })
+        .await
+        .context("StartMessage")?;
+    Ok(id)
+}

@@ -544,3 +544,14 @@ pub fn never_sent(status: &tonic::Status) -> bool {
     }
     false
 }
+
+/// Sums every series of a metric on a Prometheus page (0 when absent).
+pub fn metric_sum(page: &str, name: &str) -> f64 {
+    page.lines()
+        .filter(|line| {
+            line.strip_prefix(name)
+                .is_some_and(|rest| rest.starts_with(' ') || rest.starts_with('{'))
+        })
+        .filter_map(|line| line.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}

@@ -179,8 +179,5 @@ async fn a_task_with_no_queue_comes_back_and_is_published_again_after_redeclarin
 
 async fn returned(app: &TestApp) -> f64 {
     let page = notify_testkit::http_get(app.metrics_addr, "/metrics").await.1;
-    page.lines()
-        .filter(|line| line.starts_with("notify_tasks_returned_total"))
-        .filter_map(|line| line.rsplit(' ').next()?.parse::<f64>().ok())
-        .sum()
+    notify_testkit::metric_sum(&page, "notify_tasks_returned_total")
 }

@@ -173,15 +173,6 @@ async fn next(stream: &mut tonic::Streaming<tonic_health::pb::HealthCheckRespons
     item.expect("a health change in 30 s").expect("stream open").unwrap().status
 }
 
-/// Reads a counter's value from a Prometheus page (0 when absent).
-fn counter(page: &str, name: &str) -> f64 {
-    page.lines()
-        .find(|line| line.starts_with(name) && line[name.len()..].starts_with(' '))
-        .and_then(|line| line.rsplit(' ').next())
-        .and_then(|value| value.parse().ok())
-        .unwrap_or(0.0)
-}
-
 #[tokio::test]
 async fn connections_past_their_max_age_reconnect_and_no_call_fails_at_the_switch() {
     let mut settings = test_settings();
@@ -189,7 +180,7 @@ async fn connections_past_their_max_age_reconnect_and_no_call_fails_at_the_switc
     settings.api.max_connection_age_grace_secs = 1;
     let app = spawn_app_with(settings, false).await;
     let connections = || async {
-        counter(
+        notify_testkit::metric_sum(
             &notify_testkit::http_get(app.metrics_addr, "/metrics").await.1,
             "notify_grpc_connections_total",
         )
