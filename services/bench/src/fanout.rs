@@ -271,7 +271,7 @@ async fn run_baseline(
             work
         }
     };
-    let message_id = IdGenerator::new().next_id().get();
+    let message_id = IdGenerator::with_instance(rand::random()).next_id()?.get();
 
     let (waited, dirty) = quiesce(server, Duration::from_secs(args.quiesce_secs)).await?;
     println!("quiesce before baseline ({label}): {waited:.1} s, {dirty} dirty pages left");

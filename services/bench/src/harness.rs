@@ -61,7 +61,14 @@ pub fn config_toml(s: &Settings) -> String {
         .database
         .shards
         .iter()
-        .map(|shard| format!("{{ id = {}, database = {} }}", shard.id, toml_str(&shard.database)))
+        .map(|shard| {
+            let url = shard
+                .url
+                .as_ref()
+                .map(|url| format!(", url = {}", toml_str(url.expose_secret())))
+                .unwrap_or_default();
+            format!("{{ id = {}, database = {}{url} }}", shard.id, toml_str(&shard.database))
+        })
         .collect();
     format!(
         "[api]\nlisten = {}\nmetrics_listen = {}\nworker_threads = {}\n\n\
@@ -89,8 +96,8 @@ pub fn config_toml(s: &Settings) -> String {
 /// The release binaries next to this one.
 #[derive(Debug, Clone)]
 pub struct Binaries {
-    api: PathBuf,
-    worker: PathBuf,
+    pub(crate) api: PathBuf,
+    pub(crate) worker: PathBuf,
     ctl: PathBuf,
 }
 
@@ -501,7 +508,7 @@ async fn drop_databases(settings: &Settings) -> anyhow::Result<()> {
 async fn delete_topology(settings: &Settings) -> anyhow::Result<()> {
     let connection = queue::connect(&settings.rabbitmq, "notify-bench-cleanup").await?;
     let channel = connection.create_channel().await?;
-    let result = Topology::new(&settings.rabbitmq).delete(&channel).await;
+    let result = Topology::new(settings).delete(&channel).await;
     let _ = connection.close(200, "done".into()).await;
     Ok(result?)
 }

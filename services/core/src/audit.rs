@@ -85,8 +85,16 @@ pub async fn record(ctx: &Context, entry: Entry<'_>) {
         }
         detail.truncate(end);
     }
+    let audit_id = match ctx.ids.next_id() {
+        Ok(id) => id.get(),
+        Err(e) => {
+            metrics::counter!("notify_audit_write_errors_total").increment(1);
+            warn!(error = %e, action = entry.action, client = entry.client, "could not store an audit record");
+            return;
+        }
+    };
     let row = AuditRow {
-        audit_id: ctx.ids.next_id().get(),
+        audit_id,
         at: Utc::now().naive_utc(),
         client: entry.client.to_owned(),
         action: entry.action.to_owned(),

@@ -8,7 +8,7 @@ use tokio::sync::Semaphore;
 use crate::cache::Cache;
 use crate::db::{self, ShardPools};
 use crate::error::{Error, Result};
-use crate::ids::IdGenerator;
+use crate::ids::{self, IdGenerator, InstanceLease};
 use crate::queue::Publisher;
 use crate::settings::Settings;
 
@@ -46,13 +46,18 @@ impl Context {
         let pools = db::connect(&settings).await?;
         let pool_max = settings.database.pool_max as usize;
         let cache = Cache::connect(&settings.redis).await?;
-        let publisher = Publisher::connect(&settings.rabbitmq).await?;
+        let publisher = Publisher::connect(&settings).await?;
+        let ids = Arc::new(IdGenerator::with_instance(0));
+        let (_, first) = pools.iter().next().ok_or_else(|| {
+            Error::Internal("database.shards: no shard to lease an id instance on".to_owned())
+        })?;
+        InstanceLease::acquire(first.clone(), &ids, ids::LEASE).await?.spawn_renewals(&ids);
         Ok(Self {
             settings: Arc::new(settings),
             pools,
             cache,
             publisher: Arc::new(publisher),
-            ids: Arc::new(IdGenerator::new()),
+            ids,
             cross_shard_permits: Arc::new(Semaphore::new((pool_max / 2).max(1))),
         })
     }

@@ -6,7 +6,11 @@
 //! 2. apply the chunk in one transaction on its shard (the guard);
 //! 3. invalidate the recipients' cached badges and publish the chunk's
 //!    change event for gateway streams (also when step 2 finds the chunk
-//!    already done: a worker may have died between commit and here);
+//!    already done: a worker may have died between commit and here). The
+//!    commit leaves the chunk unsettled, and only a confirmed invalidation
+//!    moves it to done; when Redis does not answer, delivery goes on and
+//!    [`settle`] invalidates once Redis is back. An unsettled chunk keeps its
+//!    send from completing;
 //! 4. complete the send if this shard has no pending chunk left and no other
 //!    shard has either.
 //!
@@ -14,7 +18,7 @@
 //! redelivery, and a redelivery changes nothing that already happened.
 
 use shard_router::ShardId;
-use tracing::{debug, instrument};
+use tracing::{debug, instrument, warn};
 
 use crate::context::Context;
 use crate::db::chunks::{self, ApplyOutcome, ContentSummary};
@@ -64,6 +68,7 @@ pub async fn apply_task(ctx: &Context, task: &ChunkTask, redelivered: bool) -> R
         if let Some(user_ids) = chunks::finished_recipients(pool, message_id, task.chunk_id).await?
         {
             ctx.cache.invalidate_counts(&user_ids).await?;
+            chunks::settle(pool, message_id, task.chunk_id).await?;
         }
         return Ok(TaskOutcome::Skipped(status));
     }
@@ -78,7 +83,15 @@ pub async fn apply_task(ctx: &Context, task: &ChunkTask, redelivered: bool) -> R
     match chunks::apply(pool, message_id, task.chunk_id).await? {
         ApplyOutcome::Applied { user_ids, delivered, summary } => {
             let committed_at_ms = Some(chrono::Utc::now().timestamp_millis());
-            ctx.cache.invalidate_counts(&user_ids).await?;
+            match ctx.cache.invalidate_counts(&user_ids).await {
+                Ok(()) => chunks::settle(pool, message_id, task.chunk_id).await?,
+                Err(e) => {
+                    // Redis is away: delivery goes on, the chunk stays
+                    // unsettled (and its send incomplete) for the settler.
+                    warn!(error = %e, "badges not invalidated, chunk left unsettled");
+                    metrics::counter!("notify_chunks_unsettled_total").increment(1);
+                }
+            }
             announce_items(ctx, message_id, user_ids, summary, committed_at_ms).await?;
             // Tells the sweeper this send is moving; losing it only costs a
             // harmless re-publish.
@@ -90,8 +103,11 @@ pub async fn apply_task(ctx: &Context, task: &ChunkTask, redelivered: bool) -> R
             }
             Ok(TaskOutcome::Delivered { items: delivered })
         }
-        ApplyOutcome::AlreadyFinished { user_ids, delivered, summary } => {
+        ApplyOutcome::AlreadyFinished { user_ids, delivered, unsettled, summary } => {
             ctx.cache.invalidate_counts(&user_ids).await?;
+            if unsettled {
+                chunks::settle(pool, message_id, task.chunk_id).await?;
+            }
             if delivered {
                 // The earlier attempt may have died before its event.
                 announce_items(ctx, message_id, user_ids, summary, None).await?;
@@ -103,6 +119,30 @@ pub async fn apply_task(ctx: &Context, task: &ChunkTask, redelivered: bool) -> R
         }
         ApplyOutcome::Missing => Ok(TaskOutcome::Dropped),
     }
+}
+
+/// How long a chunk may stay unsettled before a settler takes it over from
+/// its worker (which settles it right after its commit when Redis answers).
+const UNSETTLED_AFTER_MS: u64 = 1_000;
+
+/// Settles up to `limit` unsettled chunks of one shard: invalidates their
+/// recipients' cached badges, moves them to done and completes their sends
+/// if nothing else is left. Stops at the first Redis error (still away).
+/// Returns how many were settled.
+pub async fn settle(ctx: &Context, pool: &sqlx::MySqlPool, limit: u32) -> Result<u64> {
+    let mut settled = 0;
+    for chunk in chunks::unsettled(pool, UNSETTLED_AFTER_MS, limit).await? {
+        ctx.cache.invalidate_counts(&chunk.user_ids).await?;
+        chunks::settle(pool, chunk.message_id, chunk.chunk_id).await?;
+        settled += 1;
+        if !chunks::has_pending(pool, chunk.message_id).await? {
+            send::complete_if_done(ctx, chunk.message_id).await?;
+        }
+    }
+    if settled > 0 {
+        metrics::counter!("notify_chunks_settled_total").increment(settled);
+    }
+    Ok(settled)
 }
 
 /// Publishes the chunk's [`BusEvent::ItemsDelivered`]. Before the ack: a

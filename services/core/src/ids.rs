@@ -1,67 +1,231 @@
-//! Time-ordered 64-bit message ids, unique across api replicas.
+//! Time-ordered 64-bit message ids, unique across every live process.
 //!
-//! Layout: 41 bits of milliseconds since 2025-01-01, 10 bits of instance id
-//! (random per process), 12 bits of sequence. Newer messages get larger ids,
-//! so "newest first" is "largest id first". Two replicas that drew the same
-//! instance id could in theory collide in the same millisecond; the insert of
-//! the control record would then fail on its primary key and the caller
-//! draws a new id.
+//! Layout: 41 bits of milliseconds since 2025-01-01, 10 bits of instance id,
+//! 12 bits of sequence. Newer messages get larger ids, so "newest first" is
+//! "largest id first".
+//!
+//! The instance id is leased, so two live processes never share one: each
+//! process holds a row of `instance_leases` on the first shard of the map
+//! (its instance, a random holder token, an expiry in the database's clock)
+//! and renews it every [`RENEW_EVERY`]. A process stops issuing ids on its
+//! own before the lease can have lapsed in the database ([`LEASE`] minus
+//! [`SAFETY_MARGIN`] after the last renewal *began*), so another process
+//! that takes the instance afterwards cannot overlap with it. A process that
+//! finds its instance taken (it was away for longer than the lease) moves to
+//! a free one. With 1,024 instances and a lease of two minutes, slots held by
+//! crashed processes are never short.
 
 use std::sync::Mutex;
-use std::time::{SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use sqlx::MySqlPool;
+use tracing::{info, warn};
 
 use crate::domain::MessageId;
+use crate::error::{Error, Result};
 
 const EPOCH_MS: u64 = 1_735_689_600_000;
 const SEQUENCE_BITS: u32 = 12;
 const INSTANCE_BITS: u32 = 10;
+const INSTANCES: u64 = 1 << INSTANCE_BITS;
+
+/// How long a lease lasts in the database after a renewal.
+pub const LEASE: Duration = Duration::from_secs(120);
+/// How often a lease is renewed.
+pub const RENEW_EVERY: Duration = Duration::from_secs(10);
+/// How long before the lease's end (counted from when the last renewal
+/// began) a process stops issuing ids, for clock-rate differences.
+pub const SAFETY_MARGIN: Duration = Duration::from_secs(10);
 
 /// Generates message ids.
 #[derive(Debug)]
 pub struct IdGenerator {
+    state: Mutex<State>,
+}
+
+#[derive(Debug)]
+struct State {
+    last_ms: u64,
+    sequence: u64,
     instance: u64,
-    state: Mutex<(u64, u64)>,
+    /// Until when the instance may be used; `None`: always (a fixed instance).
+    valid_until: Option<Instant>,
 }
 
 impl IdGenerator {
-    /// Creates a generator with a random instance id.
-    pub fn new() -> Self {
-        Self::with_instance(rand::random::<u64>() & ((1 << INSTANCE_BITS) - 1))
+    /// Creates a generator with a fixed instance id (`0..1024`), for tools
+    /// and benches that never share a database with a live process.
+    pub fn with_instance(instance: u64) -> Self {
+        let state =
+            State { last_ms: 0, sequence: 0, instance: instance % INSTANCES, valid_until: None };
+        Self { state: Mutex::new(state) }
     }
 
-    /// Creates a generator with a fixed instance id (`0..1024`).
-    pub fn with_instance(instance: u64) -> Self {
-        Self { instance: instance & ((1 << INSTANCE_BITS) - 1), state: Mutex::new((0, 0)) }
+    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// The instance id in use.
+    pub fn instance(&self) -> u64 {
+        self.lock().instance
     }
 
     /// Returns the next id; strictly increasing within this generator.
-    pub fn next_id(&self) -> MessageId {
+    /// Fails while the instance lease cannot be renewed.
+    pub fn next_id(&self) -> Result<MessageId> {
         let now = SystemTime::now()
             .duration_since(UNIX_EPOCH)
             .map(|d| d.as_millis() as u64)
             .unwrap_or(EPOCH_MS)
             .saturating_sub(EPOCH_MS);
-        let mut state = self.state.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-        let (last_ms, sequence) = *state;
-        let (ms, seq) = if now > last_ms {
+        let mut state = self.lock();
+        if state.valid_until.is_some_and(|until| Instant::now() >= until) {
+            return Err(Error::Unavailable(
+                "message ids: this process's instance lease could not be renewed (is the first \
+                 shard reachable?)"
+                    .to_owned(),
+            ));
+        }
+        let (ms, sequence) = if now > state.last_ms {
             (now, 0)
-        } else if sequence + 1 < (1 << SEQUENCE_BITS) {
-            (last_ms, sequence + 1)
+        } else if state.sequence + 1 < (1 << SEQUENCE_BITS) {
+            (state.last_ms, state.sequence + 1)
         } else {
             // Sequence exhausted within a millisecond: borrow the next one.
-            (last_ms + 1, 0)
+            (state.last_ms + 1, 0)
         };
-        *state = (ms, seq);
-        MessageId::from_raw(
-            (ms << (INSTANCE_BITS + SEQUENCE_BITS)) | (self.instance << SEQUENCE_BITS) | seq,
-        )
+        state.last_ms = ms;
+        state.sequence = sequence;
+        let id = (ms << (INSTANCE_BITS + SEQUENCE_BITS)) | (state.instance << SEQUENCE_BITS);
+        Ok(MessageId::from_raw(id | sequence))
+    }
+
+    /// Uses `instance` until `until`.
+    fn hold(&self, instance: u64, until: Instant) {
+        let mut state = self.lock();
+        state.instance = instance;
+        state.valid_until = Some(until);
     }
 }
 
-impl Default for IdGenerator {
-    fn default() -> Self {
-        Self::new()
+/// A process's lease on an instance id, renewed in the background.
+pub struct InstanceLease {
+    pool: MySqlPool,
+    holder: String,
+    lease: Duration,
+}
+
+impl InstanceLease {
+    /// Takes a free instance on `pool` for `generator` (`lease`: how long it
+    /// lasts without renewal; [`LEASE`] outside tests).
+    pub async fn acquire(
+        pool: MySqlPool,
+        generator: &IdGenerator,
+        lease: Duration,
+    ) -> Result<Self> {
+        let holder =
+            format!("{}:{}:{:016x}", hostname(), std::process::id(), rand::random::<u64>());
+        let this = Self { pool, holder, lease };
+        this.take_free(generator).await?;
+        Ok(this)
     }
+
+    /// Renews the lease, or takes a free instance if another process holds
+    /// ours now. On an error the generator keeps its instance until the
+    /// validity it had runs out.
+    pub async fn renew(&self, generator: &IdGenerator) -> Result<()> {
+        let began = Instant::now();
+        let instance = generator.instance();
+        if self.claim(instance).await? {
+            generator.hold(instance, self.valid_until(began));
+            return Ok(());
+        }
+        warn!(instance, "message id instance taken by another process, moving to a free one");
+        self.take_free(generator).await
+    }
+
+    /// Renews every [`RENEW_EVERY`] for as long as `generator` is alive.
+    pub fn spawn_renewals(self, generator: &std::sync::Arc<IdGenerator>) {
+        let generator = std::sync::Arc::downgrade(generator);
+        tokio::spawn(async move {
+            let mut ticker = tokio::time::interval(RENEW_EVERY.min(self.lease / 4));
+            ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            ticker.tick().await;
+            loop {
+                ticker.tick().await;
+                let Some(generator) = generator.upgrade() else { break };
+                if let Err(e) = self.renew(&generator).await {
+                    metrics::counter!("notify_id_lease_renewals_failed_total").increment(1);
+                    warn!(error = %e, "could not renew the message id instance lease");
+                }
+            }
+            self.release().await;
+        });
+    }
+
+    async fn take_free(&self, generator: &IdGenerator) -> Result<()> {
+        for _ in 0..8 {
+            let taken: Vec<u16> = sqlx::query_scalar(
+                "SELECT instance FROM instance_leases WHERE expires_at >= UTC_TIMESTAMP(3)",
+            )
+            .fetch_all(&self.pool)
+            .await?;
+            let free: Vec<u64> = (0..INSTANCES).filter(|i| !taken.contains(&(*i as u16))).collect();
+            if free.is_empty() {
+                break;
+            }
+            let instance = free[rand::random_range(0..free.len())];
+            let began = Instant::now();
+            if self.claim(instance).await? {
+                generator.hold(instance, self.valid_until(began));
+                info!(instance, "message id instance leased");
+                return Ok(());
+            }
+        }
+        Err(Error::Unavailable(
+            "message ids: no free instance id (1,024 live processes?)".to_owned(),
+        ))
+    }
+
+    /// Takes or renews `instance` if it is free or ours; true if ours now.
+    async fn claim(&self, instance: u64) -> Result<bool> {
+        // Assignments apply left to right: `expires_at` moves only if the
+        // holder is (now) us.
+        sqlx::query(
+            "INSERT INTO instance_leases (instance, holder, expires_at) \
+             VALUES (?, ?, UTC_TIMESTAMP(3) + INTERVAL ? MICROSECOND) \
+             ON DUPLICATE KEY UPDATE \
+             holder = IF(expires_at < UTC_TIMESTAMP(3), VALUES(holder), holder), \
+             expires_at = IF(holder = VALUES(holder), VALUES(expires_at), expires_at)",
+        )
+        .bind(instance)
+        .bind(&self.holder)
+        .bind(self.lease.as_micros() as u64)
+        .execute(&self.pool)
+        .await?;
+        let holder: Option<String> =
+            sqlx::query_scalar("SELECT holder FROM instance_leases WHERE instance = ?")
+                .bind(instance)
+                .fetch_optional(&self.pool)
+                .await?;
+        Ok(holder.as_deref() == Some(self.holder.as_str()))
+    }
+
+    fn valid_until(&self, began: Instant) -> Instant {
+        began + self.lease.saturating_sub(SAFETY_MARGIN.min(self.lease / 4))
+    }
+
+    /// Gives the instance back (best effort: it lapses anyway).
+    async fn release(&self) {
+        let _ = sqlx::query("DELETE FROM instance_leases WHERE holder = ?")
+            .bind(&self.holder)
+            .execute(&self.pool)
+            .await;
+    }
+}
+
+fn hostname() -> String {
+    std::env::var("HOSTNAME").unwrap_or_else(|_| "local".to_owned())
 }
 
 #[cfg(test)]
@@ -73,9 +237,20 @@ mod tests {
         let generator = IdGenerator::with_instance(7);
         let mut last = 0;
         for _ in 0..20_000 {
-            let id = generator.next_id().get();
+            let id = generator.next_id().unwrap().get();
             assert!(id > last);
+            assert_eq!((id >> SEQUENCE_BITS) & (INSTANCES - 1), 7);
             last = id;
         }
+    }
+
+    #[test]
+    fn a_lapsed_lease_issues_no_ids() {
+        let generator = IdGenerator::with_instance(3);
+        generator.hold(3, Instant::now());
+        let err = generator.next_id().unwrap_err();
+        assert!(err.to_string().contains("instance lease"), "{err}");
+        generator.hold(5, Instant::now() + Duration::from_secs(60));
+        assert_eq!((generator.next_id().unwrap().get() >> SEQUENCE_BITS) & (INSTANCES - 1), 5);
     }
 }

@@ -2,10 +2,13 @@
 //! waits for broker confirms and reconnects after a broker restart.
 //!
 //! Topology (names under `rabbitmq.prefix`):
-//! - `{p}.chunks` direct exchange; routing keys `high` and `bulk`.
-//! - `{p}.chunks.high`, `{p}.chunks.bulk`: durable queues (quorum by default,
-//!   so they survive a broker restart and cap redeliveries of poison tasks),
-//!   dead-lettering to `{p}.chunks.dlx`.
+//! - `{p}.chunks` direct exchange; routing keys `{lane}.s{shard}`.
+//! - `{p}.chunks.{lane}.s{shard}` (lanes `high` and `bulk`, one queue per
+//!   shard of the map): durable queues (quorum by default, so they survive a
+//!   broker restart and cap redeliveries of poison tasks), dead-lettering to
+//!   `{p}.chunks.dlx`. One queue per shard keeps one slow or unreachable
+//!   shard's chunks from taking the consumer slots the other shards' chunks
+//!   need: workers consume each shard's queue with its own concurrency.
 //! - `{p}.chunks.dlx` fanout exchange -> `{p}.chunks.dead`: tasks that failed
 //!   their last attempt or were redelivered too often, kept for inspection.
 
@@ -28,7 +31,7 @@ use tracing::{info, warn};
 
 use crate::domain::Lane;
 use crate::error::{Error, Result};
-use crate::settings::RabbitSettings;
+use crate::settings::{RabbitSettings, Settings};
 
 /// Longest wait for a broker connection or for the confirms of one publish.
 const BROKER_TIMEOUT: Duration = Duration::from_secs(10);
@@ -72,12 +75,23 @@ impl ChunkTask {
 pub struct Topology {
     prefix: String,
     queue_type: String,
+    shards: Vec<u32>,
 }
 
 impl Topology {
-    /// Builds the names for `settings.prefix`.
-    pub fn new(settings: &RabbitSettings) -> Self {
-        Self { prefix: settings.prefix.clone(), queue_type: settings.queue_type.clone() }
+    /// Builds the names for `settings.rabbitmq.prefix` and the shards of
+    /// `settings.database`.
+    pub fn new(settings: &Settings) -> Self {
+        Self {
+            prefix: settings.rabbitmq.prefix.clone(),
+            queue_type: settings.rabbitmq.queue_type.clone(),
+            shards: settings.database.shards.iter().map(|shard| shard.id.0).collect(),
+        }
+    }
+
+    /// The shards that have task queues.
+    pub fn shards(&self) -> &[u32] {
+        &self.shards
     }
 
     /// The direct exchange tasks are published to.
@@ -85,9 +99,22 @@ impl Topology {
         format!("{}.chunks", self.prefix)
     }
 
-    /// The queue of a lane.
-    pub fn queue(&self, lane: Lane) -> String {
-        format!("{}.chunks.{}", self.prefix, lane.name())
+    /// The routing key of a lane's tasks for one shard.
+    pub fn routing_key(lane: Lane, shard: u32) -> String {
+        format!("{}.s{shard}", lane.name())
+    }
+
+    /// The queue of a lane's tasks for one shard.
+    pub fn queue(&self, lane: Lane, shard: u32) -> String {
+        format!("{}.chunks.{}", self.prefix, Self::routing_key(lane, shard))
+    }
+
+    /// Every task queue.
+    pub fn queues(&self) -> Vec<String> {
+        [Lane::High, Lane::Bulk]
+            .into_iter()
+            .flat_map(|lane| self.shards.iter().map(move |shard| self.queue(lane, *shard)))
+            .collect()
     }
 
     /// The fanout exchange change events go to (see `crate::events`).
@@ -146,36 +173,36 @@ impl Topology {
                 FieldTable::default(),
             )
             .await?;
+        let mut args = FieldTable::default();
+        args.insert("x-queue-type".into(), AMQPValue::LongString(self.queue_type.as_str().into()));
+        args.insert(
+            "x-dead-letter-exchange".into(),
+            AMQPValue::LongString(self.dead_letter_exchange().as_str().into()),
+        );
+        if self.queue_type == "quorum" {
+            args.insert("x-delivery-limit".into(), AMQPValue::LongLongInt(DELIVERY_LIMIT));
+        }
         for lane in [Lane::High, Lane::Bulk] {
-            let mut args = FieldTable::default();
-            args.insert(
-                "x-queue-type".into(),
-                AMQPValue::LongString(self.queue_type.as_str().into()),
-            );
-            args.insert(
-                "x-dead-letter-exchange".into(),
-                AMQPValue::LongString(self.dead_letter_exchange().as_str().into()),
-            );
-            if self.queue_type == "quorum" {
-                args.insert("x-delivery-limit".into(), AMQPValue::LongLongInt(DELIVERY_LIMIT));
+            for shard in &self.shards {
+                let queue = self.queue(lane, *shard);
+                channel.queue_declare(queue.as_str().into(), queue_options, args.clone()).await?;
+                channel
+                    .queue_bind(
+                        queue.into(),
+                        self.exchange().into(),
+                        Self::routing_key(lane, *shard).into(),
+                        QueueBindOptions::default(),
+                        FieldTable::default(),
+                    )
+                    .await?;
             }
-            channel.queue_declare(self.queue(lane).into(), queue_options, args).await?;
-            channel
-                .queue_bind(
-                    self.queue(lane).into(),
-                    self.exchange().into(),
-                    lane.name().into(),
-                    QueueBindOptions::default(),
-                    FieldTable::default(),
-                )
-                .await?;
         }
         Ok(())
     }
 
     /// Deletes every exchange and queue. Used by tests to clean up.
     pub async fn delete(&self, channel: &Channel) -> Result<()> {
-        for queue in [self.queue(Lane::High), self.queue(Lane::Bulk), self.dead_queue()] {
+        for queue in self.queues().into_iter().chain([self.dead_queue()]) {
             channel.queue_delete(queue.into(), QueueDeleteOptions::default()).await?;
         }
         for exchange in [self.exchange(), self.dead_letter_exchange(), self.events_exchange()] {
@@ -220,9 +247,9 @@ pub struct Publisher {
 
 impl Publisher {
     /// Connects, declares the topology and opens a confirm-mode channel.
-    pub async fn connect(settings: &RabbitSettings) -> Result<Self> {
+    pub async fn connect(settings: &Settings) -> Result<Self> {
         let publisher = Self {
-            settings: settings.clone(),
+            settings: settings.rabbitmq.clone(),
             topology: Topology::new(settings),
             channel: Mutex::new(None),
         };
@@ -335,7 +362,7 @@ impl Publisher {
             let confirm = channel
                 .basic_publish(
                     exchange.as_str().into(),
-                    lane.name().into(),
+                    Topology::routing_key(lane, task.shard).into(),
                     // Mandatory: a task with no queue to go to comes back
                     // instead of being confirmed and dropped.
                     BasicPublishOptions { mandatory: true, ..Default::default() },
@@ -354,7 +381,7 @@ impl Publisher {
                             .increment(1);
                         return Err(Error::Unavailable(format!(
                             "rabbitmq returned a chunk task as unroutable ({} {}): the {} lane \
-                             queue is missing",
+                             queue of a shard is missing",
                             returned.reply_code,
                             returned.reply_text,
                             lane.name()

@@ -401,7 +401,7 @@ impl TestApp {
         if let Ok(connection) = queue::connect(&self.settings.rabbitmq, "notify-test-cleanup").await
         {
             if let Ok(channel) = connection.create_channel().await {
-                let _ = Topology::new(&self.settings.rabbitmq).delete(&channel).await;
+                let _ = Topology::new(&self.settings).delete(&channel).await;
                 let _ = channel.close(200, "done".into()).await;
             }
             let _ = connection.close(200, "done".into()).await;
@@ -453,7 +453,7 @@ async fn reap_stale_leftovers(settings: &Settings) {
         leftover.redis.key_prefix = format!("notify_{tag}:");
         if let Ok(broker) = queue::connect(&leftover.rabbitmq, "notify-test-reaper").await {
             if let Ok(channel) = broker.create_channel().await {
-                let _ = Topology::new(&leftover.rabbitmq).delete(&channel).await;
+                let _ = Topology::new(&leftover).delete(&channel).await;
                 let _ = channel.close(200, "done".into()).await;
             }
             let _ = broker.close(200, "done".into()).await;

@@ -1,7 +1,8 @@
 //! The worker's periodic jobs: the scheduler starts due scheduled sends; the
 //! sweeper heals lost publishes and crashed workers by re-publishing chunks
 //! left pending for a SENDING send, finishes cancels, and completes sends
-//! whose last chunk finished while nobody checked.
+//! whose last chunk finished while nobody checked; the settler invalidates
+//! the badges of chunks applied while Redis was away.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -114,6 +115,21 @@ pub async fn sweep_once(ctx: &Context) -> Result<u64> {
         metrics::counter!("notify_chunks_republished_total").increment(republished);
     }
     Ok(republished)
+}
+
+/// Settles the chunks applied while Redis was away (see
+/// [`notify_core::deliver::settle`]) on every shard that answers; a Redis
+/// still away ends the round.
+pub async fn settle_once(ctx: &Context) -> Result<()> {
+    let limit = Duration::from_secs(ctx.settings.worker.operation_timeout_secs);
+    for (shard, pool) in ctx.pools.iter() {
+        match within(limit, notify_core::deliver::settle(ctx, pool, BATCH)).await {
+            Ok(_) => {}
+            Err(notify_core::Error::Cache(e)) => return Err(e.into()),
+            Err(e) => warn!(error = %e, shard = %shard, "settler passed over a shard"),
+        }
+    }
+    Ok(())
 }
 
 /// `work`, or an error once it has taken longer than `limit`.

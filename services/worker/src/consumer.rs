@@ -1,4 +1,6 @@
-//! Consumes one lane's chunk tasks: bounded concurrency, retries with
+//! Consumes one lane's chunk tasks for one shard (each shard has its own
+//! queue, so one slow or unreachable shard only holds its own slots):
+//! bounded concurrency, retries with
 //! exponential backoff, requeueing on transient trouble, dead-lettering on
 //! permanent failure, manual acks only after the work is committed, and
 //! reconnection after broker restarts.
@@ -26,9 +28,11 @@ use tracing::{error, info, warn};
 /// How often an idle consumer reports that it is alive.
 const IDLE_BEAT: Duration = Duration::from_secs(5);
 
-/// What a lane's consumer tells the probes.
+/// What a lane's consumer of one shard tells the probes.
 #[derive(Clone)]
 pub struct LaneHealth {
+    /// The name it beats under (`consumer high s0`).
+    pub beat: &'static str,
     /// Beats while the consumer loop turns (deliveries handled, or idle ticks
     /// taken in the same loop, so a wedged loop stops beating).
     pub heartbeats: Heartbeats,
@@ -78,24 +82,30 @@ impl ShardCircuits {
     }
 }
 
-fn beat_name(lane: Lane) -> &'static str {
-    match lane {
-        Lane::High => "consumer high",
-        Lane::Bulk => "consumer bulk",
-    }
+/// The heartbeat name of a lane's consumer of one shard. Leaked: made once
+/// per consumer at startup.
+pub fn beat_name(lane: Lane, shard: u32) -> &'static str {
+    Box::leak(format!("consumer {} s{shard}", lane.name()).into_boxed_str())
 }
 
-/// Runs a lane's consumer until `shutdown`; reconnects when the broker goes away.
-pub async fn run_lane(ctx: Context, lane: Lane, health: LaneHealth, shutdown: CancellationToken) {
+/// Runs the consumer of a lane's queue for one shard until `shutdown`;
+/// reconnects when the broker goes away.
+pub async fn run_lane(
+    ctx: Context,
+    lane: Lane,
+    shard: u32,
+    health: LaneHealth,
+    shutdown: CancellationToken,
+) {
     let mut backoff = Duration::from_millis(200);
     while !shutdown.is_cancelled() {
-        health.heartbeats.beat(beat_name(lane));
-        let consumed = consume(&ctx, lane, &health, &shutdown).await;
+        health.heartbeats.beat(health.beat);
+        let consumed = consume(&ctx, lane, shard, &health, &shutdown).await;
         health.consuming.store(false, Ordering::Relaxed);
         match consumed {
             Ok(()) if shutdown.is_cancelled() => break,
-            Ok(()) => warn!(lane = lane.name(), "consumer stream ended, reconnecting"),
-            Err(e) => warn!(error = %e, lane = lane.name(), "consumer failed, reconnecting"),
+            Ok(()) => warn!(lane = lane.name(), shard, "consumer stream ended, reconnecting"),
+            Err(e) => warn!(error = %e, lane = lane.name(), shard, "consumer failed, reconnecting"),
         }
         tokio::select! {
             () = tokio::time::sleep(backoff) => {}
@@ -103,7 +113,7 @@ pub async fn run_lane(ctx: Context, lane: Lane, health: LaneHealth, shutdown: Ca
         }
         backoff = (backoff * 2).min(Duration::from_secs(5));
     }
-    info!(lane = lane.name(), "consumer stopped");
+    info!(lane = lane.name(), shard, "consumer stopped");
 }
 
 /// What the consumer loop takes next.
@@ -116,14 +126,15 @@ enum Event {
 async fn consume(
     ctx: &Context,
     lane: Lane,
+    shard: u32,
     health: &LaneHealth,
     shutdown: &CancellationToken,
 ) -> Result<(), Error> {
     let settings = &ctx.settings;
-    let connection =
-        queue::connect(&settings.rabbitmq, &format!("notify-worker-{}", lane.name())).await?;
+    let name = format!("notify-worker-{}-s{shard}", lane.name());
+    let connection = queue::connect(&settings.rabbitmq, &name).await?;
     let channel = connection.create_channel().await?;
-    let topology = Topology::new(&settings.rabbitmq);
+    let topology = Topology::new(settings);
     topology.declare(&channel).await?;
     let concurrency = settings.worker.concurrency;
     // Prefetch equals concurrency: the broker hands out no more than we can
@@ -131,13 +142,13 @@ async fn consume(
     channel.basic_qos(concurrency as u16, BasicQosOptions::default()).await?;
     let consumer = channel
         .basic_consume(
-            topology.queue(lane).into(),
-            format!("notify-worker-{}-{}", lane.name(), std::process::id()).into(),
+            topology.queue(lane, shard).into(),
+            format!("{name}-{}", std::process::id()).into(),
             BasicConsumeOptions::default(),
             FieldTable::default(),
         )
         .await?;
-    info!(lane = lane.name(), concurrency, "consuming chunk tasks");
+    info!(lane = lane.name(), shard, concurrency, "consuming chunk tasks");
     health.consuming.store(true, Ordering::Relaxed);
     // Idle ticks share the deliveries' slots: when every slot is stuck, the
     // ticks stop too and the heartbeat goes stale.
@@ -157,7 +168,7 @@ async fn consume(
             Event::Tick => None,
         };
         if let Some(error) = &broken {
-            warn!(error = %error, lane = lane.name(), "consumer connection lost");
+            warn!(error = %error, lane = lane.name(), shard, "consumer connection lost");
         }
         std::future::ready(broken.is_none())
     };
@@ -172,7 +183,7 @@ async fn consume(
             {
                 handle(ctx, lane, delivery, &health.circuits, shutdown).await;
             }
-            health.heartbeats.beat(beat_name(lane));
+            health.heartbeats.beat(health.beat);
         })
         .await;
     // Closing returns any unacked (never started) deliveries to the queue.

@@ -21,6 +21,10 @@ use tracing::info;
 
 use crate::consumer::LaneHealth;
 
+/// How often the settler looks for chunks applied while Redis was away: the
+/// longest a badge cached before an outage can be served after it.
+const SETTLE_INTERVAL: Duration = Duration::from_millis(500);
+
 /// A built, connected, not yet running worker.
 pub struct Worker {
     ctx: Context,
@@ -59,14 +63,19 @@ impl Worker {
         let mut tasks = JoinSet::new();
         let mut lanes = Vec::new();
         let circuits = consumer::ShardCircuits::default();
+        let shards: Vec<u32> = ctx.settings.database.shards.iter().map(|s| s.id.0).collect();
         for lane in [Lane::High, Lane::Bulk] {
-            let health = LaneHealth {
-                heartbeats: heartbeats.clone(),
-                consuming: Arc::new(AtomicBool::new(false)),
-                circuits: circuits.clone(),
-            };
-            lanes.push((lane, health.consuming.clone()));
-            tasks.spawn(consumer::run_lane(ctx.clone(), lane, health, shutdown.clone()));
+            for shard in &shards {
+                let health = LaneHealth {
+                    beat: consumer::beat_name(lane, *shard),
+                    heartbeats: heartbeats.clone(),
+                    consuming: Arc::new(AtomicBool::new(false)),
+                    circuits: circuits.clone(),
+                };
+                lanes.push((format!("{} s{shard}", lane.name()), health.consuming.clone()));
+                let run = consumer::run_lane(ctx.clone(), lane, *shard, health, shutdown.clone());
+                tasks.spawn(run);
+            }
         }
         let backends = health::watch_backends(ctx.clone(), heartbeats.clone(), shutdown.clone());
         let probes = Probes::new(backends, heartbeats.clone(), &ctx.settings.health)
@@ -74,7 +83,7 @@ impl Worker {
                 let idle: Vec<&str> = lanes
                     .iter()
                     .filter(|(_, consuming)| !consuming.load(Ordering::Relaxed))
-                    .map(|(lane, _)| lane.name())
+                    .map(|(lane, _)| lane.as_str())
                     .collect();
                 if idle.is_empty() {
                     Ok(())
@@ -105,6 +114,19 @@ impl Worker {
                 move || {
                     let ctx = ctx.clone();
                     async move { background::sweep_once(&ctx).await.map(|_| ()) }
+                },
+            ));
+        }
+        {
+            let ctx = ctx.clone();
+            tasks.spawn(background::every(
+                "settler",
+                SETTLE_INTERVAL,
+                heartbeats.clone(),
+                shutdown.clone(),
+                move || {
+                    let ctx = ctx.clone();
+                    async move { background::settle_once(&ctx).await }
                 },
             ));
         }

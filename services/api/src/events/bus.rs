@@ -116,8 +116,8 @@ async fn consume(
     stop: &CancellationToken,
     resync: bool,
 ) -> Result<(), Error> {
-    let settings = &hub.context().settings.rabbitmq;
-    let connection = queue::connect(settings, "notify-api-events").await?;
+    let settings = &hub.context().settings;
+    let connection = queue::connect(&settings.rabbitmq, "notify-api-events").await?;
     let channel = connection.create_channel().await?;
     let topology = Topology::new(settings);
     topology.declare(&channel).await?;

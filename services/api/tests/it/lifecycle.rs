@@ -17,22 +17,26 @@ async fn slow_app() -> TestApp {
     spawn_app_with(settings, true).await
 }
 
-/// Tasks waiting in a lane's queue (ready, not yet delivered to a consumer).
+/// Tasks waiting in a lane's queues (ready, not yet delivered to a consumer).
 async fn queued(app: &TestApp, lane: Lane) -> u32 {
     let conn = notify_core::queue::connect(&app.settings.rabbitmq, "test-probe").await.unwrap();
     let channel = conn.create_channel().await.unwrap();
-    let queue = notify_core::queue::Topology::new(&app.settings.rabbitmq).queue(lane);
-    let declared = channel
-        .queue_declare(
-            queue.into(),
-            lapin::options::QueueDeclareOptions { passive: true, ..Default::default() },
-            lapin::types::FieldTable::default(),
-        )
-        .await
-        .unwrap();
+    let topology = notify_core::queue::Topology::new(&app.settings);
+    let mut waiting = 0;
+    for shard in topology.shards() {
+        let declared = channel
+            .queue_declare(
+                topology.queue(lane, *shard).into(),
+                lapin::options::QueueDeclareOptions { passive: true, ..Default::default() },
+                lapin::types::FieldTable::default(),
+            )
+            .await
+            .unwrap();
+        waiting += declared.message_count();
+    }
     let _ = channel.close(200, "probe done".into()).await;
     let _ = conn.close(200, "probe done".into()).await;
-    declared.message_count()
+    waiting
 }
 
 async fn delivered(app: &TestApp, id: u64) -> u64 {
@@ -228,5 +232,47 @@ async fn a_half_appended_batch_blocks_start_until_it_is_appended_again() {
     client.start_message(v1::StartMessageRequest { message_id: id }).await.unwrap();
     let done = wait_for_status(&app, id, v1::MessageStatus::Completed).await;
     assert_eq!(done.progress.unwrap().delivered, 800, "the re-appended batch added nobody twice");
+    app.cleanup().await;
+}
+
+/// A recipient in two batches who got the item from the first counts once
+/// when the second's chunk is cancelled: as delivered, not also as cancelled.
+#[tokio::test]
+async fn a_cancelled_chunks_recipient_delivered_by_another_batch_counts_once() {
+    use notify_core::queue::ChunkTask;
+    let app = spawn_app_with(test_settings(), false).await;
+    let id = crate::helpers::create_draft(&app, "overlap").await;
+    let mut client = app.messages();
+    for (batch_number, users) in [(1, 1..=10u64), (2, 5..=15u64)] {
+        let batch =
+            v1::AppendRecipientsRequest { message_id: id, batch_number, user_ids: users.collect() };
+        client.append_recipients(batch).await.unwrap();
+    }
+    client.start_message(v1::StartMessageRequest { message_id: id }).await.unwrap();
+    // Batch 1's chunks are applied (no worker runs: by hand), batch 2's not.
+    for (shard, pool) in app.ctx.pools.iter() {
+        let chunk_ids: Vec<u64> =
+            sqlx::query_scalar("SELECT chunk_id FROM message_chunks WHERE message_id = ?")
+                .bind(id)
+                .fetch_all(pool)
+                .await
+                .unwrap();
+        let batch_of = |chunk_id: u64| chunk_id >> notify_core::send::plan::SEQUENCE_BITS;
+        for chunk_id in chunk_ids.into_iter().filter(|c| batch_of(*c) == 1) {
+            let task = ChunkTask { message_id: id, chunk_id, shard: shard.0 };
+            let outcome = notify_core::deliver::apply_task(&app.ctx, &task, false).await.unwrap();
+            assert!(
+                matches!(outcome, notify_core::deliver::TaskOutcome::Delivered { .. }),
+                "{outcome:?}"
+            );
+        }
+    }
+    client.cancel_message(v1::CancelMessageRequest { message_id: id }).await.unwrap();
+    let progress = get(&app, id).await.progress.unwrap();
+    assert_eq!(
+        (progress.total, progress.delivered, progress.cancelled, progress.pending),
+        (15, 10, 5, 0),
+        "{progress:?}"
+    );
     app.cleanup().await;
 }

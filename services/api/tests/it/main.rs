@@ -7,6 +7,7 @@ mod events;
 mod faults;
 mod groups;
 mod helpers;
+mod ids;
 mod inbox;
 mod lifecycle;
 mod send;

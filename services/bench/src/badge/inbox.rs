@@ -140,8 +140,9 @@ async fn seed_inbox_shard(
     user: u64,
     args: &BadgeArgs,
 ) -> anyhow::Result<u64> {
-    let generator = IdGenerator::new();
-    let messages: Vec<u64> = (0..args.inbox_items).map(|_| generator.next_id().get()).collect();
+    let generator = IdGenerator::with_instance(rand::random());
+    let messages: Vec<u64> =
+        (0..args.inbox_items).map(|_| generator.next_id().expect("unleased ids").get()).collect();
     let category = |index: usize| if index.is_multiple_of(2) { "news" } else { "promo" };
     let now = Utc::now().naive_utc();
     for (part, ids) in messages.chunks(500).enumerate() {

@@ -32,8 +32,12 @@
 //!
 //! Writer (delivery): after commit, invalidate; then ack. A worker that dies
 //! in between leaves the task unacked; its redelivery finds the chunk done and
-//! invalidates again (also when the send has been paused since). A Redis
-//! outage at that point requeues the task instead of dead-lettering it.
+//! invalidates again (also when the send has been paused since). The commit
+//! leaves the chunk *unsettled* in MySQL, which holds back the send's
+//! completion, and only a confirmed invalidation settles it. When Redis does
+//! not answer, delivery goes on and every worker's settler invalidates the
+//! recipients of chunks left unsettled within half a second of Redis
+//! answering again (counts cached before the outage are then gone).
 //!
 //! A FLUSHALL or a lost Redis only causes rebuilds; with Redis down, badges
 //! are answered from MySQL. The scripts build keys from the prefix, which is

@@ -19,6 +19,14 @@ pub mod state {
     pub const FAILED: u8 = 2;
     /// Left undelivered by a cancel.
     pub const CANCELLED: u8 = 3;
+    /// Applied, its recipients' cached badges not yet invalidated: the
+    /// apply transaction leaves a chunk here, and the worker moves it to
+    /// done once Redis has confirmed the invalidation. If Redis does not
+    /// answer, it stays here, and completion waits for it like for a
+    /// pending chunk until a settler has invalidated them (see
+    /// `deliver::settle`): a send never shows as completed while a badge
+    /// cached before its items can still be served.
+    pub const UNSETTLED: u8 = 4;
 }
 
 /// Stats rows per message and shard; chunks spread their updates over them.
@@ -159,6 +167,8 @@ pub enum ApplyOutcome {
         user_ids: Vec<u64>,
         /// True when that attempt delivered it (not failed or cancelled).
         delivered: bool,
+        /// True when it is [`state::UNSETTLED`].
+        unsettled: bool,
         /// What the items show.
         summary: ContentSummary,
     },
@@ -167,7 +177,8 @@ pub enum ApplyOutcome {
 }
 
 /// Applies a pending chunk in ONE transaction: the chunk row is locked and
-/// moved pending -> done (the guard), the recipients' items are inserted and
+/// moved pending -> unsettled (the guard; [`settle`] makes it done once the
+/// badges are invalidated), the recipients' items are inserted and
 /// the shard stats are bumped. A redelivered task finds the chunk done and
 /// changes nothing.
 pub async fn apply(pool: &MySqlPool, message_id: MessageId, chunk_id: u64) -> Result<ApplyOutcome> {
@@ -191,8 +202,9 @@ pub async fn apply(pool: &MySqlPool, message_id: MessageId, chunk_id: u64) -> Re
     let user_ids = decode_user_ids(&packed)?;
     if chunk_state != state::PENDING {
         tx.rollback().await?;
-        let delivered = chunk_state == state::DONE;
-        return Ok(ApplyOutcome::AlreadyFinished { user_ids, delivered, summary });
+        let unsettled = chunk_state == state::UNSETTLED;
+        let delivered = chunk_state == state::DONE || unsettled;
+        return Ok(ApplyOutcome::AlreadyFinished { user_ids, delivered, unsettled, summary });
     }
 
     let mut insert = QueryBuilder::new(
@@ -208,7 +220,7 @@ pub async fn apply(pool: &MySqlPool, message_id: MessageId, chunk_id: u64) -> Re
     let duplicates = user_ids.len() as u64 - delivered;
 
     sqlx::query(
-        "UPDATE message_chunks SET state = 1, updated_at = UTC_TIMESTAMP(3) \
+        "UPDATE message_chunks SET state = 4, updated_at = UTC_TIMESTAMP(3) \
          WHERE message_id = ? AND chunk_id = ?",
     )
     .bind(message_id.get())
@@ -349,16 +361,34 @@ async fn finish_pending(
     column: &'static str,
 ) -> Result<bool> {
     let mut tx = pool.begin().await?;
-    let recipients: Option<u16> = sqlx::query_scalar(
-        "SELECT recipients FROM message_chunks WHERE message_id = ? AND chunk_id = ? AND state = 0 FOR UPDATE",
+    let chunk: Option<(u16, Vec<u8>)> = sqlx::query_as(
+        "SELECT recipients, user_ids FROM message_chunks \
+         WHERE message_id = ? AND chunk_id = ? AND state = 0 FOR UPDATE",
     )
     .bind(message_id.get())
     .bind(chunk_id)
     .fetch_optional(&mut *tx)
     .await?;
-    let Some(recipients) = recipients else {
+    let Some((recipients, packed)) = chunk else {
         tx.rollback().await?;
         return Ok(false);
+    };
+    // Recipients who got the item from another batch's chunk are
+    // duplicates, not undelivered: counting them as failed or cancelled
+    // would count them twice in the send's total.
+    // A chunk whose recipient list cannot be read (the poison chunk that
+    // is being failed) counts every recipient as undelivered.
+    let user_ids = decode_user_ids(&packed).unwrap_or_default();
+    let already = if user_ids.is_empty() {
+        0
+    } else {
+        let mut delivered =
+            QueryBuilder::new("SELECT COUNT(*) FROM message_items WHERE message_id = ");
+        delivered.push_bind(message_id.get()).push(" AND user_id IN (");
+        push_ids(&mut delivered, &user_ids);
+        delivered.push(")");
+        let already: i64 = delivered.build_query_scalar().fetch_one(&mut *tx).await?;
+        (already.max(0) as u64).min(u64::from(recipients))
     };
     sqlx::query(
         "UPDATE message_chunks SET state = ?, updated_at = UTC_TIMESTAMP(3) WHERE message_id = ? AND chunk_id = ?",
@@ -368,7 +398,8 @@ async fn finish_pending(
     .bind(chunk_id)
     .execute(&mut *tx)
     .await?;
-    bump_stats(&mut tx, message_id, chunk_id, column, u64::from(recipients), 0).await?;
+    let undelivered = u64::from(recipients) - already;
+    bump_stats(&mut tx, message_id, chunk_id, column, undelivered, already).await?;
     tx.commit().await?;
     Ok(true)
 }
@@ -444,13 +475,14 @@ pub async fn touch_pending(pool: &MySqlPool, message_id: MessageId) -> Result<()
     Ok(())
 }
 
-/// Returns true if the message has a pending chunk on this shard.
+/// Returns true if the message has a chunk on this shard that is pending or
+/// not settled yet (either keeps the send from completing).
 pub async fn has_pending(pool: &MySqlPool, message_id: MessageId) -> Result<bool> {
     let found: Option<u64> = sqlx::query_scalar(
         // Forced: on young tables the optimizer prefers the primary key and
         // scans every finished chunk of the send, after every chunk.
         "SELECT chunk_id FROM message_chunks FORCE INDEX (idx_chunks_message_state) \
-         WHERE message_id = ? AND state = 0 LIMIT 1",
+         WHERE message_id = ? AND state IN (0, 4) LIMIT 1",
     )
     .bind(message_id.get())
     .fetch_optional(pool)
@@ -515,6 +547,54 @@ async fn claim_stale_once(
     update.build().execute(&mut *tx).await?;
     tx.commit().await?;
     Ok(stale)
+}
+
+/// Moves an [`state::UNSETTLED`] chunk to done, once its recipients' cached
+/// badges have been invalidated.
+pub async fn settle(pool: &MySqlPool, message_id: MessageId, chunk_id: u64) -> Result<()> {
+    sqlx::query(
+        "UPDATE message_chunks SET state = 1, updated_at = UTC_TIMESTAMP(3) \
+         WHERE message_id = ? AND chunk_id = ? AND state = 4",
+    )
+    .bind(message_id.get())
+    .bind(chunk_id)
+    .execute(pool)
+    .await?;
+    Ok(())
+}
+
+/// An applied chunk whose recipients' badges still need invalidating.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Unsettled {
+    /// The send.
+    pub message_id: MessageId,
+    /// The chunk.
+    pub chunk_id: u64,
+    /// Its recipients.
+    pub user_ids: Vec<u64>,
+}
+
+/// Up to `limit` chunks of this shard left [`state::UNSETTLED`] for longer
+/// than `older_than_ms` (younger ones are in the hands of their worker).
+pub async fn unsettled(pool: &MySqlPool, older_than_ms: u64, limit: u32) -> Result<Vec<Unsettled>> {
+    let rows: Vec<(u64, u64, Vec<u8>)> = sqlx::query_as(
+        "SELECT message_id, chunk_id, user_ids FROM message_chunks FORCE INDEX (idx_chunks_state) \
+         WHERE state = 4 AND updated_at < UTC_TIMESTAMP(3) - INTERVAL ? MICROSECOND \
+         ORDER BY updated_at LIMIT ?",
+    )
+    .bind(older_than_ms * 1000)
+    .bind(limit)
+    .fetch_all(pool)
+    .await?;
+    rows.into_iter()
+        .map(|(message_id, chunk_id, packed)| {
+            Ok(Unsettled {
+                message_id: MessageId::from_raw(message_id),
+                chunk_id,
+                user_ids: decode_user_ids(&packed)?,
+            })
+        })
+        .collect()
 }
 
 /// Marks chunks as just re-published.

@@ -276,8 +276,8 @@ pub async fn transition(
 
 /// Records StartMessage on a NOT_STARTED message: picks the lane and, when
 /// `start_now`, moves it to SENDING. Returns false if it was not NOT_STARTED.
-pub async fn request_start(
-    pool: &MySqlPool,
+pub async fn request_start<'e>(
+    executor: impl sqlx::MySqlExecutor<'e>,
     message_id: MessageId,
     lane: u8,
     start_now: bool,
@@ -289,7 +289,7 @@ pub async fn request_start(
     } else {
         "UPDATE messages SET start_requested = 1, lane = ? WHERE message_id = ? AND status = 0"
     };
-    let result = sqlx::query(sql).bind(lane).bind(message_id.get()).execute(pool).await?;
+    let result = sqlx::query(sql).bind(lane).bind(message_id.get()).execute(executor).await?;
     Ok(result.rows_affected() == 1)
 }
 
@@ -419,12 +419,15 @@ pub async fn batch_exists<'e>(
 }
 
 /// Sums the recipients of every recorded batch of a send.
-pub async fn batch_recipients(pool: &MySqlPool, message_id: MessageId) -> Result<u64> {
+pub async fn batch_recipients<'e>(
+    executor: impl sqlx::MySqlExecutor<'e>,
+    message_id: MessageId,
+) -> Result<u64> {
     let sum: i64 = sqlx::query_scalar(
         "SELECT CAST(COALESCE(SUM(recipients), 0) AS SIGNED) FROM message_batches WHERE message_id = ?",
     )
     .bind(message_id.get())
-    .fetch_one(pool)
+    .fetch_one(executor)
     .await?;
     Ok(sum.max(0) as u64)
 }

@@ -54,7 +54,10 @@ pub fn validate_group_name(name: &str, field: &str) -> Result<()> {
 #[instrument(skip_all, fields(group_id))]
 pub async fn create(ctx: &Context, group_id: Option<u64>, name: &str) -> Result<u64> {
     let generated = group_id.is_none();
-    let group_id = group_id.unwrap_or_else(|| ctx.ids.next_id().get());
+    let group_id = match group_id {
+        Some(id) => id,
+        None => ctx.ids.next_id()?.get(),
+    };
     tracing::Span::current().record("group_id", group_id);
     let home = ctx.pools.for_group(group_id).1;
     match store::create_group(home, group_id, name).await? {
@@ -231,7 +234,7 @@ pub async fn send(ctx: &Context, message: &NewMessage) -> Result<Sent> {
         home,
         &NewGroupMessage {
             group_id: message.group_id,
-            message_id: ctx.ids.next_id().get(),
+            message_id: ctx.ids.next_id()?.get(),
             sender: &message.sender,
             idempotency_key: message.idempotency_key.as_deref(),
             content: &message.content,

@@ -112,6 +112,24 @@ pub async fn start(
             "cannot start message {message_id}: it is already {state}"
         )));
     }
+    // The control row is locked for the decision: appends hold it
+    // share-locked until their batch is stored on every shard and recorded,
+    // so the totals read below are final and no append slips in before the
+    // update (it would then find the send started and be refused).
+    let permit = ctx.cross_shard_permit().await?;
+    let mut tx = home.begin().await?;
+    let locked: Option<(u8, bool)> = sqlx::query_as(
+        "SELECT status, start_requested FROM messages WHERE message_id = ? FOR UPDATE",
+    )
+    .bind(message_id.get())
+    .fetch_optional(&mut *tx)
+    .await?;
+    if locked.is_none_or(|(status, requested)| status != SendStatus::NotStarted as u8 || requested)
+    {
+        return Err(Error::FailedPrecondition(format!(
+            "cannot start message {message_id}: it was started concurrently"
+        )));
+    }
     let progress = super::progress(ctx, message_id).await?;
     if progress.total == 0 {
         return Err(Error::FailedPrecondition(format!(
@@ -120,7 +138,7 @@ pub async fn start(
     }
     // A batch whose AppendRecipients failed half-way is stored on some shards
     // but not recorded: refuse to deliver part of it.
-    let recorded = messages::batch_recipients(home, message_id).await?;
+    let recorded = messages::batch_recipients(&mut *tx, message_id).await?;
     if recorded != progress.total {
         return Err(Error::FailedPrecondition(format!(
             "cannot start message {message_id}: a batch was not completely appended \
@@ -136,11 +154,13 @@ pub async fn start(
         Lane::Bulk
     };
     let start_now = row.send_at.is_none_or(|at| at <= super::now());
-    if !messages::request_start(home, message_id, lane as u8, start_now).await? {
+    if !messages::request_start(&mut *tx, message_id, lane as u8, start_now).await? {
         return Err(Error::FailedPrecondition(format!(
             "cannot start message {message_id}: it was started concurrently"
         )));
     }
+    tx.commit().await?;
+    drop(permit);
     if start_now {
         refresh_status_best_effort(ctx, message_id).await;
         publish_or_leave_to_sweeper(ctx, message_id, lane).await;

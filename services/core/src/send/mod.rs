@@ -81,7 +81,7 @@ pub async fn create(ctx: &Context, send: &NewSend) -> Result<Created> {
             deduplicated: false,
         });
     };
-    let candidate = ctx.ids.next_id();
+    let candidate = ctx.ids.next_id()?;
     let key = messages::IdempotencyKey { client: &send.client, sender: &send.sender, key };
     let key_pool =
         ctx.pools.for_key(&format!("{}\u{1f}{}\u{1f}{}", key.client, key.sender, key.key)).1;
@@ -108,7 +108,7 @@ pub async fn create(ctx: &Context, send: &NewSend) -> Result<Created> {
 
 async fn insert_with_fresh_id(ctx: &Context, send: &NewSend) -> Result<MessageId> {
     for _ in 0..8 {
-        let id = ctx.ids.next_id();
+        let id = ctx.ids.next_id()?;
         let home = ctx.pools.for_message(id.get()).1;
         if messages::insert(home, &new_message(send, id)).await? {
             return Ok(id);

@@ -88,7 +88,7 @@ pub struct ApiSettings {
 pub struct WorkerSettings {
     /// Prometheus listen address.
     pub metrics_listen: String,
-    /// Chunks applied at once, per lane.
+    /// Chunks applied at once, per lane and shard.
     pub concurrency: usize,
     /// In-process attempts on transient errors before the task is requeued.
     pub max_attempts: u32,

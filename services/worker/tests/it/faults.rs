@@ -112,10 +112,10 @@ async fn sweeper_republishes_chunks_whose_publish_was_lost() {
     // Lose every published task, as if RabbitMQ had dropped them.
     let conn = notify_core::queue::connect(&app.settings.rabbitmq, "test-purge").await.unwrap();
     let channel = conn.create_channel().await.unwrap();
-    let topology = notify_core::queue::Topology::new(&app.settings.rabbitmq);
-    for lane in [Lane::High, Lane::Bulk] {
+    let topology = notify_core::queue::Topology::new(&app.settings);
+    for queue in topology.queues() {
         channel
-            .queue_purge(topology.queue(lane).into(), lapin::options::QueuePurgeOptions::default())
+            .queue_purge(queue.into(), lapin::options::QueuePurgeOptions::default())
             .await
             .unwrap();
     }
@@ -258,5 +258,63 @@ async fn a_chunk_that_keeps_killing_workers_is_recorded_as_failed() {
     assert_eq!(deliver::apply_task(&app.ctx, &task, true).await.unwrap(), TaskOutcome::Failed);
     let progress = get(&app, id).await.progress.unwrap();
     assert_eq!(progress.failed, u64::from(recipients));
+    app.cleanup().await;
+}
+
+/// MySQL connections killed (`KILL`, as a failover or an operator would) while
+/// they hold an open chunk transaction: each such chunk rolls back and is
+/// applied again, and every recipient gets the item exactly once.
+#[tokio::test]
+async fn mysql_connections_killed_mid_chunk_transaction_lose_and_double_nothing() {
+    let mut settings = test_settings();
+    settings.send.chunk_size = 200;
+    let app = spawn_app_with(settings, true).await;
+    let admin = sqlx::MySqlPool::connect("mysql://root@127.0.0.1:3306").await.unwrap();
+    let databases: Vec<String> =
+        app.settings.database.shards.iter().map(|s| s.database.clone()).collect();
+    let total = 20_000u64;
+    let id = send(&app, (1..=total).collect()).await;
+    let mut killed = 0;
+    loop {
+        let message = get(&app, id).await;
+        if message.status == v1::MessageStatus::Completed as i32 {
+            break;
+        }
+        // Connections of this test's shards in a transaction holding row
+        // locks now (a chunk's, which locks its chunk row first; the test's
+        // own progress reads lock nothing).
+        let in_transaction: Vec<u64> = sqlx::query_scalar(
+            "SELECT t.trx_mysql_thread_id FROM information_schema.INNODB_TRX t \
+             JOIN information_schema.PROCESSLIST p ON p.ID = t.trx_mysql_thread_id \
+             WHERE p.DB IN (?, ?, ?, ?) AND t.trx_rows_locked > 0",
+        )
+        .bind(&databases[0])
+        .bind(&databases[1])
+        .bind(&databases[2])
+        .bind(&databases[3])
+        .fetch_all(&admin)
+        .await
+        .unwrap();
+        for thread in in_transaction.into_iter().take(2) {
+            // It may have finished meanwhile: then there is nothing to kill.
+            if sqlx::query(sqlx::AssertSqlSafe(format!("KILL {thread}")))
+                .execute(&admin)
+                .await
+                .is_ok()
+            {
+                killed += 1;
+            }
+        }
+        if killed >= 20 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await; // pacing, not waiting
+    }
+    assert!(killed > 0, "the send completed before any transaction could be killed");
+    let done = wait_completed(&app, id).await;
+    let progress = done.progress.unwrap();
+    assert_eq!((progress.total, progress.delivered, progress.failed), (total, total, 0));
+    assert_eq!(app.item_users(id).await, (1..=total).collect::<Vec<u64>>());
+    admin.close().await;
     app.cleanup().await;
 }
