@@ -154,7 +154,12 @@ impl InstanceLease {
             loop {
                 ticker.tick().await;
                 let Some(generator) = generator.upgrade() else { break };
-                if let Err(e) = self.renew(&generator).await {
+                // Bounded: a shard that never answers must not stop renewals
+                // for good (the next tick tries again on a new connection).
+                let renewed = tokio::time::timeout(RENEW_EVERY, self.renew(&generator))
+                    .await
+                    .unwrap_or_else(|_| Err(Error::Unavailable("lease renewal timed out".into())));
+                if let Err(e) = renewed {
                     metrics::counter!("notify_id_lease_renewals_failed_total").increment(1);
                     warn!(error = %e, "could not renew the message id instance lease");
                 }

@@ -17,7 +17,10 @@ use crate::helpers::{badge, send, wait_for_status};
 /// settings that reach the same databases directly (for checks while a
 /// proxy is down).
 async fn spawn_behind_proxies() -> (TestApp, Proxies, Settings) {
-    let mut settings = test_settings();
+    spawn_behind_proxies_with(test_settings()).await
+}
+
+async fn spawn_behind_proxies_with(mut settings: Settings) -> (TestApp, Proxies, Settings) {
     let direct = settings.clone();
     let proxies = route_through_proxies(&mut settings).await;
     (spawn_app_with(settings, true).await, proxies, direct)
@@ -32,6 +35,26 @@ async fn items_on(direct: &notify_core::db::ShardPools, shard: ShardId, message_
         .await
         .expect("count");
     n as u64
+}
+
+/// Waits (60 s at most) until every shard but `except` holds all of its
+/// recipients' items of `message_id`, read directly.
+async fn all_items_but_on(
+    direct: &notify_core::db::ShardPools,
+    parts: &[(ShardId, Vec<u64>)],
+    except: ShardId,
+    message_id: u64,
+    what: &str,
+) {
+    eventually(what, Duration::from_secs(60), || async {
+        for (shard, ids) in parts.iter().filter(|(shard, _)| *shard != except) {
+            if items_on(direct, *shard, message_id).await != ids.len() as u64 {
+                return None;
+            }
+        }
+        Some(())
+    })
+    .await;
 }
 
 /// Every recipient has exactly one item.
@@ -57,22 +80,9 @@ async fn a_shard_down_mid_send_holds_back_only_its_own_chunks() {
     let went_down = tokio::time::Instant::now();
 
     // Every other shard gets all its items while this one is down.
-    let others: Vec<(ShardId, u64)> = map
-        .partition_users(&users)
-        .into_iter()
-        .filter(|(shard, _)| *shard != down.0)
-        .map(|(shard, ids)| (shard, ids.len() as u64))
-        .collect();
+    let parts = map.partition_users(&users);
     let pools = &direct_pools;
-    eventually("the other shards' items while one is down", Duration::from_secs(60), || async {
-        for (shard, expected) in &others {
-            if items_on(pools, *shard, id).await != *expected {
-                return None;
-            }
-        }
-        Some(())
-    })
-    .await;
+    all_items_but_on(pools, &parts, down.0, id, "the other shards' items while one is down").await;
     assert!(items_on(pools, down.0, id).await < down.1.len() as u64, "the down shard got items");
     // Badges of users on other shards keep answering.
     let elsewhere = map.partition_users(&users).into_iter().find(|(s, _)| *s != down.0).unwrap();
@@ -111,21 +121,8 @@ async fn a_slow_shard_does_not_hold_back_the_other_shards() {
     proxies.shards[index].latency(200).await;
     crate::helpers::append_and_start(&app, id, users.clone()).await;
 
-    let others: Vec<(ShardId, u64)> = parts
-        .iter()
-        .filter(|(shard, _)| *shard != slow.0)
-        .map(|(shard, ids)| (*shard, ids.len() as u64))
-        .collect();
     let pools = &direct_pools;
-    eventually("the other shards' items beside a slow one", Duration::from_secs(60), || async {
-        for (shard, expected) in &others {
-            if items_on(pools, *shard, id).await != *expected {
-                return None;
-            }
-        }
-        Some(())
-    })
-    .await;
+    all_items_but_on(pools, &parts, slow.0, id, "the other shards' items beside a slow one").await;
     let slow_done = items_on(pools, slow.0, id).await;
     assert!(
         slow_done * 2 <= slow.1.len() as u64,
@@ -135,6 +132,66 @@ async fn a_slow_shard_does_not_hold_back_the_other_shards() {
     // It finishes while still slow.
     let done = wait_for_status(&app, id, v1::MessageStatus::Completed).await;
     assert_eq!(done.progress.unwrap().delivered, 20_000);
+    assert_exactly_once(&app, id, &users).await;
+    app.cleanup().await;
+}
+
+/// One shard black-holed (it accepts connections and never answers) in the
+/// middle of a send: the other shards finish, calls that need it fail within
+/// their deadlines instead of hanging, nothing is marked failed, and once the
+/// path is restored the send completes exactly once. Restoring resets the
+/// proxied connections: noxious drops the bytes a black hole swallowed (TCP
+/// would retransmit them), so those connections are dead either way.
+#[tokio::test]
+async fn a_black_holed_shard_hangs_nothing_fails_nothing_and_heals() {
+    let mut settings = test_settings();
+    settings.worker.operation_timeout_secs = 3;
+    settings.api.max_deadline_secs = 3;
+    let (app, proxies, direct) = spawn_behind_proxies_with(settings).await;
+    let direct_pools = notify_core::db::connect(&direct).await.unwrap();
+    let users: Vec<u64> = (1..=20_000).collect();
+    let map = app.settings.shard_map().unwrap();
+    let parts = map.partition_users(&users);
+    let id = crate::helpers::create_draft(&app, "black hole").await;
+    let home = map.home_shard_for_message(id);
+    // Not the home shard, nor the first (which holds the id leases).
+    let first = app.settings.database.shards[0].id;
+    let hole = parts.iter().find(|(shard, _)| *shard != home && *shard != first).unwrap().clone();
+    let index = app.settings.database.shards.iter().position(|s| s.id == hole.0).unwrap();
+    crate::helpers::append_and_start(&app, id, users.clone()).await;
+    proxies.shards[index].black_hole().await;
+
+    let pools = &direct_pools;
+    all_items_but_on(pools, &parts, hole.0, id, "the other shards' items beside a black hole")
+        .await;
+    // A badge that needs the black-holed shard fails within its deadline;
+    // one elsewhere answers.
+    let mut inbox = app.inbox();
+    let stuck = tokio::time::timeout(
+        Duration::from_secs(15),
+        inbox.get_unread_count(v1::GetUnreadCountRequest { user_id: hole.1[0] }),
+    )
+    .await
+    .expect("a badge call hung on the black-holed shard");
+    assert!(stuck.is_err(), "a badge was answered from a black-holed shard");
+    let user = parts.iter().find(|(shard, _)| *shard != hole.0).unwrap().1[0];
+    assert_eq!(badge(&app, user).await, 1);
+
+    proxies.shards[index].heal().await;
+    proxies.shards[index].reset_connections().await;
+    // Calls touching the restored shard may fail once on a reset connection.
+    let done = eventually("the send completes after the heal", Duration::from_secs(90), || async {
+        let message = app
+            .messages()
+            .get_message(v1::GetMessageRequest { message_id: id })
+            .await
+            .ok()?
+            .into_inner();
+        (message.status == v1::MessageStatus::Completed as i32).then_some(message)
+    })
+    .await;
+    let progress = done.progress.unwrap();
+    assert_eq!((progress.delivered, progress.failed), (20_000, 0), "{progress:?}");
     assert_exactly_once(&app, id, &users).await;
     app.cleanup().await;
 }
