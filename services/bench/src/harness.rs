@@ -72,7 +72,8 @@ pub fn config_toml(s: &Settings) -> String {
         .collect();
     format!(
         "[api]\nlisten = {}\nmetrics_listen = {}\nworker_threads = {}\n\n\
-         [worker]\nmetrics_listen = {}\nconcurrency = {}\n\n\
+         [worker]\nmetrics_listen = {}\nconcurrency = {}\nsweep_timeout_secs = {}\n\
+         operation_timeout_secs = {}\n\n\
          [database]\nurl = {}\npool_max = {}\nshards = [{}]\nbucket_ranges = []\n\n\
          [rabbitmq]\nurl = {}\nprefix = {}\n\n\
          [redis]\nurl = {}\nkey_prefix = {}\n\n\
@@ -82,6 +83,8 @@ pub fn config_toml(s: &Settings) -> String {
         s.api.worker_threads,
         toml_str(&s.worker.metrics_listen),
         s.worker.concurrency,
+        s.worker.sweep_timeout_secs,
+        s.worker.operation_timeout_secs,
         toml_str(s.database.url.expose_secret()),
         s.database.pool_max,
         shards.join(", "),

@@ -8,6 +8,9 @@
 //!   and the cost of the first inbox read after an announcement.
 //! - `group`: `SendGroupMessage` latency in a 10-member vs a 100,000-member
 //!   group, and a member pulling a 20,000-message backlog in pages of 200.
+//! - `events`: gateway events of a 100k-recipient send, exactly once.
+//! - `chaos`: a mixed load on two api and two worker processes under random
+//!   faults and SIGKILLs, then invariants checked from MySQL.
 //!
 //! Each run creates its own databases, queues and keys, spawns `notify-api`
 //! and `notify-worker` (release binaries next to this one) as children, and
@@ -15,6 +18,7 @@
 
 mod announce;
 mod badge;
+mod chaos;
 mod events;
 mod fanout;
 mod group;
@@ -47,6 +51,8 @@ enum Command {
     Group(group::GroupArgs),
     /// Gateway events of a 100k-recipient send to 10k, then 100k, followed users.
     Events(events::EventsArgs),
+    /// Mixed load under random faults and SIGKILLs, then invariants from MySQL.
+    Chaos(chaos::ChaosArgs),
 }
 
 #[tokio::main]
@@ -58,6 +64,7 @@ async fn main() {
         Command::Announce(args) => announce::run(args).await,
         Command::Group(args) => group::run(args).await,
         Command::Events(args) => events::run(args).await,
+        Command::Chaos(args) => chaos::run(args).await,
     };
     if let Err(e) = result {
         eprintln!("notify-bench: {e:#}");
