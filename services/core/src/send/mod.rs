@@ -227,9 +227,13 @@ pub async fn send_to_users(
     match started {
         Ok(row) => Ok((created, row.status()?)),
         // A concurrent duplicate of this request (same idempotency key) won
-        // the race to start: that is this request's outcome too.
-        Err(Error::FailedPrecondition(_)) if created.deduplicated => {
+        // the race to start: that is this request's outcome too. Only if it
+        // did start: a draft is never reported as a send that went out.
+        Err(Error::FailedPrecondition(reason)) if created.deduplicated => {
             let row = messages::fetch_existing(home, created.message_id).await?;
+            if row.status()? == SendStatus::NotStarted && !row.start_requested {
+                return Err(Error::FailedPrecondition(reason));
+            }
             Ok((created, row.status()?))
         }
         Err(e) => Err(e),
