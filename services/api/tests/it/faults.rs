@@ -225,6 +225,46 @@ async fn rabbitmq_connections_reset_during_delivery_lose_and_double_nothing() {
 /// Redis is back no badge cached before the outage is served: chunks applied
 /// while it was away stay unsettled, holding back completion, until a
 /// worker's settler has invalidated their recipients.
+/// RabbitMQ connections reset again and again while `StartMessage` publishes
+/// 200 chunk tasks: the start either succeeds, or fails and is retried, and
+/// either way every chunk is applied exactly once in the end.
+#[tokio::test]
+async fn rabbitmq_connections_reset_during_the_starts_publishes_lose_and_double_nothing() {
+    let mut settings = test_settings();
+    settings.send.chunk_size = 100;
+    let (app, proxies, _) = spawn_behind_proxies_with(settings).await;
+    let users: Vec<u64> = (1..=20_000).collect();
+    let id = crate::helpers::create_draft(&app, "resets during start").await;
+    let batch =
+        v1::AppendRecipientsRequest { message_id: id, batch_number: 1, user_ids: users.clone() };
+    app.messages().append_recipients(batch).await.unwrap();
+    let mut client = app.messages();
+    let mut starting = tokio::spawn(async move {
+        client.start_message(v1::StartMessageRequest { message_id: id }).await
+    });
+    // Reset at once, then every 5 ms until the start returns.
+    let started = loop {
+        proxies.rabbitmq.reset_connections().await;
+        tokio::select! {
+            started = &mut starting => break started.unwrap(),
+            () = tokio::time::sleep(Duration::from_millis(5)) => {}
+        }
+    };
+    if let Err(status) = started {
+        // A failed start left the send as it was, or started it and left
+        // the publishes to the sweeper: retrying is safe either way.
+        let retried =
+            app.messages().start_message(v1::StartMessageRequest { message_id: id }).await;
+        if let Err(again) = retried {
+            assert_eq!(again.code(), tonic::Code::FailedPrecondition, "{status:?} then {again:?}");
+        }
+    }
+    let done = wait_for_status(&app, id, v1::MessageStatus::Completed).await;
+    assert_eq!(done.progress.unwrap().delivered, 20_000);
+    assert_exactly_once(&app, id, &users).await;
+    app.cleanup().await;
+}
+
 #[tokio::test]
 async fn redis_down_mid_send_delivery_goes_on_and_no_stale_badge_is_served_after() {
     let (app, proxies, direct) = spawn_behind_proxies().await;
