@@ -108,16 +108,8 @@ impl Proc {
     fn start(&mut self) -> anyhow::Result<()> {
         let log = std::fs::OpenOptions::new().create(true).append(true).open(&self.log)?;
         let mut cmd = Command::new(&self.bin);
-        for (key, _) in std::env::vars_os() {
-            if key.to_str().is_some_and(|k| k.starts_with("NOTIFY_") || k == "RUST_LOG") {
-                cmd.env_remove(key);
-            }
-        }
-        cmd.env("NOTIFY_CONFIG", &self.config)
-            .stdin(Stdio::null())
-            .stdout(log.try_clone()?)
-            .stderr(log)
-            .kill_on_drop(true);
+        harness::child_env(&mut cmd, &self.config);
+        cmd.stdin(Stdio::null()).stdout(log.try_clone()?).stderr(log).kill_on_drop(true);
         self.child = Some(cmd.spawn().with_context(|| format!("spawn {}", self.name))?);
         Ok(())
     }

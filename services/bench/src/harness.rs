@@ -409,7 +409,8 @@ fn db_names(settings: &Settings) -> Vec<&str> {
     settings.database.shards.iter().map(|s| s.database.as_str()).collect()
 }
 
-fn child_env(cmd: &mut Command, config: &Path) {
+/// Points a child at `config`, dropping inherited `NOTIFY_*` overrides.
+pub(crate) fn child_env(cmd: &mut Command, config: &Path) {
     // The file is the whole configuration: no inherited overrides.
     for (key, _) in std::env::vars_os() {
         if key.to_str().is_some_and(|k| k.starts_with("NOTIFY_") || k == "RUST_LOG") {

@@ -65,10 +65,12 @@ pub async fn apply_task(ctx: &Context, task: &ChunkTask, redelivered: bool) -> R
     if !matches!(status, SendStatus::Sending | SendStatus::Completed) {
         // A redelivery of a chunk applied just before a crash must still
         // invalidate its recipients' badges, paused send or not.
-        if let Some(user_ids) = chunks::finished_recipients(pool, message_id, task.chunk_id).await?
-        {
+        let finished = chunks::finished_recipients(pool, message_id, task.chunk_id).await?;
+        if let Some((user_ids, unsettled)) = finished {
             ctx.cache.invalidate_counts(&user_ids).await?;
-            chunks::settle(pool, message_id, task.chunk_id).await?;
+            if unsettled {
+                chunks::settle(pool, message_id, task.chunk_id).await?;
+            }
         }
         return Ok(TaskOutcome::Skipped(status));
     }

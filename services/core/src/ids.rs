@@ -100,10 +100,16 @@ impl IdGenerator {
         Ok(MessageId::from_raw(id | sequence))
     }
 
-    /// Uses `instance` until `until`.
+    /// Uses `instance` until `until`. On a move to another instance the
+    /// next id starts a millisecond later, so ids stay strictly increasing
+    /// whatever the new instance's number.
     fn hold(&self, instance: u64, until: Instant) {
         let mut state = self.lock();
-        state.instance = instance;
+        if state.instance != instance {
+            state.last_ms += 1;
+            state.sequence = 0;
+            state.instance = instance;
+        }
         state.valid_until = Some(until);
     }
 }
@@ -255,7 +261,11 @@ mod tests {
         generator.hold(3, Instant::now());
         let err = generator.next_id().unwrap_err();
         assert!(err.to_string().contains("instance lease"), "{err}");
-        generator.hold(5, Instant::now() + Duration::from_secs(60));
-        assert_eq!((generator.next_id().unwrap().get() >> SEQUENCE_BITS) & (INSTANCES - 1), 5);
+        let before = IdGenerator::with_instance(900);
+        let last = before.next_id().unwrap().get();
+        before.hold(5, Instant::now() + Duration::from_secs(60));
+        let moved = before.next_id().unwrap().get();
+        assert_eq!((moved >> SEQUENCE_BITS) & (INSTANCES - 1), 5);
+        assert!(moved > last, "an id after moving to a lower instance went backwards");
     }
 }

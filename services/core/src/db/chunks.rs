@@ -331,20 +331,22 @@ pub async fn count_attempt(pool: &MySqlPool, message_id: MessageId, chunk_id: u6
     Ok(attempts.unwrap_or(0))
 }
 
-/// Returns a chunk's recipients if it is no longer pending.
+/// Returns a chunk's recipients, and whether it is [`state::UNSETTLED`], if
+/// it is no longer pending.
 pub async fn finished_recipients(
     pool: &MySqlPool,
     message_id: MessageId,
     chunk_id: u64,
-) -> Result<Option<Vec<u64>>> {
-    let packed: Option<Vec<u8>> = sqlx::query_scalar(
-        "SELECT user_ids FROM message_chunks WHERE message_id = ? AND chunk_id = ? AND state <> 0",
+) -> Result<Option<(Vec<u64>, bool)>> {
+    let row: Option<(Vec<u8>, u8)> = sqlx::query_as(
+        "SELECT user_ids, state FROM message_chunks WHERE message_id = ? AND chunk_id = ? AND state <> 0",
     )
     .bind(message_id.get())
     .bind(chunk_id)
     .fetch_optional(pool)
     .await?;
-    packed.map(|bytes| decode_user_ids(&bytes)).transpose()
+    row.map(|(bytes, chunk_state)| Ok((decode_user_ids(&bytes)?, chunk_state == state::UNSETTLED)))
+        .transpose()
 }
 
 /// Records a pending chunk as failed after its last attempt: its recipients
