@@ -20,15 +20,22 @@
 #     every Notify config file in a Secret parses as TOML and names only
 #     settings that exist in services/core/default.toml; every alert of the
 #     PrometheusRule parses as PromQL (promql-parser, PyPI) and names only
-#     metrics that the services' sources record; every cert-manager
-#     Certificate writes a Secret that a Deployment mounts, and its dnsNames
-#     cover the host the helm test Pod dials
+#     metrics that the services' sources record; so does every query of the
+#     Grafana dashboard in a ConfigMap; every pod (api, worker, migration
+#     Job, helm test) runs non-root with RuntimeDefault seccomp, and every
+#     container has a read-only root file system, no privilege escalation,
+#     ALL capabilities dropped, requests and a memory limit; every
+#     cert-manager Certificate writes a Secret that a Deployment mounts, and
+#     its dnsNames cover the host the helm test Pod dials
 #   - kubernetes-validate --strict (JSON schemas of Kubernetes 1.27 and the
 #     newest it ships; PyPI package) rejects no resource (it has no schema
 #     for the CRD kinds ServiceMonitor, PrometheusRule and Certificate: it
 #     warns and passes them, and the checks above look into them instead)
 #   - ci/cert-manager-values.yaml renders the Certificate of the api's
 #     default TLS Secret
+#   - grafanaDashboard renders a ConfigMap with the sidecar's label (as
+#     configured) and dashboards/notify.json unchanged; the migration Job
+#     and the helm test Pod take topologySpreadConstraints
 #   - bad values fail to render, each with its message: a shard url for an
 #     undefined shard, no callers, auth off without the insecure opt-in, a
 #     token in place of a digest, a misspelt value (values.schema.json),
@@ -36,13 +43,23 @@
 # and once:
 #   - `config` in values.yaml names only settings of default.toml and
 #     restates none of their defaults (ci/*-values.yaml: names only); both
-#     checks are shown to fail on a bad file, as is the alert check
+#     checks are shown to fail on a bad file, as are the alert, dashboard
+#     and pod security checks
+#   - dashboards/notify.json: JSON, unique panel ids, every query PromQL on
+#     metrics the services record (as summaries: quantile="...", no _bucket)
 #   - values.schema.json lists the fields and scopes of Notify's clients
 #   - the README's production example is ci/external-shards-values.yaml
 #
 # Settings and metrics are those of this checkout (..); NOTIFY_SOURCE_ROOT=
 # /path/to/checkout checks against another one (a branch with the chart but
 # not yet the settings it wires).
+#
+# No Kubernetes API server checks the chart (a server-side dry-run): none
+# can be had on the project's machines. Debian 12 packages etcd and kubectl
+# but not kube-apiserver; no PyPI or npm package ships a kube-apiserver or
+# k3s binary (the envtest-style ones download it at run time, the kind and
+# k3s ones need a container runtime); crates.io caps a crate at 10 MB. The
+# chart's README, "Linting the chart", has the details.
 set -euo pipefail
 shopt -s inherit_errexit
 
@@ -148,6 +165,11 @@ check_config_values() { # file, args...
   PYTHONPATH="$pydir" python3 "$here/lint_checks.py" config-values "$source_root" "$@"
 }
 
+# Checks a Grafana dashboard's queries against the metrics the services record.
+check_dashboard() { # file
+  PYTHONPATH="$pydir" python3 "$here/lint_checks.py" dashboard "$source_root" "$1"
+}
+
 validate_schemas() { # file
   PYTHONPATH="$pydir" python3 -m kubernetes_validate --strict --quiet -k 1.27.0 "$1" &&
     PYTHONPATH="$pydir" python3 -m kubernetes_validate --strict --quiet "$1"
@@ -167,7 +189,7 @@ render_and_check() { # helm, label, helm template args...
   check "$label: template" render_to "$file" \
     "$helm" template notify-test "$chart" --kube-version 1.27.0 "$@"
   [[ -s $file ]] || return 0
-  check "$label: YAML, config files, alerts" check_rendered "$file"
+  check "$label: YAML, config files, alerts, dashboard, pod security" check_rendered "$file"
   check "$label: Kubernetes schemas" validate_schemas "$file"
 }
 
@@ -188,6 +210,45 @@ renders_certificate() { # helm, secret name, helm template args...
     echo "$rendered"
     return 1
   }
+}
+
+# Succeeds when the dashboard ConfigMap renders with the sidecar label
+# KEY=VALUE and holds dashboards/notify.json unchanged.
+renders_dashboard() { # helm, label key, label value, helm template args...
+  local helm=$1 key=$2 value=$3
+  shift 3
+  "$helm" template notify-test "$chart" --kube-version 1.27.0 "$@" \
+    --show-only templates/grafana-dashboard.yaml >"$out/dashboard.yaml"
+  PYTHONPATH="$pydir" python3 -c '
+import json, sys, yaml
+rendered, dashboard, key, value = sys.argv[1:]
+doc = yaml.safe_load(open(rendered))
+labels = doc["metadata"]["labels"]
+assert labels.get(key) == value, f"label {key}={labels.get(key)!r}, want {value!r}"
+assert json.loads(doc["data"]["notify.json"]) == json.load(open(dashboard)), "dashboard changed"
+' "$out/dashboard.yaml" "$chart/dashboards/notify.json" "$key" "$value"
+}
+
+# Succeeds when the migration Job and the helm test Pod carry the
+# topologySpreadConstraints given in values.
+renders_pod_spread() { # helm, helm template args...
+  local helm=$1
+  shift
+  local spread='[{"maxSkew":1,"topologyKey":"kubernetes.io/hostname","whenUnsatisfiable":"ScheduleAnyway","labelSelector":{"matchLabels":{"app.kubernetes.io/name":"notify"}}}]'
+  "$helm" template notify-test "$chart" --kube-version 1.27.0 "$@" \
+    --set-json "migration.topologySpreadConstraints=$spread" \
+    --set-json "tests.topologySpreadConstraints=$spread" \
+    --show-only templates/migration-job.yaml --show-only templates/tests/api-test.yaml \
+    >"$out/spread.yaml"
+  PYTHONPATH="$pydir" python3 -c '
+import json, sys, yaml
+want = json.loads(sys.argv[2])
+docs = [d for d in yaml.safe_load_all(open(sys.argv[1])) if d]
+specs = {d["kind"]: d["spec"]["template"]["spec"] if d["kind"] == "Job" else d["spec"] for d in docs}
+assert set(specs) == {"Job", "Pod"}, sorted(specs)
+for kind, spec in specs.items():
+    assert spec.get("topologySpreadConstraints") == want, f"{kind}: not the given constraints"
+' "$out/spread.yaml" "$spread"
 }
 
 # Succeeds when the command fails and its output says why (the message).
@@ -242,6 +303,36 @@ check "an alert on a metric no service records is rejected" \
 sed -i 's/notify_no_such_metric_total > 0/sum(rate(notify_chunks_total[5m]) > 0/' "$out/bad-rule.yaml"
 check "an alert that is not PromQL is rejected" \
   must_fail_with "not PromQL" check_rendered "$out/bad-rule.yaml"
+check "dashboards/notify.json: PromQL on metrics the services record" \
+  check_dashboard "$chart/dashboards/notify.json"
+sed 's/notify_chunks_failed_total/notify_no_such_metric_total/' \
+  "$chart/dashboards/notify.json" >"$out/bad-dashboard.json"
+check "a dashboard query on a metric no service records is rejected" \
+  must_fail_with "no service records the metric notify_no_such_metric_total" \
+  check_dashboard "$out/bad-dashboard.json"
+sed 's/notify_sends_sending{/notify_sends_sending_bucket{/' \
+  "$chart/dashboards/notify.json" >"$out/bad-dashboard.json"
+check "a dashboard query on _bucket series the services do not export is rejected" \
+  must_fail_with "export histograms as summaries" check_dashboard "$out/bad-dashboard.json"
+cat >"$out/bad-pod.yaml" <<'YAML'
+apiVersion: batch/v1
+kind: Job
+metadata: { name: bad }
+spec:
+  template:
+    spec:
+      securityContext: { runAsNonRoot: true, seccompProfile: { type: RuntimeDefault } }
+      containers:
+        - name: migrate
+          image: notify
+          resources: { requests: { cpu: 10m, memory: 16Mi }, limits: { memory: 32Mi } }
+          securityContext:
+            allowPrivilegeEscalation: false
+            capabilities: { drop: [ALL] }
+YAML
+check "a container with a writable root file system is rejected" \
+  must_fail_with "Job bad container migrate: securityContext.readOnlyRootFilesystem is not true" \
+  check_rendered "$out/bad-pod.yaml"
 
 for helm in "${helms[@]}"; do
   version=$("$helm" version --short)
@@ -314,6 +405,14 @@ for helm in "${helms[@]}"; do
     must_fail_with "cannot sign with P-521" \
     "$helm" template notify-test "$chart" -f "$minimal" "${cert_manager[@]}" \
     --set api.tls.certManager.privateKey.size=521
+  check "[$version] grafanaDashboard: a ConfigMap with the sidecar label and the dashboard file" \
+    renders_dashboard "$helm" dashboards yes -f "$minimal" --set grafanaDashboard.enabled=true \
+    --set grafanaDashboard.label=dashboards --set grafanaDashboard.labelValue=yes
+  check "[$version] grafanaDashboard without a label is refused" \
+    must_fail_with "grafanaDashboard.label" "$helm" template notify-test "$chart" -f "$minimal" \
+    --set grafanaDashboard.enabled=true --set grafanaDashboard.label=
+  check "[$version] migration Job and helm test Pod take topologySpreadConstraints" \
+    renders_pod_spread "$helm" -f "$minimal"
   check "[$version] a misspelt value is refused by values.schema.json" \
     must_fail_with "clientAuht" "$helm" template notify-test "$chart" -f "$minimal" \
     --set api.tls.clientAuht=required

@@ -12,8 +12,19 @@ SOURCE_ROOT is a Notify checkout (the chart's own, ..).
       Every document parses and has apiVersion, kind and a name; every config
       file in a Secret parses as TOML and names only existing settings; every
       PrometheusRule expression parses as PromQL and names only metrics the
-      services' sources record; every cert-manager Certificate writes a
-      Secret a Deployment mounts and names the host helm test dials.
+      services' sources record; every Grafana dashboard in a ConfigMap
+      passes the dashboard check below; every pod (Deployments, Jobs, the
+      helm test Pod) runs non-root with RuntimeDefault seccomp, and each of
+      its containers has a read-only root file system, no privilege
+      escalation, ALL capabilities dropped, CPU and memory requests and a
+      memory limit; every cert-manager Certificate writes a Secret a
+      Deployment mounts and names the host helm test dials.
+  lint_checks.py dashboard SOURCE_ROOT DASHBOARD_JSON
+      The Grafana dashboard parses, its panel ids are unique, every query
+      parses as PromQL (Grafana's variables replaced by sample values) and
+      names only metrics the services' sources record, queried the way the
+      services export them (summaries: quantile="..."; histograms with
+      buckets: _bucket), and every variable's query names recorded metrics.
   lint_checks.py schema SOURCE_ROOT VALUES_SCHEMA_JSON
       The schema's auth.clients fields and scopes are those of Notify's
       ClientSettings and Scope.
@@ -110,6 +121,27 @@ def recorded_metrics(source_root):
     return names
 
 
+def exports_buckets(source_root):
+    """Whether the services give their histograms buckets. Without
+    (PrometheusBuilder's default) metrics-exporter-prometheus renders each
+    histogram as a summary: quantile="0.99" series, no _bucket series."""
+    return any(
+        "set_buckets" in path.read_text()
+        for path in (pathlib.Path(source_root) / "services").glob("*/src/**/*.rs")
+    )
+
+
+def unrecorded_metrics(expr, metrics):
+    """The notify_* names in expr that no service records (a histogram's or
+    summary's _bucket, _sum and _count series count as its own)."""
+    names = re.findall(r"\b(notify_[a-z0-9_]+)", expr)
+    return [
+        name
+        for name in names
+        if name not in metrics and re.sub(r"_(bucket|sum|count)$", "", name) not in metrics
+    ]
+
+
 def check_rule(rule, metrics, errors, where):
     import promql_parser
 
@@ -119,10 +151,128 @@ def check_rule(rule, metrics, errors, where):
     except Exception as e:  # the parser raises plain exceptions
         errors.append(f"{where} {rule.get('alert')}: not PromQL: {e}")
         return
-    for name in re.findall(r"\b(notify_[a-z0-9_]+)", expr):
-        base = re.sub(r"_(bucket|sum|count)$", "", name)
-        if name not in metrics and base not in metrics:
-            errors.append(f"{where} {rule.get('alert')}: no service records the metric {name}")
+    for name in unrecorded_metrics(expr, metrics):
+        errors.append(f"{where} {rule.get('alert')}: no service records the metric {name}")
+
+
+# Grafana's built-in interval variables, replaced by a duration so that a
+# dashboard query parses as PromQL; the dashboard's own variables become a
+# plain word (they stand inside label matchers).
+GRAFANA_DURATIONS = ("__rate_interval", "__interval", "__range")
+
+
+def grafana_sample(expr):
+    expr = re.sub(
+        r"\$\{?(" + "|".join(GRAFANA_DURATIONS) + r")(?::\w+)?\}?", "5m", expr
+    )
+    return re.sub(r"\$\{(\w+)(?::\w+)?\}|\$(\w+)", "sample", expr)
+
+
+def dashboard_panels(panels):
+    """Every panel, those inside rows included."""
+    for panel in panels or []:
+        yield panel
+        yield from dashboard_panels(panel.get("panels"))
+
+
+def check_dashboard(dashboard, metrics, buckets, errors, where):
+    """A Grafana dashboard (parsed JSON) against the recorded metrics."""
+    import promql_parser
+
+    if not dashboard.get("uid") or not dashboard.get("title"):
+        errors.append(f"{where}: no uid or title")
+    ids = [p.get("id") for p in dashboard_panels(dashboard.get("panels"))]
+    for panel_id in sorted({i for i in ids if ids.count(i) > 1}, key=str):
+        errors.append(f"{where}: panel id {panel_id} is used twice")
+    queries = 0
+    for panel in dashboard_panels(dashboard.get("panels")):
+        if panel.get("type") == "row":
+            continue
+        title = f"{where} panel {panel.get('title')!r}"
+        targets = [t for t in panel.get("targets") or [] if t.get("expr")]
+        if not targets:
+            errors.append(f"{title}: no query")
+        for target in targets:
+            queries += 1
+            expr = target["expr"]
+            try:
+                promql_parser.parse(grafana_sample(expr))
+            except Exception as e:  # the parser raises plain exceptions
+                errors.append(f"{title}: not PromQL: {expr}: {e}")
+                continue
+            for name in unrecorded_metrics(expr, metrics):
+                errors.append(f"{title}: no service records the metric {name}")
+            if buckets and "quantile=" in expr:
+                errors.append(
+                    f"{title}: the services give histograms buckets, so there is no "
+                    f"quantile series: use histogram_quantile over _bucket: {expr}"
+                )
+            if not buckets and re.search(r"_bucket\b|histogram_quantile", expr):
+                errors.append(
+                    f"{title}: the services export histograms as summaries (no buckets): "
+                    f'use quantile="0.99", not _bucket: {expr}'
+                )
+    for variable in (dashboard.get("templating") or {}).get("list") or []:
+        query = variable.get("query")
+        query = query.get("query", "") if isinstance(query, dict) else query or ""
+        if variable.get("type") != "query":
+            continue
+        for name in unrecorded_metrics(query, metrics):
+            errors.append(
+                f"{where} variable {variable.get('name')}: no service records the metric {name}"
+            )
+    if not queries:
+        errors.append(f"{where}: no query at all")
+    return queries
+
+
+# What every container of the chart's pods must say (values.yaml's
+# securityContext), and the pod-level settings (podSecurityContext) that a
+# container may also set itself.
+CONTAINER_SECURITY = {
+    "readOnlyRootFilesystem": True,
+    "allowPrivilegeEscalation": False,
+}
+
+
+def pod_specs(doc):
+    kind = doc["kind"]
+    if kind == "Pod":
+        return [doc["spec"]]
+    if kind in ("Deployment", "Job", "StatefulSet", "DaemonSet"):
+        return [doc["spec"]["template"]["spec"]]
+    if kind == "CronJob":
+        return [doc["spec"]["jobTemplate"]["spec"]["template"]["spec"]]
+    return []
+
+
+def check_pod_security(doc, errors):
+    """Non-root, RuntimeDefault seccomp, read-only root file system, no
+    privilege escalation, ALL capabilities dropped, requests and a memory
+    limit: on every container of every pod the chart renders."""
+    where = f"{doc['kind']} {doc['metadata']['name']}"
+    for spec in pod_specs(doc):
+        pod = spec.get("securityContext") or {}
+        for container in (spec.get("initContainers") or []) + (spec.get("containers") or []):
+            name = f"{where} container {container.get('name')}"
+            sc = container.get("securityContext") or {}
+            for key, want in CONTAINER_SECURITY.items():
+                if sc.get(key) is not want:
+                    errors.append(f"{name}: securityContext.{key} is not {str(want).lower()}")
+            if "ALL" not in ((sc.get("capabilities") or {}).get("drop") or []):
+                errors.append(f"{name}: securityContext.capabilities.drop lacks ALL")
+            if sc.get("runAsNonRoot", pod.get("runAsNonRoot")) is not True:
+                errors.append(f"{name}: runAsNonRoot is not true")
+            seccomp = sc.get("seccompProfile", pod.get("seccompProfile")) or {}
+            if seccomp.get("type") != "RuntimeDefault":
+                errors.append(f"{name}: seccompProfile is not RuntimeDefault")
+            resources = container.get("resources") or {}
+            requests = resources.get("requests") or {}
+            for resource in ("cpu", "memory"):
+                if resource not in requests:
+                    errors.append(f"{name}: no resources.requests.{resource}")
+            if "memory" not in (resources.get("limits") or {}):
+                errors.append(f"{name}: no resources.limits.memory")
 
 
 def config_values(source_root, values_yaml, allow_defaults):
@@ -195,16 +345,33 @@ def rendered(source_root, manifests):
     assert docs, "nothing rendered"
     errors = []
     files = 0
+    dashboards = 0
     certificates = []
     for d in docs:
         assert isinstance(d, dict) and d.get("apiVersion") and d.get("kind"), d
         name = d.get("metadata", {}).get("name")
         assert name, d
+        check_pod_security(d, errors)
         if d["kind"] == "PrometheusRule":
             metrics = metrics if metrics is not None else recorded_metrics(source_root)
             for group in d["spec"]["groups"]:
                 for rule in group["rules"]:
                     check_rule(rule, metrics, errors, f"PrometheusRule {name}")
+        if d["kind"] == "ConfigMap":
+            for key, data in (d.get("data") or {}).items():
+                if not key.endswith(".json"):
+                    continue
+                metrics = metrics if metrics is not None else recorded_metrics(source_root)
+                dashboards += 1
+                where = f"ConfigMap {name} {key}"
+                try:
+                    dashboard = json.loads(data)
+                except ValueError as e:
+                    errors.append(f"{where}: not JSON: {e}")
+                    continue
+                check_dashboard(
+                    dashboard, metrics, exports_buckets(source_root), errors, where
+                )
         if d["kind"] == "Certificate":
             certificates.append(d)
         if d["kind"] != "Secret":
@@ -222,7 +389,31 @@ def rendered(source_root, manifests):
         check_certificate(cert, docs, errors)
     for error in errors:
         print(error)
-    print(f"{len(docs)} documents, {files} config files, {len(certificates)} Certificates")
+    print(
+        f"{len(docs)} documents, {files} config files, {dashboards} dashboards, "
+        f"{len(certificates)} Certificates"
+    )
+    return not errors
+
+
+def dashboard(source_root, dashboard_json):
+    with open(dashboard_json) as f:
+        try:
+            parsed = json.load(f)
+        except ValueError as e:
+            print(f"{dashboard_json}: not JSON: {e}")
+            return False
+    errors = []
+    queries = check_dashboard(
+        parsed,
+        recorded_metrics(source_root),
+        exports_buckets(source_root),
+        errors,
+        dashboard_json,
+    )
+    for error in errors:
+        print(error)
+    print(f"{queries} queries")
     return not errors
 
 
@@ -252,6 +443,8 @@ def main(argv):
         return config_values(argv[2], argv[3], "--allow-defaults" in argv[4:])
     if len(argv) == 4 and argv[1] == "rendered":
         return rendered(argv[2], argv[3])
+    if len(argv) == 4 and argv[1] == "dashboard":
+        return dashboard(argv[2], argv[3])
     if len(argv) == 4 and argv[1] == "schema":
         return schema(argv[2], argv[3])
     print(__doc__, file=sys.stderr)
