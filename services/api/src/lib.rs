@@ -11,6 +11,7 @@ pub mod metrics_layer;
 pub mod status;
 pub mod streams;
 pub mod tls;
+pub mod trace_layer;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -39,6 +40,7 @@ use crate::grpc::inbox::InboxApi;
 use crate::grpc::message::MessageApi;
 use crate::metrics_layer::GrpcMetricsLayer;
 use crate::tls::ServerTls;
+use crate::trace_layer::GrpcTraceLayer;
 
 /// Builds the runtime `api.worker_threads` asks for: one thread (1), a
 /// work-stealing pool of N threads (N > 1) or of one thread per core (0).
@@ -170,8 +172,10 @@ impl Application {
         let reflection_v1 = reflect.then(|| reflection().build_v1()).transpose()?;
         let reflection_v1alpha = reflect.then(|| reflection().build_v1alpha()).transpose()?;
         let router = builder
-            // Metrics outermost, so refused calls are counted too.
+            // Metrics outermost, so refused calls are counted too; the
+            // call's span next, so refusals are traced as well.
             .layer(GrpcMetricsLayer)
+            .layer(GrpcTraceLayer)
             .layer(AuthLayer::new(guard.clone()))
             .add_service(health_service)
             .add_optional_service(reflection_v1)

@@ -18,7 +18,7 @@ fn main() -> anyhow::Result<()> {
     };
     let runtime = notify_api::runtime(&settings.api)?;
     runtime.block_on(async {
-        telemetry::init_tracing(&settings.log);
+        let traces = telemetry::init_tracing(&settings.log, &settings.trace, "notify-api")?;
         let shutdown = CancellationToken::new();
         tokio::spawn(telemetry::cancel_on_signal(shutdown.clone()));
         let app = match notify_api::Application::build(settings).await {
@@ -28,6 +28,10 @@ fn main() -> anyhow::Result<()> {
                 std::process::exit(1);
             }
         };
-        app.run_until_stopped(shutdown).await
+        let stopped = app.run_until_stopped(shutdown).await;
+        if let Some(traces) = traces {
+            traces.shutdown().await;
+        }
+        stopped
     })
 }

@@ -25,9 +25,18 @@ use crate::domain::MessageId;
 use crate::error::{Error, Result};
 
 const EPOCH_MS: u64 = 1_735_689_600_000;
+/// Bits below the timestamp in an id.
+const TIME_SHIFT: u32 = INSTANCE_BITS + SEQUENCE_BITS;
 const SEQUENCE_BITS: u32 = 12;
 const INSTANCE_BITS: u32 = 10;
 const INSTANCES: u64 = 1 << INSTANCE_BITS;
+
+/// The smallest id issued at or after `unix_ms` (milliseconds since 1970):
+/// ids are time-ordered, so id ranges are time ranges (retention partitions
+/// `message_items` by them).
+pub fn first_id_at(unix_ms: u64) -> u64 {
+    unix_ms.saturating_sub(EPOCH_MS) << TIME_SHIFT
+}
 
 /// How long a lease lasts in the database after a renewal.
 pub const LEASE: Duration = Duration::from_secs(120);
@@ -96,7 +105,7 @@ impl IdGenerator {
         };
         state.last_ms = ms;
         state.sequence = sequence;
-        let id = (ms << (INSTANCE_BITS + SEQUENCE_BITS)) | (state.instance << SEQUENCE_BITS);
+        let id = (ms << TIME_SHIFT) | (state.instance << SEQUENCE_BITS);
         Ok(MessageId::from_raw(id | sequence))
     }
 

@@ -19,6 +19,7 @@ pub mod ids;
 pub mod inbox;
 pub mod queue;
 pub mod quota;
+pub mod retention;
 pub mod send;
 pub mod settings;
 pub mod telemetry;

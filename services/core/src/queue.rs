@@ -354,9 +354,14 @@ impl Publisher {
     async fn publish_once(&self, lane: Lane, tasks: &[ChunkTask]) -> Result<()> {
         let channel = self.channel().await?;
         let exchange = self.topology.exchange();
+        // The publishing span's trace context: each chunk's apply becomes a
+        // child of the send (or sweep) that published it.
+        let mut headers = FieldTable::default();
+        crate::telemetry::trace::inject_into_amqp(&mut headers);
         let properties = BasicProperties::default()
             .with_delivery_mode(2)
-            .with_content_type("application/json".into());
+            .with_content_type("application/json".into())
+            .with_headers(headers);
         let mut confirms = Vec::with_capacity(tasks.len());
         for task in tasks {
             let confirm = channel

@@ -28,6 +28,12 @@ enum Command {
     /// Creates missing shard databases and applies pending migrations to every shard
     /// (reads the same configuration as the services).
     Migrate,
+    /// Runs retention once on every shard (as the workers do every
+    /// `retention.interval_secs`): adds the months of item partitions ahead,
+    /// drops those past `retention.items_days`, purges hidden items, deletes
+    /// old sends, chunks and audit rows. Reads the same configuration as the
+    /// services.
+    Retention,
     /// Sends a message to users: ids from a range (1..1000000), a file, or stdin.
     Send(sends::SendArgs),
     /// Sends a platform announcement to all users (stored once).
@@ -112,6 +118,7 @@ async fn main() {
 async fn run(cli: Cli) -> anyhow::Result<()> {
     let command = match cli.command {
         Command::Migrate => return migrate().await,
+        Command::Retention => return retention().await,
         Command::Token(command) => return admin::token(command),
         Command::Health { service } => {
             // The exit code is the answer: 1 for not serving, 2 for no answer.
@@ -132,7 +139,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
     };
     let channel = cli.connect.connect().await?;
     match command {
-        Command::Migrate | Command::Token(_) | Command::Health { .. } => {
+        Command::Migrate | Command::Retention | Command::Token(_) | Command::Health { .. } => {
             unreachable!("handled above")
         }
         Command::Audit(args) => admin::audit(channel, args).await,
@@ -149,6 +156,28 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Tail { users } => tail::tail(channel, users).await,
         Command::Group(command) => groups::run(channel, command).await,
     }
+}
+
+async fn retention() -> anyhow::Result<()> {
+    let settings = notify_core::Settings::load()?;
+    let pools = notify_core::db::connect(&settings).await?;
+    let cache = notify_core::cache::Cache::connect(&settings.redis).await?;
+    let report =
+        notify_core::retention::run_once(&pools, &cache, &settings.retention, chrono::Utc::now())
+            .await?;
+    let listed =
+        |names: &[String]| if names.is_empty() { "none".to_owned() } else { names.join(" ") };
+    println!("partitions added:   {}", listed(&report.partitions_added));
+    println!("partitions dropped: {}", listed(&report.partitions_dropped));
+    println!("badges invalidated: {}", report.badges_invalidated);
+    println!("hidden items purged: {}", report.hidden_items_purged);
+    println!("chunks deleted:     {}", report.chunks_deleted);
+    println!("sends deleted:      {}", report.sends_deleted);
+    println!("audit rows deleted: {}", report.audit_rows_deleted);
+    if report.shards_busy > 0 {
+        println!("shards skipped (another run holds them): {}", report.shards_busy);
+    }
+    Ok(())
 }
 
 async fn migrate() -> anyhow::Result<()> {

@@ -5,6 +5,7 @@
 //! Redis, MariaDB and RabbitMQ instances for tests that need their own.
 
 pub mod faults;
+pub mod otlp;
 pub mod pki;
 pub mod servers;
 
@@ -48,6 +49,8 @@ pub fn test_settings() -> Settings {
     settings.worker.sweep_interval_secs = 1;
     settings.worker.sweep_timeout_secs = 3;
     settings.worker.retry_base_ms = 20;
+    // Retention's DDL runs where a test asks for it (retention tests).
+    settings.retention.interval_secs = 0;
     settings.rabbitmq.prefix = format!("notify_{tag}");
     settings.redis.key_prefix = format!("notify_{tag}:");
     settings.log.filter = std::env::var("TEST_LOG").unwrap_or_else(|_| "warn".into());
@@ -184,7 +187,8 @@ pub async fn spawn_app() -> TestApp {
 
 /// Migrates the settings' databases and starts the api, plus a worker if asked.
 pub async fn spawn_app_with(settings: Settings, with_worker: bool) -> TestApp {
-    telemetry::init_tracing(&settings.log);
+    // Logs only: a test that checks traces runs the services as processes.
+    let _ = telemetry::init_tracing(&settings.log, &settings.trace, "notify-test");
     static REAPED: tokio::sync::OnceCell<()> = tokio::sync::OnceCell::const_new();
     REAPED.get_or_init(|| reap_stale_leftovers(&settings)).await;
     notify_core::db::migrate_all(&settings).await.expect("shards migrate");
@@ -296,7 +300,7 @@ impl TestApp {
         let toml = format!(
             "[worker]\nmetrics_listen = \"127.0.0.1:0\"\nscheduler_interval_ms = {}\nsweep_interval_secs = {}\n\
              sweep_timeout_secs = {}\nretry_base_ms = {}\n\n[database]\npool_max = {}\nshards = [{}]\n\n\
-             [rabbitmq]\nprefix = \"{}\"\n\n[redis]\nkey_prefix = \"{}\"\n\n[log]\nfilter = \"{}\"\n",
+             [rabbitmq]\nprefix = \"{}\"\n\n[redis]\nkey_prefix = \"{}\"\n\n[retention]\ninterval_secs = {}\n\n[log]\nfilter = \"{}\"\n",
             s.worker.scheduler_interval_ms,
             s.worker.sweep_interval_secs,
             s.worker.sweep_timeout_secs,
@@ -305,6 +309,7 @@ impl TestApp {
             shards.join(", "),
             s.rabbitmq.prefix,
             s.redis.key_prefix,
+            s.retention.interval_secs,
             s.log.filter,
         );
         let path = std::env::temp_dir().join(format!("{}.toml", s.rabbitmq.prefix));

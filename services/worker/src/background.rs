@@ -2,7 +2,8 @@
 //! sweeper heals lost publishes and crashed workers by re-publishing chunks
 //! left pending for a SENDING send, finishes cancels, and completes sends
 //! whose last chunk finished while nobody checked; the settler invalidates
-//! the badges of chunks applied while Redis was away.
+//! the badges of chunks applied while Redis was away; retention adds and
+//! drops item partitions and deletes old rows.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -44,6 +45,49 @@ pub async fn every<F, Fut>(
         heartbeats.beat(name);
     }
     info!(job = name, "background job stopped");
+}
+
+/// Runs retention at start and every `retention.interval_secs` until
+/// `shutdown` (a run in progress is dropped at shutdown: each step is one
+/// statement, and the next run picks up where it stopped).
+pub async fn retention(ctx: Context, shutdown: CancellationToken) {
+    let every = Duration::from_secs(ctx.settings.retention.interval_secs);
+    let mut ticker = tokio::time::interval(every);
+    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = ticker.tick() => {}
+            () = shutdown.cancelled() => break,
+        }
+        let run = notify_core::retention::run_once(
+            &ctx.pools,
+            &ctx.cache,
+            &ctx.settings.retention,
+            chrono::Utc::now(),
+        );
+        let outcome = tokio::select! {
+            outcome = run => outcome,
+            () = shutdown.cancelled() => break,
+        };
+        match outcome {
+            Ok(report) => {
+                metrics::counter!("notify_retention_runs_total", "outcome" => "ok").increment(1);
+                metrics::counter!("notify_retention_partitions_dropped_total")
+                    .increment(report.partitions_dropped.len() as u64);
+                metrics::counter!("notify_retention_rows_deleted_total").increment(
+                    report.hidden_items_purged
+                        + report.chunks_deleted
+                        + report.sends_deleted
+                        + report.audit_rows_deleted,
+                );
+            }
+            Err(e) => {
+                metrics::counter!("notify_retention_runs_total", "outcome" => "error").increment(1);
+                warn!(error = %e, "retention run failed, retrying at the next interval");
+            }
+        }
+    }
+    info!("retention stopped");
 }
 
 /// Starts every due scheduled send on every shard.

@@ -19,11 +19,12 @@ use notify_core::deliver::{self, TaskOutcome};
 use notify_core::domain::Lane;
 use notify_core::health::Heartbeats;
 use notify_core::queue::{self, ChunkTask, Topology};
+use notify_core::telemetry::trace;
 use notify_core::{Context, Error};
 use shard_router::ShardId;
 use tokio_stream::wrappers::IntervalStream;
 use tokio_util::sync::CancellationToken;
-use tracing::{error, info, warn};
+use tracing::{Instrument as _, error, info, warn};
 
 /// How often an idle consumer reports that it is alive.
 const IDLE_BEAT: Duration = Duration::from_secs(5);
@@ -181,7 +182,17 @@ async fn consume(
             if let Event::Delivery(delivery) = event
                 && let Ok(delivery) = *delivery
             {
-                handle(ctx, lane, delivery, &health.circuits, shutdown).await;
+                // The task's span, a child of whatever published it (the
+                // send's call, or a sweep) when traces are exported.
+                let span = tracing::info_span!(
+                    "chunk task",
+                    otel.kind = "consumer",
+                    messaging.system = "rabbitmq",
+                    lane = lane.name(),
+                    shard
+                );
+                trace::follow_amqp(&span, delivery.properties.headers().as_ref());
+                handle(ctx, lane, delivery, &health.circuits, shutdown).instrument(span).await;
             }
             health.heartbeats.beat(health.beat);
         })

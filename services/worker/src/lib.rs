@@ -130,6 +130,11 @@ impl Worker {
                 },
             ));
         }
+        if ctx.settings.retention.interval_secs > 0 {
+            // Not a heartbeat loop: a run may take long (a month's drop, or
+            // the first split after an upgrade), and that is no stall.
+            tasks.spawn(background::retention(ctx.clone(), shutdown.clone()));
+        }
         let metrics_listener = self.metrics_listener;
         let metrics_shutdown = shutdown.clone();
         tasks.spawn(async move {

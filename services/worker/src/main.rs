@@ -12,7 +12,7 @@ async fn main() -> anyhow::Result<()> {
             std::process::exit(2);
         }
     };
-    telemetry::init_tracing(&settings.log);
+    let traces = telemetry::init_tracing(&settings.log, &settings.trace, "notify-worker")?;
     let shutdown = CancellationToken::new();
     tokio::spawn(telemetry::cancel_on_signal(shutdown.clone()));
     let worker = match notify_worker::Worker::build(settings).await {
@@ -22,5 +22,9 @@ async fn main() -> anyhow::Result<()> {
             std::process::exit(1);
         }
     };
-    worker.run_until_stopped(shutdown).await
+    let stopped = worker.run_until_stopped(shutdown).await;
+    if let Some(traces) = traces {
+        traces.shutdown().await;
+    }
+    stopped
 }

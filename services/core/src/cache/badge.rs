@@ -44,6 +44,7 @@
 //! fine on a standalone Redis or a replicated primary (not Redis Cluster).
 
 use redis::{AsyncCommands, Script};
+use tracing::instrument;
 
 use super::{Cache, DIRTY_MS, LEASE_MS};
 use crate::error::Result;
@@ -151,6 +152,7 @@ pub struct RebuiltCount {
 
 impl Cache {
     /// Reads the epoch and users' cached counts in one round trip.
+    #[instrument(level = "debug", skip_all, fields(db.system = "redis"))]
     pub async fn cached_counts(&self, user_ids: &[u64]) -> Result<CachedCounts> {
         let mut conn = self.conn.clone();
         let mut invocation = self.badge.get_counts.arg(&self.prefix);
@@ -166,6 +168,7 @@ impl Cache {
     }
 
     /// Takes rebuild leases for users under `epoch`; returns the tokens.
+    #[instrument(level = "debug", skip_all, fields(db.system = "redis"))]
     pub async fn take_leases(&self, epoch: u64, user_ids: &[u64]) -> Result<Vec<u64>> {
         let tokens: Vec<u64> = user_ids.iter().map(|_| rand::random::<u64>() | 1).collect();
         let mut pipe = redis::pipe();
@@ -183,6 +186,7 @@ impl Cache {
     }
 
     /// Stores rebuilt counts where the leases still hold.
+    #[instrument(level = "debug", skip_all, fields(db.system = "redis"))]
     pub async fn store_counts(&self, epoch: u64, entries: &[RebuiltCount]) -> Result<()> {
         let mut conn = self.conn.clone();
         for entry in entries {
@@ -201,6 +205,7 @@ impl Cache {
     }
 
     /// Deletes users' cached counts and leases (after their items changed).
+    #[instrument(level = "debug", skip_all, fields(db.system = "redis"))]
     pub async fn invalidate_counts(&self, user_ids: &[u64]) -> Result<()> {
         if user_ids.is_empty() {
             return Ok(());
@@ -217,11 +222,13 @@ impl Cache {
     /// Before a writer's commit: invalidates and counts one more writer in
     /// the user's dirty marker (a counter, so concurrent writers do not clear
     /// each other's marker).
+    #[instrument(level = "debug", skip_all, fields(db.system = "redis"))]
     pub async fn begin_count_change(&self, user_id: u64) -> Result<()> {
         self.change(user_id, 1).await
     }
 
     /// After a writer's commit: counts the writer out and invalidates again.
+    #[instrument(level = "debug", skip_all, fields(db.system = "redis"))]
     pub async fn end_count_change(&self, user_id: u64) -> Result<()> {
         self.change(user_id, -1).await
     }
@@ -240,6 +247,7 @@ impl Cache {
     }
 
     /// Retires every cached badge (an announcement started or was cancelled).
+    #[instrument(level = "debug", skip_all, fields(db.system = "redis"))]
     pub async fn bump_announcement_epoch(&self) -> Result<u64> {
         let mut conn = self.conn.clone();
         Ok(conn.incr(format!("{}ann:epoch", self.prefix), 1).await?)
@@ -247,6 +255,7 @@ impl Cache {
 
     /// Reads the announcement epoch and that epoch's cached active list
     /// (if any) in one round trip: every inbox read asks.
+    #[instrument(level = "debug", skip_all, fields(db.system = "redis"))]
     pub async fn cached_announcements(&self) -> Result<(u64, Option<String>)> {
         let mut conn = self.conn.clone();
         let (epoch, list): (u64, Option<String>) =
@@ -255,6 +264,7 @@ impl Cache {
     }
 
     /// Caches the active-announcement list of an epoch.
+    #[instrument(level = "debug", skip_all, fields(db.system = "redis"))]
     pub async fn store_announcements(&self, epoch: u64, json: &str, ttl_secs: u64) -> Result<()> {
         let mut conn = self.conn.clone();
         conn.set_ex::<_, _, ()>(

@@ -28,6 +28,7 @@
 //! seqs in one script, so a badge with groups is still one Redis round trip.
 
 use std::collections::HashMap;
+use tracing::instrument;
 
 use redis::Script;
 
@@ -159,6 +160,7 @@ impl Cache {
     /// Reads a user's cached badge, cursors and their groups' max seqs. Reads
     /// of many users waiting at the same moment share one round trip (see
     /// [`super::coalesce`]).
+    #[instrument(level = "debug", skip_all, fields(db.system = "redis"))]
     pub async fn cached_user_state(&self, user_id: u64) -> Result<CachedUserState> {
         self.user_state_reads.read(user_id).await
     }
@@ -170,6 +172,7 @@ impl Cache {
     }
 
     /// Takes a lease to rebuild a user's cached memberships; returns the token.
+    #[instrument(level = "debug", skip_all, fields(db.system = "redis"))]
     pub async fn take_membership_lease(&self, user_id: u64) -> Result<u64> {
         let token = rand::random::<u64>() | 1;
         let mut conn = self.conn.clone();
@@ -185,6 +188,7 @@ impl Cache {
 
     /// Stores a user's memberships (`group -> last_ack_seq`) read from MySQL
     /// under the lease `token`; returns false when the lease was lost.
+    #[instrument(level = "debug", skip_all, fields(db.system = "redis"))]
     pub async fn store_memberships(
         &self,
         user_id: u64,
@@ -204,12 +208,14 @@ impl Cache {
 
     /// Before a membership or cursor change commits: invalidates the users'
     /// cached memberships and counts one more writer in their dirty markers.
+    #[instrument(level = "debug", skip_all, fields(db.system = "redis"))]
     pub async fn begin_membership_change(&self, user_ids: &[u64]) -> Result<()> {
         self.change_memberships(user_ids, 1).await
     }
 
     /// After the change committed (or failed): counts the writer out and
     /// invalidates again.
+    #[instrument(level = "debug", skip_all, fields(db.system = "redis"))]
     pub async fn end_membership_change(&self, user_ids: &[u64]) -> Result<()> {
         self.change_memberships(user_ids, -1).await
     }
@@ -228,6 +234,7 @@ impl Cache {
     }
 
     /// Raises cached group max seqs to at least the given values.
+    #[instrument(level = "debug", skip_all, fields(db.system = "redis"))]
     pub async fn raise_group_seqs(&self, seqs: &HashMap<u64, u64>, ttl_secs: u64) -> Result<()> {
         if seqs.is_empty() {
             return Ok(());
@@ -243,6 +250,7 @@ impl Cache {
     }
 
     /// Reads one group's cached max seq.
+    #[instrument(level = "debug", skip_all, fields(db.system = "redis"))]
     pub async fn cached_group_seq(&self, group_id: u64) -> Result<Option<u64>> {
         let mut conn = self.conn.clone();
         Ok(redis::cmd("GET")

@@ -12,6 +12,7 @@ pub use badge::{CachedCounts, RebuiltCount};
 pub use groups::{CachedGroup, CachedUserState};
 
 use std::time::Duration;
+use tracing::instrument;
 
 use redis::aio::ConnectionManager;
 use redis::{AsyncCommands, Script};
@@ -69,6 +70,7 @@ pub struct Cache {
 
 impl Cache {
     /// Connects, naming the setting when Redis is unreachable.
+    #[instrument(level = "debug", skip_all, fields(db.system = "redis"))]
     pub async fn connect(settings: &RedisSettings) -> Result<Self> {
         let client = client(settings)?;
         let config = redis::aio::ConnectionManagerConfig::new()
@@ -106,6 +108,7 @@ impl Cache {
     }
 
     /// Records that a send just made progress (a chunk was applied).
+    #[instrument(level = "debug", skip_all, fields(db.system = "redis"))]
     pub async fn heartbeat(&self, message_id: u64, ttl_secs: u64) -> Result<()> {
         let mut conn = self.conn.clone();
         conn.set_ex::<_, _, ()>(
@@ -118,12 +121,14 @@ impl Cache {
     }
 
     /// Returns true if a send made progress within the heartbeat's TTL.
+    #[instrument(level = "debug", skip_all, fields(db.system = "redis"))]
     pub async fn has_heartbeat(&self, message_id: u64) -> Result<bool> {
         let mut conn = self.conn.clone();
         Ok(conn.exists(format!("{}msg:{message_id}:beat", self.prefix)).await?)
     }
 
     /// Returns a cached message status.
+    #[instrument(level = "debug", skip_all, fields(db.system = "redis"))]
     pub async fn cached_status(&self, message_id: u64) -> Result<Option<u8>> {
         let mut conn = self.conn.clone();
         let value: Option<String> = conn.get(self.status_key(message_id)).await?;
@@ -132,6 +137,7 @@ impl Cache {
 
     /// Caches a status read from MySQL with its version. Versions only move
     /// forward: a late write of an older status is ignored.
+    #[instrument(level = "debug", skip_all, fields(db.system = "redis"))]
     pub async fn write_status(
         &self,
         message_id: u64,

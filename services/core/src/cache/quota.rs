@@ -11,6 +11,7 @@
 //! script touches one slot.
 
 use redis::Script;
+use tracing::instrument;
 
 use super::Cache;
 use crate::error::Result;
@@ -67,6 +68,7 @@ pub(super) fn script() -> Script {
 
 impl Cache {
     /// Takes between `min` and `want` tokens from a client's bucket.
+    #[instrument(level = "debug", skip_all, fields(db.system = "redis"))]
     pub async fn take_tokens(
         &self,
         client: &str,

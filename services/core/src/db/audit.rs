@@ -2,6 +2,7 @@
 
 use chrono::NaiveDateTime;
 use sqlx::{FromRow, MySqlPool};
+use tracing::instrument;
 
 use crate::error::Result;
 
@@ -27,6 +28,7 @@ pub struct AuditRow {
 }
 
 /// Inserts one record.
+#[instrument(level = "debug", skip_all, fields(db.system = "mysql"))]
 pub async fn insert(pool: &MySqlPool, row: &AuditRow) -> Result<()> {
     sqlx::query(
         "INSERT INTO audit_log (audit_id, at, client, action, target_kind, target_id, outcome, detail) \
@@ -48,6 +50,7 @@ pub async fn insert(pool: &MySqlPool, row: &AuditRow) -> Result<()> {
 const COLUMNS: &str = "audit_id, at, client, action, target_kind, target_id, outcome, detail";
 
 /// Records of one target with ids below `before`, newest first.
+#[instrument(level = "debug", skip_all, fields(db.system = "mysql"))]
 pub async fn by_target(
     pool: &MySqlPool,
     kind: &str,
@@ -69,6 +72,7 @@ pub async fn by_target(
 }
 
 /// Records of one client on this shard with ids below `before`, newest first.
+#[instrument(level = "debug", skip_all, fields(db.system = "mysql"))]
 pub async fn by_client(
     pool: &MySqlPool,
     client: &str,

@@ -4,6 +4,7 @@
 
 use chrono::NaiveDateTime;
 use sqlx::{MySqlPool, QueryBuilder};
+use tracing::instrument;
 
 use super::push_ids;
 use crate::domain::{Content, MessageId};
@@ -71,6 +72,7 @@ pub fn decode_user_ids(bytes: &[u8]) -> Result<Vec<u64>> {
 /// Stores one batch's chunks for one shard, with the shard's content copy and
 /// totals, in one transaction. Idempotent: storing the same chunks again adds
 /// nothing. Returns the recipients newly stored.
+#[instrument(level = "debug", skip_all, fields(db.system = "mysql"))]
 pub async fn store(
     pool: &MySqlPool,
     message_id: MessageId,
@@ -119,6 +121,7 @@ pub async fn store(
 }
 
 /// Stores the shard's content copy of a message (a no-op if it exists).
+#[instrument(level = "debug", skip_all, fields(db.system = "mysql"))]
 pub async fn store_content<'e>(
     executor: impl sqlx::MySqlExecutor<'e>,
     message_id: MessageId,
@@ -141,8 +144,9 @@ pub async fn store_content<'e>(
 }
 
 /// Revokes the shard's content copy: its items vanish from inboxes and badges.
+#[instrument(level = "debug", skip_all, fields(db.system = "mysql"))]
 pub async fn revoke_content(pool: &MySqlPool, message_id: MessageId) -> Result<()> {
-    sqlx::query("UPDATE message_contents SET revoked = 1 WHERE message_id = ?")
+    sqlx::query("UPDATE message_contents SET revoked = 1, revoked_at = UTC_TIMESTAMP(3) WHERE message_id = ?")
         .bind(message_id.get())
         .execute(pool)
         .await?;
@@ -181,6 +185,7 @@ pub enum ApplyOutcome {
 /// badges are invalidated), the recipients' items are inserted and
 /// the shard stats are bumped. A redelivered task finds the chunk done and
 /// changes nothing.
+#[instrument(level = "debug", skip_all, fields(db.system = "mysql"))]
 pub async fn apply(pool: &MySqlPool, message_id: MessageId, chunk_id: u64) -> Result<ApplyOutcome> {
     let Some((title, category, expire_at, created_at)) = content_row(pool, message_id).await?
     else {
@@ -266,6 +271,7 @@ impl ContentSummary {
 }
 
 /// Reads a message's summary from its content copy on `pool`.
+#[instrument(level = "debug", skip_all, fields(db.system = "mysql"))]
 pub async fn content_summary(
     pool: &MySqlPool,
     message_id: MessageId,
@@ -313,6 +319,7 @@ async fn bump_stats(
 /// Counts one more attempt at a pending chunk, committed on its own before
 /// the attempt, so a chunk that kills its workers is noticed. Returns the
 /// attempts so far (0 if the chunk is no longer pending).
+#[instrument(level = "debug", skip_all, fields(db.system = "mysql"))]
 pub async fn count_attempt(pool: &MySqlPool, message_id: MessageId, chunk_id: u64) -> Result<u32> {
     sqlx::query(
         "UPDATE message_chunks SET attempts = attempts + 1 WHERE message_id = ? AND chunk_id = ? AND state = 0",
@@ -333,6 +340,7 @@ pub async fn count_attempt(pool: &MySqlPool, message_id: MessageId, chunk_id: u6
 
 /// Returns a chunk's recipients, and whether it is [`state::UNSETTLED`], if
 /// it is no longer pending.
+#[instrument(level = "debug", skip_all, fields(db.system = "mysql"))]
 pub async fn finished_recipients(
     pool: &MySqlPool,
     message_id: MessageId,
@@ -351,6 +359,7 @@ pub async fn finished_recipients(
 
 /// Records a pending chunk as failed after its last attempt: its recipients
 /// count as failed in progress. Returns false if it was no longer pending.
+#[instrument(level = "debug", skip_all, fields(db.system = "mysql"))]
 pub async fn mark_failed(pool: &MySqlPool, message_id: MessageId, chunk_id: u64) -> Result<bool> {
     finish_pending(pool, message_id, chunk_id, state::FAILED, "failed").await
 }
@@ -407,6 +416,7 @@ async fn finish_pending(
 }
 
 /// Cancels every pending chunk of a message on this shard. Returns how many.
+#[instrument(level = "debug", skip_all, fields(db.system = "mysql"))]
 pub async fn cancel_pending(pool: &MySqlPool, message_id: MessageId) -> Result<u64> {
     let pending = pending_ids(pool, message_id).await?;
     let mut cancelled = 0;
@@ -419,6 +429,7 @@ pub async fn cancel_pending(pool: &MySqlPool, message_id: MessageId) -> Result<u
 }
 
 /// Moves failed chunks back to pending (re-drive) and returns their ids.
+#[instrument(level = "debug", skip_all, fields(db.system = "mysql"))]
 pub async fn reset_failed(pool: &MySqlPool, message_id: MessageId) -> Result<Vec<u64>> {
     let mut tx = pool.begin().await?;
     let failed: Vec<(u64, u16)> = sqlx::query_as(
@@ -455,6 +466,7 @@ pub async fn reset_failed(pool: &MySqlPool, message_id: MessageId) -> Result<Vec
 }
 
 /// Returns the ids of a message's pending chunks on this shard.
+#[instrument(level = "debug", skip_all, fields(db.system = "mysql"))]
 pub async fn pending_ids(pool: &MySqlPool, message_id: MessageId) -> Result<Vec<u64>> {
     Ok(sqlx::query_scalar(
         "SELECT chunk_id FROM message_chunks FORCE INDEX (idx_chunks_message_state) \
@@ -467,6 +479,7 @@ pub async fn pending_ids(pool: &MySqlPool, message_id: MessageId) -> Result<Vec<
 
 /// Marks a message's pending chunks on this shard as just published, so the
 /// sweeper does not re-publish them before the timeout.
+#[instrument(level = "debug", skip_all, fields(db.system = "mysql"))]
 pub async fn touch_pending(pool: &MySqlPool, message_id: MessageId) -> Result<()> {
     sqlx::query(
         "UPDATE message_chunks SET updated_at = UTC_TIMESTAMP(3) WHERE message_id = ? AND state = 0",
@@ -479,6 +492,7 @@ pub async fn touch_pending(pool: &MySqlPool, message_id: MessageId) -> Result<()
 
 /// Returns true if the message has a chunk on this shard that is pending or
 /// not settled yet (either keeps the send from completing).
+#[instrument(level = "debug", skip_all, fields(db.system = "mysql"))]
 pub async fn has_pending(pool: &MySqlPool, message_id: MessageId) -> Result<bool> {
     let found: Option<u64> = sqlx::query_scalar(
         // Forced: on young tables the optimizer prefers the primary key and
@@ -497,6 +511,7 @@ pub async fn has_pending(pool: &MySqlPool, message_id: MessageId) -> Result<bool
 /// sweeper is claiming are passed over) and marked as just handled in one
 /// transaction, so several workers' sweepers never republish the same chunk
 /// in the same round. Returns (message id, chunk id) pairs.
+#[instrument(level = "debug", skip_all, fields(db.system = "mysql"))]
 pub async fn claim_stale(
     pool: &MySqlPool,
     older_than_secs: u64,
@@ -553,6 +568,7 @@ async fn claim_stale_once(
 
 /// Moves an [`state::UNSETTLED`] chunk to done, once its recipients' cached
 /// badges have been invalidated.
+#[instrument(level = "debug", skip_all, fields(db.system = "mysql"))]
 pub async fn settle(pool: &MySqlPool, message_id: MessageId, chunk_id: u64) -> Result<()> {
     sqlx::query(
         "UPDATE message_chunks SET state = 1, updated_at = UTC_TIMESTAMP(3) \
@@ -578,6 +594,7 @@ pub struct Unsettled {
 
 /// Up to `limit` chunks of this shard left [`state::UNSETTLED`] for longer
 /// than `older_than_ms` (younger ones are in the hands of their worker).
+#[instrument(level = "debug", skip_all, fields(db.system = "mysql"))]
 pub async fn unsettled(pool: &MySqlPool, older_than_ms: u64, limit: u32) -> Result<Vec<Unsettled>> {
     let rows: Vec<(u64, u64, Vec<u8>)> = sqlx::query_as(
         "SELECT message_id, chunk_id, user_ids FROM message_chunks FORCE INDEX (idx_chunks_state) \
@@ -600,6 +617,7 @@ pub async fn unsettled(pool: &MySqlPool, older_than_ms: u64, limit: u32) -> Resu
 }
 
 /// Marks chunks as just re-published.
+#[instrument(level = "debug", skip_all, fields(db.system = "mysql"))]
 pub async fn touch(pool: &MySqlPool, message_id: MessageId, chunk_ids: &[u64]) -> Result<()> {
     if chunk_ids.is_empty() {
         return Ok(());

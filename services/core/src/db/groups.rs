@@ -3,6 +3,7 @@
 
 use chrono::NaiveDateTime;
 use sqlx::{FromRow, MySqlConnection, MySqlPool, QueryBuilder};
+use tracing::instrument;
 
 use super::push_ids;
 use crate::domain::Content;
@@ -22,6 +23,7 @@ pub enum CreatedGroup {
 }
 
 /// Creates a group and its seq counter (at 0) in one transaction.
+#[instrument(level = "debug", skip_all, fields(db.system = "mysql"))]
 pub async fn create_group(pool: &MySqlPool, group_id: u64, name: &str) -> Result<CreatedGroup> {
     let mut tx = pool.begin().await?;
     let inserted = sqlx::query(
@@ -49,6 +51,7 @@ pub async fn create_group(pool: &MySqlPool, group_id: u64, name: &str) -> Result
 }
 
 /// Returns true when the group exists.
+#[instrument(level = "debug", skip_all, fields(db.system = "mysql"))]
 pub async fn group_exists(pool: &MySqlPool, group_id: u64) -> Result<bool> {
     let found: Option<u64> =
         sqlx::query_scalar("SELECT group_id FROM message_groups WHERE group_id = ?")
@@ -61,6 +64,7 @@ pub async fn group_exists(pool: &MySqlPool, group_id: u64) -> Result<bool> {
 /// Locks the group row for a member change (member changes of one group
 /// queue behind each other; sends do not wait). Returns false when the
 /// group does not exist.
+#[instrument(level = "debug", skip_all, fields(db.system = "mysql"))]
 pub async fn lock_group(conn: &mut MySqlConnection, group_id: u64) -> Result<bool> {
     let found: Option<u64> =
         sqlx::query_scalar("SELECT group_id FROM message_groups WHERE group_id = ? FOR UPDATE")
@@ -71,6 +75,7 @@ pub async fn lock_group(conn: &mut MySqlConnection, group_id: u64) -> Result<boo
 }
 
 /// Reads a group's max seq, `None` when the group does not exist.
+#[instrument(level = "debug", skip_all, fields(db.system = "mysql"))]
 pub async fn max_seq<'e>(
     executor: impl sqlx::MySqlExecutor<'e>,
     group_id: u64,
@@ -82,6 +87,7 @@ pub async fn max_seq<'e>(
 }
 
 /// Reads the max seqs of groups on one shard (unknown groups are left out).
+#[instrument(level = "debug", skip_all, fields(db.system = "mysql"))]
 pub async fn max_seqs(pool: &MySqlPool, group_ids: &[u64]) -> Result<Vec<(u64, u64)>> {
     let mut found = Vec::with_capacity(group_ids.len());
     for batch in group_ids.chunks(MEMBER_ROWS_PER_STATEMENT) {
@@ -124,6 +130,7 @@ pub struct Appended {
 /// home shard. Taking the seq locks the group's counter row until commit, so
 /// concurrent senders (on any api replica) queue, and a rolled-back send
 /// gives its seq back: seqs are strictly increasing without gaps.
+#[instrument(level = "debug", skip_all, fields(db.system = "mysql"))]
 pub async fn append_message(pool: &MySqlPool, message: &NewGroupMessage<'_>) -> Result<Appended> {
     let mut tx = pool.begin().await?;
     // LAST_INSERT_ID(expr) hands the new value back in the OK packet.
@@ -223,6 +230,7 @@ pub struct GroupMessageRow {
 
 /// Reads up to `limit` messages with seq above `after`, ascending (a range
 /// of the primary key).
+#[instrument(level = "debug", skip_all, fields(db.system = "mysql"))]
 pub async fn messages_after(
     pool: &MySqlPool,
     group_id: u64,
@@ -250,6 +258,7 @@ pub struct Membership {
 }
 
 /// Reads a user's membership of a group (on the user's shard).
+#[instrument(level = "debug", skip_all, fields(db.system = "mysql"))]
 pub async fn membership(
     pool: &MySqlPool,
     user_id: u64,
@@ -265,6 +274,7 @@ pub async fn membership(
 }
 
 /// Reads all of a user's groups and acknowledged seqs, by group id.
+#[instrument(level = "debug", skip_all, fields(db.system = "mysql"))]
 pub async fn memberships(pool: &MySqlPool, user_id: u64) -> Result<Vec<(u64, u64)>> {
     Ok(sqlx::query_as(
         "SELECT group_id, last_ack_seq FROM group_members WHERE user_id = ? ORDER BY group_id",
@@ -276,6 +286,7 @@ pub async fn memberships(pool: &MySqlPool, user_id: u64) -> Result<Vec<(u64, u64
 
 /// Moves a member's cursor forward to `seq` (never back); returns the cursor
 /// after the update, `None` when the user is not a member.
+#[instrument(level = "debug", skip_all, fields(db.system = "mysql"))]
 pub async fn advance_ack(
     pool: &MySqlPool,
     user_id: u64,
@@ -295,6 +306,7 @@ pub async fn advance_ack(
 }
 
 /// Counts a group's members on one shard (a range of the group index).
+#[instrument(level = "debug", skip_all, fields(db.system = "mysql"))]
 pub async fn count_members(pool: &MySqlPool, group_id: u64) -> Result<u64> {
     let count: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM group_members WHERE group_id = ?")
         .bind(group_id)
@@ -304,6 +316,7 @@ pub async fn count_members(pool: &MySqlPool, group_id: u64) -> Result<u64> {
 }
 
 /// Counts which of `user_ids` (all on this shard) are members already.
+#[instrument(level = "debug", skip_all, fields(db.system = "mysql"))]
 pub async fn count_present(pool: &MySqlPool, group_id: u64, user_ids: &[u64]) -> Result<u64> {
     let mut present = 0;
     for batch in user_ids.chunks(MEMBER_ROWS_PER_STATEMENT) {
@@ -320,6 +333,7 @@ pub async fn count_present(pool: &MySqlPool, group_id: u64, user_ids: &[u64]) ->
 /// Adds members (all on this shard) starting at `joined_seq`, in one
 /// transaction; existing members keep their cursor. Returns how many were
 /// added.
+#[instrument(level = "debug", skip_all, fields(db.system = "mysql"))]
 pub async fn add_members(
     pool: &MySqlPool,
     group_id: u64,
@@ -348,6 +362,7 @@ pub async fn add_members(
 
 /// Removes members (all on this shard) in one transaction; returns how many
 /// were members.
+#[instrument(level = "debug", skip_all, fields(db.system = "mysql"))]
 pub async fn remove_members(pool: &MySqlPool, group_id: u64, user_ids: &[u64]) -> Result<u64> {
     let mut tx = pool.begin().await?;
     let mut removed = 0;

@@ -2,6 +2,7 @@
 
 use chrono::NaiveDateTime;
 use sqlx::{FromRow, MySqlPool, QueryBuilder};
+use tracing::instrument;
 
 use super::push_ids;
 use crate::error::Result;
@@ -44,6 +45,7 @@ pub struct InboxQuery<'a> {
 
 /// Reads one inbox page, newest first, in one query on the user's shard.
 /// Expired items are skipped.
+#[instrument(level = "debug", skip_all, fields(db.system = "mysql"))]
 pub async fn list(pool: &MySqlPool, user_id: u64, query: &InboxQuery<'_>) -> Result<Vec<InboxRow>> {
     let mut sql = QueryBuilder::new(
         "SELECT i.message_id, i.is_read, i.read_at, c.title, c.body, c.category, c.data, \
@@ -75,6 +77,7 @@ pub struct UnreadTruth {
 /// Counts a user's unread items and finds which of `announcement_ids` the
 /// user has materialized, both in ONE snapshot (a read-only transaction), so
 /// a materialization committing in between cannot be counted zero or two times.
+#[instrument(level = "debug", skip_all, fields(db.system = "mysql"))]
 pub async fn badge_truth(
     pool: &MySqlPool,
     user_id: u64,
@@ -92,6 +95,7 @@ pub async fn badge_truth(
 
 /// Counts a user's unread, unexpired, unrevoked items (an index range scan
 /// on one shard, joined to the shard's content copies by primary key).
+#[instrument(level = "debug", skip_all, fields(db.system = "mysql"))]
 pub async fn count_unread<'e>(
     pool: impl sqlx::MySqlExecutor<'e>,
     user_id: u64,
@@ -109,6 +113,7 @@ pub async fn count_unread<'e>(
 }
 
 /// Returns which of `message_ids` the user has an item for.
+#[instrument(level = "debug", skip_all, fields(db.system = "mysql"))]
 pub async fn present<'e>(
     pool: impl sqlx::MySqlExecutor<'e>,
     user_id: u64,
@@ -128,6 +133,7 @@ pub async fn present<'e>(
 /// user's inbox-state row (so concurrent materializations queue), writes the
 /// items still missing, bumps their stats and the user's watermark. Returns
 /// how many items were written.
+#[instrument(level = "debug", skip_all, fields(db.system = "mysql"))]
 pub async fn materialize(pool: &MySqlPool, user_id: u64, message_ids: &[u64]) -> Result<u64> {
     let mut tx = pool.begin().await?;
     // Creates or exclusively locks the user's state row in one statement.
@@ -179,6 +185,7 @@ pub async fn materialize(pool: &MySqlPool, user_id: u64, message_ids: &[u64]) ->
 
 /// Marks the given messages read for a user. Returns the ids that changed and
 /// the ids the user has no item for. Read stats follow in the same transaction.
+#[instrument(level = "debug", skip_all, fields(db.system = "mysql"))]
 pub async fn mark_read(
     pool: &MySqlPool,
     user_id: u64,
@@ -201,6 +208,7 @@ pub async fn mark_read(
 
 /// Marks every unread item read, optionally only one category and only ids
 /// up to `up_to`. Returns how many changed.
+#[instrument(level = "debug", skip_all, fields(db.system = "mysql"))]
 pub async fn mark_all_read(
     pool: &MySqlPool,
     user_id: u64,

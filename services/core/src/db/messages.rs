@@ -3,6 +3,7 @@
 
 use chrono::NaiveDateTime;
 use sqlx::{FromRow, MySqlPool};
+use tracing::instrument;
 
 use crate::domain::{AudienceKind, Content, MessageId, SendStatus};
 use crate::error::{Error, Result};
@@ -107,6 +108,7 @@ const MESSAGE_COLUMNS: &str = "message_id, client, sender, idempotency_key, audi
     title, body, category, data, send_at, expire_at, created_at, started_at, finished_at";
 
 /// Inserts a control record in NOT_STARTED. Returns false when the id is taken.
+#[instrument(level = "debug", skip_all, fields(db.system = "mysql"))]
 pub async fn insert(pool: &MySqlPool, message: &NewMessage) -> Result<bool> {
     let result = sqlx::query(
         "INSERT INTO messages (message_id, client, sender, idempotency_key, audience, status, \
@@ -146,6 +148,7 @@ pub struct IdempotencyKey<'a> {
 }
 
 /// Claims a key for `candidate`, or returns the id that already holds it.
+#[instrument(level = "debug", skip_all, fields(db.system = "mysql"))]
 pub async fn claim_idempotency_key(
     pool: &MySqlPool,
     key: IdempotencyKey<'_>,
@@ -174,6 +177,7 @@ pub async fn claim_idempotency_key(
 }
 
 /// Releases a key claimed for `holder` (after an id collision).
+#[instrument(level = "debug", skip_all, fields(db.system = "mysql"))]
 pub async fn release_idempotency_key(
     pool: &MySqlPool,
     key: IdempotencyKey<'_>,
@@ -193,6 +197,7 @@ pub async fn release_idempotency_key(
 }
 
 /// Reads a control record.
+#[instrument(level = "debug", skip_all, fields(db.system = "mysql"))]
 pub async fn fetch<'e>(
     pool: impl sqlx::MySqlExecutor<'e>,
     message_id: MessageId,
@@ -202,11 +207,13 @@ pub async fn fetch<'e>(
 }
 
 /// Reads a control record or fails with NOT_FOUND.
+#[instrument(level = "debug", skip_all, fields(db.system = "mysql"))]
 pub async fn fetch_existing(pool: &MySqlPool, message_id: MessageId) -> Result<MessageRow> {
     fetch(pool, message_id).await?.ok_or_else(|| Error::NotFound(format!("message {message_id}")))
 }
 
 /// Reads the status with its version (bumped by every status change).
+#[instrument(level = "debug", skip_all, fields(db.system = "mysql"))]
 pub async fn fetch_status_version(
     pool: &MySqlPool,
     message_id: MessageId,
@@ -221,6 +228,7 @@ pub async fn fetch_status_version(
 
 /// Completes a SENDING send, but only if its status version is still
 /// `version`: a redrive that re-opened it in between wins.
+#[instrument(level = "debug", skip_all, fields(db.system = "mysql"))]
 pub async fn complete(pool: &MySqlPool, message_id: MessageId, version: u64) -> Result<bool> {
     let result = sqlx::query(
         "UPDATE messages SET status = 3, status_version = status_version + 1, \
@@ -236,6 +244,7 @@ pub async fn complete(pool: &MySqlPool, message_id: MessageId, version: u64) -> 
 
 /// Re-opens a SENDING or COMPLETED send for a redrive (bumps the version so
 /// a racing completion check fails). Returns false in any other status.
+#[instrument(level = "debug", skip_all, fields(db.system = "mysql"))]
 pub async fn reopen(pool: &MySqlPool, message_id: MessageId) -> Result<bool> {
     let result = sqlx::query(
         "UPDATE messages SET status = 1, status_version = status_version + 1, finished_at = NULL \
@@ -249,6 +258,7 @@ pub async fn reopen(pool: &MySqlPool, message_id: MessageId) -> Result<bool> {
 
 /// Moves a message to `to` if its status is one of `from`. Returns true when
 /// this call made the change (so only one of several racing callers wins).
+#[instrument(level = "debug", skip_all, fields(db.system = "mysql"))]
 pub async fn transition(
     pool: &MySqlPool,
     message_id: MessageId,
@@ -276,6 +286,7 @@ pub async fn transition(
 
 /// Records StartMessage on a NOT_STARTED message: picks the lane and, when
 /// `start_now`, moves it to SENDING. Returns false if it was not NOT_STARTED.
+#[instrument(level = "debug", skip_all, fields(db.system = "mysql"))]
 pub async fn request_start<'e>(
     executor: impl sqlx::MySqlExecutor<'e>,
     message_id: MessageId,
@@ -295,6 +306,7 @@ pub async fn request_start<'e>(
 
 /// Starts a scheduled send whose time has come. Returns true for the one
 /// caller (of several worker replicas) whose update won.
+#[instrument(level = "debug", skip_all, fields(db.system = "mysql"))]
 pub async fn start_scheduled(pool: &MySqlPool, message_id: MessageId) -> Result<bool> {
     let result = sqlx::query(
         "UPDATE messages SET status = 1, status_version = status_version + 1, \
@@ -309,6 +321,7 @@ pub async fn start_scheduled(pool: &MySqlPool, message_id: MessageId) -> Result<
 
 /// Returns this home shard's live announcements: started, not cancelled,
 /// not expired.
+#[instrument(level = "debug", skip_all, fields(db.system = "mysql"))]
 pub async fn live_announcements(pool: &MySqlPool) -> Result<Vec<(u64, Option<NaiveDateTime>)>> {
     Ok(sqlx::query_as(
         "SELECT message_id, expire_at FROM messages WHERE audience = 2 AND status = 1 \
@@ -320,6 +333,7 @@ pub async fn live_announcements(pool: &MySqlPool) -> Result<Vec<(u64, Option<Nai
 
 /// Ends live announcements whose `expire_at` has passed (SENDING ->
 /// COMPLETED); returns the ids this call ended.
+#[instrument(level = "debug", skip_all, fields(db.system = "mysql"))]
 pub async fn end_expired_announcements(pool: &MySqlPool) -> Result<Vec<u64>> {
     let expired: Vec<u64> = sqlx::query_scalar(
         "SELECT message_id FROM messages WHERE audience = 2 AND status = 1 \
@@ -344,6 +358,7 @@ pub async fn end_expired_announcements(pool: &MySqlPool) -> Result<Vec<u64>> {
 }
 
 /// Returns scheduled sends whose `send_at` has come.
+#[instrument(level = "debug", skip_all, fields(db.system = "mysql"))]
 pub async fn due_scheduled(pool: &MySqlPool, limit: u32) -> Result<Vec<u64>> {
     Ok(sqlx::query_scalar(
         "SELECT message_id FROM messages WHERE status = 0 AND start_requested = 1 \
@@ -356,6 +371,7 @@ pub async fn due_scheduled(pool: &MySqlPool, limit: u32) -> Result<Vec<u64>> {
 
 /// Returns the ids of sends in SENDING on this home shard above `after`,
 /// in id order (keyset paging).
+#[instrument(level = "debug", skip_all, fields(db.system = "mysql"))]
 pub async fn sending(pool: &MySqlPool, after: u64, limit: u32) -> Result<Vec<u64>> {
     Ok(sqlx::query_scalar(
         "SELECT message_id FROM messages WHERE status = 1 AND audience = 1 AND message_id > ? \
@@ -369,6 +385,7 @@ pub async fn sending(pool: &MySqlPool, after: u64, limit: u32) -> Result<Vec<u64
 
 /// Counts this home shard's sends to users in SENDING, with the start of
 /// the oldest (for the "send stuck in SENDING" alert).
+#[instrument(level = "debug", skip_all, fields(db.system = "mysql"))]
 pub async fn sending_summary(pool: &MySqlPool) -> Result<(u64, Option<NaiveDateTime>)> {
     let (count, oldest): (i64, Option<NaiveDateTime>) = sqlx::query_as(
         "SELECT COUNT(*), MIN(started_at) FROM messages WHERE status = 1 AND audience = 1",
@@ -380,6 +397,7 @@ pub async fn sending_summary(pool: &MySqlPool) -> Result<(u64, Option<NaiveDateT
 
 /// Lists a sender's messages on this shard with ids below `before`, newest
 /// first; only those of client `owner` when it is set.
+#[instrument(level = "debug", skip_all, fields(db.system = "mysql"))]
 pub async fn list_by_sender(
     pool: &MySqlPool,
     sender: &str,
@@ -403,6 +421,7 @@ pub async fn list_by_sender(
 }
 
 /// Returns true when `batch_number` was already appended to the message.
+#[instrument(level = "debug", skip_all, fields(db.system = "mysql"))]
 pub async fn batch_exists<'e>(
     pool: impl sqlx::MySqlExecutor<'e>,
     message_id: MessageId,
@@ -419,6 +438,7 @@ pub async fn batch_exists<'e>(
 }
 
 /// Sums the recipients of every recorded batch of a send.
+#[instrument(level = "debug", skip_all, fields(db.system = "mysql"))]
 pub async fn batch_recipients<'e>(
     executor: impl sqlx::MySqlExecutor<'e>,
     message_id: MessageId,
@@ -468,6 +488,7 @@ impl ShardStats {
 }
 
 /// Sums a send's counters on one shard (one indexed query over a few slots).
+#[instrument(level = "debug", skip_all, fields(db.system = "mysql"))]
 pub async fn shard_stats(pool: &MySqlPool, message_id: MessageId) -> Result<ShardStats> {
     Ok(sqlx::query_as(
         "SELECT CAST(COALESCE(SUM(total), 0) AS UNSIGNED) AS total, \

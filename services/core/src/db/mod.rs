@@ -12,7 +12,7 @@ use std::time::Duration;
 use shard_router::{ShardId, Shards};
 use sqlx::mysql::{MySqlConnectOptions, MySqlPool, MySqlPoolOptions, MySqlSslMode};
 use sqlx::{ConnectOptions, Connection, MySqlConnection};
-use tracing::info;
+use tracing::{info, instrument};
 
 use crate::error::{Error, Result};
 use crate::settings::{MySqlTlsMode, Settings, ShardSettings};
@@ -77,6 +77,7 @@ fn shard_options(settings: &Settings, shard: &ShardSettings) -> Result<MySqlConn
 ///
 /// The error names the shard's setting, so an unreachable MySQL fails the
 /// process at start with one clear line.
+#[instrument(level = "debug", skip_all, fields(db.system = "mysql"))]
 pub async fn connect(settings: &Settings) -> Result<ShardPools> {
     let map = settings.shard_map().map_err(|e| Error::Internal(e.to_string()))?;
     let mut pools = Vec::new();
@@ -126,6 +127,7 @@ pub async fn connect(settings: &Settings) -> Result<ShardPools> {
 
 /// Creates every shard database that does not exist and applies pending
 /// migrations to each. Idempotent: a second run applies nothing.
+#[instrument(level = "debug", skip_all, fields(db.system = "mysql"))]
 pub async fn migrate_all(settings: &Settings) -> Result<Vec<MigrationReport>> {
     let mut reports = Vec::new();
     for (index, shard) in settings.database.shards.iter().enumerate() {
@@ -178,6 +180,7 @@ async fn create_database(settings: &Settings, shard: &ShardSettings, index: usiz
 }
 
 /// Drops every shard database. Used by tests and benchmarks to clean up.
+#[instrument(level = "debug", skip_all, fields(db.system = "mysql"))]
 pub async fn drop_all(settings: &Settings) -> Result<()> {
     for shard in &settings.database.shards {
         let options = server_options(settings, shard)?;

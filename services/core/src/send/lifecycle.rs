@@ -191,6 +191,7 @@ pub async fn start_due(ctx: &Context, message_id: MessageId) -> Result<bool> {
 }
 
 /// Publishes one task per pending chunk of a send, on every shard.
+#[instrument(skip_all, fields(message_id = %message_id, lane = lane.name(), otel.kind = "producer"))]
 pub async fn publish_pending(ctx: &Context, message_id: MessageId, lane: Lane) -> Result<u64> {
     let mut published = 0;
     for (shard, pool) in ctx.pools.iter() {

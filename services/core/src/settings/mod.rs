@@ -46,6 +46,10 @@ pub struct Settings {
     pub events: EventSettings,
     /// Logging.
     pub log: LogSettings,
+    /// OpenTelemetry traces.
+    pub trace: TraceSettings,
+    /// How long items, sends and audit rows are kept.
+    pub retention: RetentionSettings,
 }
 
 /// Settings of `notify-api`.
@@ -245,6 +249,70 @@ pub struct LogSettings {
     pub filter: String,
 }
 
+/// How long what grows with every send is kept (see `notify_core::retention`).
+/// A `*_days` of 0 keeps those rows forever.
+#[derive(Debug, Clone, Deserialize)]
+pub struct RetentionSettings {
+    /// How often the worker runs retention (and once at start); 0 leaves it
+    /// to `notifyctl retention`.
+    pub interval_secs: u64,
+    /// Items are dropped by whole months once a month is older than this.
+    pub items_days: u32,
+    /// Monthly item partitions created ahead of time.
+    pub months_ahead: u32,
+    /// Items of cancelled sends and expired messages are purged this long
+    /// after they were hidden.
+    pub purge_hidden_after_secs: u64,
+    /// Applied and cancelled chunks (the recipient lists) are kept this long.
+    pub chunks_days: u32,
+    /// Finished sends' control rows, stats, batches, contents and
+    /// idempotency keys are kept this long.
+    pub sends_days: u32,
+    /// Audit rows are kept this long.
+    pub audit_days: u32,
+}
+
+/// OpenTelemetry traces, exported over OTLP/gRPC.
+#[derive(Debug, Clone, Deserialize)]
+pub struct TraceSettings {
+    /// The collector's OTLP/gRPC endpoint (`http://otel-collector:4317`);
+    /// empty turns tracing off.
+    pub otlp_endpoint: String,
+    /// Share of the traces started here that are recorded (0.0 to 1.0); a
+    /// caller's `traceparent` decision is followed either way.
+    pub sample_ratio: f64,
+}
+
+impl RetentionSettings {
+    fn validate(&self) -> Result<(), SettingsError> {
+        if self.months_ahead == 0 {
+            return Err(invalid(
+                "retention.months_ahead",
+                "must be at least 1 (next month's partition must exist before it starts)",
+            ));
+        }
+        // An item's content row must outlive it: a month is dropped up to
+        // 31 days after items_days, and contents go with their send.
+        let forever = |days: u32| days == 0;
+        if !forever(self.sends_days)
+            && (forever(self.items_days) || self.sends_days < self.items_days + 31)
+        {
+            return Err(invalid(
+                "retention.sends_days",
+                "must be 0 or at least retention.items_days + 31 (sends hold their items' content)",
+            ));
+        }
+        Ok(())
+    }
+}
+
+impl TraceSettings {
+    /// True when spans are exported.
+    pub fn enabled(&self) -> bool {
+        !self.otlp_endpoint.is_empty()
+    }
+}
+
 /// A setting that is missing, malformed or inconsistent.
 #[derive(Debug, thiserror::Error)]
 pub enum SettingsError {
@@ -374,6 +442,15 @@ impl Settings {
         }
         if self.api.max_deadline_secs == 0 {
             return Err(invalid("api.max_deadline_secs", "must be at least 1"));
+        }
+        self.retention.validate()?;
+        if !(0.0..=1.0).contains(&self.trace.sample_ratio) {
+            return Err(invalid("trace.sample_ratio", "must be between 0.0 and 1.0"));
+        }
+        if self.trace.enabled()
+            && !["http://", "https://"].iter().any(|s| self.trace.otlp_endpoint.starts_with(s))
+        {
+            return Err(invalid("trace.otlp_endpoint", "must start with http:// or https://"));
         }
         if !matches!(self.rabbitmq.queue_type.as_str(), "quorum" | "classic") {
             return Err(invalid("rabbitmq.queue_type", "must be \"quorum\" or \"classic\""));

@@ -1,4 +1,7 @@
-//! Tracing subscriber, the Prometheus recorder and the `/metrics` endpoint.
+//! Tracing subscriber (logs, and OpenTelemetry traces when configured), the
+//! Prometheus recorder and the `/metrics` endpoint.
+
+pub mod trace;
 
 use std::sync::OnceLock;
 
@@ -8,22 +11,46 @@ use axum::routing::get;
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
-use tracing_subscriber::EnvFilter;
+use tracing_subscriber::layer::SubscriberExt as _;
+use tracing_subscriber::util::SubscriberInitExt as _;
+use tracing_subscriber::{EnvFilter, Layer as _};
 
 use crate::health::Probes;
-use crate::settings::LogSettings;
+use crate::settings::{LogSettings, TraceSettings};
 
-/// Installs the global tracing subscriber (once per process; later calls are
-/// no-ops, which lets tests start several apps in one process).
-pub fn init_tracing(settings: &LogSettings) {
-    let filter = EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| EnvFilter::new(settings.filter.as_str()));
-    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_target(false);
-    let _ = if settings.format == "json" {
-        builder.json().flatten_event(true).try_init()
+pub use trace::TraceExport;
+
+/// Installs the global tracing subscriber: log lines filtered by
+/// `log.filter` (or `RUST_LOG`), and spans exported over OTLP when
+/// `trace.otlp_endpoint` is set, as `service`. Call it inside the Tokio
+/// runtime. Once per process: later calls are no-ops (which lets tests start
+/// several apps in one process) and return no exporter.
+///
+/// Keep the returned exporter and call [`TraceExport::shutdown`] at exit so
+/// the last spans are sent.
+pub fn init_tracing(
+    log: &LogSettings,
+    trace: &TraceSettings,
+    service: &'static str,
+) -> Result<Option<TraceExport>, opentelemetry_otlp::ExporterBuildError> {
+    let filter =
+        EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(log.filter.as_str()));
+    let lines = tracing_subscriber::fmt::layer().with_target(false);
+    let lines = if log.format == "json" {
+        lines.json().flatten_event(true).with_filter(filter).boxed()
     } else {
-        builder.try_init()
+        lines.with_filter(filter).boxed()
     };
+    let export = TraceExport::build(trace, service)?;
+    let spans = export.as_ref().map(|export| export.layer(service));
+    let installed = tracing_subscriber::registry().with(lines).with(spans).try_init().is_ok();
+    match export {
+        Some(export) if installed => {
+            export.activate();
+            Ok(Some(export))
+        }
+        _ => Ok(None),
+    }
 }
 
 /// Returns the process-wide Prometheus recorder handle, installing it once.

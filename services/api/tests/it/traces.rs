@@ -1,0 +1,187 @@
+//! OpenTelemetry traces across the queue: the api and a worker run as
+//! processes exporting to an in-test OTLP receiver, and one send, made with
+//! the caller's `traceparent`, must come back as one trace from the call to
+//! every chunk's apply, with its SQL and Redis calls inside.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use notify_proto::v1;
+use notify_testkit::otlp::{OtlpReceiver, ReceivedSpan};
+use notify_testkit::{TestApp, eventually, spawn_app_with, test_settings};
+use tonic::metadata::MetadataValue;
+
+/// The caller's trace: its id, and the span the send is made from.
+const CALLER_TRACE: &str = "4bf92f3577b34da6a3ce929d0e0e4736";
+const CALLER_SPAN: &str = "00f067aa0ba902b7";
+
+/// A Notify binary run as a child process on the test's config, exporting
+/// spans to `receiver` every 100 ms.
+fn spawn_exporting(
+    binary: &Path,
+    app: &TestApp,
+    receiver: &OtlpReceiver,
+    env: &[(&str, String)],
+) -> tokio::process::Child {
+    tokio::process::Command::new(binary)
+        .env("NOTIFY_CONFIG", app.write_config_file())
+        .env("NOTIFY_TRACE__OTLP_ENDPOINT", receiver.endpoint())
+        .env("OTEL_BSP_SCHEDULE_DELAY", "100")
+        .envs(env.iter().map(|(key, value)| (*key, value.as_str())))
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::inherit())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap_or_else(|e| panic!("{} starts: {e}", binary.display()))
+}
+
+/// notify-worker, built beside notify-api by `cargo test --workspace`.
+fn worker_binary() -> PathBuf {
+    let worker = Path::new(env!("CARGO_BIN_EXE_notify-api")).with_file_name("notify-worker");
+    assert!(
+        worker.exists(),
+        "{} is missing: run the tests with --workspace (or cargo build -p notify-worker)",
+        worker.display()
+    );
+    worker
+}
+
+fn free() -> std::net::SocketAddr {
+    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap()
+}
+
+/// True when `span` descends from the span `ancestor` through spans received.
+fn descends_from(
+    span: &ReceivedSpan,
+    ancestor: &str,
+    by_id: &HashMap<&str, &ReceivedSpan>,
+) -> bool {
+    let mut parent = span.parent_span_id.as_str();
+    for _ in 0..64 {
+        if parent == ancestor {
+            return true;
+        }
+        match by_id.get(parent) {
+            Some(next) => parent = next.parent_span_id.as_str(),
+            None => return false,
+        }
+    }
+    false
+}
+
+#[tokio::test]
+async fn one_send_is_one_trace_from_the_call_to_every_chunks_apply() {
+    let app = spawn_app_with(test_settings(), false).await;
+    let receiver = OtlpReceiver::start().await;
+    let api_addr = free();
+    let _api = spawn_exporting(
+        Path::new(env!("CARGO_BIN_EXE_notify-api")),
+        &app,
+        &receiver,
+        &[
+            ("NOTIFY_API__LISTEN", api_addr.to_string()),
+            ("NOTIFY_API__METRICS_LISTEN", free().to_string()),
+        ],
+    );
+    // No sweep during the test: a re-publish would start traces of its own.
+    let _worker = spawn_exporting(
+        &worker_binary(),
+        &app,
+        &receiver,
+        &[("NOTIFY_WORKER__SWEEP_TIMEOUT_SECS", "300".to_owned())],
+    );
+    let channel = eventually("the api process accepts calls", Duration::from_secs(30), || {
+        let uri = format!("http://{api_addr}");
+        async move { tonic::transport::Channel::from_shared(uri).unwrap().connect().await.ok() }
+    })
+    .await;
+
+    // 3,000 users over four shards: several chunks on each.
+    let mut request = tonic::Request::new(notify_testkit::send_request((1..=3_000).collect()));
+    let traceparent = format!("00-{CALLER_TRACE}-{CALLER_SPAN}-01");
+    request.metadata_mut().insert("traceparent", MetadataValue::try_from(traceparent).unwrap());
+    let message_id = v1::message_service_client::MessageServiceClient::new(channel)
+        .send_message(request)
+        .await
+        .expect("send accepted")
+        .into_inner()
+        .message_id;
+    app.wait_for_status(message_id, v1::MessageStatus::Completed).await;
+    let mut chunks = 0usize;
+    for (_, pool) in app.ctx.pools.iter() {
+        let n: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM message_chunks WHERE message_id = ?")
+            .bind(message_id)
+            .fetch_one(pool)
+            .await
+            .unwrap();
+        chunks += n as usize;
+    }
+    assert!(chunks >= 8, "the send has several chunks per shard ({chunks})");
+
+    // Every chunk's apply, and the call's own span (exported when it ends).
+    let id = message_id.to_string();
+    let is_apply = |span: &ReceivedSpan| {
+        span.name == "apply_task" && span.attribute("message_id") == Some(id.as_str())
+    };
+    let spans = receiver
+        .wait_for("every chunk's apply and the call", Duration::from_secs(30), |spans| {
+            spans.iter().filter(|span| is_apply(span)).count() >= chunks
+                && spans.iter().any(|span| span.name == "notify.v1.MessageService/SendMessage")
+        })
+        .await;
+
+    let call =
+        spans.iter().find(|span| span.name == "notify.v1.MessageService/SendMessage").unwrap();
+    assert_eq!(call.service, "notify-api");
+    assert_eq!(call.trace_id, CALLER_TRACE, "the call continues the caller's trace");
+    assert_eq!(call.parent_span_id, CALLER_SPAN, "the call's span is a child of the caller's");
+    assert_eq!(call.attribute("rpc.grpc.status_code"), Some("0"));
+
+    let applies: Vec<&ReceivedSpan> = spans.iter().filter(|span| is_apply(span)).collect();
+    assert_eq!(applies.len(), chunks, "one apply per chunk, none twice");
+    let by_id: HashMap<&str, &ReceivedSpan> =
+        spans.iter().map(|span| (span.span_id.as_str(), span)).collect();
+    for apply in &applies {
+        assert_eq!(apply.service, "notify-worker");
+        assert_eq!(
+            apply.trace_id,
+            CALLER_TRACE,
+            "chunk {:?} is in the send's trace",
+            apply.attribute("chunk_id")
+        );
+        assert!(
+            descends_from(apply, &call.span_id, &by_id),
+            "chunk {:?} descends from the call's span through the queue",
+            apply.attribute("chunk_id")
+        );
+    }
+
+    // The worker's SQL and Redis calls are spans inside the chunks' spans
+    // (the last of them may still be on their way: wait for one of each).
+    let applies: Vec<String> = applies.iter().map(|span| span.span_id.clone()).collect();
+    let inside = |spans: &[ReceivedSpan], system: &str| {
+        let by_id: HashMap<&str, &ReceivedSpan> =
+            spans.iter().map(|span| (span.span_id.as_str(), span)).collect();
+        spans.iter().any(|span| {
+            span.attribute("db.system") == Some(system)
+                && applies.iter().any(|apply| descends_from(span, apply, &by_id))
+        })
+    };
+    receiver
+        .wait_for(
+            "SQL and Redis spans inside the chunks' spans",
+            Duration::from_secs(30),
+            |spans| inside(spans, "mysql") && inside(spans, "redis"),
+        )
+        .await;
+    // Nothing of this send left the trace.
+    let spans = receiver.wait_for("the spans so far", Duration::from_secs(1), |_| true).await;
+    let strays = spans
+        .iter()
+        .filter(|span| span.attribute("message_id") == Some(id.as_str()))
+        .filter(|span| span.trace_id != CALLER_TRACE)
+        .count();
+    assert_eq!(strays, 0, "every span about the send is in the caller's trace");
+    app.cleanup().await;
+}

@@ -1,0 +1,305 @@
+//! Retention: what grows with every send is removed on its own schedule.
+//!
+//! - Items (`message_items`) live in monthly partitions by message id; a
+//!   month is dropped whole once it is all older than `retention.items_days`
+//!   (a DDL statement, not a billion-row DELETE), and the months ahead are
+//!   created before they start. Users who had unread items in a dropped
+//!   month get their cached badges invalidated.
+//! - Hidden items, those of cancelled sends and of expired messages, are
+//!   purged `retention.purge_hidden_after_secs` after they were hidden, by
+//!   their recipients' keys (from the send's chunks), with the content row.
+//! - A finished send's chunks go after `retention.chunks_days`; its control
+//!   row, stats, batches, contents and idempotency key after
+//!   `retention.sends_days`; audit rows after `retention.audit_days`.
+//!
+//! One process works on a shard at a time (a MySQL named lock), so worker
+//! replicas and `notifyctl retention` can all run it.
+
+pub mod partitions;
+
+use chrono::{DateTime, Utc};
+use sqlx::MySqlPool;
+use tracing::{info, instrument, warn};
+
+use crate::Result;
+use crate::cache::Cache;
+use crate::db::ShardPools;
+use crate::db::chunks::{decode_user_ids, state};
+use crate::ids;
+use crate::settings::RetentionSettings;
+
+/// Rows deleted per statement: short transactions, short lock waits.
+const DELETE_BATCH: u32 = 1000;
+/// Badge invalidations per Redis call.
+const INVALIDATE_BATCH: usize = 1000;
+/// The MySQL named lock that keeps one retention run per shard (named
+/// locks are per server, so the shard's database name is part of it).
+const LOCK_PREFIX: &str = "notify_retention.";
+
+/// What a run did, summed over the shards.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct Report {
+    /// Monthly partitions created ahead.
+    pub partitions_added: Vec<String>,
+    /// Monthly partitions dropped.
+    pub partitions_dropped: Vec<String>,
+    /// Users whose cached badge was invalidated by a drop.
+    pub badges_invalidated: u64,
+    /// Hidden items purged (cancelled or expired).
+    pub hidden_items_purged: u64,
+    /// Chunk rows deleted.
+    pub chunks_deleted: u64,
+    /// Finished sends whose control rows were deleted.
+    pub sends_deleted: u64,
+    /// Audit rows deleted.
+    pub audit_rows_deleted: u64,
+    /// Shards skipped because another process held their retention lock.
+    pub shards_busy: u64,
+}
+
+/// Runs retention on every shard as of `now`. A shard that fails is
+/// reported and the others still run; the first error is returned.
+pub async fn run_once(
+    pools: &ShardPools,
+    cache: &Cache,
+    settings: &RetentionSettings,
+    now: DateTime<Utc>,
+) -> Result<Report> {
+    let mut report = Report::default();
+    let mut first_error = None;
+    for (shard, pool) in pools.iter() {
+        if let Err(e) = run_on_shard(pool, cache, settings, now, &mut report).await {
+            warn!(error = %e, shard = shard.0, "retention failed on a shard");
+            first_error.get_or_insert(e);
+        }
+    }
+    match delete_old_sends(pools, settings, now).await {
+        Ok(deleted) => report.sends_deleted += deleted,
+        Err(e) => {
+            warn!(error = %e, "deleting old sends failed");
+            first_error.get_or_insert(e);
+        }
+    }
+    info!(?report, "retention run finished");
+    match first_error {
+        Some(e) => Err(e),
+        None => Ok(report),
+    }
+}
+
+#[instrument(skip_all)]
+async fn run_on_shard(
+    pool: &MySqlPool,
+    cache: &Cache,
+    settings: &RetentionSettings,
+    now: DateTime<Utc>,
+    report: &mut Report,
+) -> Result<()> {
+    // The named lock belongs to one connection: hold it for the run.
+    let mut lock = pool.acquire().await?;
+    let locked: Option<i64> = sqlx::query_scalar("SELECT GET_LOCK(CONCAT(?, DATABASE()), 0)")
+        .bind(LOCK_PREFIX)
+        .fetch_one(&mut *lock)
+        .await?;
+    if locked != Some(1) {
+        report.shards_busy += 1;
+        return Ok(());
+    }
+    let ran = async {
+        maintain_partitions(pool, cache, settings, now, report).await?;
+        purge_hidden(pool, settings, now, report).await?;
+        delete_old_rows(pool, settings, now, report).await
+    }
+    .await;
+    let _ = sqlx::query("SELECT RELEASE_LOCK(CONCAT(?, DATABASE()))")
+        .bind(LOCK_PREFIX)
+        .execute(&mut *lock)
+        .await;
+    ran
+}
+
+async fn maintain_partitions(
+    pool: &MySqlPool,
+    cache: &Cache,
+    settings: &RetentionSettings,
+    now: DateTime<Utc>,
+    report: &mut Report,
+) -> Result<()> {
+    let existing = partitions::existing(pool).await?;
+    let plan = partitions::plan(&existing, now, settings.months_ahead, settings.items_days);
+    partitions::add_months(pool, &plan.add).await?;
+    report.partitions_added.extend(plan.add.into_iter().map(|m| m.name));
+    for month in plan.drop {
+        // Collected before the drop, invalidated after it: a badge counted
+        // in between is invalidated too.
+        let users = partitions::unread_users(pool, &month).await?;
+        partitions::drop_month(pool, &month).await?;
+        for batch in users.chunks(INVALIDATE_BATCH) {
+            cache.invalidate_counts(batch).await?;
+        }
+        report.badges_invalidated += users.len() as u64;
+        info!(partition = %month.name, users = users.len(), "dropped a month of items");
+        report.partitions_dropped.push(month.name);
+    }
+    Ok(())
+}
+
+/// Purges the items of cancelled sends and of expired messages, found
+/// through the recipients in the send's chunks on this shard, then their
+/// content row. Announcements' items (materialized per reader, no chunks)
+/// stay hidden until their month is dropped.
+async fn purge_hidden(
+    pool: &MySqlPool,
+    settings: &RetentionSettings,
+    now: DateTime<Utc>,
+    report: &mut Report,
+) -> Result<()> {
+    let hidden_before =
+        (now - chrono::Duration::seconds(settings.purge_hidden_after_secs as i64)).naive_utc();
+    loop {
+        let hidden: Vec<u64> = sqlx::query_scalar(
+            "SELECT message_id FROM message_contents \
+             WHERE (revoked = 1 AND COALESCE(revoked_at, created_at) <= ?) OR expire_at <= ? \
+             ORDER BY message_id LIMIT 100",
+        )
+        .bind(hidden_before)
+        .bind(hidden_before)
+        .fetch_all(pool)
+        .await?;
+        for message_id in &hidden {
+            purge_message(pool, *message_id, report).await?;
+        }
+        if hidden.len() < 100 {
+            return Ok(());
+        }
+    }
+}
+
+/// Purges one hidden message's items on this shard, then its content row.
+async fn purge_message(pool: &MySqlPool, message_id: u64, report: &mut Report) -> Result<()> {
+    let chunks: Vec<Vec<u8>> = sqlx::query_scalar(
+        "SELECT user_ids FROM message_chunks WHERE message_id = ? AND state IN (?, ?)",
+    )
+    .bind(message_id)
+    .bind(state::DONE)
+    .bind(state::UNSETTLED)
+    .fetch_all(pool)
+    .await?;
+    for packed in chunks {
+        let user_ids = decode_user_ids(&packed)?;
+        let mut delete = sqlx::QueryBuilder::new("DELETE FROM message_items WHERE message_id = ");
+        delete.push_bind(message_id).push(" AND user_id IN (");
+        let mut users = delete.separated(", ");
+        for user_id in &user_ids {
+            users.push_bind(*user_id);
+        }
+        delete.push(")");
+        report.hidden_items_purged += delete.build().execute(pool).await?.rows_affected();
+    }
+    sqlx::query("DELETE FROM message_contents WHERE message_id = ?")
+        .bind(message_id)
+        .execute(pool)
+        .await?;
+    Ok(())
+}
+
+/// The first id of `days` days before `now`; 0 (nothing older) when `days`
+/// is 0, which keeps rows forever.
+fn horizon(now: DateTime<Utc>, days: u32) -> u64 {
+    if days == 0 {
+        return 0;
+    }
+    let at = now - chrono::Duration::days(i64::from(days));
+    ids::first_id_at(at.timestamp_millis().max(0) as u64)
+}
+
+/// Deletes `sql` (which must end in `LIMIT ?`) in batches until none is left.
+async fn delete_in_batches(pool: &MySqlPool, sql: &'static str, below: u64) -> Result<u64> {
+    let mut deleted = 0;
+    loop {
+        let done =
+            sqlx::query(sql).bind(below).bind(DELETE_BATCH).execute(pool).await?.rows_affected();
+        deleted += done;
+        if done < u64::from(DELETE_BATCH) {
+            return Ok(deleted);
+        }
+    }
+}
+
+async fn delete_old_rows(
+    pool: &MySqlPool,
+    settings: &RetentionSettings,
+    now: DateTime<Utc>,
+    report: &mut Report,
+) -> Result<()> {
+    // Chunks of finished work (applied or cancelled); failed chunks stay
+    // with their send, for a re-drive.
+    report.chunks_deleted += delete_in_batches(
+        pool,
+        "DELETE FROM message_chunks WHERE message_id < ? AND state IN (1, 3) LIMIT ?",
+        horizon(now, settings.chunks_days),
+    )
+    .await?;
+    report.audit_rows_deleted += delete_in_batches(
+        pool,
+        "DELETE FROM audit_log WHERE audit_id < ? LIMIT ?",
+        horizon(now, settings.audit_days),
+    )
+    .await?;
+    Ok(())
+}
+
+/// Deletes finished sends (and drafts never started) older than
+/// `retention.sends_days`: their rows on every shard, then the control row
+/// on the home shard last, so a run stopped half-way leaves the send for
+/// the next run. Live sends and announcements are never touched, however
+/// old. Deleting twice (two replicas) is harmless.
+async fn delete_old_sends(
+    pools: &ShardPools,
+    settings: &RetentionSettings,
+    now: DateTime<Utc>,
+) -> Result<u64> {
+    let below = horizon(now, settings.sends_days);
+    let mut deleted = 0;
+    for (_, home) in pools.iter() {
+        loop {
+            let finished: Vec<u64> = sqlx::query_scalar(
+                "SELECT message_id FROM messages WHERE message_id < ? \
+                 AND (status IN (3, 4) OR (status = 0 AND start_requested = 0)) \
+                 ORDER BY message_id LIMIT 100",
+            )
+            .bind(below)
+            .fetch_all(home)
+            .await?;
+            for message_id in &finished {
+                for (_, pool) in pools.iter() {
+                    for table in [
+                        "message_shard_stats",
+                        "message_batches",
+                        "message_contents",
+                        "message_chunks",
+                    ] {
+                        let sql = format!("DELETE FROM {table} WHERE message_id = ?");
+                        sqlx::query(sqlx::AssertSqlSafe(sql))
+                            .bind(message_id)
+                            .execute(pool)
+                            .await?;
+                    }
+                }
+                sqlx::query("DELETE FROM idempotency_keys WHERE message_id = ?")
+                    .bind(message_id)
+                    .execute(home)
+                    .await?;
+                sqlx::query("DELETE FROM messages WHERE message_id = ?")
+                    .bind(message_id)
+                    .execute(home)
+                    .await?;
+            }
+            deleted += finished.len() as u64;
+            if finished.len() < 100 {
+                break;
+            }
+        }
+    }
+    Ok(deleted)
+}
