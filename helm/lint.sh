@@ -136,23 +136,9 @@ else
   done
 fi
 
-out=$(mktemp -d)
-trap 'rm -rf "$out"' EXIT
-passed=0
-failed=0
-
-check() { # description, command...
-  local what=$1
-  shift
-  if "$@" >"$out/log" 2>&1; then
-    passed=$((passed + 1))
-    printf 'ok    %s\n' "$what"
-  else
-    failed=$((failed + 1))
-    printf 'FAIL  %s\n' "$what"
-    sed 's/^/      /' "$out/log"
-  fi
-}
+# check, must_fail_with, $out, $passed, $failed
+# shellcheck source=scripts/checks.sh
+source "$(dirname "$(readlink -f "${BASH_SOURCE[0]}")")/../scripts/checks.sh"
 
 # Checks one rendered manifest stream: YAML, names, config files in Secrets.
 check_rendered() { # file
@@ -251,20 +237,6 @@ for kind, spec in specs.items():
 ' "$out/spread.yaml" "$spread"
 }
 
-# Succeeds when the command fails and its output says why (the message).
-must_fail_with() { # message, command...
-  local message=$1 output
-  shift
-  if output=$("$@" 2>&1); then
-    echo "succeeded, expected a failure saying: $message"
-    return 1
-  fi
-  grep -qF -- "$message" <<<"$output" || {
-    echo "failed, but without saying: $message"
-    echo "$output"
-    return 1
-  }
-}
 
 # The production example of the chart's README is ci/external-shards-values.yaml
 # (after its header comment), so that the example is rendered and validated.

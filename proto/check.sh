@@ -111,38 +111,10 @@ shopt -u nullglob
 }
 baseline=$(printf '%s\n' "${baselines[@]}" | sort -V | tail -n 1)
 
-out=$(mktemp -d)
-trap 'rm -rf "$out"' EXIT
-passed=0
-failed=0
+# check, must_fail_with, $out, $passed, $failed
+# shellcheck source=scripts/checks.sh
+source "$(dirname "$(readlink -f "${BASH_SOURCE[0]}")")/../scripts/checks.sh"
 
-check() { # description, command...
-  local what=$1
-  shift
-  if "$@" >"$out/log" 2>&1; then
-    passed=$((passed + 1))
-    printf 'ok    %s\n' "$what"
-  else
-    failed=$((failed + 1))
-    printf 'FAIL  %s\n' "$what"
-    sed 's/^/      /' "$out/log"
-  fi
-}
-
-# Succeeds when the command fails and its output says why (the message).
-must_fail_with() { # message, command...
-  local message=$1 output
-  shift
-  if output=$("$@" 2>&1); then
-    echo "succeeded, expected a failure saying: $message"
-    return 1
-  fi
-  grep -qF -- "$message" <<<"$output" || {
-    echo "failed, but without saying: $message"
-    echo "$output"
-    return 1
-  }
-}
 
 buf_in() { # module directory, buf args...
   local dir=$1

@@ -5,7 +5,7 @@ use std::time::Duration;
 use notify_proto::v1;
 use notify_testkit::{TestApp, content, eventually, spawn_app};
 
-use crate::helpers::{badge, send, wait_for_status};
+use crate::helpers::{badge, inbox_ids, send, wait_for_status};
 
 fn announcement(expire_in: Option<Duration>) -> v1::SendMessageRequest {
     let expire_at = expire_in.map(|d| {
@@ -28,16 +28,6 @@ async fn announce(app: &TestApp, expire_in: Option<Duration>) -> u64 {
     let response = app.messages().send_message(announcement(expire_in)).await.unwrap().into_inner();
     assert_eq!(response.status, v1::MessageStatus::Sending as i32);
     response.message_id
-}
-
-async fn inbox_ids(app: &TestApp, user_id: u64) -> Vec<u64> {
-    let page = app
-        .inbox()
-        .list_inbox(v1::ListInboxRequest { user_id, page_size: 100, ..Default::default() })
-        .await
-        .unwrap()
-        .into_inner();
-    page.items.iter().map(|i| i.message_id).collect()
 }
 
 #[tokio::test]

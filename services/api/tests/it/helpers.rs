@@ -34,6 +34,17 @@ pub async fn badge(app: &TestApp, user_id: u64) -> u64 {
         .unread
 }
 
+/// The message ids of a user's first inbox page (up to 100), newest first.
+pub async fn inbox_ids(app: &TestApp, user_id: u64) -> Vec<u64> {
+    let page = app
+        .inbox()
+        .list_inbox(v1::ListInboxRequest { user_id, page_size: 100, ..Default::default() })
+        .await
+        .unwrap()
+        .into_inner();
+    page.items.iter().map(|item| item.message_id).collect()
+}
+
 /// Creates a draft send from sender "tests"; returns its id.
 pub async fn create_draft(app: &TestApp, title: &str) -> u64 {
     app.messages()

@@ -11,7 +11,7 @@ use notify_core::settings::RetentionSettings;
 use notify_proto::v1;
 use notify_testkit::{TestApp, eventually, spawn_app_with, test_settings};
 
-use crate::helpers::{badge, get, send, send_request, wait_for_status};
+use crate::helpers::{badge, get, inbox_ids, send, send_request, wait_for_status};
 
 /// Retention of items only (sends, chunks and audit rows kept).
 fn items_only(items_days: u32) -> RetentionSettings {
@@ -60,16 +60,6 @@ async fn item_exists(app: &TestApp, user_id: u64, message_id: u64) -> bool {
     .await
     .unwrap();
     n == 1
-}
-
-async fn inbox_ids(app: &TestApp, user_id: u64) -> Vec<u64> {
-    let page = app
-        .inbox()
-        .list_inbox(v1::ListInboxRequest { user_id, page_size: 100, ..Default::default() })
-        .await
-        .unwrap()
-        .into_inner();
-    page.items.iter().map(|item| item.message_id).collect()
 }
 
 async fn month_names(app: &TestApp, user_id: u64) -> Vec<String> {
