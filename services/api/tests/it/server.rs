@@ -10,10 +10,6 @@ use tokio_stream::StreamExt;
 use tonic_health::pb::HealthCheckRequest;
 use tonic_health::pb::health_check_response::ServingStatus;
 use tonic_health::pb::health_client::HealthClient;
-use tonic_reflection::pb::v1::ServerReflectionRequest;
-use tonic_reflection::pb::v1::server_reflection_client::ServerReflectionClient;
-use tonic_reflection::pb::v1::server_reflection_request::MessageRequest;
-use tonic_reflection::pb::v1::server_reflection_response::MessageResponse;
 
 #[tokio::test]
 async fn health_reports_serving_for_every_service() {
@@ -32,27 +28,48 @@ async fn health_reports_serving_for_every_service() {
     app.cleanup().await;
 }
 
+/// The services a reflection client of protocol `$version` (`v1`, as grpcurl
+/// and newer clients ask, or `v1alpha`, as grpcio-reflection and other older
+/// clients ask) lists.
+macro_rules! list_services {
+    ($version:ident, $channel:expr) => {{
+        use tonic_reflection::pb::$version::ServerReflectionRequest;
+        use tonic_reflection::pb::$version::server_reflection_client::ServerReflectionClient;
+        use tonic_reflection::pb::$version::server_reflection_request::MessageRequest;
+        use tonic_reflection::pb::$version::server_reflection_response::MessageResponse;
+        let request = ServerReflectionRequest {
+            host: String::new(),
+            message_request: Some(MessageRequest::ListServices(String::new())),
+        };
+        let mut responses = ServerReflectionClient::new($channel)
+            .server_reflection_info(tokio_stream::iter(vec![request]))
+            .await
+            .unwrap()
+            .into_inner();
+        let response = responses.next().await.unwrap().unwrap();
+        let Some(MessageResponse::ListServicesResponse(list)) = response.message_response else {
+            panic!("unexpected reflection answer");
+        };
+        list.service.into_iter().map(|s| s.name).collect::<Vec<String>>()
+    }};
+}
+
 #[tokio::test]
-async fn reflection_lists_the_three_services() {
+async fn reflection_v1_and_v1alpha_list_the_services() {
     let app = spawn_app().await;
-    let mut reflection = ServerReflectionClient::new(app.channel());
-    let request = ServerReflectionRequest {
-        host: String::new(),
-        message_request: Some(MessageRequest::ListServices(String::new())),
-    };
-    let mut responses = reflection
-        .server_reflection_info(tokio_stream::iter(vec![request]))
-        .await
-        .unwrap()
-        .into_inner();
-    let response = responses.next().await.unwrap().unwrap();
-    let Some(MessageResponse::ListServicesResponse(list)) = response.message_response else {
-        panic!("unexpected reflection answer");
-    };
-    let names: Vec<String> = list.service.into_iter().map(|s| s.name).collect();
-    for expected in ["notify.v1.MessageService", "notify.v1.InboxService", "notify.v1.GroupService"]
-    {
-        assert!(names.iter().any(|n| n == expected), "{expected} missing from {names:?}");
+    let listed = [
+        ("v1", list_services!(v1, app.channel())),
+        ("v1alpha", list_services!(v1alpha, app.channel())),
+    ];
+    for (version, names) in &listed {
+        for expected in
+            ["notify.v1.MessageService", "notify.v1.InboxService", "notify.v1.GroupService"]
+        {
+            assert!(
+                names.iter().any(|n| n == expected),
+                "{version}: {expected} missing from {names:?}"
+            );
+        }
     }
     app.cleanup().await;
 }
