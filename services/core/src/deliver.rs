@@ -1,4 +1,5 @@
-//! Applying one chunk task: the worker's unit of work.
+//! Applying chunk tasks: the worker's unit of work, one chunk or a group
+//! of one send's chunks on one shard.
 //!
 //! Order of effects, each safe to repeat:
 //! 1. check the send's status (cache, else home shard); not SENDING -> skip,
@@ -121,6 +122,70 @@ pub async fn apply_task(ctx: &Context, task: &ChunkTask, redelivered: bool) -> R
         }
         ApplyOutcome::Missing => Ok(TaskOutcome::Dropped),
     }
+}
+
+/// Applies several first deliveries of ONE send's chunks on ONE shard as a
+/// group: steps 1-4 above with one status check, one transaction (each chunk
+/// keeps its guard: only pending ones are applied), one badge invalidation,
+/// one settle and one completion check for all of them. Returns one outcome
+/// per chunk id, in the order given; `None` when the group cannot go as one
+/// (the send is not SENDING, or its content or a chunk is missing), with
+/// nothing written: the caller applies the tasks one by one, which handles
+/// each case.
+#[instrument(skip_all, fields(message_id = message_id.get(), shard = shard.0, chunks = chunk_ids.len()))]
+pub async fn apply_group(
+    ctx: &Context,
+    shard: ShardId,
+    message_id: MessageId,
+    chunk_ids: &[u64],
+) -> Result<Option<Vec<TaskOutcome>>> {
+    if send::status_of(ctx, message_id).await? != Some(SendStatus::Sending) {
+        return Ok(None);
+    }
+    let pool = ctx
+        .pools
+        .get(shard)
+        .ok_or_else(|| Error::Internal(format!("task names unknown shard {}", shard.0)))?;
+    let Some(group) = chunks::apply_many(pool, message_id, chunk_ids).await? else {
+        return Ok(None);
+    };
+    let committed_at_ms = Some(chrono::Utc::now().timestamp_millis());
+    // Chunks done before (a duplicate task) were settled then; the ones left
+    // unsettled, by this commit or an earlier one, need the invalidation.
+    let unsettled: Vec<&chunks::GroupChunk> = group.chunks.iter().filter(|c| c.unsettled).collect();
+    let users: Vec<u64> = unsettled.iter().flat_map(|c| c.user_ids.iter().copied()).collect();
+    match ctx.cache.invalidate_counts(&users).await {
+        Ok(()) => {
+            let ids: Vec<u64> = unsettled.iter().map(|c| c.chunk_id).collect();
+            chunks::settle_many(pool, message_id, &ids).await?;
+        }
+        Err(e) => {
+            warn!(error = %e, chunks = unsettled.len(), "badges not invalidated, chunks left unsettled");
+            metrics::counter!("notify_chunks_unsettled_total").increment(unsettled.len() as u64);
+        }
+    }
+    for chunk in group.chunks.iter().filter(|c| c.delivered) {
+        let at = if chunk.applied_now { committed_at_ms } else { None };
+        announce_items(ctx, message_id, chunk.user_ids.clone(), group.summary.clone(), at).await?;
+    }
+    let _ = ctx.cache.heartbeat(message_id.get(), ctx.settings.worker.sweep_timeout_secs).await;
+    metrics::counter!("notify_items_delivered_total").increment(group.delivered);
+    metrics::histogram!("notify_chunk_group_size").record(chunk_ids.len() as f64);
+    if !chunks::has_pending(pool, message_id).await? {
+        send::complete_if_done(ctx, message_id).await?;
+    }
+    // The items of the group are counted once, on its first applied chunk.
+    let mut items = Some(group.delivered);
+    let outcomes = chunk_ids
+        .iter()
+        .map(|chunk_id| match group.chunks.iter().find(|c| c.chunk_id == *chunk_id) {
+            Some(chunk) if chunk.applied_now => {
+                TaskOutcome::Delivered { items: items.take().unwrap_or(0) }
+            }
+            _ => TaskOutcome::AlreadyDone,
+        })
+        .collect();
+    Ok(Some(outcomes))
 }
 
 /// How long a chunk may stay unsettled before a settler takes it over from

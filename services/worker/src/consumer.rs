@@ -138,9 +138,12 @@ async fn consume(
     let topology = Topology::new(settings);
     topology.declare(&channel).await?;
     let concurrency = settings.worker.concurrency;
-    // Prefetch equals concurrency: the broker hands out no more than we can
-    // work on, and unacked tasks return to the queue if this process dies.
-    channel.basic_qos(concurrency as u16, BasicQosOptions::default()).await?;
+    let group = settings.worker.chunks_per_transaction.max(1);
+    // Prefetch fills every slot with a full group: the broker hands out no
+    // more than we can work on, and unacked tasks return to the queue if
+    // this process dies.
+    let prefetch = u16::try_from(concurrency * group).unwrap_or(u16::MAX);
+    channel.basic_qos(prefetch, BasicQosOptions::default()).await?;
     let consumer = channel
         .basic_consume(
             topology.queue(lane, shard).into(),
@@ -174,25 +177,22 @@ async fn consume(
         std::future::ready(broken.is_none())
     };
     // Stop taking new deliveries at shutdown; for_each_concurrent still
-    // finishes (and acks) every delivery already taken.
+    // finishes (and acks) every delivery already taken. Deliveries already
+    // waiting when a slot frees up go to it together (up to a group).
     events
         .take_until(shutdown.cancelled())
         .take_while(alive)
-        .for_each_concurrent(concurrency, |event| async move {
-            if let Event::Delivery(delivery) = event
-                && let Ok(delivery) = *delivery
-            {
-                // The task's span, a child of whatever published it (the
-                // send's call, or a sweep) when traces are exported.
-                let span = tracing::info_span!(
-                    "chunk task",
-                    otel.kind = "consumer",
-                    messaging.system = "rabbitmq",
-                    lane = lane.name(),
-                    shard
-                );
-                trace::follow_amqp(&span, delivery.properties.headers().as_ref());
-                handle(ctx, lane, delivery, &health.circuits, shutdown).instrument(span).await;
+        .ready_chunks(group)
+        .for_each_concurrent(concurrency, |events| async move {
+            let deliveries: Vec<Delivery> = events
+                .into_iter()
+                .filter_map(|event| match event {
+                    Event::Delivery(delivery) => (*delivery).ok(),
+                    Event::Tick => None,
+                })
+                .collect();
+            if !deliveries.is_empty() {
+                handle_ready(ctx, lane, shard, deliveries, &health.circuits, shutdown).await;
             }
             health.heartbeats.beat(health.beat);
         })
@@ -215,6 +215,105 @@ async fn park(lane: Lane, task: &ChunkTask, delivery: &Delivery) {
         "shard down, chunk left pending for the sweeper"
     );
     let _ = delivery.ack(BasicAckOptions::default()).await;
+}
+
+/// The span of a task, a child of whatever published it (the send's call,
+/// or a sweep) when traces are exported.
+fn task_span(lane: Lane, shard: u32, delivery: &Delivery) -> tracing::Span {
+    let span = tracing::info_span!(
+        "chunk task",
+        otel.kind = "consumer",
+        messaging.system = "rabbitmq",
+        lane = lane.name(),
+        shard
+    );
+    trace::follow_amqp(&span, delivery.properties.headers().as_ref());
+    span
+}
+
+/// Handles the deliveries that were ready together: first deliveries of the
+/// same send go as one group (one transaction), everything else (a lone
+/// task, a redelivery, a task of a parked shard, a group that cannot go as
+/// one or failed) one by one, with its retries.
+async fn handle_ready(
+    ctx: &Context,
+    lane: Lane,
+    shard: u32,
+    deliveries: Vec<Delivery>,
+    circuits: &ShardCircuits,
+    shutdown: &CancellationToken,
+) {
+    let mut alone = Vec::new();
+    let mut groups: HashMap<u64, Vec<(ChunkTask, Delivery)>> = HashMap::new();
+    for delivery in deliveries {
+        match ChunkTask::decode(&delivery.data) {
+            Ok(task)
+                if !delivery.redelivered && task.shard == shard && !circuits.is_open(shard) =>
+            {
+                groups.entry(task.message_id).or_default().push((task, delivery));
+            }
+            _ => alone.push(delivery),
+        }
+    }
+    for (message_id, tasks) in groups {
+        if tasks.len() == 1 {
+            alone.extend(tasks.into_iter().map(|(_, delivery)| delivery));
+            continue;
+        }
+        // The group's span follows its first task's publisher (one send's
+        // tasks are published from one place).
+        let span = task_span(lane, shard, &tasks[0].1);
+        let left = apply_group(ctx, lane, message_id, tasks).instrument(span).await;
+        alone.extend(left);
+    }
+    for delivery in alone {
+        let span = task_span(lane, shard, &delivery);
+        handle(ctx, lane, delivery, circuits, shutdown).instrument(span).await;
+    }
+}
+
+/// Applies a group of one send's tasks in one go and acks them; returns the
+/// deliveries to handle one by one instead (all of them when the group
+/// could not go as one or failed: nothing of it is half done, since a
+/// failed transaction rolls back and the rest repeats safely).
+async fn apply_group(
+    ctx: &Context,
+    lane: Lane,
+    message_id: u64,
+    tasks: Vec<(ChunkTask, Delivery)>,
+) -> Vec<Delivery> {
+    let started = std::time::Instant::now();
+    let shard = ShardId(tasks[0].0.shard);
+    let chunk_ids: Vec<u64> = tasks.iter().map(|(task, _)| task.chunk_id).collect();
+    let limit = Duration::from_secs(ctx.settings.worker.operation_timeout_secs);
+    let applying = AssertUnwindSafe(deliver::apply_group(
+        ctx,
+        shard,
+        notify_core::domain::MessageId::from_raw(message_id),
+        &chunk_ids,
+    ))
+    .catch_unwind();
+    let outcomes = match tokio::time::timeout(limit, applying).await {
+        Ok(Ok(Ok(Some(outcomes)))) => outcomes,
+        Ok(Ok(Ok(None))) => return tasks.into_iter().map(|(_, delivery)| delivery).collect(),
+        failed => {
+            let reason = match failed {
+                Ok(Ok(Err(e))) => e.to_string(),
+                Ok(Err(_)) => "applying the group panicked".to_owned(),
+                _ => "applying the group took longer than worker.operation_timeout_secs".to_owned(),
+            };
+            warn!(error = %reason, message_id, chunks = chunk_ids.len(), "chunk group failed, applying its chunks one by one");
+            return tasks.into_iter().map(|(_, delivery)| delivery).collect();
+        }
+    };
+    for ((task, delivery), outcome) in tasks.into_iter().zip(outcomes) {
+        record(lane, outcome, started);
+        if let Err(e) = delivery.ack(BasicAckOptions::default()).await {
+            // The task will be redelivered; applying it again is a no-op.
+            warn!(error = %e, message_id = task.message_id, chunk_id = task.chunk_id, "ack failed");
+        }
+    }
+    Vec::new()
 }
 
 async fn handle(

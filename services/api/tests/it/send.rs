@@ -119,3 +119,48 @@ async fn a_small_send_completes_promptly_while_a_large_send_runs() {
     wait_for_status(&app, large, v1::MessageStatus::Completed).await;
     app.cleanup().await;
 }
+
+/// Tasks waiting together are applied as groups of one send's chunks, one
+/// transaction each (`worker.chunks_per_transaction`), and every recipient
+/// still gets exactly one item with progress adding up. A group bumps ONE
+/// stats slot by its chunk count, while a chunk applied alone bumps its own
+/// slot by one; with at most 7 chunks a shard (consecutive chunk ids, so
+/// distinct slots of the 7), a slot above one shows a group went in one
+/// transaction.
+#[tokio::test]
+async fn tasks_waiting_together_are_applied_in_groups_exactly_once() {
+    let mut app = notify_testkit::spawn_app_with(notify_testkit::test_settings(), true).await;
+    app.stop_worker().await;
+    // Duplicates in the list count once.
+    let mut ids: Vec<u64> = (1..=5_000).collect();
+    ids.extend(1..=300);
+    let message_id = send(&app, ids).await;
+    for (shard, pool) in app.ctx.pools.iter() {
+        let n: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM message_chunks WHERE message_id = ?")
+            .bind(message_id)
+            .fetch_one(pool)
+            .await
+            .unwrap();
+        assert!((2..=7).contains(&n), "precondition: 2 to 7 chunks on shard {shard:?} ({n})");
+    }
+
+    // The tasks wait in the queues; the worker takes them together.
+    app.start_worker().await;
+    let done = wait_for_status(&app, message_id, v1::MessageStatus::Completed).await;
+    assert_eq!(app.item_users(message_id).await, (1..=5_000).collect::<Vec<u64>>());
+    let progress = done.progress.unwrap();
+    assert_eq!((progress.total, progress.delivered, progress.pending), (5_000, 5_000, 0));
+    let mut largest_slot = 0;
+    for (_, pool) in app.ctx.pools.iter() {
+        let most: Option<i64> = sqlx::query_scalar(
+            "SELECT MAX(done_chunks) FROM message_shard_stats WHERE message_id = ? AND slot > 0",
+        )
+        .bind(message_id)
+        .fetch_one(pool)
+        .await
+        .unwrap();
+        largest_slot = largest_slot.max(most.unwrap_or(0));
+    }
+    assert!(largest_slot >= 2, "some chunks of a shard went in one transaction");
+    app.cleanup().await;
+}

@@ -1,7 +1,8 @@
 //! OpenTelemetry traces across the queue: the api and a worker run as
 //! processes exporting to an in-test OTLP receiver, and one send, made with
 //! the caller's `traceparent`, must come back as one trace from the call to
-//! every chunk's apply, with its SQL and Redis calls inside.
+//! every chunk's apply (alone or in a group), with its SQL and Redis calls
+//! inside.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -119,14 +120,26 @@ async fn one_send_is_one_trace_from_the_call_to_every_chunks_apply() {
     }
     assert!(chunks >= 8, "the send has several chunks per shard ({chunks})");
 
-    // Every chunk's apply, and the call's own span (exported when it ends).
+    // Every chunk's apply (alone, or in a group of the send's chunks applied
+    // in one transaction), and the call's own span (exported when it ends).
     let id = message_id.to_string();
     let is_apply = |span: &ReceivedSpan| {
-        span.name == "apply_task" && span.attribute("message_id") == Some(id.as_str())
+        matches!(span.name.as_str(), "apply_task" | "apply_group")
+            && span.attribute("message_id") == Some(id.as_str())
+    };
+    let chunks_applied = |spans: &[ReceivedSpan]| -> usize {
+        spans
+            .iter()
+            .filter(|span| is_apply(span))
+            .map(|span| match span.name.as_str() {
+                "apply_group" => span.attribute("chunks").unwrap().parse::<usize>().unwrap(),
+                _ => 1,
+            })
+            .sum()
     };
     let spans = receiver
         .wait_for("every chunk's apply and the call", Duration::from_secs(30), |spans| {
-            spans.iter().filter(|span| is_apply(span)).count() >= chunks
+            chunks_applied(spans) >= chunks
                 && spans.iter().any(|span| span.name == "notify.v1.MessageService/SendMessage")
         })
         .await;
@@ -139,7 +152,7 @@ async fn one_send_is_one_trace_from_the_call_to_every_chunks_apply() {
     assert_eq!(call.attribute("rpc.grpc.status_code"), Some("0"));
 
     let applies: Vec<&ReceivedSpan> = spans.iter().filter(|span| is_apply(span)).collect();
-    assert_eq!(applies.len(), chunks, "one apply per chunk, none twice");
+    assert_eq!(chunks_applied(&spans), chunks, "one apply per chunk, none twice");
     let by_id: HashMap<&str, &ReceivedSpan> =
         spans.iter().map(|span| (span.span_id.as_str(), span)).collect();
     for apply in &applies {

@@ -237,6 +237,111 @@ pub async fn apply(pool: &MySqlPool, message_id: MessageId, chunk_id: u64) -> Re
     Ok(ApplyOutcome::Applied { user_ids, delivered, summary })
 }
 
+/// One chunk of a group applied by [`apply_many`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GroupChunk {
+    /// The chunk.
+    pub chunk_id: u64,
+    /// Its recipients.
+    pub user_ids: Vec<u64>,
+    /// True when this transaction applied it; false when an earlier one did
+    /// (or failed or cancelled it), which changed nothing now.
+    pub applied_now: bool,
+    /// True when its items exist (applied now or before).
+    pub delivered: bool,
+    /// True when it is left [`state::UNSETTLED`] (its badges to invalidate).
+    pub unsettled: bool,
+}
+
+/// What [`apply_many`] did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GroupApplied {
+    /// Every chunk of the group, in chunk id order.
+    pub chunks: Vec<GroupChunk>,
+    /// Items written by this transaction.
+    pub delivered: u64,
+    /// What the items show.
+    pub summary: ContentSummary,
+}
+
+/// Applies several chunks of ONE send on this shard in one transaction, with
+/// [`apply`]'s guard on each: the rows are locked (in primary-key order, so
+/// two groups cannot deadlock each other), only the pending ones are applied
+/// and moved to unsettled, their items go in one `INSERT` and the shard stats
+/// get one bump. Returns `None` (nothing written) when the send's content or
+/// one of the chunks is missing: the caller applies them one by one, which
+/// reports each case.
+#[instrument(level = "debug", skip_all, fields(db.system = "mysql", chunks = chunk_ids.len()))]
+pub async fn apply_many(
+    pool: &MySqlPool,
+    message_id: MessageId,
+    chunk_ids: &[u64],
+) -> Result<Option<GroupApplied>> {
+    let Some((title, category, expire_at, created_at)) = content_row(pool, message_id).await?
+    else {
+        return Ok(None);
+    };
+    let summary = ContentSummary::new(title, category.clone(), created_at, expire_at);
+    let mut tx = pool.begin().await?;
+    let mut select = QueryBuilder::new(
+        "SELECT chunk_id, state, user_ids FROM message_chunks WHERE message_id = ",
+    );
+    select.push_bind(message_id.get()).push(" AND chunk_id IN (");
+    let mut ids = select.separated(", ");
+    for chunk_id in chunk_ids {
+        ids.push_bind(*chunk_id);
+    }
+    select.push(") ORDER BY chunk_id FOR UPDATE");
+    let rows: Vec<(u64, u8, Vec<u8>)> = select.build_query_as().fetch_all(&mut *tx).await?;
+    if rows.len() != chunk_ids.len() {
+        tx.rollback().await?;
+        return Ok(None);
+    }
+    let mut chunks = Vec::with_capacity(rows.len());
+    for (chunk_id, chunk_state, packed) in rows {
+        let pending = chunk_state == state::PENDING;
+        chunks.push(GroupChunk {
+            chunk_id,
+            user_ids: decode_user_ids(&packed)?,
+            applied_now: pending,
+            delivered: pending || chunk_state == state::DONE || chunk_state == state::UNSETTLED,
+            unsettled: pending || chunk_state == state::UNSETTLED,
+        });
+    }
+    let pending: Vec<&GroupChunk> = chunks.iter().filter(|c| c.applied_now).collect();
+    if pending.is_empty() {
+        tx.rollback().await?;
+        return Ok(Some(GroupApplied { chunks, delivered: 0, summary }));
+    }
+    let mut insert = QueryBuilder::new(
+        "INSERT IGNORE INTO message_items (user_id, message_id, category, expire_at) ",
+    );
+    insert.push_values(pending.iter().flat_map(|c| &c.user_ids), |mut row, user_id| {
+        row.push_bind(*user_id)
+            .push_bind(message_id.get())
+            .push_bind(&category)
+            .push_bind(expire_at);
+    });
+    let delivered = insert.build().execute(&mut *tx).await?.rows_affected();
+    let recipients: u64 = pending.iter().map(|c| c.user_ids.len() as u64).sum();
+    let mut update = QueryBuilder::new(
+        "UPDATE message_chunks SET state = 4, updated_at = UTC_TIMESTAMP(3) WHERE message_id = ",
+    );
+    update.push_bind(message_id.get()).push(" AND chunk_id IN (");
+    let mut ids = update.separated(", ");
+    for chunk in &pending {
+        ids.push_bind(chunk.chunk_id);
+    }
+    update.push(")");
+    update.build().execute(&mut *tx).await?;
+    let first = pending[0].chunk_id;
+    let done = pending.len() as u64;
+    bump_stats_by(&mut tx, message_id, first, "delivered", delivered, recipients - delivered, done)
+        .await?;
+    tx.commit().await?;
+    Ok(Some(GroupApplied { chunks, delivered, summary }))
+}
+
 /// What a gateway shows of a message (bodies stay behind `ListInbox`).
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct ContentSummary {
@@ -300,17 +405,32 @@ async fn bump_stats(
     recipients: u64,
     duplicates: u64,
 ) -> Result<()> {
+    bump_stats_by(tx, message_id, chunk_id, column, recipients, duplicates, 1).await
+}
+
+/// Adds `recipients` to `column`, `duplicates` and `done` chunks to the
+/// stats slot of `chunk_id`.
+async fn bump_stats_by(
+    tx: &mut sqlx::Transaction<'_, sqlx::MySql>,
+    message_id: MessageId,
+    chunk_id: u64,
+    column: &'static str,
+    recipients: u64,
+    duplicates: u64,
+    done: u64,
+) -> Result<()> {
     // `column` is one of a fixed set of names chosen by this module.
     let sql = format!(
         "INSERT INTO message_shard_stats (message_id, slot, {column}, duplicates, done_chunks) \
-         VALUES (?, ?, ?, ?, 1) ON DUPLICATE KEY UPDATE {column} = {column} + VALUES({column}), \
-         duplicates = duplicates + VALUES(duplicates), done_chunks = done_chunks + 1"
+         VALUES (?, ?, ?, ?, ?) ON DUPLICATE KEY UPDATE {column} = {column} + VALUES({column}), \
+         duplicates = duplicates + VALUES(duplicates), done_chunks = done_chunks + VALUES(done_chunks)"
     );
     sqlx::query(sqlx::AssertSqlSafe(sql))
         .bind(message_id.get())
         .bind(1 + chunk_id % (STATS_SLOTS - 1))
         .bind(recipients)
         .bind(duplicates)
+        .bind(done)
         .execute(&mut **tx)
         .await?;
     Ok(())
@@ -578,6 +698,27 @@ pub async fn settle(pool: &MySqlPool, message_id: MessageId, chunk_id: u64) -> R
     .bind(chunk_id)
     .execute(pool)
     .await?;
+    Ok(())
+}
+
+/// Moves several [`state::UNSETTLED`] chunks of one send to done (see
+/// [`settle`]).
+#[instrument(level = "debug", skip_all, fields(db.system = "mysql"))]
+pub async fn settle_many(pool: &MySqlPool, message_id: MessageId, chunk_ids: &[u64]) -> Result<()> {
+    if chunk_ids.is_empty() {
+        return Ok(());
+    }
+    let mut update = QueryBuilder::new(
+        "UPDATE message_chunks SET state = 1, updated_at = UTC_TIMESTAMP(3) WHERE state = 4 \
+         AND message_id = ",
+    );
+    update.push_bind(message_id.get()).push(" AND chunk_id IN (");
+    let mut ids = update.separated(", ");
+    for chunk_id in chunk_ids {
+        ids.push_bind(*chunk_id);
+    }
+    update.push(")");
+    update.build().execute(pool).await?;
     Ok(())
 }
 

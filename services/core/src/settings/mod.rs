@@ -92,8 +92,10 @@ pub struct ApiSettings {
 pub struct WorkerSettings {
     /// Prometheus listen address.
     pub metrics_listen: String,
-    /// Chunks applied at once, per lane and shard.
+    /// Transactions applying chunks at once, per lane and shard.
     pub concurrency: usize,
+    /// Most chunks of one send applied in one transaction (1: each alone).
+    pub chunks_per_transaction: usize,
     /// In-process attempts on transient errors before the task is requeued.
     pub max_attempts: u32,
     /// First retry delay; doubled on each attempt.
@@ -411,6 +413,7 @@ impl Settings {
         let positive = [
             ("send.chunk_size", self.send.chunk_size as u64),
             ("worker.concurrency", self.worker.concurrency as u64),
+            ("worker.chunks_per_transaction", self.worker.chunks_per_transaction as u64),
             ("worker.max_attempts", u64::from(self.worker.max_attempts)),
             ("worker.operation_timeout_secs", self.worker.operation_timeout_secs),
             ("database.pool_max", u64::from(self.database.pool_max)),
@@ -434,6 +437,14 @@ impl Settings {
         }
         if self.send.chunk_size > 5000 {
             return Err(invalid("send.chunk_size", "must be at most 5000"));
+        }
+        // One INSERT carries a group's items, 4 placeholders a row, and
+        // MySQL takes at most 65,535 placeholders a statement.
+        if self.worker.chunks_per_transaction * self.send.chunk_size > 16_000 {
+            return Err(invalid(
+                "worker.chunks_per_transaction",
+                "times send.chunk_size must be at most 16000 (rows of one INSERT)",
+            ));
         }
         self.auth.validate(&self.api.tls)?;
         self.api.tls.validate()?;
