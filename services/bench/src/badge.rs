@@ -27,6 +27,9 @@ use crate::wire::WireChannel;
 
 const GET_UNREAD_COUNT: &str = "/notify.v1.InboxService/GetUnreadCount";
 const HEALTH_CHECK: &str = "/grpc.health.v1.Health/Check";
+const BATCH_GET_UNREAD_COUNTS: &str = "/notify.v1.InboxService/BatchGetUnreadCounts";
+/// Users per BatchGetUnreadCounts call (a gateway's or list page's batch).
+const BATCH_USERS: u64 = 100;
 
 /// Arguments of `notify-bench badge`.
 #[derive(Debug, Clone, clap::Args)]
@@ -218,6 +221,9 @@ async fn body(env: &mut Env, args: &BadgeArgs) -> anyhow::Result<String> {
     }
     let floor = run_wire(args, &tracked, (1, whole), (&addr, None), HEALTH_CHECK).await?;
     report("grpc.health.v1.Health/Check (gRPC floor, 1-thread h2 load)", &floor);
+    let batched =
+        run_wire(args, &tracked, (1, whole), (&addr, None), BATCH_GET_UNREAD_COUNTS).await?;
+    report("BatchGetUnreadCounts, 100 users a call (1-thread h2 load)", &batched);
     let tonic = run_tonic(args, &tracked, (2, whole), &addr).await?;
     report("GetUnreadCount (2-thread tonic load)", &tonic);
     let misses = metric_sum(&after, &["notify_badge_cache_misses_total"])
@@ -240,7 +246,7 @@ async fn body(env: &mut Env, args: &BadgeArgs) -> anyhow::Result<String> {
     let peaks = rss.peaks();
     drop(rss);
     let auth = auth::overhead(env, args).await?;
-    let runs = Runs { raw, grpc, floor, tonic, sequential };
+    let runs = Runs { raw, grpc, floor, tonic, batch: batched, sequential };
     let cache = CacheUse { hits, misses, mean_batch: batch / batches.max(1.0) };
     let mut report = summary(args, &runs, &cache, &inbox, &peaks, tracked.machine_max());
     report.push_str(&auth);
@@ -271,6 +277,8 @@ struct Runs {
     grpc: Vec<(usize, Load)>,
     floor: Load,
     tonic: Load,
+    /// BatchGetUnreadCounts of [`BATCH_USERS`] users a call.
+    batch: Load,
     sequential: Histogram<u64>,
 }
 
@@ -618,7 +626,7 @@ async fn run_wire(
 ) -> anyhow::Result<Load> {
     use tonic_health::pb::health_check_response::ServingStatus;
     use tonic_health::pb::{HealthCheckRequest, HealthCheckResponse};
-    let (addr, connections) = (addr.to_owned(), args.channels);
+    let (addr, connections, users) = (addr.to_owned(), args.channels, args.users);
     let token = token.map(str::to_owned);
     drive(args, tracked, threads, measured, move || async move {
         let mut wires = Vec::new();
@@ -638,6 +646,18 @@ async fn run_wire(
                     let serving = reply.status == ServingStatus::Serving as i32;
                     return Ok(if serving { expected_unread(user) } else { u64::MAX });
                 }
+                if path == BATCH_GET_UNREAD_COUNTS {
+                    // BATCH_USERS consecutive users from `user` (kept in range).
+                    let first = user.min(users.saturating_sub(BATCH_USERS - 1)).max(1);
+                    let user_ids: Vec<u64> = (first..first + BATCH_USERS).collect();
+                    let request = v1::BatchGetUnreadCountsRequest { user_ids };
+                    let reply: v1::BatchGetUnreadCountsResponse =
+                        wire.unary(path, &request).await?;
+                    // Counted as right when every user's count is.
+                    let right = reply.counts.len() as u64 == BATCH_USERS.min(users)
+                        && reply.counts.iter().all(|c| c.unread == expected_unread(c.user_id));
+                    return Ok(if right { expected_unread(user) } else { u64::MAX });
+                }
                 let request = v1::GetUnreadCountRequest { user_id: user };
                 let reply: v1::GetUnreadCountResponse = wire.unary(path, &request).await?;
                 Ok(reply.unread)
@@ -655,7 +675,7 @@ fn summary<'a>(
     peaks: &[(u64, u64)],
     machine_max: usize,
 ) -> String {
-    let Runs { raw, grpc, floor, tonic, sequential } = runs;
+    let Runs { raw, grpc, floor, tonic, batch, sequential } = runs;
     let best = |runs: &'a [(usize, Load)]| -> Option<&'a (usize, Load)> {
         runs.iter().max_by(|a, b| a.1.rate().total_cmp(&b.1.rate()))
     };
@@ -713,6 +733,24 @@ fn summary<'a>(
         best_grpc.ms(0.99),
         verdict(best_grpc.ms(0.99) < 2.0)
     );
+    let floor_ratio = best_grpc.rate() / floor.rate();
+    let _ = writeln!(
+        s,
+        "floor          best GetUnreadCount / Health.Check (the no-op gRPC floor) = {floor_ratio:.2} (target >= 0.9: {}) | p99 {:.3} ms (target < 1 ms: {})",
+        verdict(floor_ratio >= 0.9),
+        best_grpc.ms(0.99),
+        verdict(best_grpc.ms(0.99) < 1.0)
+    );
+    let batch_users = batch.rate() * BATCH_USERS as f64;
+    let _ = writeln!(
+        s,
+        "batch          {}: {} users/s vs best raw GET {} keys/s = {:.2} (target >= 1.0: {})",
+        line("BatchGetUnreadCounts (100 users a call)", batch).trim_end(),
+        thousands(batch_users as u64),
+        thousands(best_raw.rate() as u64),
+        batch_users / best_raw.rate(),
+        verdict(batch_users >= best_raw.rate())
+    );
     let _ = writeln!(
         s,
         "               with tonic clients: {:.2} of the best raw GET (the client's own CPU is in the cpu lines)",
@@ -762,6 +800,17 @@ fn summary<'a>(
         ms(0.99),
         inbox.hist.max() as f64 / 1000.0,
         verdict(ms(0.99) < 10.0)
+    );
+    let together = |q: f64| inbox.concurrent.value_at_quantile(q) as f64 / 1000.0;
+    let _ = writeln!(
+        s,
+        "               {} calls by {} concurrent readers (same pages): p50 {:.3} ms  p99 {:.3} ms  max {:.3} ms (target p99 < 2 ms: {})",
+        inbox.concurrent.len(),
+        inbox.readers,
+        together(0.5),
+        together(0.99),
+        inbox.concurrent.max() as f64 / 1000.0,
+        verdict(together(0.99) < 2.0)
     );
     let sql = |q: f64| inbox.sql.value_at_quantile(q) as f64 / 1000.0;
     let _ = writeln!(

@@ -1,6 +1,7 @@
 //! The ListInbox half of `notify-bench badge`: a user with 1,000 items on a
-//! shard holding ~1M items, paged through the api one call at a time, and
-//! the same query run directly over sqlx (the database's share of a call).
+//! shard holding ~1M items, paged through the api one call at a time and by
+//! 16 readers at once, and the same query run directly over sqlx (the
+//! database's share of a call).
 
 use std::time::Instant;
 
@@ -25,8 +26,14 @@ pub(super) struct Inbox {
     pub(super) seeded_rows: u64,
     pub(super) seed_secs: f64,
     pub(super) hist: Histogram<u64>,
+    /// The same calls by [`READERS`] readers at once.
+    pub(super) concurrent: Histogram<u64>,
+    pub(super) readers: usize,
     pub(super) sql: Histogram<u64>,
 }
+
+/// Concurrent ListInbox readers (list pages of many users at once).
+const READERS: usize = 16;
 
 /// Seeds the shard, then times `--inbox-calls` ListInbox calls.
 pub(super) async fn run_inbox(
@@ -53,12 +60,57 @@ pub(super) async fn run_inbox(
         thousands(shard_items as u64)
     );
 
-    let mut client = InboxServiceClient::new(channel.clone());
+    let hist =
+        read_pages(InboxServiceClient::new(channel.clone()), user, args, args.inbox_calls).await?;
+    // The same pages by READERS readers at once, each its own share.
+    let readers: Vec<_> = (0..READERS)
+        .map(|_| {
+            let client = InboxServiceClient::new(channel.clone());
+            let calls = args.inbox_calls.div_ceil(READERS as u64);
+            let (items, pages) = (args.inbox_items, args.inbox_pages);
+            tokio::spawn(async move { read_pages_of(client, user, items, pages, calls).await })
+        })
+        .collect();
+    let mut concurrent = new_hist();
+    for reader in readers {
+        concurrent.add(&reader.await??)?;
+    }
+    Ok(Inbox {
+        user,
+        shard: shard.0,
+        shard_items: shard_items as u64,
+        seeded_rows,
+        seed_secs,
+        hist,
+        concurrent,
+        readers: READERS,
+        sql,
+    })
+}
+
+/// `calls` ListInbox calls (after 20 unmeasured), one at a time, paging
+/// through the user's first `--inbox-pages` pages of 20 and starting over.
+async fn read_pages(
+    client: InboxServiceClient<Channel>,
+    user: u64,
+    args: &BadgeArgs,
+    calls: u64,
+) -> anyhow::Result<Histogram<u64>> {
+    read_pages_of(client, user, args.inbox_items, args.inbox_pages, calls).await
+}
+
+async fn read_pages_of(
+    mut client: InboxServiceClient<Channel>,
+    user: u64,
+    items: u64,
+    pages: u32,
+    calls: u64,
+) -> anyhow::Result<Histogram<u64>> {
     let mut hist = new_hist();
     let mut token = String::new();
     let mut page = 0;
     let warmup = 20;
-    for call in 0..warmup + args.inbox_calls {
+    for call in 0..warmup + calls {
         let started = Instant::now();
         let reply = client
             .list_inbox(v1::ListInboxRequest {
@@ -74,7 +126,7 @@ pub(super) async fn run_inbox(
         if call >= warmup {
             hist.saturating_record(micros);
         }
-        let expected = 20.min(args.inbox_items.saturating_sub(u64::from(page) * 20)) as usize;
+        let expected = 20.min(items.saturating_sub(u64::from(page) * 20)) as usize;
         if reply.items.len() != expected {
             bail!(
                 "ListInbox page {page} returned {} items, expected {expected}",
@@ -82,21 +134,13 @@ pub(super) async fn run_inbox(
             );
         }
         page += 1;
-        if page < args.inbox_pages && !reply.next_page_token.is_empty() {
+        if page < pages && !reply.next_page_token.is_empty() {
             token = reply.next_page_token;
         } else {
             page = 0;
         }
     }
-    Ok(Inbox {
-        user,
-        shard: shard.0,
-        shard_items: shard_items as u64,
-        seeded_rows,
-        seed_secs,
-        hist,
-        sql,
-    })
+    Ok(hist)
 }
 
 /// The api's inbox query (`notify_core::db::items::list`, page_size + 1
