@@ -175,3 +175,51 @@ async fn the_worker_makes_the_months_ahead_at_start() {
     .await;
     app.cleanup().await;
 }
+
+/// Items of announcement `id` on every shard.
+async fn announcement_items(app: &TestApp, id: u64) -> i64 {
+    let mut total = 0;
+    for (_, pool) in app.ctx.pools.iter() {
+        let n: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM message_items WHERE message_id = ?")
+            .bind(id)
+            .fetch_one(pool)
+            .await
+            .unwrap();
+        total += n;
+    }
+    total
+}
+
+#[tokio::test]
+async fn a_cancelled_announcements_items_are_purged() {
+    let app = spawn_app_with(test_settings(), true).await;
+    let mut request = send_request(Vec::new());
+    request.audience =
+        Some(v1::send_message_request::Audience::AllUsers(v1::AllUsersAudience::default()));
+    let cancelled = app.messages().send_message(request.clone()).await.unwrap().into_inner();
+    let kept = app.messages().send_message(request).await.unwrap().into_inner();
+    // Reading the inbox makes each reader's items of both.
+    let readers = [3, 4, 5, 6, 7];
+    for user in readers {
+        assert_eq!(inbox_ids(&app, user).await, vec![kept.message_id, cancelled.message_id]);
+    }
+    assert_eq!(announcement_items(&app, cancelled.message_id).await, readers.len() as i64);
+    app.messages()
+        .cancel_message(v1::CancelMessageRequest { message_id: cancelled.message_id })
+        .await
+        .unwrap();
+
+    let mut settings = items_only(0);
+    settings.purge_hidden_after_secs = 1800;
+    let later = Utc::now() + chrono::Duration::hours(1);
+    let report =
+        retention::run_once(&app.ctx.pools, &app.ctx.cache, &settings, later).await.unwrap();
+    assert_eq!(report.hidden_items_purged, readers.len() as u64);
+    assert_eq!(announcement_items(&app, cancelled.message_id).await, 0);
+    assert_eq!(announcement_items(&app, kept.message_id).await, readers.len() as i64);
+    for user in readers {
+        assert_eq!(inbox_ids(&app, user).await, vec![kept.message_id]);
+        assert_eq!(badge(&app, user).await, app.unread_truth(user).await);
+    }
+    app.cleanup().await;
+}

@@ -5,9 +5,9 @@
 //!   (a DDL statement, not a billion-row DELETE), and the months ahead are
 //!   created before they start. Users who had unread items in a dropped
 //!   month get their cached badges invalidated.
-//! - Hidden items, those of cancelled sends and of expired messages, are
-//!   purged `retention.purge_hidden_after_secs` after they were hidden, by
-//!   their recipients' keys (from the send's chunks), with the content row.
+//! - Hidden items, those of cancelled announcements and of expired
+//!   messages, are purged `retention.purge_hidden_after_secs` after they
+//!   were hidden, with the content row.
 //! - A finished send's chunks go after `retention.chunks_days`; its control
 //!   row, stats, batches, contents and idempotency key after
 //!   `retention.sends_days`; audit rows after `retention.audit_days`.
@@ -144,10 +144,11 @@ async fn maintain_partitions(
     Ok(())
 }
 
-/// Purges the items of cancelled sends and of expired messages, found
-/// through the recipients in the send's chunks on this shard, then their
-/// content row. Announcements' items (materialized per reader, no chunks)
-/// stay hidden until their month is dropped.
+/// Purges hidden items, then their content rows: those of expired messages
+/// through the recipients in the send's chunks on this shard (an expired
+/// send's items whose chunks are gone already, after `chunks_days`, stay
+/// hidden until their month is dropped), and those of cancelled
+/// announcements by message id.
 async fn purge_hidden(
     pool: &MySqlPool,
     settings: &RetentionSettings,
@@ -157,8 +158,8 @@ async fn purge_hidden(
     let hidden_before =
         (now - chrono::Duration::seconds(settings.purge_hidden_after_secs as i64)).naive_utc();
     loop {
-        let hidden: Vec<u64> = sqlx::query_scalar(
-            "SELECT message_id FROM message_contents \
+        let hidden: Vec<(u64, bool)> = sqlx::query_as(
+            "SELECT message_id, revoked = 1 FROM message_contents \
              WHERE (revoked = 1 AND COALESCE(revoked_at, created_at) <= ?) OR expire_at <= ? \
              ORDER BY message_id LIMIT 100",
         )
@@ -166,13 +167,45 @@ async fn purge_hidden(
         .bind(hidden_before)
         .fetch_all(pool)
         .await?;
-        for message_id in &hidden {
-            purge_message(pool, *message_id, report).await?;
+        for (message_id, revoked) in &hidden {
+            if *revoked {
+                purge_revoked(pool, *message_id, report).await?;
+            } else {
+                purge_message(pool, *message_id, report).await?;
+            }
         }
         if hidden.len() < 100 {
             return Ok(());
         }
     }
+}
+
+/// Rows a revoked announcement's purge deletes per statement.
+const REVOKED_BATCH: u64 = 10_000;
+
+/// Purges a cancelled announcement's items on this shard (made per reader
+/// when they read their inbox, so no chunk lists them), then its content
+/// row. `message_items` is partitioned by message id, so each delete reads
+/// only the month partition that holds the id; announcements are few, and
+/// cancelled ones fewer.
+async fn purge_revoked(pool: &MySqlPool, message_id: u64, report: &mut Report) -> Result<()> {
+    loop {
+        let done = sqlx::query("DELETE FROM message_items WHERE message_id = ? LIMIT ?")
+            .bind(message_id)
+            .bind(REVOKED_BATCH)
+            .execute(pool)
+            .await?
+            .rows_affected();
+        report.hidden_items_purged += done;
+        if done < REVOKED_BATCH {
+            break;
+        }
+    }
+    sqlx::query("DELETE FROM message_contents WHERE message_id = ?")
+        .bind(message_id)
+        .execute(pool)
+        .await?;
+    Ok(())
 }
 
 /// Purges one hidden message's items on this shard, then its content row.
