@@ -36,6 +36,10 @@ pub struct FanoutArgs {
     /// divided by the shards, rounded up).
     #[arg(long, default_value_t = 8)]
     concurrency: usize,
+    /// Most chunks of one send applied in one transaction
+    /// (`worker.chunks_per_transaction`; 1 applies each alone).
+    #[arg(long, default_value_t = 8)]
+    chunks_per_transaction: usize,
     /// Ids per AppendRecipients call (the api allows up to 100,000).
     #[arg(long, default_value_t = 100_000)]
     batch_size: usize,
@@ -109,6 +113,7 @@ pub async fn run(args: FanoutArgs) -> anyhow::Result<()> {
     let tag = harness::fresh_tag();
     let mut settings = harness::settings_for(&base, &tag, args.shards);
     settings.worker.concurrency = args.concurrency.div_ceil(args.shards as usize);
+    settings.worker.chunks_per_transaction = args.chunks_per_transaction;
     settings.database.pool_max = settings.database.pool_max.max(args.concurrency as u32 + 4);
     let baseline_settings = harness::settings_for(&base, &format!("{tag}b"), args.shards);
     let mut env = Env::new(settings)?;

@@ -72,8 +72,8 @@ pub fn config_toml(s: &Settings) -> String {
         .collect();
     format!(
         "[api]\nlisten = {}\nmetrics_listen = {}\nworker_threads = {}\n\n\
-         [worker]\nmetrics_listen = {}\nconcurrency = {}\nsweep_timeout_secs = {}\n\
-         operation_timeout_secs = {}\n\n\
+         [worker]\nmetrics_listen = {}\nconcurrency = {}\nchunks_per_transaction = {}\n\
+         sweep_timeout_secs = {}\noperation_timeout_secs = {}\n\n\
          [database]\nurl = {}\npool_max = {}\nshards = [{}]\nbucket_ranges = []\n\n\
          [rabbitmq]\nurl = {}\nprefix = {}\n\n\
          [redis]\nurl = {}\nkey_prefix = {}\n\n\
@@ -83,6 +83,7 @@ pub fn config_toml(s: &Settings) -> String {
         s.api.worker_threads,
         toml_str(&s.worker.metrics_listen),
         s.worker.concurrency,
+        s.worker.chunks_per_transaction,
         s.worker.sweep_timeout_secs,
         s.worker.operation_timeout_secs,
         toml_str(s.database.url.expose_secret()),

@@ -212,6 +212,14 @@ impl Topology {
     }
 }
 
+/// Largest AMQP frame asked of the broker (unless the url sets `frame_max`).
+/// lapin keeps a zero-filled receive and send buffer of 32 frames per
+/// connection: at RabbitMQ's default of 128 KiB that is 8 MiB resident per
+/// connection, and a worker has one per lane and shard (72 MiB of a worker's
+/// 84 MiB at rest with four shards). Tasks are ~100 bytes and events a few
+/// KiB; a larger message simply goes as several frames.
+const FRAME_MAX: u32 = 16 * 1024;
+
 /// Connects to the broker, naming the setting when it is unreachable.
 pub async fn connect(settings: &RabbitSettings, name: &str) -> Result<Connection> {
     let properties = ConnectionProperties::default().with_connection_name(name.into());
@@ -226,9 +234,16 @@ pub async fn connect(settings: &RabbitSettings, name: &str) -> Result<Connection
         })?;
         OwnedTLSConfig { identity: None, cert_chain: Some(ca) }
     };
+    let mut uri: lapin::uri::AMQPUri = settings
+        .url
+        .expose_secret()
+        .parse()
+        .map_err(|e| Error::Internal(format!("rabbitmq.url: cannot parse: {e}")))?;
+    if uri.query.frame_max.is_none() {
+        uri.query.frame_max = Some(FRAME_MAX);
+    }
     let runtime = lapin::runtime::default_runtime()?;
-    let connecting =
-        Connection::connect_with_config(settings.url.expose_secret(), properties, tls, runtime);
+    let connecting = Connection::connect_uri_with_config(uri, properties, tls, runtime);
     match tokio::time::timeout(BROKER_TIMEOUT, connecting).await {
         Ok(connected) => {
             connected.map_err(|e| Error::Unavailable(format!("rabbitmq.url: cannot connect: {e}")))

@@ -176,20 +176,6 @@ async fn the_worker_makes_the_months_ahead_at_start() {
     app.cleanup().await;
 }
 
-/// Items of announcement `id` on every shard.
-async fn announcement_items(app: &TestApp, id: u64) -> i64 {
-    let mut total = 0;
-    for (_, pool) in app.ctx.pools.iter() {
-        let n: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM message_items WHERE message_id = ?")
-            .bind(id)
-            .fetch_one(pool)
-            .await
-            .unwrap();
-        total += n;
-    }
-    total
-}
-
 #[tokio::test]
 async fn a_cancelled_announcements_items_are_purged() {
     let app = spawn_app_with(test_settings(), true).await;
@@ -203,7 +189,7 @@ async fn a_cancelled_announcements_items_are_purged() {
     for user in readers {
         assert_eq!(inbox_ids(&app, user).await, vec![kept.message_id, cancelled.message_id]);
     }
-    assert_eq!(announcement_items(&app, cancelled.message_id).await, readers.len() as i64);
+    assert_eq!(app.count_items(cancelled.message_id).await, readers.len() as u64);
     app.messages()
         .cancel_message(v1::CancelMessageRequest { message_id: cancelled.message_id })
         .await
@@ -215,8 +201,8 @@ async fn a_cancelled_announcements_items_are_purged() {
     let report =
         retention::run_once(&app.ctx.pools, &app.ctx.cache, &settings, later).await.unwrap();
     assert_eq!(report.hidden_items_purged, readers.len() as u64);
-    assert_eq!(announcement_items(&app, cancelled.message_id).await, 0);
-    assert_eq!(announcement_items(&app, kept.message_id).await, readers.len() as i64);
+    assert_eq!(app.count_items(cancelled.message_id).await, 0);
+    assert_eq!(app.count_items(kept.message_id).await, readers.len() as u64);
     for user in readers {
         assert_eq!(inbox_ids(&app, user).await, vec![kept.message_id]);
         assert_eq!(badge(&app, user).await, app.unread_truth(user).await);
