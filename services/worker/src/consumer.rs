@@ -138,7 +138,13 @@ async fn consume(
     let topology = Topology::new(settings);
     topology.declare(&channel).await?;
     let concurrency = settings.worker.concurrency;
-    let group = settings.worker.chunks_per_transaction.max(1);
+    // Groups on the bulk lane only: the tasks of one ready batch that are
+    // not one send's go one by one in one slot, which would queue a burst
+    // of small high-priority sends behind each other while other slots idle.
+    let group = match lane {
+        Lane::Bulk => settings.worker.chunks_per_transaction.max(1),
+        Lane::High => 1,
+    };
     // Prefetch fills every slot with a full group: the broker hands out no
     // more than we can work on, and unacked tasks return to the queue if
     // this process dies.

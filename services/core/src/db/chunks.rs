@@ -232,7 +232,7 @@ pub async fn apply(pool: &MySqlPool, message_id: MessageId, chunk_id: u64) -> Re
     .bind(chunk_id)
     .execute(&mut *tx)
     .await?;
-    bump_stats(&mut tx, message_id, chunk_id, "delivered", delivered, duplicates).await?;
+    bump_stats_by(&mut tx, message_id, chunk_id, "delivered", delivered, duplicates, 1).await?;
     tx.commit().await?;
     Ok(ApplyOutcome::Applied { user_ids, delivered, summary })
 }
@@ -397,17 +397,6 @@ async fn content_row(pool: &MySqlPool, message_id: MessageId) -> Result<Option<C
     .await?)
 }
 
-async fn bump_stats(
-    tx: &mut sqlx::Transaction<'_, sqlx::MySql>,
-    message_id: MessageId,
-    chunk_id: u64,
-    column: &'static str,
-    recipients: u64,
-    duplicates: u64,
-) -> Result<()> {
-    bump_stats_by(tx, message_id, chunk_id, column, recipients, duplicates, 1).await
-}
-
 /// Adds `recipients` to `column`, `duplicates` and `done` chunks to the
 /// stats slot of `chunk_id`.
 async fn bump_stats_by(
@@ -530,7 +519,7 @@ async fn finish_pending(
     .execute(&mut *tx)
     .await?;
     let undelivered = u64::from(recipients) - already;
-    bump_stats(&mut tx, message_id, chunk_id, column, undelivered, already).await?;
+    bump_stats_by(&mut tx, message_id, chunk_id, column, undelivered, already, 1).await?;
     tx.commit().await?;
     Ok(true)
 }
