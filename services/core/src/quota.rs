@@ -6,16 +6,19 @@
 //! call: it takes a small lease of tokens at once (a twentieth of a second's
 //! worth) and spends them locally for up to [`LEASE_TTL`]. Every token still
 //! comes out of the one shared bucket, so replicas together never admit more
-//! than the limit; an unspent lease only lets fewer through. A refusal is
-//! remembered locally until the bucket refills, so a client hammering a
-//! full limit costs Redis nothing.
+//! than the limit; an unspent lease only lets fewer through. One call per
+//! client and replica renews the lease while the others wait for it: calls
+//! arriving together would otherwise each take a lease, drain the bucket and
+//! keep only the last (so a client would get less than its limit, at a Redis
+//! call every few calls). A refusal is remembered locally until the bucket
+//! refills, so a client hammering a full limit costs Redis nothing.
 //!
 //! Redis being down lets calls through (the limits protect the platform
 //! from a runaway caller; they must not take it down with the cache), counted
-//! in `notify_quota_errors_total`.
+//! in `notify_quota_errors_total`; the replica asks again a lease's time later.
 
 use std::collections::HashMap;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use tracing::warn;
@@ -44,13 +47,16 @@ struct Lease {
 /// The limits of every client, as seen from one replica.
 pub struct Quotas {
     cache: Cache,
-    leases: Mutex<HashMap<String, Lease>>,
+    /// By client name; hashed with foldhash: looked up on every call.
+    leases: Mutex<HashMap<String, Lease, foldhash::fast::RandomState>>,
+    /// By client name: held by the one call renewing the client's lease.
+    renewals: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
 }
 
 impl Quotas {
     /// Creates the limiter over the shared cache.
     pub fn new(cache: Cache) -> Self {
-        Self { cache, leases: Mutex::new(HashMap::new()) }
+        Self { cache, leases: Mutex::new(HashMap::default()), renewals: Mutex::new(HashMap::new()) }
     }
 
     /// Admits one call of `client`, or says when to retry.
@@ -59,9 +65,15 @@ impl Quotas {
         if limits.requests_per_second == 0 {
             return Ok(());
         }
+        if let Some(outcome) = self.spend_lease(client.name(), Instant::now()) {
+            return outcome;
+        }
+        let renewal = self.renewal(client.name());
+        let _renewing = renewal.lock().await;
+        // The call that renewed before this one may have left a lease.
         let now = Instant::now();
-        if let Some(refusal) = self.spend_lease(client.name(), now) {
-            return refusal;
+        if let Some(outcome) = self.spend_lease(client.name(), now) {
+            return outcome;
         }
         let rate = u64::from(limits.requests_per_second);
         let burst = u64::from(limits.burst.max(1));
@@ -79,6 +91,9 @@ impl Quotas {
             }
             Err(e) => {
                 cache_error(client, e);
+                // Let this client's calls through for a lease's time rather
+                // than have each wait for Redis in turn.
+                self.store_lease(client.name(), u64::MAX, None, now);
                 Ok(())
             }
         }
@@ -156,6 +171,11 @@ impl Quotas {
             return Some(Ok(()));
         }
         None
+    }
+
+    fn renewal(&self, client: &str) -> Arc<tokio::sync::Mutex<()>> {
+        let mut renewals = self.renewals.lock().unwrap_or_else(|e| e.into_inner());
+        renewals.entry(client.to_owned()).or_default().clone()
     }
 
     fn store_lease(

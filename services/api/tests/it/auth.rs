@@ -19,9 +19,9 @@ use notify_testkit::{
 };
 use prost::Message as _;
 use tokio_stream::StreamExt;
-use tonic::Code;
 use tonic::codec::{Codec, DecodeBuf, Decoder, EncodeBuf, Encoder};
 use tonic::transport::Channel;
+use tonic::{Code, Status};
 use tonic_health::pb::HealthCheckRequest;
 use tonic_health::pb::health_client::HealthClient;
 use tonic_types::StatusExt;
@@ -50,9 +50,9 @@ impl Codec for RawCodec {
 
 impl Encoder for RawCodec {
     type Item = Vec<u8>;
-    type Error = tonic::Status;
+    type Error = Status;
 
-    fn encode(&mut self, item: Vec<u8>, dst: &mut EncodeBuf<'_>) -> Result<(), tonic::Status> {
+    fn encode(&mut self, item: Vec<u8>, dst: &mut EncodeBuf<'_>) -> Result<(), Status> {
         dst.put_slice(&item);
         Ok(())
     }
@@ -60,9 +60,9 @@ impl Encoder for RawCodec {
 
 impl Decoder for RawCodec {
     type Item = Vec<u8>;
-    type Error = tonic::Status;
+    type Error = Status;
 
-    fn decode(&mut self, src: &mut DecodeBuf<'_>) -> Result<Option<Vec<u8>>, tonic::Status> {
+    fn decode(&mut self, src: &mut DecodeBuf<'_>) -> Result<Option<Vec<u8>>, Status> {
         let bytes = src.chunk().to_vec();
         src.advance(bytes.len());
         Ok(Some(bytes))
@@ -76,7 +76,7 @@ async fn call_raw(
     path: &str,
     streaming: (bool, bool),
     token: Option<&str>,
-) -> tonic::Status {
+) -> Status {
     let mut grpc = tonic::client::Grpc::new(channel.clone());
     grpc.ready().await.expect("channel ready");
     let path =
@@ -109,7 +109,7 @@ async fn call_raw(
             }
         }
     };
-    ended.err().unwrap_or_else(|| tonic::Status::ok(""))
+    ended.err().unwrap_or_else(|| Status::ok(""))
 }
 
 /// Adds `authorization: Bearer <token>` when there is a token.
@@ -381,6 +381,27 @@ async fn limits_hold_across_two_api_replicas() {
     app.cleanup().await;
 }
 
+#[tokio::test]
+async fn calls_arriving_together_share_one_lease_of_the_limit() {
+    let mut settings = test_settings();
+    let tokens = with_clients(&mut settings, &[("gateway", &["inbox.read"])]);
+    // Leases of 50 calls out of a full bucket of 1,000.
+    settings.auth.clients[0].requests_per_second = 1000;
+    let app = spawn_app_with(settings, false).await;
+    let inbox = InboxServiceClient::new(authed(app.channel(), &tokens["gateway"]));
+    // 200 calls at once, well inside the bucket: when each call that found
+    // no lease took one of its own, 20 of them emptied the bucket and the
+    // rest were refused.
+    let calls = (1..=200u64).map(|user_id| {
+        let mut inbox = inbox.clone();
+        async move { inbox.get_unread_count(v1::GetUnreadCountRequest { user_id }).await }
+    });
+    let refused: Vec<Status> =
+        futures::future::join_all(calls).await.into_iter().filter_map(Result::err).collect();
+    assert!(refused.is_empty(), "{} of 200 refused, first: {:?}", refused.len(), refused.first());
+    app.cleanup().await;
+}
+
 async fn audit_actions(
     admin: &mut AdminServiceClient<AuthedChannel>,
     filter: v1::list_audit_records_request::Filter,
@@ -563,8 +584,7 @@ async fn reflection_is_authenticated_open_or_off_as_configured() {
         let with_token = ServerReflectionClient::new(authed(app.channel(), &tokens["gateway"]))
             .server_reflection_info(list())
             .await;
-        let code =
-            |result: Result<_, tonic::Status>| result.map_or_else(|s| s.code(), |_| Code::Ok);
+        let code = |result: Result<_, Status>| result.map_or_else(|s| s.code(), |_| Code::Ok);
         outcomes.insert(mode, (code(anonymous), code(with_token)));
         app.cleanup().await;
     }

@@ -22,7 +22,7 @@ pub async fn overhead(env: &mut Env, args: &BadgeArgs) -> anyhow::Result<String>
     let token = new_token();
     let extra = format!(
         "[auth]\nenabled = true\n\n[[auth.clients]]\nname = \"bench\"\n\
-         token_sha256 = [\"{}\"]\nscopes = [\"inbox.read\"]\nrequests_per_second = 10000000\n",
+         token_sha256 = [\"{}\"]\nscopes = [\"inbox.read\"]\nrequests_per_second = 1000000\n",
         token_sha256_hex(&token)
     );
     let (plain_addr, plain_pid) = env.start_extra_api("notify-api-plain", "").await?;

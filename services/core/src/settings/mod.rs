@@ -602,6 +602,14 @@ mod tests {
         let err = settings.validate().unwrap_err().to_string();
         assert!(err.contains("auth.clients[0].scopes: unknown scope \"sends.delete\""), "{err}");
         settings.auth.clients[0].scopes = vec!["send".into()];
+        settings.auth.clients[0].requests_per_second = 1_000_001;
+        let err = settings.validate().unwrap_err().to_string();
+        assert!(err.contains("requests_per_second: 1000001 is above 1000000"), "{err}");
+        settings.auth.clients[0].requests_per_second = 1_000_000;
+        settings.auth.clients[0].recipients_per_minute = 60_000_001;
+        let err = settings.validate().unwrap_err().to_string();
+        assert!(err.contains("recipients_per_minute: 60000001 is above 60000000"), "{err}");
+        settings.auth.clients[0].recipients_per_minute = 60_000_000;
         settings.auth.clients[0].cert_names = vec!["billing.internal".into()];
         let err = settings.validate().unwrap_err().to_string();
         assert!(err.contains("cert_names: needs api.tls.client_auth"), "{err}");

@@ -200,6 +200,20 @@ impl AuthSettings {
                     ));
                 }
             }
+            // A limit's bucket spaces its tokens whole microseconds apart.
+            let limits = [
+                ("requests_per_second", u64::from(client.requests_per_second), 1_000_000),
+                ("recipients_per_minute", client.recipients_per_minute, 60_000_000),
+                ("announcements_per_hour", u64::from(client.announcements_per_hour), 3_600_000_000),
+            ];
+            for (what, count, most) in limits {
+                if count > most {
+                    return Err(fail(
+                        what,
+                        format!("{count} is above {most}, the most a limit can count"),
+                    ));
+                }
+            }
         }
         Ok(())
     }
