@@ -4,11 +4,20 @@
 //!
 //! Tokens are 256 random bits, so a fast digest is as strong as a slow one
 //! here: nobody can guess a preimage, and a leaked config reveals no token.
+//!
+//! A client sends its token with every call, and HTTP/2 clients such as
+//! tonic's never compress `authorization`; hashing it again on every call was
+//! most of what authentication cost (a SHA-256 costs more than the rest of the
+//! check). So a token that matched a digest once is remembered in memory
+//! (never written anywhere) and later calls compare the presented token with
+//! the remembered one, in constant time. Only tokens that matched are kept, so
+//! the memory holds at most one entry per configured digest.
 
 use std::collections::HashMap;
 use std::fmt;
+use std::hash::BuildHasher;
 use std::str::FromStr;
-use std::sync::{Arc, OnceLock};
+use std::sync::{Arc, OnceLock, RwLock};
 
 use base64::Engine;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
@@ -269,6 +278,11 @@ pub struct Registry {
     clients: Vec<Caller>,
     /// (digest, index into `clients`), searched in full on every lookup.
     token_digests: Vec<([u8; 32], usize)>,
+    /// Tokens that matched a digest, by a randomly keyed hash of the token
+    /// (so a lookup's time depends on nothing an attacker can steer): the
+    /// token itself and the index into `clients`.
+    verified: RwLock<HashMap<u64, (Box<[u8]>, usize)>>,
+    token_hasher: foldhash::quality::RandomState,
     by_cert_name: HashMap<String, usize>,
 }
 
@@ -294,6 +308,8 @@ impl Registry {
             local: Arc::new(Client::local()),
             clients,
             token_digests,
+            verified: RwLock::new(HashMap::new()),
+            token_hasher: foldhash::quality::RandomState::default(),
             by_cert_name,
         }
     }
@@ -313,18 +329,29 @@ impl Registry {
         &self.clients
     }
 
-    /// Finds the client of a bearer token. Every stored digest is compared,
-    /// in constant time, whatever matches: the time taken says nothing about
-    /// how close a wrong token came.
-    pub fn by_token(&self, token: &str) -> Option<Caller> {
-        let digest: [u8; 32] = Sha256::digest(token.as_bytes()).into();
+    /// Finds the client of a bearer token. A token seen before is compared
+    /// with the remembered one in constant time; any other is digested and
+    /// every stored digest compared, in constant time, whatever matches: the
+    /// time taken says nothing about how close a wrong token came.
+    pub fn by_token(&self, token: &[u8]) -> Option<Caller> {
+        let key = self.token_hasher.hash_one(token);
+        let remembered =
+            self.verified.read().unwrap_or_else(|e| e.into_inner()).get(&key).and_then(
+                |(known, index)| constant_time_eq::constant_time_eq(known, token).then_some(*index),
+            );
+        if let Some(index) = remembered {
+            return Some(self.clients[index].clone());
+        }
+        let digest: [u8; 32] = Sha256::digest(token).into();
         let mut found = None;
         for (stored, index) in &self.token_digests {
             if bool::from(stored.ct_eq(&digest)) {
                 found = Some(*index);
             }
         }
-        found.map(|index| self.clients[index].clone())
+        let index = found?;
+        self.verified.write().unwrap_or_else(|e| e.into_inner()).insert(key, (token.into(), index));
+        Some(self.clients[index].clone())
     }
 
     /// Finds the client one of a certificate's names (SANs, CN) belongs to.
@@ -396,12 +423,29 @@ mod tests {
             client("billing", &[&old, &new], &["send"]),
             client("growth", &[&new_token()], &["sends.read"]),
         ]));
-        assert_eq!(registry.by_token(&old).unwrap().name(), "billing");
-        assert_eq!(registry.by_token(&new).unwrap().name(), "billing");
-        assert!(registry.by_token(&new_token()).is_none());
-        assert!(registry.by_token("").is_none());
+        assert_eq!(registry.by_token(old.as_bytes()).unwrap().name(), "billing");
+        assert_eq!(registry.by_token(new.as_bytes()).unwrap().name(), "billing");
+        assert!(registry.by_token(new_token().as_bytes()).is_none());
+        assert!(registry.by_token(b"").is_none());
         let by_cert = registry.by_cert_names(["x", "growth.internal"]).unwrap();
         assert_eq!(by_cert.name(), "growth");
+    }
+
+    #[test]
+    fn a_remembered_token_is_found_again_and_near_misses_are_not() {
+        let token = new_token();
+        let registry = Registry::new(&settings(vec![client("billing", &[&token], &["send"])]));
+        for _ in 0..3 {
+            assert_eq!(registry.by_token(token.as_bytes()).unwrap().name(), "billing");
+        }
+        let mut last_changed = token.clone().into_bytes();
+        *last_changed.last_mut().unwrap() ^= 1;
+        let longer = format!("{token}x");
+        for wrong in [&last_changed[..], &token.as_bytes()[..token.len() - 1], longer.as_bytes()] {
+            assert!(registry.by_token(wrong).is_none(), "{:?}", String::from_utf8_lossy(wrong));
+        }
+        let remembered = registry.verified.read().unwrap().len();
+        assert_eq!(remembered, 1, "only tokens that matched a digest are remembered");
     }
 
     #[test]

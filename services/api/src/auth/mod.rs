@@ -220,17 +220,20 @@ fn announces(frame: &Bytes) -> Result<bool, Status> {
     Ok(probe.all_users.is_some())
 }
 
-fn bearer_token<B>(request: &http::Request<B>) -> Result<Option<&str>, Status> {
+fn bearer_token<B>(request: &http::Request<B>) -> Result<Option<&[u8]>, Status> {
+    const SCHEME: &[u8] = b"bearer ";
     let Some(value) = request.headers().get(http::header::AUTHORIZATION) else {
         return Ok(None);
     };
-    let value =
-        value.to_str().map_err(|_| unauthenticated("the authorization header is not text"))?;
-    match value.split_once(' ') {
-        Some((scheme, token))
-            if scheme.eq_ignore_ascii_case("bearer") && !token.trim().is_empty() =>
-        {
-            Ok(Some(token.trim()))
+    // Compared as bytes: a token is ASCII, and a wrong one fails the lookup.
+    let value = value.as_bytes();
+    match value.split_at_checked(SCHEME.len()) {
+        Some((scheme, token)) if scheme.eq_ignore_ascii_case(SCHEME) => {
+            let token = token.trim_ascii();
+            if token.is_empty() {
+                return Err(unauthenticated("the authorization header has an empty token"));
+            }
+            Ok(Some(token))
         }
         _ => Err(unauthenticated("the authorization header must be \"Bearer <token>\"")),
     }
