@@ -18,6 +18,7 @@
 
 mod announce;
 mod badge;
+mod calls;
 mod chaos;
 mod events;
 mod fanout;
@@ -53,6 +54,8 @@ enum Command {
     Events(events::EventsArgs),
     /// Mixed load under random faults and SIGKILLs, then invariants from MySQL.
     Chaos(chaos::ChaosArgs),
+    /// N GetUnreadCount calls against a running api (for profiling it).
+    Calls(calls::CallsArgs),
 }
 
 #[tokio::main]
@@ -65,6 +68,7 @@ async fn main() {
         Command::Group(args) => group::run(args).await,
         Command::Events(args) => events::run(args).await,
         Command::Chaos(args) => chaos::run(args).await,
+        Command::Calls(args) => calls::run(args).await,
     };
     if let Err(e) = result {
         eprintln!("notify-bench: {e:#}");
