@@ -31,13 +31,20 @@ pub async fn overhead(env: &mut Env, args: &BadgeArgs) -> anyhow::Result<String>
     let tracked = Tracked::new(&[("api", plain_pid), ("api-auth", auth_pid)]);
     let round = Duration::from_secs(args.seconds) / args.rounds;
     let (mut plain, mut authed): (Option<Load>, Option<Load>) = (None, None);
+    // Rounds alternate which side goes first (ABBA), so that whatever the
+    // machine does over time falls on both sides alike.
     for index in 0..args.rounds {
-        let load =
-            run_wire(args, &tracked, (1, round), (&plain_addr, None), GET_UNREAD_COUNT).await?;
-        merge(&mut plain, load)?;
-        let target = (auth_addr.as_str(), Some(token.as_str()));
-        let load = run_wire(args, &tracked, (1, round), target, GET_UNREAD_COUNT).await?;
-        merge(&mut authed, load)?;
+        for authed_side in [index % 2 == 1, index % 2 == 0] {
+            if authed_side {
+                let target = (auth_addr.as_str(), Some(token.as_str()));
+                let load = run_wire(args, &tracked, (1, round), target, GET_UNREAD_COUNT).await?;
+                merge(&mut authed, load)?;
+            } else {
+                let target = (plain_addr.as_str(), None);
+                let load = run_wire(args, &tracked, (1, round), target, GET_UNREAD_COUNT).await?;
+                merge(&mut plain, load)?;
+            }
+        }
         println!("auth round {} of {} done", index + 1, args.rounds);
     }
     env.check_children()?;
