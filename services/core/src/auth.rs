@@ -270,6 +270,9 @@ impl Client {
     }
 }
 
+/// A token that matched a digest, and the index of its client.
+type VerifiedToken = (Box<[u8]>, usize);
+
 /// Every configured client, found by token digest or certificate name.
 #[derive(Debug)]
 pub struct Registry {
@@ -281,7 +284,7 @@ pub struct Registry {
     /// Tokens that matched a digest, by a randomly keyed hash of the token
     /// (so a lookup's time depends on nothing an attacker can steer): the
     /// token itself and the index into `clients`.
-    verified: RwLock<HashMap<u64, (Box<[u8]>, usize)>>,
+    verified: RwLock<HashMap<u64, VerifiedToken>>,
     token_hasher: foldhash::quality::RandomState,
     by_cert_name: HashMap<String, usize>,
 }
