@@ -4,6 +4,7 @@
 pub mod trace;
 
 use std::sync::OnceLock;
+use std::time::Duration;
 
 use axum::Router;
 use axum::http::StatusCode;
@@ -62,10 +63,31 @@ pub fn metrics_handle() -> PrometheusHandle {
             let handle = recorder.handle();
             // Another recorder may already be installed (a test harness); the
             // handle then renders an empty page, which is harmless.
-            let _ = metrics::set_global_recorder(recorder);
+            if metrics::set_global_recorder(recorder).is_ok() {
+                spawn_upkeep(handle.clone());
+            }
             handle
         })
         .clone()
+}
+
+/// How often histogram samples are folded into their summaries.
+const UPKEEP_INTERVAL: Duration = Duration::from_secs(5);
+
+/// Folds histogram samples into their summaries every few seconds, as the
+/// exporter's own `install` does: a recorder built by hand keeps every
+/// sample until a scrape or an upkeep, so an api nobody scrapes (no
+/// ServiceMonitor, a bench) grew by a sample of every call it served.
+fn spawn_upkeep(handle: PrometheusHandle) {
+    let spawned = std::thread::Builder::new().name("metrics-upkeep".into()).spawn(move || {
+        loop {
+            std::thread::sleep(UPKEEP_INTERVAL);
+            handle.run_upkeep();
+        }
+    });
+    if let Err(e) = spawned {
+        tracing::warn!(error = %e, "cannot start the metrics upkeep thread");
+    }
 }
 
 /// Serves `GET /metrics`, `GET /healthz` (liveness) and `GET /readyz`
