@@ -70,12 +70,21 @@ async fn a_shard_down_mid_send_holds_back_only_its_own_chunks() {
     let direct_pools = notify_core::db::connect(&direct).await.unwrap();
     let users: Vec<u64> = (1..=20_000).collect();
     let map = app.settings.shard_map().unwrap();
-    let id = send(&app, users.clone()).await;
+    // The recipients are stored with every shard up; the shard answers a
+    // second late from the start on and goes down right after it, so none
+    // of its chunks can be applied before the outage, however fast
+    // delivery is (a start needs every shard up).
+    let id = crate::helpers::create_draft(&app, "a shard down mid send").await;
+    let batch =
+        v1::AppendRecipientsRequest { message_id: id, batch_number: 1, user_ids: users.clone() };
+    app.messages().append_recipients(batch).await.unwrap();
     // Take down a shard that is not the send's home (whose status every
     // chunk reads): its own chunks wait, the others' must not.
     let home = map.home_shard_for_message(id);
     let down = map.partition_users(&users).into_iter().find(|(shard, _)| *shard != home).unwrap();
     let index = app.settings.database.shards.iter().position(|s| s.id == down.0).unwrap();
+    proxies.shards[index].latency(1000).await;
+    app.messages().start_message(v1::StartMessageRequest { message_id: id }).await.unwrap();
     proxies.shards[index].down().await;
     let went_down = tokio::time::Instant::now();
 
@@ -90,7 +99,7 @@ async fn a_shard_down_mid_send_holds_back_only_its_own_chunks() {
 
     let remaining = Duration::from_secs(5).saturating_sub(went_down.elapsed());
     tokio::time::sleep(remaining).await; // the outage lasts at least 5 s
-    proxies.shards[index].up().await;
+    proxies.shards[index].heal().await;
     let done = wait_for_status(&app, id, v1::MessageStatus::Completed).await;
     let progress = done.progress.unwrap();
     assert_eq!((progress.delivered, progress.failed), (20_000, 0));

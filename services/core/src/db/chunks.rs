@@ -313,16 +313,27 @@ pub async fn apply_many(
         tx.rollback().await?;
         return Ok(Some(GroupApplied { chunks, delivered: 0, summary }));
     }
-    let mut insert = QueryBuilder::new(
-        "INSERT IGNORE INTO message_items (user_id, message_id, category, expire_at) ",
-    );
-    insert.push_values(pending.iter().flat_map(|c| &c.user_ids), |mut row, user_id| {
-        row.push_bind(*user_id)
-            .push_bind(message_id.get())
-            .push_bind(&category)
-            .push_bind(expire_at);
-    });
-    let delivered = insert.build().execute(&mut *tx).await?.rows_affected();
+    // One statement text for every group size: the recipients go as one
+    // JSON array that the server expands. A multi-row VALUES list differs
+    // with the group's row count (up to 4,000 rows of placeholders, 56 KB),
+    // and every pooled connection caching each size made the worker grow
+    // with the length of a send (24 MB after 10M recipients one chunk a
+    // transaction, 49 MB in groups); not caching them cost MariaDB a parse
+    // of each (fan-out 0.72 of raw INSERT instead of 0.86).
+    let user_ids: Vec<u64> = pending.iter().flat_map(|c| c.user_ids.iter().copied()).collect();
+    let user_ids = serde_json::to_string(&user_ids).map_err(|e| Error::Internal(e.to_string()))?;
+    let delivered = sqlx::query(
+        "INSERT IGNORE INTO message_items (user_id, message_id, category, expire_at) \
+         SELECT j.user_id, ?, ?, ? FROM JSON_TABLE(?, '$[*]' \
+         COLUMNS (user_id BIGINT UNSIGNED PATH '$')) AS j",
+    )
+    .bind(message_id.get())
+    .bind(&category)
+    .bind(expire_at)
+    .bind(user_ids)
+    .execute(&mut *tx)
+    .await?
+    .rows_affected();
     let recipients: u64 = pending.iter().map(|c| c.user_ids.len() as u64).sum();
     let mut update = QueryBuilder::new(
         "UPDATE message_chunks SET state = 4, updated_at = UTC_TIMESTAMP(3) WHERE message_id = ",
