@@ -780,7 +780,6 @@ fn summary<'a>(
         "               GetUnreadCount (1-thread) / Health.Check = {:.2}: the rest of the gap to raw GET is the gRPC round trip itself",
         grpc[0].1.rate() / floor.rate()
     );
-    let ms = |q: f64| inbox.hist.value_at_quantile(q) as f64 / 1000.0;
     let _ = writeln!(
         s,
         "ListInbox      user {} ({} items) on shard {} holding {} items (seeded {} rows in {:.1} s)",
@@ -793,24 +792,17 @@ fn summary<'a>(
     );
     let _ = writeln!(
         s,
-        "               {} calls (sequential, page_size 20, {} pages then restart): p50 {:.3} ms  p99 {:.3} ms  max {:.3} ms (target p99 < 10 ms: {})",
+        "               {} calls (sequential, page_size 20, {} pages then restart): {}",
         inbox.hist.len(),
         args.inbox_pages,
-        ms(0.5),
-        ms(0.99),
-        inbox.hist.max() as f64 / 1000.0,
-        verdict(ms(0.99) < 10.0)
+        latency_against(&inbox.hist, 10.0)
     );
-    let together = |q: f64| inbox.concurrent.value_at_quantile(q) as f64 / 1000.0;
     let _ = writeln!(
         s,
-        "               {} calls by {} concurrent readers (same pages): p50 {:.3} ms  p99 {:.3} ms  max {:.3} ms (target p99 < 2 ms: {})",
+        "               {} calls by {} concurrent readers (same pages): {}",
         inbox.concurrent.len(),
         inbox.readers,
-        together(0.5),
-        together(0.99),
-        inbox.concurrent.max() as f64 / 1000.0,
-        verdict(together(0.99) < 2.0)
+        latency_against(&inbox.concurrent, 2.0)
     );
     let sql = |q: f64| inbox.sql.value_at_quantile(q) as f64 / 1000.0;
     let _ = writeln!(
@@ -830,4 +822,16 @@ fn summary<'a>(
     );
     let _ = write!(s, "==============================================================");
     s
+}
+
+/// "p50 .. ms  p99 .. ms  max .. ms (target p99 < N ms: OK|MISS)" of µs samples.
+fn latency_against(hist: &Histogram<u64>, p99_target_ms: f64) -> String {
+    let ms = |q: f64| hist.value_at_quantile(q) as f64 / 1000.0;
+    format!(
+        "p50 {:.3} ms  p99 {:.3} ms  max {:.3} ms (target p99 < {p99_target_ms} ms: {})",
+        ms(0.5),
+        ms(0.99),
+        hist.max() as f64 / 1000.0,
+        verdict(ms(0.99) < p99_target_ms)
+    )
 }

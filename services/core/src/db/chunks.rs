@@ -212,16 +212,8 @@ pub async fn apply(pool: &MySqlPool, message_id: MessageId, chunk_id: u64) -> Re
         return Ok(ApplyOutcome::AlreadyFinished { user_ids, delivered, unsettled, summary });
     }
 
-    let mut insert = QueryBuilder::new(
-        "INSERT IGNORE INTO message_items (user_id, message_id, category, expire_at) ",
-    );
-    insert.push_values(&user_ids, |mut row, user_id| {
-        row.push_bind(*user_id)
-            .push_bind(message_id.get())
-            .push_bind(&category)
-            .push_bind(expire_at);
-    });
-    let delivered = insert.build().execute(&mut *tx).await?.rows_affected();
+    let delivered =
+        insert_items(&mut tx, message_id, &category, expire_at, user_ids.iter().copied()).await?;
     let duplicates = user_ids.len() as u64 - delivered;
 
     sqlx::query(
@@ -313,27 +305,8 @@ pub async fn apply_many(
         tx.rollback().await?;
         return Ok(Some(GroupApplied { chunks, delivered: 0, summary }));
     }
-    // One statement text for every group size: the recipients go as one
-    // JSON array that the server expands. A multi-row VALUES list differs
-    // with the group's row count (up to 4,000 rows of placeholders, 56 KB),
-    // and every pooled connection caching each size made the worker grow
-    // with the length of a send (24 MB after 10M recipients one chunk a
-    // transaction, 49 MB in groups); not caching them cost MariaDB a parse
-    // of each (fan-out 0.72 of raw INSERT instead of 0.86).
-    let user_ids: Vec<u64> = pending.iter().flat_map(|c| c.user_ids.iter().copied()).collect();
-    let user_ids = serde_json::to_string(&user_ids).map_err(|e| Error::Internal(e.to_string()))?;
-    let delivered = sqlx::query(
-        "INSERT IGNORE INTO message_items (user_id, message_id, category, expire_at) \
-         SELECT j.user_id, ?, ?, ? FROM JSON_TABLE(?, '$[*]' \
-         COLUMNS (user_id BIGINT UNSIGNED PATH '$')) AS j",
-    )
-    .bind(message_id.get())
-    .bind(&category)
-    .bind(expire_at)
-    .bind(user_ids)
-    .execute(&mut *tx)
-    .await?
-    .rows_affected();
+    let all = pending.iter().flat_map(|c| c.user_ids.iter().copied());
+    let delivered = insert_items(&mut tx, message_id, &category, expire_at, all).await?;
     let recipients: u64 = pending.iter().map(|c| c.user_ids.len() as u64).sum();
     let mut update = QueryBuilder::new(
         "UPDATE message_chunks SET state = 4, updated_at = UTC_TIMESTAMP(3) WHERE message_id = ",
@@ -406,6 +379,37 @@ async fn content_row(pool: &MySqlPool, message_id: MessageId) -> Result<Option<C
     .bind(message_id.get())
     .fetch_optional(pool)
     .await?)
+}
+
+/// Inserts one item per recipient (none twice); returns how many were new.
+///
+/// The recipients go as one JSON array that the server expands, so every
+/// chunk and group has the same statement text. A multi-row `VALUES` list
+/// differs with the row count (up to 4,000 rows of placeholders, 56 KB for a
+/// group), and each pooled connection caching every size made the worker
+/// grow with the length of a send (49 MB after 10M recipients); not caching
+/// them cost MariaDB a parse of each (fan-out 0.72 of raw INSERT, not 0.86).
+async fn insert_items(
+    tx: &mut sqlx::Transaction<'_, sqlx::MySql>,
+    message_id: MessageId,
+    category: &str,
+    expire_at: Option<NaiveDateTime>,
+    user_ids: impl Iterator<Item = u64>,
+) -> Result<u64> {
+    let user_ids: Vec<u64> = user_ids.collect();
+    let user_ids = serde_json::to_string(&user_ids).map_err(|e| Error::Internal(e.to_string()))?;
+    Ok(sqlx::query(
+        "INSERT IGNORE INTO message_items (user_id, message_id, category, expire_at) \
+         SELECT j.user_id, ?, ?, ? FROM JSON_TABLE(?, '$[*]' \
+         COLUMNS (user_id BIGINT UNSIGNED PATH '$')) AS j",
+    )
+    .bind(message_id.get())
+    .bind(category)
+    .bind(expire_at)
+    .bind(user_ids)
+    .execute(&mut **tx)
+    .await?
+    .rows_affected())
 }
 
 /// Adds `recipients` to `column`, `duplicates` and `done` chunks to the
