@@ -5,17 +5,37 @@
 //! directory, in its own process group, and is killed (group and all) and
 //! removed when its handle drops.
 
+use std::collections::BTreeSet;
 use std::net::TcpListener;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
+use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use crate::pki::TestPki;
 
-/// Returns a loopback port that was free a moment ago.
+/// Returns a loopback port that was free a moment ago, never the same one
+/// twice in a process, and below the kernel's ephemeral range: a proxy or
+/// server that stops and listens again on its port must not find it taken
+/// by some client's outgoing connection (those get ephemeral ports) or by
+/// another test.
 pub fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).expect("a free port").port()
+    static HANDED_OUT: Mutex<BTreeSet<u16>> = Mutex::new(BTreeSet::new());
+    let ephemeral_low = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|range| range.split_whitespace().next()?.parse::<u16>().ok())
+        .unwrap_or(32768);
+    let (low, high) = (ephemeral_low.saturating_sub(12_000).max(1024), ephemeral_low);
+    let mut handed_out = HANDED_OUT.lock().expect("port set");
+    for _ in 0..10_000 {
+        let port = low + rand::random::<u16>() % (high - low);
+        if !handed_out.contains(&port) && TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            handed_out.insert(port);
+            return port;
+        }
+    }
+    panic!("no free port in {low}..{high}");
 }
 
 /// A server process with its directory.
