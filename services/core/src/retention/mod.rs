@@ -169,7 +169,7 @@ async fn purge_hidden(
         .await?;
         for (message_id, revoked) in &hidden {
             if *revoked {
-                purge_revoked(pool, *message_id, report).await?;
+                purge_revoked(pool, *message_id, settings.purge_batch_rows, report).await?;
             } else {
                 purge_message(pool, *message_id, report).await?;
             }
@@ -180,26 +180,43 @@ async fn purge_hidden(
     }
 }
 
-/// Rows a revoked announcement's purge deletes per statement.
-const REVOKED_BATCH: u64 = 10_000;
-
 /// Purges a cancelled announcement's items on this shard (made per reader
 /// when they read their inbox, so no chunk lists them), then its content
 /// row. `message_items` is partitioned by message id, so each delete reads
 /// only the month partition that holds the id; announcements are few, and
 /// cancelled ones fewer.
-async fn purge_revoked(pool: &MySqlPool, message_id: u64, report: &mut Report) -> Result<()> {
+async fn purge_revoked(
+    pool: &MySqlPool,
+    message_id: u64,
+    batch_rows: u64,
+    report: &mut Report,
+) -> Result<()> {
+    // `message_items` has no index on message_id alone: walk its primary key
+    // (user_id, message_id) upwards from the last batch's last reader, so
+    // the month's partition is read once in all, not once per batch.
+    let mut after = 0u64;
     loop {
-        let done = sqlx::query("DELETE FROM message_items WHERE message_id = ? LIMIT ?")
-            .bind(message_id)
-            .bind(REVOKED_BATCH)
-            .execute(pool)
-            .await?
-            .rows_affected();
+        let last: Option<u64> = sqlx::query_scalar(
+            "SELECT MAX(user_id) FROM (SELECT user_id FROM message_items \
+             WHERE message_id = ? AND user_id > ? ORDER BY user_id LIMIT ?) batch",
+        )
+        .bind(message_id)
+        .bind(after)
+        .bind(batch_rows)
+        .fetch_one(pool)
+        .await?;
+        let Some(last) = last else { break };
+        let done = sqlx::query(
+            "DELETE FROM message_items WHERE message_id = ? AND user_id > ? AND user_id <= ?",
+        )
+        .bind(message_id)
+        .bind(after)
+        .bind(last)
+        .execute(pool)
+        .await?
+        .rows_affected();
         report.hidden_items_purged += done;
-        if done < REVOKED_BATCH {
-            break;
-        }
+        after = last;
     }
     sqlx::query("DELETE FROM message_contents WHERE message_id = ?")
         .bind(message_id)

@@ -272,6 +272,8 @@ pub struct RetentionSettings {
     pub sends_days: u32,
     /// Audit rows are kept this long.
     pub audit_days: u32,
+    /// Rows one statement of a cancelled announcement's purge deletes.
+    pub purge_batch_rows: u64,
 }
 
 /// OpenTelemetry traces, exported over OTLP/gRPC.
@@ -429,6 +431,7 @@ impl Settings {
             ("events.max_streams_per_client", self.events.max_streams_per_client as u64),
             ("events.heartbeat_secs", self.events.heartbeat_secs),
             ("events.snapshot_concurrency", self.events.snapshot_concurrency as u64),
+            ("retention.purge_batch_rows", self.retention.purge_batch_rows),
         ];
         for (setting, value) in positive {
             if value == 0 {
