@@ -13,6 +13,7 @@ use anyhow::{Context as _, ensure};
 use futures::StreamExt;
 use hdrhistogram::Histogram;
 use notify_core::Settings;
+use notify_core::cache::Keys;
 use notify_proto::v1;
 use notify_proto::v1::inbox_service_client::InboxServiceClient;
 use notify_proto::v1::message_service_client::MessageServiceClient;
@@ -179,14 +180,15 @@ async fn body(env: &mut Env, args: &BadgeArgs) -> anyhow::Result<String> {
         .set_connection_timeout(Some(Duration::from_secs(3)))
         .set_response_timeout(Some(Duration::from_secs(3)));
     let redis_conn = client.get_connection_manager_with_config(config).await?;
-    let prefix = env.settings.redis.key_prefix.clone();
-    let (key_base, cached) = badge_keys(&redis_conn, &prefix, args.users).await?;
+    let keys = Keys::new(&env.settings.redis.key_prefix);
+    let cached = cached_badges(&redis_conn, &keys, args.users).await?;
     ensure!(
         cached == args.users,
-        "only {cached} of {} badges are cached (under {key_base}<user>) after warming",
-        args.users
+        "only {cached} of {} badges are cached (under {}) after warming",
+        args.users,
+        keys.unread(1)
     );
-    println!("badge keys: {key_base}<user_id>, all {} cached", thousands(cached));
+    println!("badge keys: {}, all {} cached", keys.unread(1), thousands(cached));
 
     let report = |name: &str, load: &Load| {
         println!(
@@ -206,7 +208,7 @@ async fn body(env: &mut Env, args: &BadgeArgs) -> anyhow::Result<String> {
     let before = env.scrape("notify-api").await;
     for index in 0..args.rounds as usize {
         for (slot, &threads) in args.driver_threads.iter().enumerate() {
-            let load = run_raw(args, &tracked, (threads, round), url.clone(), &key_base).await?;
+            let load = run_raw(args, &tracked, (threads, round), url.clone(), &keys).await?;
             merge_round(&mut raw, index, slot, threads, load)?;
             let target = (addr.as_str(), None);
             let load = run_wire(args, &tracked, (threads, round), target, GET_UNREAD_COUNT).await?;
@@ -424,32 +426,22 @@ async fn seed_badges(env: &mut Env, channel: &Channel, args: &BadgeArgs) -> anyh
     Ok(())
 }
 
-/// Finds the key layout the service caches badges under and counts the
-/// cached users. Current layout: `{prefix}unread:{epoch}:{user}` with the
-/// epoch in `{prefix}ann:epoch` (absent = 0); older builds used
-/// `{prefix}unread:{user}`. Returns the key without the user id.
-async fn badge_keys(
+/// Counts the users whose badge is cached (under the service's own key
+/// names, [`Keys::unread`]).
+async fn cached_badges(
     conn: &redis::aio::ConnectionManager,
-    prefix: &str,
+    keys: &Keys,
     users: u64,
-) -> anyhow::Result<(String, u64)> {
+) -> anyhow::Result<u64> {
     let mut conn = conn.clone();
-    let epoch: Option<String> = conn.get(format!("{prefix}ann:epoch")).await?;
-    let epoch = epoch.unwrap_or_else(|| "0".to_owned());
-    let mut best = (String::new(), 0);
-    for base in [format!("{prefix}unread:{epoch}:"), format!("{prefix}unread:")] {
-        let mut cached = 0;
-        let ids: Vec<u64> = (1..=users).collect();
-        for batch in ids.chunks(1000) {
-            let keys: Vec<String> = batch.iter().map(|u| format!("{base}{u}")).collect();
-            let values: Vec<Option<u64>> = conn.mget(&keys).await?;
-            cached += values.iter().flatten().count() as u64;
-        }
-        if cached > best.1 || best.0.is_empty() {
-            best = (base, cached);
-        }
+    let mut cached = 0;
+    let ids: Vec<u64> = (1..=users).collect();
+    for batch in ids.chunks(1000) {
+        let names: Vec<String> = batch.iter().map(|user| keys.unread(*user)).collect();
+        let values: Vec<Option<String>> = conn.mget(&names).await?;
+        cached += values.iter().flatten().count() as u64;
     }
-    Ok(best)
+    Ok(cached)
 }
 
 /// Common driver. The load runs on a runtime of its own with `threads`
@@ -565,9 +557,9 @@ async fn run_raw(
     tracked: &Tracked,
     (threads, measured): (usize, Duration),
     url: String,
-    key_base: &str,
+    keys: &Keys,
 ) -> anyhow::Result<Load> {
-    let key_base = key_base.to_owned();
+    let keys = keys.clone();
     drive(args, tracked, threads, measured, move || async move {
         let client = redis::Client::open(url)?;
         let config = redis::aio::ConnectionManagerConfig::new()
@@ -576,10 +568,12 @@ async fn run_raw(
         let conn = client.get_connection_manager_with_config(config).await?;
         Ok(move |_task, user| {
             let mut conn = conn.clone();
-            let key = format!("{key_base}{user}");
+            let key = keys.unread(user);
             async move {
-                let value: Option<u64> = conn.get(&key).await?;
-                Ok(value.unwrap_or(u64::MAX))
+                // `epoch:count`, as the api reads it.
+                let value: Option<String> = conn.get(&key).await?;
+                let count = value.as_deref().and_then(|v| v.split_once(':')?.1.parse().ok());
+                Ok(count.unwrap_or(u64::MAX))
             }
         })
     })

@@ -482,7 +482,7 @@ async fn a_group_shard_down_leaves_the_inbox_badge_answering() {
     assert_eq!(inbox.get_unread_count(request).await.unwrap().into_inner().group_unread, 1);
 
     // The group's home shard goes away and Redis forgets the group's seq.
-    let seq_key = format!("{}gseq:{group}", app.settings.redis.key_prefix);
+    let seq_key = app.ctx.cache.keys().group_seq(group);
     let mut redis = app.ctx.cache.connection();
     redis::cmd("DEL").arg(&seq_key).query_async::<()>(&mut redis).await.unwrap();
     app.ctx.pools.for_group(group).1.close().await;

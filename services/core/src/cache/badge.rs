@@ -8,22 +8,27 @@
 //! not materialized yet. Redis only ever holds a copy of that number, never a
 //! value built from increments, so it cannot drift or go negative.
 //!
-//! Keys (under `redis.key_prefix`):
-//! - `ann:epoch`: bumped whenever an announcement starts or is cancelled. Count
-//!   and lease keys carry the epoch, so one INCR retires every cached badge at
-//!   once (each badge includes the announcements); old keys just expire.
-//! - `unread:{epoch}:{user}`: the cached count, with a TTL of at most
-//!   `inbox.counter_ttl_secs` and never past the earliest expiry among what
-//!   it counts (the count changes then).
-//! - `unread:{epoch}:{user}:lease`: a random token held by a reader rebuilding.
-//! - `unread:{user}:dirty`: how many writers are between "before commit" and
-//!   "after commit" for the user; expires by itself if a writer dies.
+//! Keys (under `redis.key_prefix`, see [`super::Keys`]):
+//! - `{ann}:epoch`: bumped whenever an announcement starts or is cancelled.
+//!   Cached counts carry the epoch they were counted under, so one INCR
+//!   retires every cached badge at once (each badge includes the
+//!   announcements): a count of another epoch reads as a miss.
+//! - `{u:ID}:unread`: the cached count as `epoch:count`, with a TTL of at
+//!   most `inbox.counter_ttl_secs` and never past the earliest expiry among
+//!   what it counts (the count changes then).
+//! - `{u:ID}:unread:lease`: a random token held by a reader rebuilding.
+//! - `{u:ID}:unread:dirty`: how many writers are between "before commit"
+//!   and "after commit" for the user; expires by itself if a writer dies.
 //!
-//! Reader (badge): one script reads the epoch and the counts. On a miss: take
-//! a lease (`SET lease token PX 5000`), count in MySQL, then a script stores
-//! the count only if the lease still holds the token and the user is not
-//! dirty. Any invalidation between the lease and the store deletes the lease,
-//! so a count read before a concurrent commit is never cached.
+//! Reader (badge): reads the epoch and the counts in one round trip (a count
+//! of another epoch is a miss). On a miss: take a lease (`SET lease token PX
+//! 5000`), count in MySQL, then a script stores `epoch:count` only if the
+//! lease still holds the token and the user is not dirty. Any invalidation
+//! between the lease and the store deletes the lease, so a count read before
+//! a concurrent commit is never cached. The epoch and the counts are not
+//! read atomically (they live in different slots): a reader that raced an
+//! epoch bump answers as of just before it, or misses and rebuilds; a count
+//! it then stores under the older epoch reads as a miss to everyone after.
 //!
 //! Writer (mark-read, materializing announcements): before commit, invalidate
 //! (delete count and lease) and increment the dirty marker; after commit,
@@ -40,78 +45,62 @@
 //! answering again (counts cached before the outage are then gone).
 //!
 //! A FLUSHALL or a lost Redis only causes rebuilds; with Redis down, badges
-//! are answered from MySQL. The scripts build keys from the prefix, which is
-//! fine on a standalone Redis or a replicated primary (not Redis Cluster).
+//! are answered from MySQL. Each script touches one user's keys (one slot).
 
+use futures::future::try_join_all;
 use redis::{AsyncCommands, Script};
 use tracing::instrument;
 
 use super::{Cache, DIRTY_MS, LEASE_MS};
 use crate::error::Result;
 
-/// ARGV: prefix, users... Returns the epoch, then each user's count or nil.
-const GET_COUNTS: &str = r"
-local epoch = redis.call('GET', ARGV[1] .. 'ann:epoch') or '0'
-local out = { epoch }
-for i = 2, #ARGV do
-  out[i] = redis.call('GET', ARGV[1] .. 'unread:' .. epoch .. ':' .. ARGV[i]) or false
-end
-return out
-";
+/// Most users per invalidation command (a command blocks Redis while it runs).
+const USERS_PER_CALL: usize = 1000;
 
 /// Stores a rebuilt count only if the lease is still ours and no writer is
-/// mid-transaction. ARGV: prefix, epoch, user, token, count, ttl ms.
+/// mid-transaction. KEYS: count, lease, dirty. ARGV: token, `epoch:count`,
+/// ttl ms.
 const STORE_IF_LEASED: &str = r"
-local count_key = ARGV[1] .. 'unread:' .. ARGV[2] .. ':' .. ARGV[3]
-local lease_key = count_key .. ':lease'
-if redis.call('GET', lease_key) == ARGV[4] then
-  redis.call('DEL', lease_key)
-  if redis.call('EXISTS', ARGV[1] .. 'unread:' .. ARGV[3] .. ':dirty') == 0 then
-    redis.call('SET', count_key, ARGV[5], 'PX', ARGV[6])
+if redis.call('GET', KEYS[2]) == ARGV[1] then
+  redis.call('DEL', KEYS[2])
+  if redis.call('EXISTS', KEYS[3]) == 0 then
+    redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[3])
     return 1
   end
 end
 return 0
 ";
 
-/// Deletes the current epoch's counts and leases. ARGV: prefix, users...
-const INVALIDATE: &str = r"
-local epoch = redis.call('GET', ARGV[1] .. 'ann:epoch') or '0'
-for i = 2, #ARGV do
-  local key = ARGV[1] .. 'unread:' .. epoch .. ':' .. ARGV[i]
-  redis.call('DEL', key, key .. ':lease')
-end
-return 1
-";
-
-/// Moves a user's dirty marker by ARGV[3] (+1 or -1) and invalidates.
-/// ARGV: prefix, user, delta, dirty ttl ms.
+/// Moves a user's dirty marker by ARGV[1] (+1 or -1) and invalidates.
+/// KEYS: dirty, count, lease. ARGV: delta, dirty ttl ms.
 const CHANGE: &str = r"
-local dirty = ARGV[1] .. 'unread:' .. ARGV[2] .. ':dirty'
-if tonumber(ARGV[3]) > 0 then
-  redis.call('INCR', dirty)
-  redis.call('PEXPIRE', dirty, ARGV[4])
-elseif redis.call('DECR', dirty) <= 0 then
-  redis.call('DEL', dirty)
+if tonumber(ARGV[1]) > 0 then
+  redis.call('INCR', KEYS[1])
+  redis.call('PEXPIRE', KEYS[1], ARGV[2])
+elseif redis.call('DECR', KEYS[1]) <= 0 then
+  redis.call('DEL', KEYS[1])
 end
-local epoch = redis.call('GET', ARGV[1] .. 'ann:epoch') or '0'
-local key = ARGV[1] .. 'unread:' .. epoch .. ':' .. ARGV[2]
-redis.call('DEL', key, key .. ':lease')
+redis.call('DEL', KEYS[2], KEYS[3])
 return 1
 ";
 
-/// ARGV: prefix. Returns the epoch and that epoch's cached active list or nil.
+/// KEYS: the epoch. ARGV: what active-list keys start with. Returns the
+/// epoch and that epoch's cached active list or nil (same `{ann}` slot).
 const ACTIVE_LIST: &str = r"
-local epoch = redis.call('GET', ARGV[1] .. 'ann:epoch') or '0'
-return { epoch, redis.call('GET', ARGV[1] .. 'ann:active:' .. epoch) or false }
+local epoch = redis.call('GET', KEYS[1]) or '0'
+return { epoch, redis.call('GET', ARGV[1] .. epoch) or false }
 ";
+
+/// A cached `epoch:count` as a count, if it was counted under `epoch`.
+pub(super) fn count_at(value: Option<&str>, epoch: u64) -> Option<u64> {
+    let (counted_at, count) = value?.split_once(':')?;
+    (counted_at.parse::<u64>().ok()? == epoch).then(|| count.parse().ok()).flatten()
+}
 
 /// The badge scripts, loaded once per connection.
 #[derive(Clone)]
 pub(super) struct Scripts {
-    get_counts: Script,
     store_if_leased: Script,
-    invalidate: Script,
     change: Script,
     active_list: Script,
 }
@@ -119,9 +108,7 @@ pub(super) struct Scripts {
 impl Scripts {
     pub(super) fn new() -> Self {
         Self {
-            get_counts: Script::new(GET_COUNTS),
             store_if_leased: Script::new(STORE_IF_LEASED),
-            invalidate: Script::new(INVALIDATE),
             change: Script::new(CHANGE),
             active_list: Script::new(ACTIVE_LIST),
         }
@@ -151,71 +138,82 @@ pub struct RebuiltCount {
 }
 
 impl Cache {
-    /// Reads the epoch and users' cached counts in one round trip.
+    /// Reads the epoch and users' cached counts in one round trip (on a
+    /// cluster, one per node, concurrently).
     #[instrument(level = "debug", skip_all, fields(db.system = "redis"))]
     pub async fn cached_counts(&self, user_ids: &[u64]) -> Result<CachedCounts> {
-        let mut conn = self.conn.clone();
-        let mut invocation = self.badge.get_counts.arg(&self.prefix);
-        for user_id in user_ids {
-            invocation.arg(*user_id);
+        let (mut epoch_conn, mut conn) = (self.conn.clone(), self.conn.clone());
+        let epoch = epoch_conn.get::<_, Option<u64>>(self.keys.epoch());
+        if user_ids.is_empty() {
+            return Ok(CachedCounts { epoch: epoch.await?.unwrap_or(0), counts: Vec::new() });
         }
-        let (epoch, counts): (u64, Vec<Option<u64>>) = {
-            let mut values: Vec<Option<u64>> = invocation.invoke_async(&mut conn).await?;
-            let epoch = if values.is_empty() { 0 } else { values.remove(0).unwrap_or(0) };
-            (epoch, values)
-        };
+        let keys: Vec<String> = user_ids.iter().map(|user_id| self.keys.unread(*user_id)).collect();
+        let values = conn.mget::<_, Vec<Option<String>>>(keys);
+        let (epoch, values) = futures::try_join!(epoch, values)?;
+        let epoch = epoch.unwrap_or(0);
+        let counts = values.iter().map(|value| count_at(value.as_deref(), epoch)).collect();
         Ok(CachedCounts { epoch, counts })
     }
 
-    /// Takes rebuild leases for users under `epoch`; returns the tokens.
+    /// Takes rebuild leases for users; returns the tokens. (`_epoch` is the
+    /// epoch the rebuild counts under; the count carries it when stored.)
     #[instrument(level = "debug", skip_all, fields(db.system = "redis"))]
-    pub async fn take_leases(&self, epoch: u64, user_ids: &[u64]) -> Result<Vec<u64>> {
+    pub async fn take_leases(&self, _epoch: u64, user_ids: &[u64]) -> Result<Vec<u64>> {
         let tokens: Vec<u64> = user_ids.iter().map(|_| rand::random::<u64>() | 1).collect();
-        let mut pipe = redis::pipe();
-        for (user_id, token) in user_ids.iter().zip(&tokens) {
-            pipe.set_options(
-                format!("{}unread:{epoch}:{user_id}:lease", self.prefix),
-                *token,
-                redis::SetOptions::default().with_expiration(redis::SetExpiry::PX(LEASE_MS)),
-            )
-            .ignore();
-        }
-        let mut conn = self.conn.clone();
-        pipe.query_async::<()>(&mut conn).await?;
+        let leases = user_ids.iter().map(|user_id| self.keys.unread_lease(*user_id)).zip(&tokens);
+        let pipes =
+            self.by_slot(leases, USERS_PER_CALL, |(key, _)| key.clone()).into_iter().map(|group| {
+                let mut pipe = redis::pipe();
+                for (key, token) in group {
+                    let expiry = redis::SetExpiry::PX(LEASE_MS);
+                    pipe.set_options(
+                        key,
+                        *token,
+                        redis::SetOptions::default().with_expiration(expiry),
+                    )
+                    .ignore();
+                }
+                let mut conn = self.conn.clone();
+                async move { pipe.query_async::<()>(&mut conn).await }
+            });
+        try_join_all(pipes).await?;
         Ok(tokens)
     }
 
-    /// Stores rebuilt counts where the leases still hold.
+    /// Stores rebuilt counts, under `epoch`, where the leases still hold.
     #[instrument(level = "debug", skip_all, fields(db.system = "redis"))]
     pub async fn store_counts(&self, epoch: u64, entries: &[RebuiltCount]) -> Result<()> {
-        let mut conn = self.conn.clone();
-        for entry in entries {
-            self.badge
-                .store_if_leased
-                .arg(&self.prefix)
-                .arg(epoch)
-                .arg(entry.user_id)
+        let stores = entries.iter().map(|entry| {
+            let mut invocation = self.badge.store_if_leased.prepare_invoke();
+            invocation
+                .key(self.keys.unread(entry.user_id))
+                .key(self.keys.unread_lease(entry.user_id))
+                .key(self.keys.unread_dirty(entry.user_id))
                 .arg(entry.token)
-                .arg(entry.count)
-                .arg(entry.ttl_ms.max(1))
-                .invoke_async::<i64>(&mut conn)
-                .await?;
-        }
+                .arg(format!("{epoch}:{}", entry.count))
+                .arg(entry.ttl_ms.max(1));
+            let mut conn = self.conn.clone();
+            async move { invocation.invoke_async::<i64>(&mut conn).await }
+        });
+        try_join_all(stores).await?;
         Ok(())
     }
 
     /// Deletes users' cached counts and leases (after their items changed).
     #[instrument(level = "debug", skip_all, fields(db.system = "redis"))]
     pub async fn invalidate_counts(&self, user_ids: &[u64]) -> Result<()> {
-        if user_ids.is_empty() {
-            return Ok(());
-        }
-        let mut conn = self.conn.clone();
-        let mut invocation = self.badge.invalidate.arg(&self.prefix);
-        for user_id in user_ids {
-            invocation.arg(*user_id);
-        }
-        invocation.invoke_async::<i64>(&mut conn).await?;
+        let groups = self.by_slot(user_ids.iter().copied(), USERS_PER_CALL, |user_id| {
+            self.keys.unread(*user_id)
+        });
+        let deletes = groups.into_iter().map(|group| {
+            let keys: Vec<String> = group
+                .iter()
+                .flat_map(|user_id| [self.keys.unread(*user_id), self.keys.unread_lease(*user_id)])
+                .collect();
+            let mut conn = self.conn.clone();
+            async move { conn.del::<_, ()>(keys).await }
+        });
+        try_join_all(deletes).await?;
         Ok(())
     }
 
@@ -237,8 +235,9 @@ impl Cache {
         let mut conn = self.conn.clone();
         self.badge
             .change
-            .arg(&self.prefix)
-            .arg(user_id)
+            .key(self.keys.unread_dirty(user_id))
+            .key(self.keys.unread(user_id))
+            .key(self.keys.unread_lease(user_id))
             .arg(delta)
             .arg(DIRTY_MS)
             .invoke_async::<i64>(&mut conn)
@@ -250,7 +249,7 @@ impl Cache {
     #[instrument(level = "debug", skip_all, fields(db.system = "redis"))]
     pub async fn bump_announcement_epoch(&self) -> Result<u64> {
         let mut conn = self.conn.clone();
-        Ok(conn.incr(format!("{}ann:epoch", self.prefix), 1).await?)
+        Ok(conn.incr(self.keys.epoch(), 1).await?)
     }
 
     /// Reads the announcement epoch and that epoch's cached active list
@@ -258,8 +257,13 @@ impl Cache {
     #[instrument(level = "debug", skip_all, fields(db.system = "redis"))]
     pub async fn cached_announcements(&self) -> Result<(u64, Option<String>)> {
         let mut conn = self.conn.clone();
-        let (epoch, list): (u64, Option<String>) =
-            self.badge.active_list.arg(&self.prefix).invoke_async(&mut conn).await?;
+        let (epoch, list): (u64, Option<String>) = self
+            .badge
+            .active_list
+            .key(self.keys.epoch())
+            .arg(self.keys.active_list_prefix())
+            .invoke_async(&mut conn)
+            .await?;
         Ok((epoch, list))
     }
 
@@ -267,12 +271,22 @@ impl Cache {
     #[instrument(level = "debug", skip_all, fields(db.system = "redis"))]
     pub async fn store_announcements(&self, epoch: u64, json: &str, ttl_secs: u64) -> Result<()> {
         let mut conn = self.conn.clone();
-        conn.set_ex::<_, _, ()>(
-            format!("{}ann:active:{epoch}", self.prefix),
-            json,
-            ttl_secs.max(1),
-        )
-        .await?;
+        conn.set_ex::<_, _, ()>(self.keys.active_list(epoch), json, ttl_secs.max(1)).await?;
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::count_at;
+
+    #[test]
+    fn a_count_of_another_epoch_is_a_miss() {
+        assert_eq!(count_at(Some("7:12"), 7), Some(12));
+        assert_eq!(count_at(Some("6:12"), 7), None);
+        assert_eq!(count_at(Some("17:12"), 7), None);
+        assert_eq!(count_at(Some("12"), 7), None);
+        assert_eq!(count_at(Some("7:"), 7), None);
+        assert_eq!(count_at(None, 7), None);
     }
 }

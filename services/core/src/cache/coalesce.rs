@@ -10,19 +10,17 @@
 //! batches grow only while earlier calls are still on the wire.
 //!
 //! One reader task owns the queue. It takes up to [`MAX_BATCH`] waiting
-//! reads, starts one script call for them (at most [`MAX_IN_FLIGHT`] at a
-//! time), and hands every caller its own user's state or the call's error.
-//! The task ends when the last [`super::Cache`] handle is dropped.
+//! reads, starts one read for them (at most [`MAX_IN_FLIGHT`] at a time;
+//! one script call on a single node, one per slot on a cluster), and hands
+//! every caller its own user's state or the read's error. The task ends
+//! when the last [`super::Cache`] handle is dropped.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use redis::Script;
-use redis::aio::ConnectionManager;
 use tokio::sync::{Semaphore, mpsc, oneshot};
 
-use super::CachedUserState;
-use super::groups::read_user_states;
+use super::{Cache, CachedUserState};
 use crate::error::{Error, Result};
 
 /// Most users in one script call (a script blocks Redis while it runs).
@@ -48,12 +46,20 @@ struct ReadStats {
 }
 
 impl UserStateReads {
-    /// Starts the reader task over `conn`.
-    pub(super) fn start(conn: ConnectionManager, script: Script, prefix: String) -> Self {
+    /// Starts the reader task over `cache`, which must be [`Self::idle`]
+    /// (a handle whose reads go to the task would keep the task alive).
+    pub(super) fn start(cache: Cache) -> Self {
         let (queue, waiting) = mpsc::unbounded_channel();
         let stats = Arc::new(ReadStats::default());
-        tokio::spawn(serve(conn, script, prefix, waiting, stats.clone()));
+        tokio::spawn(serve(cache, waiting, stats.clone()));
         Self { queue, stats }
+    }
+
+    /// Reads that no task serves (every read fails): the reader task's own
+    /// handle of the cache, which does not read badges through itself.
+    pub(super) fn idle() -> Self {
+        let (queue, _) = mpsc::unbounded_channel();
+        Self { queue, stats: Arc::default() }
     }
 
     /// Returns (reads served, script calls made) since the start.
@@ -72,14 +78,11 @@ impl UserStateReads {
 }
 
 async fn serve(
-    conn: ConnectionManager,
-    script: Script,
-    prefix: String,
+    cache: Cache,
     mut waiting: mpsc::UnboundedReceiver<(u64, Reply)>,
     stats: Arc<ReadStats>,
 ) {
     let slots = Arc::new(Semaphore::new(MAX_IN_FLIGHT));
-    let prefix: Arc<str> = prefix.into();
     let batch_sizes = metrics::histogram!("notify_badge_read_batch_size");
     loop {
         let Ok(slot) = slots.clone().acquire_owned().await else { return };
@@ -90,10 +93,10 @@ async fn serve(
         batch_sizes.record(batch.len() as f64);
         stats.reads.fetch_add(batch.len() as u64, Ordering::Relaxed);
         stats.calls.fetch_add(1, Ordering::Relaxed);
-        let (mut conn, script, prefix) = (conn.clone(), script.clone(), prefix.clone());
+        let cache = cache.clone();
         tokio::spawn(async move {
             let users: Vec<u64> = batch.iter().map(|(user_id, _)| *user_id).collect();
-            match read_user_states(&mut conn, &script, &prefix, &users).await {
+            match cache.read_user_states(&users).await {
                 Ok(states) => {
                     for ((_, reply), state) in batch.into_iter().zip(states) {
                         // The caller may have gone (a cancelled RPC).

@@ -3,8 +3,8 @@
 //!
 //! # Protocol
 //!
-//! Keys (under `redis.key_prefix`):
-//! - `gseq:{group}`: the group's max seq. Seqs only grow, so every writer
+//! Keys (under `redis.key_prefix`, see [`super::Keys`]):
+//! - `{g:ID}:seq`: the group's max seq. Seqs only grow, so every writer
 //!   merges with `max(cached, new)`: while the key exists, a late or stale
 //!   write cannot lower it. A send raises it after commit; a miss is filled
 //!   from MySQL. It can be low in two cases, both bounded by its TTL
@@ -13,47 +13,61 @@
 //!   writer's read and its write. Unread counts are then briefly low, never
 //!   negative; pulls and acks never trust it (an ack above it re-reads
 //!   MySQL).
-//! - `gmem:{user}`: a hash of the user's groups, `group -> last_ack_seq`,
+//! - `{u:ID}:gmem`: a hash of the user's groups, `group -> last_ack_seq`,
 //!   plus a `_` field so a user without groups is cached too. It is a copy of
 //!   the user's `group_members` rows, guarded exactly like badges (see
 //!   [`super::badge`]): a reader that misses takes a lease
-//!   (`gmem:{user}:lease`), reads MySQL, and stores only if the lease still
+//!   (`{u:ID}:gmem:lease`), reads MySQL, and stores only if the lease still
 //!   holds and no writer is between begin and end; writers (ack, add,
-//!   remove) invalidate and count themselves into `gmem:{user}:dirty` before
+//!   remove) invalidate and count themselves into `{u:ID}:gmem:dirty` before
 //!   their commit and out after it. Cursors can also move backwards (a member
 //!   removed and added again with history), so acks are not merged, they
 //!   invalidate like every other change.
 //!
 //! `GetUnreadCount` reads the inbox badge, the cursors and their groups' max
-//! seqs in one script, so a badge with groups is still one Redis round trip.
+//! seqs together. On one node that is one script call, so a badge with
+//! groups is still one Redis round trip. On a cluster a user's badge and
+//! cursors share the user's slot but the epoch and the seqs do not: the
+//! script reads each slot's users, the epoch is read beside it, and the
+//! seqs of the groups found follow in a second round trip.
 
 use std::collections::HashMap;
 use tracing::instrument;
 
-use redis::Script;
+use futures::future::try_join_all;
+use redis::{AsyncCommands, Script};
 
-use super::{Cache, CachedCounts, DIRTY_MS, LEASE_MS};
+use super::badge::count_at;
+use super::{Cache, CachedCounts, DIRTY_MS, Keys, LEASE_MS};
 use crate::error::{Error, Result};
 
 /// Users per invalidation script call (a script blocks Redis while it runs).
 const USERS_PER_CALL: usize = 1000;
 
-/// Everything the badges of some users show, in one round trip. ARGV:
-/// prefix, users... Returns the announcement epoch, then per user: the cached
-/// badge or '', '1' when the user's cursors are cached (else '0'), the number
-/// of groups n, then n `group, ack, seq or ''` triples.
+/// Everything the badges of some users show. KEYS: each user's badge and
+/// cursors (`{u:ID}:unread`, `{u:ID}:gmem`). ARGV: the epoch key, what group
+/// seq keys start with and end with; all empty on a cluster (other slots:
+/// the caller reads them). Returns the epoch (or ''), then per user: the
+/// cached `epoch:count` or '', '1' when the user's cursors are cached (else
+/// '0'), the number of groups n, then n `group, ack, seq or ''` triples.
 const USER_STATES: &str = r"
-local epoch = redis.call('GET', ARGV[1] .. 'ann:epoch') or '0'
-local out = { epoch }
-for u = 2, #ARGV do
-  local badge = redis.call('GET', ARGV[1] .. 'unread:' .. epoch .. ':' .. ARGV[u]) or ''
-  local entries = redis.call('HGETALL', ARGV[1] .. 'gmem:' .. ARGV[u])
+local out = { '' }
+if ARGV[1] ~= '' then
+  out[1] = redis.call('GET', ARGV[1]) or '0'
+end
+for u = 1, #KEYS, 2 do
+  local badge = redis.call('GET', KEYS[u]) or ''
+  local entries = redis.call('HGETALL', KEYS[u + 1])
   local groups = {}
   for i = 1, #entries, 2 do
     if entries[i] ~= '_' then
       groups[#groups + 1] = entries[i]
       groups[#groups + 1] = entries[i + 1]
-      groups[#groups + 1] = redis.call('GET', ARGV[1] .. 'gseq:' .. entries[i]) or ''
+      local seq = ''
+      if ARGV[2] ~= '' then
+        seq = redis.call('GET', ARGV[2] .. entries[i] .. ARGV[3]) or ''
+      end
+      groups[#groups + 1] = seq
     end
   end
   out[#out + 1] = badge
@@ -67,50 +81,49 @@ return out
 ";
 
 /// Stores a user's memberships if the lease still holds and no writer is
-/// mid-change. ARGV: prefix, user, token, ttl ms, then `group, ack` pairs.
+/// mid-change. KEYS: cursors, lease, dirty. ARGV: token, ttl ms, then
+/// `group, ack` pairs.
 const STORE_MEMBERSHIPS: &str = r"
-local key = ARGV[1] .. 'gmem:' .. ARGV[2]
-local lease = key .. ':lease'
-if redis.call('GET', lease) ~= ARGV[3] then
+if redis.call('GET', KEYS[2]) ~= ARGV[1] then
   return 0
 end
-redis.call('DEL', lease)
-if redis.call('EXISTS', key .. ':dirty') == 1 then
+redis.call('DEL', KEYS[2])
+if redis.call('EXISTS', KEYS[3]) == 1 then
   return 0
 end
-redis.call('DEL', key)
-redis.call('HSET', key, '_', '1')
-for i = 5, #ARGV, 2 do
-  redis.call('HSET', key, ARGV[i], ARGV[i + 1])
+redis.call('DEL', KEYS[1])
+redis.call('HSET', KEYS[1], '_', '1')
+for i = 3, #ARGV, 2 do
+  redis.call('HSET', KEYS[1], ARGV[i], ARGV[i + 1])
 end
-redis.call('PEXPIRE', key, ARGV[4])
+redis.call('PEXPIRE', KEYS[1], ARGV[2])
 return 1
 ";
 
-/// Moves users' dirty markers by ARGV[2] (+1 or -1) and invalidates their
-/// memberships. ARGV: prefix, delta, dirty ttl ms, users...
+/// Moves users' dirty markers by ARGV[1] (+1 or -1) and invalidates their
+/// memberships. KEYS: per user, cursors, dirty, lease. ARGV: delta, dirty
+/// ttl ms.
 const CHANGE_MEMBERSHIPS: &str = r"
-for i = 4, #ARGV do
-  local key = ARGV[1] .. 'gmem:' .. ARGV[i]
-  local dirty = key .. ':dirty'
-  if tonumber(ARGV[2]) > 0 then
+for i = 1, #KEYS, 3 do
+  local dirty = KEYS[i + 1]
+  if tonumber(ARGV[1]) > 0 then
     redis.call('INCR', dirty)
-    redis.call('PEXPIRE', dirty, ARGV[3])
+    redis.call('PEXPIRE', dirty, ARGV[2])
   elseif redis.call('DECR', dirty) <= 0 then
     redis.call('DEL', dirty)
   end
-  redis.call('DEL', key, key .. ':lease')
+  redis.call('DEL', KEYS[i], KEYS[i + 2])
 end
 return 1
 ";
 
-/// Raises cached max seqs. ARGV: prefix, ttl secs, then `group, seq` pairs.
+/// Raises cached max seqs. KEYS: seq keys. ARGV: ttl secs, then one seq per
+/// key.
 const RAISE_SEQS: &str = r"
-for i = 3, #ARGV, 2 do
-  local key = ARGV[1] .. 'gseq:' .. ARGV[i]
-  local current = redis.call('GET', key)
+for i = 1, #KEYS do
+  local current = redis.call('GET', KEYS[i])
   if not current or tonumber(ARGV[i + 1]) > tonumber(current) then
-    redis.call('SET', key, ARGV[i + 1], 'EX', ARGV[2])
+    redis.call('SET', KEYS[i], ARGV[i + 1], 'EX', ARGV[1])
   end
 end
 return 1
@@ -177,7 +190,7 @@ impl Cache {
         let token = rand::random::<u64>() | 1;
         let mut conn = self.conn.clone();
         redis::cmd("SET")
-            .arg(format!("{}gmem:{user_id}:lease", self.prefix))
+            .arg(self.keys.memberships_lease(user_id))
             .arg(token)
             .arg("PX")
             .arg(LEASE_MS)
@@ -197,8 +210,13 @@ impl Cache {
         ttl_secs: u64,
     ) -> Result<bool> {
         let mut conn = self.conn.clone();
-        let mut invocation = self.groups.store_memberships.arg(&self.prefix);
-        invocation.arg(user_id).arg(token).arg(ttl_secs.max(1) * 1000);
+        let mut invocation = self.groups.store_memberships.prepare_invoke();
+        invocation
+            .key(self.keys.memberships(user_id))
+            .key(self.keys.memberships_lease(user_id))
+            .key(self.keys.memberships_dirty(user_id))
+            .arg(token)
+            .arg(ttl_secs.max(1) * 1000);
         for (group_id, ack) in memberships {
             invocation.arg(*group_id).arg(*ack);
         }
@@ -221,31 +239,40 @@ impl Cache {
     }
 
     async fn change_memberships(&self, user_ids: &[u64], delta: i64) -> Result<()> {
-        let mut conn = self.conn.clone();
-        for batch in user_ids.chunks(USERS_PER_CALL) {
-            let mut invocation = self.groups.change_memberships.arg(&self.prefix);
-            invocation.arg(delta).arg(DIRTY_MS);
-            for user_id in batch {
-                invocation.arg(*user_id);
+        let groups = self.by_slot(user_ids.iter().copied(), USERS_PER_CALL, |user_id| {
+            self.keys.memberships(*user_id)
+        });
+        let calls = groups.into_iter().map(|group| {
+            let mut invocation = self.groups.change_memberships.prepare_invoke();
+            for user_id in group {
+                invocation
+                    .key(self.keys.memberships(user_id))
+                    .key(self.keys.memberships_dirty(user_id))
+                    .key(self.keys.memberships_lease(user_id));
             }
-            invocation.invoke_async::<i64>(&mut conn).await?;
-        }
+            invocation.arg(delta).arg(DIRTY_MS);
+            let mut conn = self.conn.clone();
+            async move { invocation.invoke_async::<i64>(&mut conn).await }
+        });
+        try_join_all(calls).await?;
         Ok(())
     }
 
     /// Raises cached group max seqs to at least the given values.
     #[instrument(level = "debug", skip_all, fields(db.system = "redis"))]
     pub async fn raise_group_seqs(&self, seqs: &HashMap<u64, u64>, ttl_secs: u64) -> Result<()> {
-        if seqs.is_empty() {
-            return Ok(());
-        }
-        let mut conn = self.conn.clone();
-        let mut invocation = self.groups.raise_seqs.arg(&self.prefix);
-        invocation.arg(ttl_secs.max(1));
-        for (group_id, seq) in seqs {
-            invocation.arg(*group_id).arg(*seq);
-        }
-        invocation.invoke_async::<i64>(&mut conn).await?;
+        let groups = self
+            .by_slot(seqs.iter(), USERS_PER_CALL, |(group_id, _)| self.keys.group_seq(**group_id));
+        let calls = groups.into_iter().map(|group| {
+            let mut invocation = self.groups.raise_seqs.prepare_invoke();
+            invocation.arg(ttl_secs.max(1));
+            for (group_id, seq) in group {
+                invocation.key(self.keys.group_seq(*group_id)).arg(*seq);
+            }
+            let mut conn = self.conn.clone();
+            async move { invocation.invoke_async::<i64>(&mut conn).await }
+        });
+        try_join_all(calls).await?;
         Ok(())
     }
 
@@ -253,36 +280,93 @@ impl Cache {
     #[instrument(level = "debug", skip_all, fields(db.system = "redis"))]
     pub async fn cached_group_seq(&self, group_id: u64) -> Result<Option<u64>> {
         let mut conn = self.conn.clone();
-        Ok(redis::cmd("GET")
-            .arg(format!("{}gseq:{group_id}", self.prefix))
-            .query_async(&mut conn)
-            .await?)
+        Ok(conn.get(self.keys.group_seq(group_id)).await?)
+    }
+
+    /// Reads the cached state of `user_ids`, in input order: one script call
+    /// on a single node; on a cluster, one per slot beside the epoch, then
+    /// the seqs of the groups found (each round concurrently).
+    pub(super) async fn read_user_states(&self, user_ids: &[u64]) -> Result<Vec<CachedUserState>> {
+        if !self.is_cluster() {
+            let flat = self.user_states_call(user_ids, true).await?;
+            return parse_user_states(&flat, user_ids.len(), None);
+        }
+        let slots = self.by_slot(user_ids.iter().copied(), user_ids.len(), |user_id| {
+            self.keys.unread(*user_id)
+        });
+        let calls = slots.iter().map(|users| async move {
+            let flat = self.user_states_call(users, false).await?;
+            Ok::<_, Error>((users, flat))
+        });
+        let mut conn = self.conn.clone();
+        let epoch = async { Ok::<_, Error>(conn.get::<_, Option<u64>>(self.keys.epoch()).await?) };
+        let (epoch, replies) = futures::try_join!(epoch, try_join_all(calls))?;
+        let epoch = epoch.unwrap_or(0);
+        let mut states: HashMap<u64, CachedUserState> = HashMap::with_capacity(user_ids.len());
+        for (users, flat) in replies {
+            let parsed = parse_user_states(&flat, users.len(), Some(epoch))?;
+            states.extend(users.iter().copied().zip(parsed));
+        }
+        let mut groups: Vec<u64> = states
+            .values()
+            .flat_map(|state| state.groups.iter().flatten().map(|group| group.group_id))
+            .collect();
+        groups.sort_unstable();
+        groups.dedup();
+        if !groups.is_empty() {
+            let keys: Vec<String> =
+                groups.iter().map(|group| self.keys.group_seq(*group)).collect();
+            let mut conn = self.conn.clone();
+            let seqs: Vec<Option<u64>> = conn.mget(keys).await?;
+            let seqs: HashMap<u64, Option<u64>> = groups.into_iter().zip(seqs).collect();
+            for group in states.values_mut().flat_map(|state| state.groups.iter_mut().flatten()) {
+                group.max_seq = seqs.get(&group.group_id).copied().flatten();
+            }
+        }
+        user_ids
+            .iter()
+            .map(|user_id| {
+                let missing =
+                    || Error::Internal(format!("no cached state read for user {user_id}"));
+                states.get(user_id).cloned().ok_or_else(missing)
+            })
+            .collect()
+    }
+
+    /// One call of [`USER_STATES`]; `whole_node` lets it read the epoch and
+    /// the group seqs too (keys of other slots: only on a single node).
+    async fn user_states_call(&self, user_ids: &[u64], whole_node: bool) -> Result<Vec<String>> {
+        let mut invocation = self.groups.user_states.prepare_invoke();
+        for user_id in user_ids {
+            invocation.key(self.keys.unread(*user_id)).key(self.keys.memberships(*user_id));
+        }
+        if whole_node {
+            invocation
+                .arg(self.keys.epoch())
+                .arg(self.keys.group_seq_prefix())
+                .arg(Keys::GROUP_SEQ_SUFFIX);
+        } else {
+            invocation.arg("").arg("").arg("");
+        }
+        let mut conn = self.conn.clone();
+        Ok(invocation.invoke_async(&mut conn).await?)
     }
 }
 
-/// Reads the cached state of `user_ids` with ONE script call, in input order.
-pub(super) async fn read_user_states(
-    conn: &mut redis::aio::ConnectionManager,
-    script: &Script,
-    prefix: &str,
-    user_ids: &[u64],
+/// Splits the flat reply of [`USER_STATES`] into one state per user; the
+/// badges count under `epoch`, or the epoch the reply starts with.
+fn parse_user_states(
+    flat: &[String],
+    users: usize,
+    epoch: Option<u64>,
 ) -> Result<Vec<CachedUserState>> {
-    let mut invocation = script.arg(prefix);
-    for user_id in user_ids {
-        invocation.arg(*user_id);
-    }
-    let flat: Vec<String> = invocation.invoke_async(conn).await?;
-    parse_user_states(&flat, user_ids.len())
-}
-
-/// Splits the flat reply of [`USER_STATES`] into one state per user.
-fn parse_user_states(flat: &[String], users: usize) -> Result<Vec<CachedUserState>> {
     let malformed = || Error::Internal("malformed reply of the user state script".to_owned());
     let mut fields = flat.iter().map(String::as_str);
-    let epoch = fields.next().ok_or_else(malformed)?.parse().unwrap_or(0);
+    let read_epoch = fields.next().ok_or_else(malformed)?.parse().unwrap_or(0);
+    let epoch = epoch.unwrap_or(read_epoch);
     let mut states = Vec::with_capacity(users);
     for _ in 0..users {
-        let badge = fields.next().ok_or_else(malformed)?.parse().ok();
+        let badge = count_at(Some(fields.next().ok_or_else(malformed)?), epoch);
         let cursors_cached = fields.next().ok_or_else(malformed)? == "1";
         let count: usize = fields.next().ok_or_else(malformed)?.parse().map_err(|_| malformed())?;
         let mut groups = Vec::with_capacity(count);
@@ -313,8 +397,8 @@ mod tests {
 
     #[test]
     fn user_states_split_per_user_in_order() {
-        let flat = strings(&["7", "3", "1", "2", "10", "4", "9", "11", "5", "", "", "0", "0"]);
-        let states = parse_user_states(&flat, 2).unwrap();
+        let flat = strings(&["7", "7:3", "1", "2", "10", "4", "9", "11", "5", "", "6:8", "0", "0"]);
+        let states = parse_user_states(&flat, 2, None).unwrap();
         assert_eq!(states.len(), 2);
         assert_eq!(states[0].badge.epoch, 7);
         assert_eq!(states[0].badge.counts, vec![Some(3)]);
@@ -332,7 +416,7 @@ mod tests {
     #[test]
     fn truncated_user_states_are_an_error() {
         let flat = strings(&["0", "1", "1", "2", "10", "4"]);
-        assert!(parse_user_states(&flat, 1).is_err());
-        assert!(parse_user_states(&strings(&["0"]), 1).is_err());
+        assert!(parse_user_states(&flat, 1, None).is_err());
+        assert!(parse_user_states(&strings(&["0"]), 1, None).is_err());
     }
 }

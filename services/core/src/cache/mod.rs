@@ -2,6 +2,18 @@
 //! unread counters that never drift, and (in [`groups`]) group seqs and
 //! member cursors. Redis is only ever a cache: losing all of it loses no
 //! data and leaves no count wrong.
+//!
+//! # Keys and slots
+//!
+//! Every key carries one hash tag right after `redis.key_prefix` ([`Keys`]):
+//! `{u:ID}` for what belongs to a user (badge, its lease and dirty marker,
+//! group cursors), `{g:ID}` for a group's seq, `{m:ID}` for a send's status
+//! and heartbeat, `{ann}` for the announcement epoch and list, and the client
+//! for quota buckets. Every script declares its keys and touches one tag, so
+//! it runs on a Redis Cluster (`redis.cluster = true`) as on one node.
+//! Operations over many users go per slot ([`Cache::by_slot`]): on a
+//! cluster each slot's share is one command and the shares run
+//! concurrently; a single node has no slots, so it takes them all at once.
 
 mod badge;
 mod coalesce;
@@ -11,11 +23,14 @@ pub mod quota;
 pub use badge::{CachedCounts, RebuiltCount};
 pub use groups::{CachedGroup, CachedUserState};
 
+use std::collections::HashMap;
 use std::time::Duration;
 use tracing::instrument;
 
-use redis::aio::ConnectionManager;
-use redis::{AsyncCommands, Script};
+use redis::aio::{ConnectionLike, ConnectionManager};
+use redis::cluster_async::ClusterConnection;
+use redis::cluster_routing::Slot;
+use redis::{AsyncCommands, Cmd, Pipeline, RedisFuture, Script, Value};
 use secrecy::ExposeSecret;
 
 use crate::error::{Error, Result};
@@ -41,26 +56,189 @@ redis.call('SET', KEYS[1], ARGV[1] .. ':' .. ARGV[2], 'EX', ARGV[3])
 return 1
 ";
 
-/// Builds a client for `redis.url`; a `rediss://` url verifies the server
-/// against `redis.tls_ca_file` when set (else the system roots).
-pub fn client(settings: &RedisSettings) -> Result<redis::Client> {
-    let url = settings.url.expose_secret();
+fn tls_certificates(settings: &RedisSettings) -> Result<Option<redis::TlsCertificates>> {
     if settings.tls_ca_file.is_empty() {
-        return redis::Client::open(url).map_err(|e| Error::Internal(format!("redis.url: {e}")));
+        return Ok(None);
     }
     let root_cert = std::fs::read(&settings.tls_ca_file).map_err(|e| {
         Error::Internal(format!("redis.tls_ca_file: cannot read {}: {e}", settings.tls_ca_file))
     })?;
-    let certificates = redis::TlsCertificates { client_tls: None, root_cert: Some(root_cert) };
-    redis::Client::build_with_tls(url, certificates)
-        .map_err(|e| Error::Internal(format!("redis.url: {e}")))
+    Ok(Some(redis::TlsCertificates { client_tls: None, root_cert: Some(root_cert) }))
 }
 
-/// The Redis cache, with its key prefix.
+/// Builds a client for `redis.url` (one node); a `rediss://` url verifies
+/// the server against `redis.tls_ca_file` when set (else the system roots).
+pub fn client(settings: &RedisSettings) -> Result<redis::Client> {
+    let url = settings.url.expose_secret();
+    let client = match tls_certificates(settings)? {
+        None => redis::Client::open(url),
+        Some(certificates) => redis::Client::build_with_tls(url, certificates),
+    };
+    client.map_err(|e| Error::Internal(format!("redis.url: {e}")))
+}
+
+/// Builds a client for the Redis Cluster whose seed nodes `redis.url` lists
+/// (comma-separated), with the same TLS rules as [`client`].
+pub fn cluster_client(settings: &RedisSettings) -> Result<redis::cluster::ClusterClient> {
+    let seeds: Vec<&str> = settings.url.expose_secret().split(',').map(str::trim).collect();
+    let mut builder = redis::cluster::ClusterClientBuilder::new(seeds)
+        .connection_timeout(Duration::from_secs(3))
+        .response_timeout(Duration::from_secs(3))
+        .retries(2);
+    if let Some(certificates) = tls_certificates(settings)? {
+        builder = builder.certs(certificates);
+    }
+    builder.build().map_err(|e| Error::Internal(format!("redis.url: {e}")))
+}
+
+/// A connection to one Redis node or to a Redis Cluster. Both multiplex
+/// every caller over their sockets and reconnect by themselves; clones are
+/// cheap handles.
+#[derive(Clone)]
+pub enum Connection {
+    /// One node (or a replicated primary).
+    Node(ConnectionManager),
+    /// A Redis Cluster: each command goes to the master of its key's slot.
+    Cluster(ClusterConnection),
+}
+
+impl Connection {
+    /// Connects to the node or cluster `redis.url` names, naming the setting
+    /// when Redis is unreachable.
+    pub async fn open(settings: &RedisSettings) -> Result<Self> {
+        let unreachable = |e| Error::Unavailable(format!("redis.url: cannot connect: {e}"));
+        if settings.cluster {
+            let client = cluster_client(settings)?;
+            return Ok(Self::Cluster(client.get_async_connection().await.map_err(unreachable)?));
+        }
+        let config = redis::aio::ConnectionManagerConfig::new()
+            .set_connection_timeout(Some(Duration::from_secs(3)))
+            .set_response_timeout(Some(Duration::from_secs(3)))
+            .set_number_of_retries(2);
+        let manager = client(settings)?.get_connection_manager_with_config(config).await;
+        Ok(Self::Node(manager.map_err(unreachable)?))
+    }
+}
+
+impl ConnectionLike for Connection {
+    fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
+        match self {
+            Self::Node(conn) => conn.req_packed_command(cmd),
+            Self::Cluster(conn) => conn.req_packed_command(cmd),
+        }
+    }
+
+    fn req_packed_commands<'a>(
+        &'a mut self,
+        pipeline: &'a Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> RedisFuture<'a, Vec<Value>> {
+        match self {
+            Self::Node(conn) => conn.req_packed_commands(pipeline, offset, count),
+            Self::Cluster(conn) => conn.req_packed_commands(pipeline, offset, count),
+        }
+    }
+
+    fn get_db(&self) -> i64 {
+        match self {
+            Self::Node(conn) => conn.get_db(),
+            Self::Cluster(conn) => conn.get_db(),
+        }
+    }
+}
+
+/// The key names, each with its hash tag (see the module docs).
+#[derive(Debug, Clone)]
+pub struct Keys {
+    prefix: String,
+}
+
+impl Keys {
+    /// Keys under `prefix` (validated to hold no braces).
+    pub fn new(prefix: &str) -> Self {
+        Self { prefix: prefix.to_owned() }
+    }
+
+    /// The announcement epoch.
+    pub fn epoch(&self) -> String {
+        format!("{}{{ann}}:epoch", self.prefix)
+    }
+
+    /// What every active-list key starts with (the epoch follows).
+    fn active_list_prefix(&self) -> String {
+        format!("{}{{ann}}:active:", self.prefix)
+    }
+
+    /// The active-announcement list cached for `epoch`.
+    pub fn active_list(&self, epoch: u64) -> String {
+        format!("{}{epoch}", self.active_list_prefix())
+    }
+
+    /// A user's cached badge (`epoch:count`).
+    pub fn unread(&self, user_id: u64) -> String {
+        format!("{}{{u:{user_id}}}:unread", self.prefix)
+    }
+
+    /// The lease of a reader rebuilding a user's badge.
+    pub fn unread_lease(&self, user_id: u64) -> String {
+        format!("{}{{u:{user_id}}}:unread:lease", self.prefix)
+    }
+
+    /// How many writers are changing a user's badge right now.
+    pub fn unread_dirty(&self, user_id: u64) -> String {
+        format!("{}{{u:{user_id}}}:unread:dirty", self.prefix)
+    }
+
+    /// A user's cached group cursors (`group -> last_ack_seq`).
+    pub fn memberships(&self, user_id: u64) -> String {
+        format!("{}{{u:{user_id}}}:gmem", self.prefix)
+    }
+
+    /// The lease of a reader rebuilding a user's cursors.
+    pub fn memberships_lease(&self, user_id: u64) -> String {
+        format!("{}{{u:{user_id}}}:gmem:lease", self.prefix)
+    }
+
+    /// How many writers are changing a user's cursors right now.
+    pub fn memberships_dirty(&self, user_id: u64) -> String {
+        format!("{}{{u:{user_id}}}:gmem:dirty", self.prefix)
+    }
+
+    /// What every group seq key starts with (the group id and
+    /// [`Self::GROUP_SEQ_SUFFIX`] follow).
+    fn group_seq_prefix(&self) -> String {
+        format!("{}{{g:", self.prefix)
+    }
+
+    const GROUP_SEQ_SUFFIX: &str = "}:seq";
+
+    /// A group's cached max seq.
+    pub fn group_seq(&self, group_id: u64) -> String {
+        format!("{}{group_id}{}", self.group_seq_prefix(), Self::GROUP_SEQ_SUFFIX)
+    }
+
+    /// A send's cached status (`version:status`).
+    pub fn status(&self, message_id: u64) -> String {
+        format!("{}{{m:{message_id}}}:status", self.prefix)
+    }
+
+    /// A send's progress heartbeat.
+    pub fn heartbeat(&self, message_id: u64) -> String {
+        format!("{}{{m:{message_id}}}:beat", self.prefix)
+    }
+
+    /// A client's quota bucket for one limit.
+    pub fn quota(&self, client: &str, limit: &str) -> String {
+        format!("{}quota:{{{client}}}:{limit}", self.prefix)
+    }
+}
+
+/// The Redis cache, with its key names.
 #[derive(Clone)]
 pub struct Cache {
-    conn: ConnectionManager,
-    prefix: String,
+    conn: Connection,
+    keys: Keys,
     write_status_if_newer: Script,
     badge: badge::Scripts,
     groups: groups::Scripts,
@@ -72,51 +250,68 @@ impl Cache {
     /// Connects, naming the setting when Redis is unreachable.
     #[instrument(level = "debug", skip_all, fields(db.system = "redis"))]
     pub async fn connect(settings: &RedisSettings) -> Result<Self> {
-        let client = client(settings)?;
-        let config = redis::aio::ConnectionManagerConfig::new()
-            .set_connection_timeout(Some(Duration::from_secs(3)))
-            .set_response_timeout(Some(Duration::from_secs(3)))
-            .set_number_of_retries(2);
-        let conn = client
-            .get_connection_manager_with_config(config)
-            .await
-            .map_err(|e| Error::Unavailable(format!("redis.url: cannot connect: {e}")))?;
+        let conn = Connection::open(settings).await?;
+        let keys = Keys::new(&settings.key_prefix);
         let groups = groups::Scripts::new();
-        let user_state_reads = coalesce::UserStateReads::start(
-            conn.clone(),
-            groups.user_states.clone(),
-            settings.key_prefix.clone(),
-        );
-        Ok(Self {
+        let cache = Self {
             conn,
-            prefix: settings.key_prefix.clone(),
+            keys,
             write_status_if_newer: Script::new(WRITE_STATUS_IF_NEWER),
             badge: badge::Scripts::new(),
             groups,
             quota: quota::script(),
-            user_state_reads,
-        })
+            user_state_reads: coalesce::UserStateReads::idle(),
+        };
+        Ok(Self { user_state_reads: coalesce::UserStateReads::start(cache.clone()), ..cache })
     }
 
     /// Returns a connection handle (cheap clone).
-    pub fn connection(&self) -> ConnectionManager {
+    pub fn connection(&self) -> Connection {
         self.conn.clone()
     }
 
-    fn status_key(&self, message_id: u64) -> String {
-        format!("{}msg:{message_id}:status", self.prefix)
+    /// The key names.
+    pub fn keys(&self) -> &Keys {
+        &self.keys
+    }
+
+    /// True on a Redis Cluster.
+    pub fn is_cluster(&self) -> bool {
+        matches!(self.conn, Connection::Cluster(_))
+    }
+
+    /// Splits `items` into groups whose keys (`key(item)`) share a slot, at
+    /// most `most` items each, in input order within a group. A single node
+    /// has no slots: everything is one group (then cut at `most`).
+    pub fn by_slot<T>(
+        &self,
+        items: impl IntoIterator<Item = T>,
+        most: usize,
+        key: impl Fn(&T) -> String,
+    ) -> Vec<Vec<T>> {
+        let most = most.max(1);
+        let cluster = self.is_cluster();
+        let mut groups: Vec<Vec<T>> = Vec::new();
+        // The group still filling, per slot.
+        let mut open: HashMap<Option<Slot>, usize> = HashMap::new();
+        for item in items {
+            let slot = cluster.then(|| Slot::for_key(key(&item)));
+            match open.get(&slot) {
+                Some(&index) if groups[index].len() < most => groups[index].push(item),
+                _ => {
+                    open.insert(slot, groups.len());
+                    groups.push(vec![item]);
+                }
+            }
+        }
+        groups
     }
 
     /// Records that a send just made progress (a chunk was applied).
     #[instrument(level = "debug", skip_all, fields(db.system = "redis"))]
     pub async fn heartbeat(&self, message_id: u64, ttl_secs: u64) -> Result<()> {
         let mut conn = self.conn.clone();
-        conn.set_ex::<_, _, ()>(
-            format!("{}msg:{message_id}:beat", self.prefix),
-            1,
-            ttl_secs.max(1),
-        )
-        .await?;
+        conn.set_ex::<_, _, ()>(self.keys.heartbeat(message_id), 1, ttl_secs.max(1)).await?;
         Ok(())
     }
 
@@ -124,14 +319,14 @@ impl Cache {
     #[instrument(level = "debug", skip_all, fields(db.system = "redis"))]
     pub async fn has_heartbeat(&self, message_id: u64) -> Result<bool> {
         let mut conn = self.conn.clone();
-        Ok(conn.exists(format!("{}msg:{message_id}:beat", self.prefix)).await?)
+        Ok(conn.exists(self.keys.heartbeat(message_id)).await?)
     }
 
     /// Returns a cached message status.
     #[instrument(level = "debug", skip_all, fields(db.system = "redis"))]
     pub async fn cached_status(&self, message_id: u64) -> Result<Option<u8>> {
         let mut conn = self.conn.clone();
-        let value: Option<String> = conn.get(self.status_key(message_id)).await?;
+        let value: Option<String> = conn.get(self.keys.status(message_id)).await?;
         Ok(value.and_then(|v| v.split_once(':').and_then(|(_, status)| status.parse().ok())))
     }
 
@@ -147,7 +342,7 @@ impl Cache {
     ) -> Result<()> {
         let mut conn = self.conn.clone();
         self.write_status_if_newer
-            .key(self.status_key(message_id))
+            .key(self.keys.status(message_id))
             .arg(version)
             .arg(status)
             .arg(ttl_secs.max(1))

@@ -80,7 +80,7 @@ impl Cache {
         let mut conn = self.conn.clone();
         let (granted, retry_after_us): (u64, u64) = self
             .quota
-            .key(format!("{}quota:{{{client}}}:{limit}", self.prefix))
+            .key(self.keys.quota(client, limit))
             .arg(bucket.interval_us)
             .arg(bucket.burst)
             .arg(want)

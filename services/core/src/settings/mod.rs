@@ -173,8 +173,11 @@ pub struct RedisSettings {
     pub url_file: String,
     /// PEM CA of the server's certificate; empty: the system roots.
     pub tls_ca_file: String,
-    /// Prefix of every key.
+    /// Prefix of every key (no `{` or `}`: hash tags come after it).
     pub key_prefix: String,
+    /// Talk to a Redis Cluster: `url` names one or more seed nodes,
+    /// separated by commas, and the client follows the cluster's slots.
+    pub cluster: bool,
 }
 
 /// Send limits and tuning.
@@ -458,6 +461,12 @@ impl Settings {
             return Err(invalid("api.max_deadline_secs", "must be at least 1"));
         }
         self.retention.validate()?;
+        if self.redis.key_prefix.contains(['{', '}']) {
+            return Err(invalid(
+                "redis.key_prefix",
+                "must not contain '{' or '}' (keys carry their own hash tags)",
+            ));
+        }
         if !(0.0..=1.0).contains(&self.trace.sample_ratio) {
             return Err(invalid("trace.sample_ratio", "must be between 0.0 and 1.0"));
         }
@@ -540,6 +549,17 @@ mod tests {
             vec![BucketRange { shard: ShardId(7), from: 0, to: 1023 }];
         let err = settings.validate().unwrap_err().to_string();
         assert_eq!(err, "database.bucket_ranges[0]: shard 7 is not defined in database.shards");
+    }
+
+    #[test]
+    fn a_key_prefix_with_a_brace_is_refused() {
+        let mut settings = Settings::defaults().unwrap();
+        settings.redis.key_prefix = "notify:{eu}:".into();
+        let err = settings.validate().unwrap_err().to_string();
+        assert_eq!(
+            err,
+            "redis.key_prefix: must not contain '{' or '}' (keys carry their own hash tags)"
+        );
     }
 
     #[test]
