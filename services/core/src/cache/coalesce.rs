@@ -83,6 +83,8 @@ async fn serve(
     stats: Arc<ReadStats>,
 ) {
     let slots = Arc::new(Semaphore::new(MAX_IN_FLIGHT));
+    // One handle shared by the batches (a Cache clone copies its scripts).
+    let cache = Arc::new(cache);
     let batch_sizes = metrics::histogram!("notify_badge_read_batch_size");
     loop {
         let Ok(slot) = slots.clone().acquire_owned().await else { return };

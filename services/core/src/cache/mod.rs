@@ -234,6 +234,30 @@ impl Keys {
     }
 }
 
+/// [`Cache::by_slot`], for a cluster or a single node.
+fn group_by_slot<T>(
+    cluster: bool,
+    items: impl IntoIterator<Item = T>,
+    most: usize,
+    key: impl Fn(&T) -> String,
+) -> Vec<Vec<T>> {
+    let most = most.max(1);
+    let mut groups: Vec<Vec<T>> = Vec::new();
+    // The group still filling, per slot.
+    let mut open: HashMap<Option<Slot>, usize> = HashMap::new();
+    for item in items {
+        let slot = cluster.then(|| Slot::for_key(key(&item)));
+        match open.get(&slot) {
+            Some(&index) if groups[index].len() < most => groups[index].push(item),
+            _ => {
+                open.insert(slot, groups.len());
+                groups.push(vec![item]);
+            }
+        }
+    }
+    groups
+}
+
 /// The Redis cache, with its key names.
 #[derive(Clone)]
 pub struct Cache {
@@ -289,22 +313,7 @@ impl Cache {
         most: usize,
         key: impl Fn(&T) -> String,
     ) -> Vec<Vec<T>> {
-        let most = most.max(1);
-        let cluster = self.is_cluster();
-        let mut groups: Vec<Vec<T>> = Vec::new();
-        // The group still filling, per slot.
-        let mut open: HashMap<Option<Slot>, usize> = HashMap::new();
-        for item in items {
-            let slot = cluster.then(|| Slot::for_key(key(&item)));
-            match open.get(&slot) {
-                Some(&index) if groups[index].len() < most => groups[index].push(item),
-                _ => {
-                    open.insert(slot, groups.len());
-                    groups.push(vec![item]);
-                }
-            }
-        }
-        groups
+        group_by_slot(self.is_cluster(), items, most, key)
     }
 
     /// Records that a send just made progress (a chunk was applied).
@@ -349,5 +358,55 @@ impl Cache {
             .invoke_async::<i64>(&mut conn)
             .await?;
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_key_of_a_user_group_or_send_is_in_one_slot() {
+        let keys = Keys::new("notify:");
+        for id in [1, 42, 7_000_000_000, u64::MAX] {
+            let user = Slot::for_key(keys.unread(id));
+            for key in [
+                keys.unread_lease(id),
+                keys.unread_dirty(id),
+                keys.memberships(id),
+                keys.memberships_lease(id),
+                keys.memberships_dirty(id),
+            ] {
+                assert_eq!(Slot::for_key(&key), user, "{key}");
+            }
+            assert_eq!(Slot::for_key(keys.group_seq(id)), Slot::for_key(format!("{{g:{id}}}")));
+            assert_eq!(Slot::for_key(keys.status(id)), Slot::for_key(keys.heartbeat(id)));
+            assert_eq!(Slot::for_key(keys.active_list(id)), Slot::for_key(keys.epoch()));
+        }
+        assert_eq!(Slot::for_key(keys.quota("billing", "rps")), Slot::for_key("billing"));
+        // Users spread: the tag is the user, not the prefix.
+        let slots: std::collections::HashSet<Slot> =
+            (1..=100).map(|user| Slot::for_key(keys.unread(user))).collect();
+        assert!(slots.len() > 90, "{} slots for 100 users", slots.len());
+    }
+
+    #[test]
+    fn groups_share_a_slot_keep_input_order_and_respect_the_cap() {
+        let keys = Keys::new("t:");
+        let users = [1u64, 2, 1, 3, 1, 1, 2];
+        let groups = group_by_slot(true, users, 2, |user| keys.unread(*user));
+        for group in &groups {
+            assert!(group.len() <= 2, "{groups:?}");
+            let slot = Slot::for_key(keys.unread(group[0]));
+            assert!(group.iter().all(|user| Slot::for_key(keys.unread(*user)) == slot));
+        }
+        let ones: Vec<&Vec<u64>> = groups.iter().filter(|group| group[0] == 1).collect();
+        assert_eq!(ones, [&vec![1, 1], &vec![1, 1]]);
+        let mut all: Vec<u64> = groups.concat();
+        all.sort_unstable();
+        assert_eq!(all, [1, 1, 1, 1, 2, 2, 3]);
+        // One node: no slots, one group cut at the cap, in input order.
+        let groups = group_by_slot(false, users, 4, |user| keys.unread(*user));
+        assert_eq!(groups, [vec![1, 2, 1, 3], vec![1, 1, 2]]);
     }
 }
