@@ -197,10 +197,8 @@ async fn counts_from(
 /// Counts badges in MySQL (items plus unmaterialized live announcements) and
 /// caches them under leases taken before counting.
 async fn rebuild(ctx: &Context, epoch: Option<u64>, user_ids: &[u64]) -> Result<HashMap<u64, u64>> {
-    let leases = match epoch {
-        Some(epoch) => ctx.cache.take_leases(epoch, user_ids).await.ok(),
-        None => None,
-    };
+    // No epoch: the cache read failed, so count without caching.
+    let leases = if epoch.is_some() { ctx.cache.take_leases(user_ids).await.ok() } else { None };
     let live = announce::active(ctx).await?;
     let counts = user_ids.iter().map(|user_id| {
         let live = &live;

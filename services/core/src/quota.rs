@@ -175,6 +175,9 @@ impl Quotas {
 
     fn renewal(&self, client: &str) -> Arc<tokio::sync::Mutex<()>> {
         let mut renewals = self.renewals.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(renewal) = renewals.get(client) {
+            return renewal.clone();
+        }
         renewals.entry(client.to_owned()).or_default().clone()
     }
 

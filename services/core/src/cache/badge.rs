@@ -155,10 +155,10 @@ impl Cache {
         Ok(CachedCounts { epoch, counts })
     }
 
-    /// Takes rebuild leases for users; returns the tokens. (`_epoch` is the
-    /// epoch the rebuild counts under; the count carries it when stored.)
+    /// Takes rebuild leases for users; returns the tokens. (The epoch the
+    /// rebuild counts under goes with the count, in [`Self::store_counts`].)
     #[instrument(level = "debug", skip_all, fields(db.system = "redis"))]
-    pub async fn take_leases(&self, _epoch: u64, user_ids: &[u64]) -> Result<Vec<u64>> {
+    pub async fn take_leases(&self, user_ids: &[u64]) -> Result<Vec<u64>> {
         let tokens: Vec<u64> = user_ids.iter().map(|_| rand::random::<u64>() | 1).collect();
         let leases = user_ids.iter().map(|user_id| self.keys.unread_lease(*user_id)).zip(&tokens);
         let pipes =

@@ -68,7 +68,7 @@ fn tls_certificates(settings: &RedisSettings) -> Result<Option<redis::TlsCertifi
 
 /// Builds a client for `redis.url` (one node); a `rediss://` url verifies
 /// the server against `redis.tls_ca_file` when set (else the system roots).
-pub fn client(settings: &RedisSettings) -> Result<redis::Client> {
+fn client(settings: &RedisSettings) -> Result<redis::Client> {
     let url = settings.url.expose_secret();
     let client = match tls_certificates(settings)? {
         None => redis::Client::open(url),
@@ -79,7 +79,7 @@ pub fn client(settings: &RedisSettings) -> Result<redis::Client> {
 
 /// Builds a client for the Redis Cluster whose seed nodes `redis.url` lists
 /// (comma-separated), with the same TLS rules as [`client`].
-pub fn cluster_client(settings: &RedisSettings) -> Result<redis::cluster::ClusterClient> {
+fn cluster_client(settings: &RedisSettings) -> Result<redis::cluster::ClusterClient> {
     let seeds: Vec<&str> = settings.url.expose_secret().split(',').map(str::trim).collect();
     let mut builder = redis::cluster::ClusterClientBuilder::new(seeds)
         .connection_timeout(Duration::from_secs(3))

@@ -444,8 +444,8 @@ impl Settings {
         if self.send.chunk_size > 5000 {
             return Err(invalid("send.chunk_size", "must be at most 5000"));
         }
-        // One INSERT carries a group's items, 4 placeholders a row, and
-        // MySQL takes at most 65,535 placeholders a statement.
+        // One INSERT (and one transaction) carries a group's items: bound
+        // it, so that a group holds its locks and its JSON argument briefly.
         if self.worker.chunks_per_transaction * self.send.chunk_size > 16_000 {
             return Err(invalid(
                 "worker.chunks_per_transaction",
