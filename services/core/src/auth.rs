@@ -2,8 +2,11 @@
 //! constant time) and the registry of configured clients that turns a token
 //! or a certificate name into a [`Caller`].
 //!
-//! Tokens are 256 random bits, so a fast digest is as strong as a slow one
+//! Tokens are 128 random bits, so a fast digest is as strong as a slow one
 //! here: nobody can guess a preimage, and a leaked config reveals no token.
+//! (128 bits, as an API key or session id needs, rather than more: HTTP/2
+//! never compresses `authorization`, so every call carries the token and the
+//! api Huffman-decodes it; tokens made before at 256 bits stay valid.)
 //!
 //! A client sends its token with every call, and HTTP/2 clients such as
 //! tonic's never compress `authorization`; hashing it again on every call was
@@ -377,9 +380,9 @@ fn decode_hex_digest(hex: &str) -> Option<[u8; 32]> {
     Some(digest)
 }
 
-/// Generates a new bearer token: the prefix and 256 random bits.
+/// Generates a new bearer token: the prefix and 128 random bits.
 pub fn new_token() -> String {
-    let bytes: [u8; 32] = rand::random();
+    let bytes: [u8; 16] = rand::random();
     format!("{TOKEN_PREFIX}{}", URL_SAFE_NO_PAD.encode(bytes))
 }
 
@@ -422,6 +425,8 @@ mod tests {
     fn both_tokens_of_a_rotation_find_the_client_and_others_find_nothing() {
         let (old, new) = (new_token(), new_token());
         assert!(old.starts_with(TOKEN_PREFIX) && old != new);
+        let random = URL_SAFE_NO_PAD.decode(&old[TOKEN_PREFIX.len()..]).unwrap();
+        assert_eq!(random.len(), 16, "a token carries 128 random bits");
         let registry = Registry::new(&settings(vec![
             client("billing", &[&old, &new], &["send"]),
             client("growth", &[&new_token()], &["sends.read"]),

@@ -182,10 +182,10 @@ async fn counts_from(
     let missing: Vec<u64> =
         user_ids.iter().zip(&counts).filter(|(_, c)| c.is_none()).map(|(u, _)| *u).collect();
     if missing.is_empty() {
-        metrics::counter!("notify_badge_cache_hits_total").increment(user_ids.len() as u64);
+        crate::hot_counter!("notify_badge_cache_hits_total").increment(user_ids.len() as u64);
         return Ok(counts.into_iter().map(|c| c.unwrap_or(0)).collect());
     }
-    metrics::counter!("notify_badge_cache_misses_total").increment(missing.len() as u64);
+    crate::hot_counter!("notify_badge_cache_misses_total").increment(missing.len() as u64);
     let rebuilt = rebuild(ctx, epoch, &missing).await?;
     Ok(user_ids
         .iter()

@@ -53,11 +53,11 @@ pub async fn unread_from(
 ) -> Result<UnreadSummary> {
     let cursors: Vec<(u64, u64, Option<u64>)> = match cached {
         Ok(Some(cached)) => {
-            metrics::counter!("notify_group_cursor_cache_hits_total").increment(1);
+            crate::hot_counter!("notify_group_cursor_cache_hits_total").increment(1);
             cached.into_iter().map(|g| (g.group_id, g.last_ack_seq, g.max_seq)).collect()
         }
         Ok(None) => {
-            metrics::counter!("notify_group_cursor_cache_misses_total").increment(1);
+            crate::hot_counter!("notify_group_cursor_cache_misses_total").increment(1);
             rebuild_cursors(ctx, user_id, true).await?
         }
         Err(e) => {
