@@ -1,8 +1,13 @@
-//! The shard map: bucket ranges assigned to physical shards, validated once.
+//! The shard map: bucket ranges assigned to physical shards, validated once,
+//! and [`Shards`], which routes to one value per shard by the map it was last
+//! given (a map is versioned data that can change while a process runs).
 
 use std::collections::HashMap;
 use std::fmt;
+use std::str::FromStr;
+use std::sync::Arc;
 
+use arc_swap::ArcSwap;
 use serde::Deserialize;
 
 use crate::hash::{BUCKETS, bucket_of, bucket_of_key};
@@ -81,6 +86,20 @@ pub enum ShardMapError {
         /// First unassigned bucket.
         bucket: u32,
     },
+    /// A map names a shard this process has no connection settings for.
+    #[error("shard {shard} is in the shard map but not in this process's database.shards")]
+    NotConfigured {
+        /// The shard.
+        shard: ShardId,
+    },
+    /// The text form of a map does not parse.
+    #[error("shard map {text:?}: {reason}")]
+    Malformed {
+        /// The text, or the part of it that failed.
+        text: String,
+        /// What is wrong.
+        reason: &'static str,
+    },
 }
 
 /// A validated assignment of every bucket to exactly one shard.
@@ -154,6 +173,45 @@ impl ShardMap {
         &self.shards
     }
 
+    /// Returns the map as ranges: each run of consecutive buckets with one
+    /// owner, in bucket order. `ShardMap::new(map.shards(), &map.ranges())`
+    /// rebuilds the same map.
+    pub fn ranges(&self) -> Vec<BucketRange> {
+        let mut ranges: Vec<BucketRange> = Vec::new();
+        for (bucket, slot) in self.owner.iter().enumerate() {
+            let (bucket, shard) = (bucket as u32, self.shards[*slot as usize]);
+            match ranges.last_mut() {
+                Some(last) if last.shard == shard && last.to + 1 == bucket => last.to = bucket,
+                _ => ranges.push(BucketRange { shard, from: bucket, to: bucket }),
+            }
+        }
+        ranges
+    }
+
+    /// Returns the map with `shard` added, owning no bucket yet.
+    pub fn with_shard(&self, shard: ShardId) -> Result<Self, ShardMapError> {
+        let mut shards = self.shards.clone();
+        shards.push(shard);
+        Self::new(&shards, &self.ranges())
+    }
+
+    /// Returns the map with every bucket of `from..=to` given to `shard`,
+    /// which must be in the map.
+    pub fn with_range(&self, shard: ShardId, from: u32, to: u32) -> Result<Self, ShardMapError> {
+        let mut ranges: Vec<BucketRange> = self
+            .ranges()
+            .into_iter()
+            .flat_map(|r| {
+                let before = (r.from < from).then(|| BucketRange { to: r.to.min(from - 1), ..r });
+                let after = (r.to > to).then(|| BucketRange { from: r.from.max(to + 1), ..r });
+                before.into_iter().chain(after)
+            })
+            .collect();
+        ranges.push(BucketRange { shard, from, to });
+        ranges.sort_by_key(|r| r.from);
+        Self::new(&self.shards, &ranges)
+    }
+
     /// Returns the shard that owns a bucket.
     pub fn shard_of_bucket(&self, bucket: u32) -> ShardId {
         self.shards[self.slot_of_bucket(bucket)]
@@ -199,34 +257,154 @@ impl ShardMap {
     }
 }
 
-/// One value per shard (a connection pool, say), routed by a [`ShardMap`].
+/// The text form a map is stored in: each shard in order, `=`, and its
+/// ranges, shards separated by `;` (`0=0-511;1=512-1023;2=` has shard 2
+/// owning nothing yet).
+impl fmt::Display for ShardMap {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let ranges = self.ranges();
+        for (index, shard) in self.shards.iter().enumerate() {
+            if index > 0 {
+                f.write_str(";")?;
+            }
+            write!(f, "{shard}=")?;
+            let mut first = true;
+            for range in ranges.iter().filter(|r| r.shard == *shard) {
+                if !first {
+                    f.write_str(",")?;
+                }
+                first = false;
+                write!(f, "{}-{}", range.from, range.to)?;
+            }
+        }
+        Ok(())
+    }
+}
+
+impl FromStr for ShardMap {
+    type Err = ShardMapError;
+
+    fn from_str(text: &str) -> Result<Self, Self::Err> {
+        let malformed = |part: &str, reason| ShardMapError::Malformed { text: part.into(), reason };
+        let number = |part: &str| part.trim().parse::<u32>();
+        let mut shards = Vec::new();
+        let mut ranges = Vec::new();
+        for entry in text.split(';') {
+            let (shard, list) =
+                entry.split_once('=').ok_or_else(|| malformed(entry, "expected shard=ranges"))?;
+            let shard = ShardId(number(shard).map_err(|_| malformed(entry, "bad shard id"))?);
+            shards.push(shard);
+            for range in list.split(',').filter(|r| !r.trim().is_empty()) {
+                let (from, to) =
+                    range.split_once('-').ok_or_else(|| malformed(range, "expected from-to"))?;
+                let (Ok(from), Ok(to)) = (number(from), number(to)) else {
+                    return Err(malformed(range, "bad bucket number"));
+                };
+                ranges.push(BucketRange { shard, from, to });
+            }
+        }
+        Self::new(&shards, &ranges)
+    }
+}
+
+/// One value per shard (a connection pool, say), routed by the [`ShardMap`]
+/// last installed. Clones share the map: installing a new version on one is
+/// seen by all of them.
 #[derive(Debug, Clone)]
 pub struct Shards<T> {
-    map: ShardMap,
-    members: Vec<T>,
+    /// Every shard a value was built for, in configuration order. A map may
+    /// use any subset of them.
+    members: Arc<[(ShardId, T)]>,
+    routing: Arc<ArcSwap<Routing>>,
+}
+
+/// A map, its version, and each bucket's position in `members`.
+#[derive(Debug)]
+struct Routing {
+    version: u64,
+    map: Arc<ShardMap>,
+    member: Box<[u16]>,
+}
+
+impl Routing {
+    fn new<T>(
+        members: &[(ShardId, T)],
+        map: ShardMap,
+        version: u64,
+    ) -> Result<Self, ShardMapError> {
+        let mut position = Vec::with_capacity(map.shards.len());
+        for shard in &map.shards {
+            let index = members
+                .iter()
+                .position(|(id, _)| id == shard)
+                .ok_or(ShardMapError::NotConfigured { shard: *shard })?;
+            position.push(index as u16);
+        }
+        let member = map.owner.iter().map(|slot| position[*slot as usize]).collect();
+        Ok(Self { version, map: Arc::new(map), member })
+    }
 }
 
 impl<T> Shards<T> {
-    /// Pairs each shard of `map` with the value `make` builds for it.
+    /// Pairs each shard of `map` with the value `make` builds for it; the
+    /// map is version 0.
     pub fn build<E>(map: ShardMap, make: impl FnMut(ShardId) -> Result<T, E>) -> Result<Self, E> {
-        let members = map.shards().iter().copied().map(make).collect::<Result<_, _>>()?;
-        Ok(Self { map, members })
+        let ids = map.shards().to_vec();
+        let values = ids.iter().copied().map(make).collect::<Result<Vec<T>, E>>()?;
+        let members: Vec<(ShardId, T)> = ids.into_iter().zip(values).collect();
+        let routing = Routing::new(&members, map, 0).expect("every shard of the map has a value");
+        Ok(Self { members: members.into(), routing: Arc::new(ArcSwap::from_pointee(routing)) })
     }
 
-    /// Returns the shard map.
-    pub fn map(&self) -> &ShardMap {
-        &self.map
+    /// Routes `members` (every shard a value exists for) by `map`, which may
+    /// leave some of them without buckets.
+    pub fn with_members(
+        members: Vec<(ShardId, T)>,
+        map: ShardMap,
+        version: u64,
+    ) -> Result<Self, ShardMapError> {
+        let routing = Routing::new(&members, map, version)?;
+        Ok(Self { members: members.into(), routing: Arc::new(ArcSwap::from_pointee(routing)) })
+    }
+
+    /// Routes by `map` from now on, if `version` is newer than the current
+    /// one; returns whether it was installed. A map naming a shard without a
+    /// member is refused and changes nothing.
+    pub fn install(&self, map: ShardMap, version: u64) -> Result<bool, ShardMapError> {
+        if version <= self.version() {
+            return Ok(false);
+        }
+        let routing = Arc::new(Routing::new(&self.members, map, version)?);
+        let previous = self.routing.rcu(|current| {
+            if current.version < version { routing.clone() } else { current.clone() }
+        });
+        Ok(previous.version < version)
+    }
+
+    /// Returns the version of the map in use.
+    pub fn version(&self) -> u64 {
+        self.routing.load().version
+    }
+
+    /// Returns the map in use.
+    pub fn map(&self) -> Arc<ShardMap> {
+        self.routing.load().map.clone()
     }
 
     /// Returns the value of a shard, if the shard exists.
     pub fn get(&self, shard: ShardId) -> Option<&T> {
-        self.map.slot_of(shard).map(|slot| &self.members[slot])
+        self.members.iter().find(|(id, _)| *id == shard).map(|(_, value)| value)
+    }
+
+    fn of_bucket(&self, bucket: u32) -> (ShardId, &T) {
+        let index = self.routing.load().member[(bucket % BUCKETS) as usize];
+        let (shard, value) = &self.members[index as usize];
+        (*shard, value)
     }
 
     /// Returns the value of the shard that stores a user.
     pub fn for_user(&self, user_id: u64) -> (ShardId, &T) {
-        let slot = self.map.slot_of_bucket(bucket_of(user_id));
-        (self.map.shards[slot], &self.members[slot])
+        self.of_bucket(bucket_of(user_id))
     }
 
     /// Returns the value of a message's home shard.
@@ -241,13 +419,19 @@ impl<T> Shards<T> {
 
     /// Returns the value of the shard that owns a string key.
     pub fn for_key(&self, key: &str) -> (ShardId, &T) {
-        let slot = self.map.slot_of_bucket(bucket_of_key(key));
-        (self.map.shards[slot], &self.members[slot])
+        self.of_bucket(bucket_of_key(key))
     }
 
-    /// Iterates over every shard and its value, in configuration order.
+    /// Groups user ids by their shard in the map in use, keeping each
+    /// group's input order (see [`ShardMap::partition_users`]).
+    pub fn partition_users(&self, user_ids: &[u64]) -> Vec<(ShardId, Vec<u64>)> {
+        self.routing.load().map.partition_users(user_ids)
+    }
+
+    /// Iterates over every shard and its value, in configuration order,
+    /// whether or not the map gives it buckets.
     pub fn iter(&self) -> impl Iterator<Item = (ShardId, &T)> {
-        self.map.shards.iter().copied().zip(self.members.iter())
+        self.members.iter().map(|(shard, value)| (*shard, value))
     }
 
     /// Returns the number of shards.
@@ -372,5 +556,58 @@ mod tests {
         assert_eq!(pool, &format!("pool-{shard}"));
         assert_eq!(shards.get(ShardId(3)).map(String::as_str), Some("pool-3"));
         assert!(shards.get(ShardId(7)).is_none());
+    }
+
+    #[test]
+    fn text_form_round_trips_and_lists_shards_without_buckets() {
+        let map = ShardMap::even(&ids(2)).unwrap().with_shard(ShardId(7)).unwrap();
+        assert_eq!(map.to_string(), "0=0-511;1=512-1023;7=");
+        let moved = map.with_range(ShardId(7), 100, 199).unwrap();
+        assert_eq!(moved.to_string(), "0=0-99,200-511;1=512-1023;7=100-199");
+        let parsed: ShardMap = moved.to_string().parse().unwrap();
+        assert_eq!(parsed.shards(), moved.shards());
+        assert_eq!(parsed.ranges(), moved.ranges());
+        assert_eq!(
+            ShardMap::new(moved.shards(), &moved.ranges()).unwrap().to_string(),
+            moved.to_string()
+        );
+    }
+
+    #[test]
+    fn malformed_text_and_duplicate_shards_are_refused() {
+        for text in ["", "0", "0=0-1023;x=", "0=0-1023;1=5", "0=0-10"] {
+            assert!(text.parse::<ShardMap>().is_err(), "{text:?} parsed");
+        }
+        let map = ShardMap::even(&ids(2)).unwrap();
+        assert!(matches!(map.with_shard(ShardId(1)), Err(ShardMapError::DuplicateShard { .. })));
+        assert!(matches!(
+            map.with_range(ShardId(9), 0, 10),
+            Err(ShardMapError::UnknownShard { .. })
+        ));
+    }
+
+    #[test]
+    fn installed_maps_route_every_clone_and_only_newer_versions_win() {
+        let members: Vec<(ShardId, String)> =
+            ids(3).into_iter().map(|id| (id, format!("pool-{id}"))).collect();
+        let start = ShardMap::even(&ids(2)).unwrap();
+        let shards = Shards::with_members(members, start.clone(), 1).unwrap();
+        let clone = shards.clone();
+        let user = (1..).find(|u| bucket_of(*u) < 100).unwrap();
+        assert_eq!(shards.for_user(user).0, ShardId(0));
+        let moved = start.with_shard(ShardId(2)).unwrap().with_range(ShardId(2), 0, 99).unwrap();
+        assert!(shards.install(moved.clone(), 2).unwrap());
+        assert_eq!(clone.for_user(user), (ShardId(2), &"pool-2".to_owned()));
+        assert_eq!(clone.version(), 2);
+        assert!(!shards.install(start.clone(), 2).unwrap(), "same version again");
+        assert!(!shards.install(start, 1).unwrap(), "older version");
+        assert_eq!(shards.for_user(user).0, ShardId(2));
+        let unknown = moved.with_shard(ShardId(5)).unwrap().with_range(ShardId(5), 0, 0).unwrap();
+        assert_eq!(
+            shards.install(unknown, 3).unwrap_err(),
+            ShardMapError::NotConfigured { shard: ShardId(5) }
+        );
+        assert_eq!(shards.version(), 2);
+        assert_eq!(shards.iter().count(), 3, "every member, bucketed or not");
     }
 }

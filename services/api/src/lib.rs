@@ -127,6 +127,11 @@ impl Application {
             health::watch_backends(self.ctx.clone(), heartbeats.clone(), shutdown.clone());
         let probes = Probes::new(backends.clone(), heartbeats, &self.ctx.settings.health);
         tokio::spawn(follow_backends(health.clone(), backends, updating.clone(), shutdown.clone()));
+        let shard_map = tokio::spawn(notify_core::shard_map::follow(
+            self.ctx.clone(),
+            notify_core::shard_map::Replica::new("api"),
+            shutdown.clone(),
+        ));
         let metrics = tokio::spawn(notify_core::telemetry::serve_metrics(
             self.metrics_listener,
             probes,
@@ -239,6 +244,7 @@ impl Application {
             () = deadline => tracing::warn!(grace_secs = grace.as_secs(), "in-flight calls outlived the shutdown grace period"),
         }
         metrics.await??;
+        shard_map.await?;
         info!("notify-api stopped");
         Ok(())
     }

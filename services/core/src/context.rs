@@ -44,6 +44,7 @@ impl Context {
     /// the setting of whatever is unreachable.
     pub async fn connect(settings: Settings) -> Result<Self> {
         let pools = db::connect(&settings).await?;
+        crate::shard_map::adopt(&settings, &pools).await?;
         let pool_max = settings.database.pool_max as usize;
         let cache = Cache::connect(&settings.redis).await?;
         let publisher = Publisher::connect(&settings).await?;

@@ -22,6 +22,7 @@ pub mod quota;
 pub mod retention;
 pub mod send;
 pub mod settings;
+pub mod shard_map;
 pub mod telemetry;
 
 pub use context::Context;

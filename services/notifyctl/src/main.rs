@@ -7,6 +7,7 @@ mod groups;
 mod inbox;
 mod recipients;
 mod sends;
+mod shards;
 mod tail;
 
 use clap::{Parser, Subcommand};
@@ -95,6 +96,10 @@ enum Command {
     /// Makes client tokens (offline: nothing is sent to the api).
     #[command(subcommand)]
     Token(admin::TokenCommand),
+    /// Shows and changes the versioned shard map (directly on the directory
+    /// shard, with the services' configuration).
+    #[command(subcommand)]
+    Shard(shards::ShardCommand),
     /// Shows audit records of a send, a group or a client (admin scope).
     Audit(admin::AuditArgs),
     /// Checks the api's health: exit code 0 when SERVING, 1 when not, 2
@@ -120,6 +125,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Migrate => return migrate().await,
         Command::Retention => return retention().await,
         Command::Token(command) => return admin::token(command),
+        Command::Shard(command) => return shards::run(command).await,
         Command::Health { service } => {
             // The exit code is the answer: 1 for not serving, 2 for no answer.
             let serving = match cli.connect.connect().await {
@@ -139,7 +145,11 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
     };
     let channel = cli.connect.connect().await?;
     match command {
-        Command::Migrate | Command::Retention | Command::Token(_) | Command::Health { .. } => {
+        Command::Migrate
+        | Command::Retention
+        | Command::Token(_)
+        | Command::Shard(_)
+        | Command::Health { .. } => {
             unreachable!("handled above")
         }
         Command::Audit(args) => admin::audit(channel, args).await,
@@ -161,6 +171,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
 async fn retention() -> anyhow::Result<()> {
     let settings = notify_core::Settings::load()?;
     let pools = notify_core::db::connect(&settings).await?;
+    notify_core::shard_map::adopt(&settings, &pools).await?;
     let cache = notify_core::cache::Cache::connect(&settings.redis).await?;
     let report =
         notify_core::retention::run_once(&pools, &cache, &settings.retention, chrono::Utc::now())

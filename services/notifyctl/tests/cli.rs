@@ -137,3 +137,56 @@ async fn tail_prints_snapshots_then_items_as_they_arrive() {
     child.kill().await.unwrap();
     app.cleanup().await;
 }
+
+#[tokio::test]
+async fn shard_map_shows_the_stored_map_and_shard_add_registers_a_configured_shard() {
+    let mut app = spawn_app_with(test_settings(), true).await;
+    let config = app.write_config_file();
+    let env = [("NOTIFY_CONFIG", config.to_str().unwrap())];
+    let (code, shown, err) = notifyctl_env(&env, &["shard", "map"]).await;
+    assert_eq!(code, 0, "{err}");
+    assert!(shown.contains("shard map version 1 (initial: database.bucket_ranges"), "{shown}");
+    assert!(shown.contains("shard 3:  256 buckets  768..=1023"), "{shown}");
+
+    // A fifth shard in the config: an even split over five would move most
+    // buckets; the stored map moves none, and `shard add` registers it empty.
+    let fifth = format!("{}_extra", app.settings.database.shards[0].database);
+    app.settings.database.shards.push(notify_core::settings::ShardSettings {
+        id: shard_router::ShardId(4),
+        database: fifth.clone(),
+        url: None,
+        url_file: None,
+    });
+    let config = app.write_config_file();
+    let env = [("NOTIFY_CONFIG", config.to_str().unwrap())];
+    let (code, added, err) = notifyctl_env(&env, &["shard", "add", "--id", "4"]).await;
+    assert_eq!(code, 0, "{err}");
+    assert!(added.contains("shard 4 registered: shard map version 2"), "{added}");
+    assert!(added.contains("shard 0:  256 buckets  0..=255"), "{added}");
+    assert!(added.contains("shard 4:    0 buckets  none"), "{added}");
+    let (code, _, err) = notifyctl_env(&env, &["shard", "add", "--id", "4"]).await;
+    assert_eq!(code, 1);
+    assert!(err.contains("shard 4 is already in the shard map (version 2)"), "{err}");
+
+    // The running api and worker were not given shard 4: they keep version 1
+    // and say so.
+    let refused = notify_testkit::eventually(
+        "both replicas report refusing version 2",
+        std::time::Duration::from_secs(10),
+        || async {
+            let (_, shown, _) = notifyctl_env(&env, &["shard", "map"]).await;
+            (shown.matches("version    1").count() == 2
+                && shown.matches("refused version 2").count() == 2)
+                .then_some(shown)
+        },
+    )
+    .await;
+    assert!(refused.contains("replicas (2)"), "{refused}");
+
+    let (_, shard0) = app.ctx.pools.iter().next().unwrap();
+    sqlx::query(sqlx::AssertSqlSafe(format!("DROP DATABASE IF EXISTS `{fifth}`")))
+        .execute(shard0)
+        .await
+        .unwrap();
+    app.cleanup().await;
+}

@@ -130,6 +130,11 @@ impl Worker {
                 },
             ));
         }
+        tasks.spawn(notify_core::shard_map::follow(
+            ctx.clone(),
+            notify_core::shard_map::Replica::new("worker"),
+            shutdown.clone(),
+        ));
         if ctx.settings.retention.interval_secs > 0 {
             // Not a heartbeat loop: a run may take long (a month's drop, or
             // the first split after an upgrade), and that is no stall.

@@ -13,6 +13,7 @@ mod lifecycle;
 mod retention;
 mod send;
 mod server;
+mod shard_map;
 mod tls;
 mod traces;
 mod validation;

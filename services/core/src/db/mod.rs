@@ -116,13 +116,8 @@ pub async fn connect(settings: &Settings) -> Result<ShardPools> {
             })?;
         pools.push((shard.id, pool));
     }
-    Shards::build(map, |id| {
-        pools
-            .iter()
-            .find(|(shard, _)| *shard == id)
-            .map(|(_, pool)| pool.clone())
-            .ok_or_else(|| Error::Internal(format!("no pool for shard {id}")))
-    })
+    // Version 0 until [`crate::shard_map::adopt`] installs the stored map.
+    Shards::with_members(pools, map, 0).map_err(|e| Error::Internal(e.to_string()))
 }
 
 /// Creates every shard database that does not exist and applies pending

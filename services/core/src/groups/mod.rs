@@ -91,7 +91,7 @@ pub async fn add_members(
     let mut lock = lock_group(ctx, group_id).await?;
     let max_seq = store::max_seq(&mut *lock, group_id).await?.unwrap_or(0);
     let joined_seq = if with_history { 0 } else { max_seq };
-    let parts = ctx.pools.map().partition_users(user_ids);
+    let parts = ctx.pools.partition_users(user_ids);
     // Members may live on any shard, not only on those of this batch.
     let members = on_every_shard(
         ctx.pools.iter().map(|(_, pool)| async move { store::count_members(pool, group_id).await }),
@@ -134,7 +134,7 @@ pub async fn add_members(
 pub async fn remove_members(ctx: &Context, group_id: u64, user_ids: &[u64]) -> Result<u64> {
     let _permit = ctx.cross_shard_permit().await?;
     let lock = lock_group(ctx, group_id).await?;
-    let parts = ctx.pools.map().partition_users(user_ids);
+    let parts = ctx.pools.partition_users(user_ids);
     let removed = change_members(
         ctx,
         user_ids,

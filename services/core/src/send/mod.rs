@@ -183,7 +183,7 @@ pub async fn append(
         .content();
     let copy = ContentCopy { content: &content, expire_at, created_at };
     let planned =
-        plan::plan_batch(ctx.pools.map(), batch_number, user_ids, ctx.settings.send.chunk_size)?;
+        plan::plan_batch(&ctx.pools.map(), batch_number, user_ids, ctx.settings.send.chunk_size)?;
     let stores = planned.iter().map(|(shard, chunk_plans)| {
         let copy = &copy;
         async move {

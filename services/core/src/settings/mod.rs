@@ -145,8 +145,11 @@ pub struct DatabaseSettings {
     pub idle_transaction_timeout_secs: u64,
     /// The physical shards.
     pub shards: Vec<ShardSettings>,
-    /// Bucket ranges; empty means an even split.
+    /// Bucket ranges; empty means an even split. The initial value of the
+    /// stored, versioned map ([`crate::shard_map`]).
     pub bucket_ranges: Vec<BucketRange>,
+    /// How often a replica looks for a new version of the shard map.
+    pub shard_map_refresh_ms: u64,
 }
 
 /// The RabbitMQ broker.
@@ -422,6 +425,7 @@ impl Settings {
             ("worker.max_attempts", u64::from(self.worker.max_attempts)),
             ("worker.operation_timeout_secs", self.worker.operation_timeout_secs),
             ("database.pool_max", u64::from(self.database.pool_max)),
+            ("database.shard_map_refresh_ms", self.database.shard_map_refresh_ms),
             ("groups.max_members", self.groups.max_members),
             ("groups.seq_cache_ttl_secs", self.groups.seq_cache_ttl_secs),
             ("groups.membership_cache_ttl_secs", self.groups.membership_cache_ttl_secs),
