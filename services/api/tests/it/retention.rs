@@ -114,6 +114,10 @@ async fn months_are_made_ahead_and_dropped_past_the_horizon_with_inbox_badges_an
     let progress = get(&app, current).await.progress.unwrap();
     assert_eq!((progress.total, progress.delivered), (3, 3), "progress is kept");
 
+    for (_, pool) in app.ctx.pools.iter() {
+        assert!(partitions::pending_badges(pool, 1).await.unwrap().is_empty(), "all drained");
+    }
+
     // A second run changes nothing.
     let again = retention::run_once(&app.ctx.pools, &app.ctx.cache, &settings, now).await.unwrap();
     assert!(again.partitions_added.is_empty() && again.partitions_dropped.is_empty(), "{again:?}");
@@ -211,5 +215,38 @@ async fn a_cancelled_announcements_items_are_purged() {
         assert_eq!(inbox_ids(&app, user).await, vec![kept.message_id]);
         assert_eq!(badge(&app, user).await, app.unread_truth(user).await);
     }
+    app.cleanup().await;
+}
+
+#[tokio::test]
+async fn badges_noted_before_a_drop_are_invalidated_by_the_next_run_when_the_last_one_died() {
+    let app = spawn_app_with(test_settings(), true).await;
+    let user = 77;
+    let message_id = send(&app, vec![user]).await;
+    wait_for_status(&app, message_id, v1::MessageStatus::Completed).await;
+    assert_eq!(badge(&app, user).await, 1, "cached");
+    // What a run leaves when it dies after dropping a month: the items gone,
+    // their users noted, the cached badges not yet invalidated. 2,500 other
+    // users noted too, so the backlog drains over several pages.
+    let pool = app.ctx.pools.for_user(user).1;
+    sqlx::query("DELETE FROM message_items WHERE user_id = ?")
+        .bind(user)
+        .execute(pool)
+        .await
+        .unwrap();
+    let mut noted = sqlx::QueryBuilder::new("INSERT INTO retention_pending_badges (user_id) ");
+    noted.push_values((1_000_000..1_002_500u64).chain([user]), |mut row, id| {
+        row.push_bind(id);
+    });
+    noted.build().execute(pool).await.unwrap();
+    assert_eq!(badge(&app, user).await, 1, "stale until invalidated");
+
+    let report = retention::run_once(&app.ctx.pools, &app.ctx.cache, &items_only(100), Utc::now())
+        .await
+        .unwrap();
+    assert_eq!(report.badges_invalidated, 2_501, "{report:?}");
+    assert!(partitions::pending_badges(pool, 1).await.unwrap().is_empty());
+    assert_eq!(badge(&app, user).await, 0);
+    assert_eq!(badge(&app, user).await, app.unread_truth(user).await);
     app.cleanup().await;
 }

@@ -125,23 +125,37 @@ async fn maintain_partitions(
     now: DateTime<Utc>,
     report: &mut Report,
 ) -> Result<()> {
+    // A run that died between a drop and its invalidations left users behind.
+    report.badges_invalidated += invalidate_pending(pool, cache).await?;
     let existing = partitions::existing(pool).await?;
     let plan = partitions::plan(&existing, now, settings.months_ahead, settings.items_days);
     partitions::add_months(pool, &plan.add).await?;
     report.partitions_added.extend(plan.add.into_iter().map(|m| m.name));
     for month in plan.drop {
-        // Collected before the drop, invalidated after it: a badge counted
-        // in between is invalidated too.
-        let users = partitions::unread_users(pool, &month).await?;
+        // Noted before the drop, invalidated after it: a badge counted in
+        // between is invalidated too.
+        let users = partitions::note_unread_users(pool, &month).await?;
         partitions::drop_month(pool, &month).await?;
-        for batch in users.chunks(INVALIDATE_BATCH) {
-            cache.invalidate_counts(batch).await?;
-        }
-        report.badges_invalidated += users.len() as u64;
-        info!(partition = %month.name, users = users.len(), "dropped a month of items");
+        report.badges_invalidated += invalidate_pending(pool, cache).await?;
+        info!(partition = %month.name, users, "dropped a month of items");
         report.partitions_dropped.push(month.name);
     }
     Ok(())
+}
+
+/// Invalidates the badges of `retention_pending_badges` a page at a time,
+/// forgetting each page once Redis took it; returns how many.
+async fn invalidate_pending(pool: &MySqlPool, cache: &Cache) -> Result<u64> {
+    let mut invalidated = 0;
+    loop {
+        let users = partitions::pending_badges(pool, INVALIDATE_BATCH).await?;
+        if users.is_empty() {
+            return Ok(invalidated);
+        }
+        cache.invalidate_counts(&users).await?;
+        partitions::forget_pending_badges(pool, &users).await?;
+        invalidated += users.len() as u64;
+    }
 }
 
 /// Purges hidden items, then their content rows: those of expired messages

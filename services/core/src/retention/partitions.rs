@@ -157,15 +157,34 @@ pub async fn add_months(pool: &MySqlPool, months: &[Month]) -> Result<()> {
     Ok(())
 }
 
-/// Users with unread items in a partition (their cached badges change when
-/// it goes).
+/// Records the users with unread items in a partition (their cached badges
+/// change when it goes) in `retention_pending_badges`, server side.
 #[instrument(level = "debug", skip_all, fields(db.system = "mysql"))]
-pub async fn unread_users(pool: &MySqlPool, month: &Month) -> Result<Vec<u64>> {
+pub async fn note_unread_users(pool: &MySqlPool, month: &Month) -> Result<u64> {
     let sql = format!(
-        "SELECT DISTINCT user_id FROM message_items PARTITION ({}) WHERE is_read = 0",
+        "INSERT IGNORE INTO retention_pending_badges (user_id) \
+         SELECT DISTINCT user_id FROM message_items PARTITION ({}) WHERE is_read = 0",
         month.name
     );
-    Ok(sqlx::query_scalar(sqlx::AssertSqlSafe(sql)).fetch_all(pool).await?)
+    Ok(sqlx::query(sqlx::AssertSqlSafe(sql)).execute(pool).await?.rows_affected())
+}
+
+/// Up to `limit` users of `retention_pending_badges`, lowest ids first.
+pub async fn pending_badges(pool: &MySqlPool, limit: usize) -> Result<Vec<u64>> {
+    Ok(sqlx::query_scalar("SELECT user_id FROM retention_pending_badges ORDER BY user_id LIMIT ?")
+        .bind(limit as u64)
+        .fetch_all(pool)
+        .await?)
+}
+
+/// Forgets users whose badges were invalidated.
+pub async fn forget_pending_badges(pool: &MySqlPool, users: &[u64]) -> Result<()> {
+    let mut query =
+        sqlx::QueryBuilder::new("DELETE FROM retention_pending_badges WHERE user_id IN (");
+    crate::db::push_ids(&mut query, users);
+    query.push(")");
+    query.build().execute(pool).await?;
+    Ok(())
 }
 
 /// Drops a month of items.
