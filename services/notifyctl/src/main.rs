@@ -185,6 +185,8 @@ async fn retention() -> anyhow::Result<()> {
     println!("chunks deleted:     {}", report.chunks_deleted);
     println!("sends deleted:      {}", report.sends_deleted);
     println!("audit rows deleted: {}", report.audit_rows_deleted);
+    println!("group messages deleted: {}", report.group_messages_deleted);
+    println!("group cursors moved past them: {}", report.group_cursors_advanced);
     if report.shards_busy > 0 {
         println!("shards skipped (another run holds them): {}", report.shards_busy);
     }

@@ -497,3 +497,65 @@ async fn a_group_shard_down_leaves_the_inbox_badge_answering() {
     assert_eq!(status.code(), Code::Unavailable, "{status:?}");
     app.cleanup().await;
 }
+
+#[tokio::test]
+async fn messages_past_retention_go_and_members_behind_them_move_past_them() {
+    let app = spawn().await;
+    let group_id = create_group(&app, "retention").await;
+    // Members on different shards: one caught up, one half-way, one offline.
+    let members = users_on_distinct_shards(&app, 3);
+    let (current, halfway, offline) = (members[0], members[1], members[2]);
+    add(&app, group_id, members.clone(), false).await;
+    let mut client = app.groups();
+    for key in ["old-1", "old-2", "old-3", "recent"] {
+        send(&mut client, group_id, key).await;
+    }
+    ack(&app, current, group_id, 3).await.unwrap();
+    ack(&app, halfway, group_id, 1).await.unwrap();
+    // Seqs 1-3 were sent 200 days ago (ids are time-ordered).
+    let home = app.ctx.pools.for_group(group_id).1;
+    let long_ago = chrono::Utc::now() - chrono::Duration::days(200);
+    for seq in 1..=3u64 {
+        let id = notify_core::ids::first_id_at(long_ago.timestamp_millis() as u64) + seq;
+        sqlx::query("UPDATE group_messages SET message_id = ? WHERE group_id = ? AND seq = ?")
+            .bind(id)
+            .bind(group_id)
+            .bind(seq)
+            .execute(home)
+            .await
+            .unwrap();
+    }
+    assert_eq!(unread(&app, offline).await.total, 4, "cached before the run");
+    assert_eq!(unread(&app, halfway).await.total, 3);
+
+    let mut settings = app.settings.retention.clone();
+    settings.group_messages_days = 100;
+    let run = || {
+        notify_core::retention::run_once(
+            &app.ctx.pools,
+            &app.ctx.cache,
+            &settings,
+            chrono::Utc::now(),
+        )
+    };
+    let report = run().await.unwrap();
+    assert_eq!(report.group_messages_deleted, 3, "{report:?}");
+    assert_eq!(report.group_cursors_advanced, 2, "the two members behind seq 3: {report:?}");
+    for (user, ack) in [(current, 3), (halfway, 3), (offline, 3)] {
+        assert_eq!(truth(&app, user).await.get(&group_id), Some(&(4, ack)), "user {user}");
+        assert_eq!(unread(&app, user).await.total, 1, "user {user}: only the recent message");
+    }
+    let pulled = pull(&app, offline, group_id, None, 10).await;
+    let seqs: Vec<u64> = pulled.messages.iter().map(|m| m.seq).collect();
+    assert_eq!(seqs, vec![4], "what is left to pull");
+    let kept: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM group_messages WHERE group_id = ?")
+        .bind(group_id)
+        .fetch_one(home)
+        .await
+        .unwrap();
+    assert_eq!(kept, 1);
+
+    let again = run().await.unwrap();
+    assert_eq!((again.group_messages_deleted, again.group_cursors_advanced), (0, 0));
+    app.cleanup().await;
+}

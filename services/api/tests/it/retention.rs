@@ -23,6 +23,7 @@ fn items_only(items_days: u32) -> RetentionSettings {
         chunks_days: 0,
         sends_days: 0,
         audit_days: 0,
+        group_messages_days: 0,
         purge_batch_rows: 10_000,
     }
 }

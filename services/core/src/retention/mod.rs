@@ -17,6 +17,8 @@
 
 pub mod partitions;
 
+use std::collections::BTreeMap;
+
 use chrono::{DateTime, Utc};
 use sqlx::MySqlPool;
 use tracing::{info, instrument, warn};
@@ -53,6 +55,10 @@ pub struct Report {
     pub sends_deleted: u64,
     /// Audit rows deleted.
     pub audit_rows_deleted: u64,
+    /// Group messages deleted.
+    pub group_messages_deleted: u64,
+    /// Group members whose cursor was moved past deleted messages.
+    pub group_cursors_advanced: u64,
     /// Shards skipped because another process held their retention lock.
     pub shards_busy: u64,
 }
@@ -79,6 +85,10 @@ pub async fn run_once(
             warn!(error = %e, "deleting old sends failed");
             first_error.get_or_insert(e);
         }
+    }
+    if let Err(e) = purge_group_messages(pools, cache, settings, now, &mut report).await {
+        warn!(error = %e, "deleting old group messages failed");
+        first_error.get_or_insert(e);
     }
     info!(?report, "retention run finished");
     match first_error {
@@ -311,6 +321,109 @@ async fn delete_old_rows(
     )
     .await?;
     Ok(())
+}
+
+/// Deletes group messages older than `retention.group_messages_days` on
+/// every home shard, oldest first, a page at a time. Members still behind a
+/// message about to go (offline since it was sent) first have their cursor
+/// moved past it, under the same cache protocol as an ack, so
+/// `max_seq - last_ack_seq` keeps counting only what a pull can return (as
+/// a dropped month of items leaves a badge). Cursors move before messages
+/// go, so a run stopped half-way leaves nothing inconsistent; running twice
+/// (two replicas) is harmless.
+async fn purge_group_messages(
+    pools: &ShardPools,
+    cache: &Cache,
+    settings: &RetentionSettings,
+    now: DateTime<Utc>,
+    report: &mut Report,
+) -> Result<()> {
+    let below = horizon(now, settings.group_messages_days);
+    if below == 0 {
+        return Ok(());
+    }
+    for (_, home) in pools.iter() {
+        loop {
+            let old: Vec<(u64, u64)> = sqlx::query_as(
+                "SELECT group_id, seq FROM group_messages WHERE message_id < ? \
+                 ORDER BY message_id LIMIT ?",
+            )
+            .bind(below)
+            .bind(DELETE_BATCH)
+            .fetch_all(home)
+            .await?;
+            if old.is_empty() {
+                break;
+            }
+            // Each group's last seq going in this page.
+            let mut through: BTreeMap<u64, u64> = BTreeMap::new();
+            for (group_id, seq) in old {
+                let last = through.entry(group_id).or_default();
+                *last = (*last).max(seq);
+            }
+            let mut deleted = 0;
+            for (group_id, seq) in through {
+                for (_, pool) in pools.iter() {
+                    report.group_cursors_advanced +=
+                        advance_lagging_members(pool, cache, group_id, seq).await?;
+                }
+                deleted += sqlx::query(
+                    "DELETE FROM group_messages WHERE group_id = ? AND seq <= ? AND message_id < ?",
+                )
+                .bind(group_id)
+                .bind(seq)
+                .bind(below)
+                .execute(home)
+                .await?
+                .rows_affected();
+            }
+            report.group_messages_deleted += deleted;
+            if deleted == 0 {
+                // Another run deleted this page meanwhile; it goes on from here.
+                break;
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Moves the cursor of every member of `group_id` on one shard that is
+/// still before `seq` to `seq`; returns how many moved.
+async fn advance_lagging_members(
+    pool: &MySqlPool,
+    cache: &Cache,
+    group_id: u64,
+    seq: u64,
+) -> Result<u64> {
+    let mut advanced = 0;
+    loop {
+        let lagging: Vec<u64> = sqlx::query_scalar(
+            "SELECT user_id FROM group_members WHERE group_id = ? AND last_ack_seq < ? \
+             ORDER BY user_id LIMIT ?",
+        )
+        .bind(group_id)
+        .bind(seq)
+        .bind(INVALIDATE_BATCH as u64)
+        .fetch_all(pool)
+        .await?;
+        if lagging.is_empty() {
+            return Ok(advanced);
+        }
+        cache.begin_membership_change(&lagging).await?;
+        let mut update = sqlx::QueryBuilder::new(
+            "UPDATE group_members SET last_ack_seq = GREATEST(last_ack_seq, ",
+        );
+        update.push_bind(seq).push(") WHERE group_id = ").push_bind(group_id);
+        update.push(" AND user_id IN (");
+        crate::db::push_ids(&mut update, &lagging);
+        update.push(")");
+        let updated = update.build().execute(pool).await;
+        // On failure the dirty markers expire by themselves.
+        if let Err(e) = cache.end_membership_change(&lagging).await {
+            warn!(error = %e, group_id, "could not clear group change markers");
+        }
+        advanced += updated?.rows_affected();
+    }
 }
 
 /// Deletes finished sends (and drafts never started) older than

@@ -278,6 +278,8 @@ pub struct RetentionSettings {
     pub sends_days: u32,
     /// Audit rows are kept this long.
     pub audit_days: u32,
+    /// Group messages are kept this long.
+    pub group_messages_days: u32,
     /// Rows one statement of a cancelled announcement's purge deletes.
     pub purge_batch_rows: u64,
 }
