@@ -245,23 +245,37 @@ pub async fn follow(ctx: Context, replica: Replica, shutdown: CancellationToken)
     let mut tick =
         tokio::time::interval(Duration::from_millis(ctx.settings.database.shard_map_refresh_ms));
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    // A directory shard that stops answering must hold up neither the next
+    // look nor the process's shutdown.
+    let patience = Duration::from_millis(ctx.settings.database.shard_map_refresh_ms * 5)
+        .max(Duration::from_secs(5));
     let mut refused = 0;
     loop {
         tokio::select! {
             () = shutdown.cancelled() => break,
             _ = tick.tick() => {}
         }
-        if let Err(e) = refresh(pools, &replica, &mut refused).await {
-            warn!(error = %e, "shard map refresh failed; routing by version {}", pools.version());
-        }
+        let refreshed = tokio::select! {
+            () = shutdown.cancelled() => break,
+            refreshed = tokio::time::timeout(patience, refresh(pools, &replica, &mut refused)) => refreshed,
+        };
+        let failed = match refreshed {
+            Ok(Ok(_)) => continue,
+            Ok(Err(e)) => e.to_string(),
+            Err(_) => format!("no answer from the directory shard in {} ms", patience.as_millis()),
+        };
+        warn!(error = %failed, "shard map refresh failed; routing by version {}", pools.version());
     }
     if let Ok(directory) = directory(pools) {
         let gone = sqlx::query("DELETE FROM shard_map_replicas WHERE replica = ?")
             .bind(&replica.name)
-            .execute(directory)
-            .await;
-        if let Err(e) = gone {
-            warn!(error = %e, "could not remove this replica from shard_map_replicas");
+            .execute(directory);
+        match tokio::time::timeout(Duration::from_secs(2), gone).await {
+            Ok(Ok(_)) => {}
+            Ok(Err(e)) => {
+                warn!(error = %e, "could not remove this replica from shard_map_replicas")
+            }
+            Err(_) => warn!("could not remove this replica from shard_map_replicas in 2 s"),
         }
     }
 }

@@ -479,3 +479,31 @@ async fn the_api_killed_between_batches_and_after_the_starts_commit_loses_and_do
     assert_exactly_once(&app, id, &(1..=9_000).collect::<Vec<u64>>()).await;
     app.cleanup().await;
 }
+
+/// The directory shard (the first, which holds the shard map) black-holed:
+/// the map follower's look into it is abandoned at shutdown instead of
+/// holding the process until TCP gives up (many minutes).
+#[tokio::test]
+async fn a_black_holed_directory_shard_does_not_hold_the_map_follower_at_shutdown() {
+    let mut settings = test_settings();
+    settings.database.shard_map_refresh_ms = 50;
+    let (app, proxies, _) = spawn_behind_proxies_with(settings).await;
+    proxies.shards[0].black_hole().await;
+    let stop = tokio_util::sync::CancellationToken::new();
+    let replica = notify_core::shard_map::Replica::new("test");
+    let follower =
+        tokio::spawn(notify_core::shard_map::follow(app.ctx.clone(), replica, stop.clone()));
+    // This runtime has one thread: the follower runs until its first look
+    // waits on the black hole.
+    for _ in 0..10 {
+        tokio::task::yield_now().await;
+    }
+    stop.cancel();
+    tokio::time::timeout(Duration::from_secs(5), follower)
+        .await
+        .expect("the follower stopped within 5 s of shutdown")
+        .unwrap();
+    proxies.shards[0].heal().await;
+    proxies.shards[0].reset_connections().await;
+    app.cleanup().await;
+}

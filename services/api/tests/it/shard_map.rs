@@ -6,6 +6,8 @@ use std::time::Duration;
 use notify_core::shard_map;
 use notify_proto::v1;
 use notify_testkit::{TestApp, eventually, spawn_app_with, test_settings};
+
+use crate::helpers::badge;
 use shard_router::{BUCKETS, ShardId, ShardMap, bucket_of};
 
 fn fast_settings() -> notify_core::Settings {
@@ -38,15 +40,6 @@ async fn items_on(app: &TestApp, shard: ShardId, user_id: u64) -> i64 {
         .fetch_one(app.ctx.pools.get(shard).unwrap())
         .await
         .unwrap()
-}
-
-async fn badge(app: &TestApp, user_id: u64) -> u64 {
-    app.inbox()
-        .get_unread_count(v1::GetUnreadCountRequest { user_id })
-        .await
-        .unwrap()
-        .into_inner()
-        .unread
 }
 
 #[tokio::test]
