@@ -557,5 +557,10 @@ async fn messages_past_retention_go_and_members_behind_them_move_past_them() {
 
     let again = run().await.unwrap();
     assert_eq!((again.group_messages_deleted, again.group_cursors_advanced), (0, 0));
+    // A member added with history starts before the oldest message kept.
+    let newcomer = (1..).find(|u| !members.contains(u)).unwrap();
+    add(&app, group_id, vec![newcomer], true).await;
+    assert_eq!(unread(&app, newcomer).await.total, 1);
+    assert_eq!(truth(&app, newcomer).await.get(&group_id), Some(&(4, 3)));
     app.cleanup().await;
 }

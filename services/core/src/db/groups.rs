@@ -86,6 +86,20 @@ pub async fn max_seq<'e>(
         .await?)
 }
 
+/// The seq before the group's oldest kept message (older ones went with
+/// retention), or `None` when it keeps none.
+pub async fn before_oldest_kept<'e>(
+    executor: impl sqlx::MySqlExecutor<'e>,
+    group_id: u64,
+) -> Result<Option<u64>> {
+    let oldest: Option<u64> =
+        sqlx::query_scalar("SELECT MIN(seq) FROM group_messages WHERE group_id = ?")
+            .bind(group_id)
+            .fetch_one(executor)
+            .await?;
+    Ok(oldest.map(|seq| seq - 1))
+}
+
 /// Reads the max seqs of groups on one shard (unknown groups are left out).
 #[instrument(level = "debug", skip_all, fields(db.system = "mysql"))]
 pub async fn max_seqs(pool: &MySqlPool, group_ids: &[u64]) -> Result<Vec<(u64, u64)>> {

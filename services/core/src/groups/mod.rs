@@ -73,8 +73,9 @@ pub async fn create(ctx: &Context, group_id: Option<u64>, name: &str) -> Result<
 }
 
 /// Adds members (sorted, distinct ids). They start at the group's current
-/// seq, or at 0 with `with_history`; members already in the group keep
-/// their cursor. Returns how many were added.
+/// seq, or with `with_history` before its oldest message still kept (so
+/// their unread count covers only what a pull can return); members already
+/// in the group keep their cursor. Returns how many were added.
 ///
 /// Member changes of a group hold its row lock, so the member limit holds
 /// under concurrent calls. Each shard's rows are written in one transaction;
@@ -90,7 +91,11 @@ pub async fn add_members(
     let _permit = ctx.cross_shard_permit().await?;
     let mut lock = lock_group(ctx, group_id).await?;
     let max_seq = store::max_seq(&mut *lock, group_id).await?.unwrap_or(0);
-    let joined_seq = if with_history { 0 } else { max_seq };
+    let joined_seq = if with_history {
+        store::before_oldest_kept(&mut *lock, group_id).await?.unwrap_or(max_seq)
+    } else {
+        max_seq
+    };
     let parts = ctx.pools.partition_users(user_ids);
     // Members may live on any shard, not only on those of this batch.
     let members = on_every_shard(
