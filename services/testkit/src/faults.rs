@@ -6,6 +6,7 @@
 //! are untouched.
 
 use std::net::SocketAddr;
+use std::time::Duration;
 
 use notify_core::Settings;
 use noxious::proxy::{ProxyConfig, ProxyRunner, Runner, Toxics};
@@ -92,11 +93,16 @@ impl FaultProxy {
     /// Refuses new connections and drops every open one, like a server
     /// that went away.
     pub async fn down(&self) {
-        if let Some(running) = self.running.lock().await.take() {
+        if let Some(mut running) = self.running.lock().await.take() {
             running.stopper.stop();
             // The runner drops its listener before it returns: once it has,
-            // the caller's next step sees the outage.
-            let _ = running.task.await;
+            // the caller's next step sees the outage. A runner that does not
+            // see the stop (it waits on an upstream connect between accepts)
+            // is aborted, which drops the listener all the same.
+            if tokio::time::timeout(Duration::from_secs(5), &mut running.task).await.is_err() {
+                running.task.abort();
+                let _ = running.task.await;
+            }
         }
     }
 
