@@ -244,7 +244,7 @@ impl InstanceLease {
     }
 }
 
-fn hostname() -> String {
+pub(crate) fn hostname() -> String {
     std::env::var("HOSTNAME").unwrap_or_else(|_| "local".to_owned())
 }
 

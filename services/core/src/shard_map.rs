@@ -68,7 +68,7 @@ pub struct Replica {
 impl Replica {
     /// A name for this process in `role` (`api`, `worker`).
     pub fn new(role: &'static str) -> Self {
-        let host = std::env::var("HOSTNAME").unwrap_or_else(|_| "local".to_owned());
+        let host = crate::ids::hostname();
         let name = format!("{role} {host}:{}:{:08x}", std::process::id(), rand::random::<u32>());
         Self { name, role }
     }
