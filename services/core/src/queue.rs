@@ -132,8 +132,19 @@ impl Topology {
         format!("{}.chunks.dead", self.prefix)
     }
 
-    /// Declares every exchange and queue (idempotent).
+    /// Declares every exchange and queue (idempotent), within the broker
+    /// timeout (see [`bounded`]).
     pub async fn declare(&self, channel: &Channel) -> Result<()> {
+        match tokio::time::timeout(BROKER_TIMEOUT, self.declare_all(channel)).await {
+            Ok(declared) => declared,
+            Err(_) => Err(Error::Unavailable(format!(
+                "rabbitmq: declaring the topology got no answer within {} s",
+                BROKER_TIMEOUT.as_secs()
+            ))),
+        }
+    }
+
+    async fn declare_all(&self, channel: &Channel) -> Result<()> {
         let durable = ExchangeDeclareOptions { durable: true, ..Default::default() };
         channel
             .exchange_declare(
@@ -252,6 +263,23 @@ pub async fn connect(settings: &RabbitSettings, name: &str) -> Result<Connection
     }
 }
 
+/// Runs one step of setting up a channel (open it, declare, set QoS,
+/// consume) within the broker timeout: a broker that took the connection
+/// and then stopped answering must fail the step, so that the caller
+/// reconnects, instead of holding it (and a consumer lane) forever.
+pub async fn bounded<T>(
+    step: &str,
+    future: impl Future<Output = std::result::Result<T, lapin::Error>>,
+) -> Result<T> {
+    match tokio::time::timeout(BROKER_TIMEOUT, future).await {
+        Ok(done) => Ok(done?),
+        Err(_) => Err(Error::Unavailable(format!(
+            "rabbitmq: {step} got no answer within {} s",
+            BROKER_TIMEOUT.as_secs()
+        ))),
+    }
+}
+
 /// Publishes chunk tasks as persistent messages and waits for the broker's
 /// confirms, so a task counts as queued only once RabbitMQ has it on disk.
 pub struct Publisher {
@@ -292,9 +320,9 @@ impl Publisher {
             warn!("rabbitmq publisher channel lost, reconnecting");
         }
         let connection = connect(&self.settings, "notify-publisher").await?;
-        let channel = connection.create_channel().await?;
+        let channel = bounded("opening a channel", connection.create_channel()).await?;
         self.topology.declare(&channel).await?;
-        channel.confirm_select(ConfirmSelectOptions::default()).await?;
+        bounded("confirm.select", channel.confirm_select(ConfirmSelectOptions::default())).await?;
         info!("rabbitmq publisher connected");
         *guard = Some((connection, channel.clone()));
         Ok(channel)

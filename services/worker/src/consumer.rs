@@ -134,7 +134,7 @@ async fn consume(
     let settings = &ctx.settings;
     let name = format!("notify-worker-{}-s{shard}", lane.name());
     let connection = queue::connect(&settings.rabbitmq, &name).await?;
-    let channel = connection.create_channel().await?;
+    let channel = queue::bounded("opening a channel", connection.create_channel()).await?;
     let topology = Topology::new(settings);
     topology.declare(&channel).await?;
     let concurrency = settings.worker.concurrency;
@@ -149,15 +149,14 @@ async fn consume(
     // more than we can work on, and unacked tasks return to the queue if
     // this process dies.
     let prefetch = u16::try_from(concurrency * group).unwrap_or(u16::MAX);
-    channel.basic_qos(prefetch, BasicQosOptions::default()).await?;
-    let consumer = channel
-        .basic_consume(
-            topology.queue(lane, shard).into(),
-            format!("{name}-{}", std::process::id()).into(),
-            BasicConsumeOptions::default(),
-            FieldTable::default(),
-        )
-        .await?;
+    queue::bounded("basic.qos", channel.basic_qos(prefetch, BasicQosOptions::default())).await?;
+    let consume = channel.basic_consume(
+        topology.queue(lane, shard).into(),
+        format!("{name}-{}", std::process::id()).into(),
+        BasicConsumeOptions::default(),
+        FieldTable::default(),
+    );
+    let consumer = queue::bounded("basic.consume", consume).await?;
     info!(lane = lane.name(), shard, concurrency, "consuming chunk tasks");
     health.consuming.store(true, Ordering::Relaxed);
     // Idle ticks share the deliveries' slots: when every slot is stuck, the

@@ -118,29 +118,28 @@ async fn consume(
 ) -> Result<(), Error> {
     let settings = &hub.context().settings;
     let connection = queue::connect(&settings.rabbitmq, "notify-api-events").await?;
-    let channel = connection.create_channel().await?;
+    let channel = queue::bounded("opening a channel", connection.create_channel()).await?;
     let topology = Topology::new(settings);
     topology.declare(&channel).await?;
     let exclusive =
         QueueDeclareOptions { exclusive: true, auto_delete: true, ..Default::default() };
-    let queue = channel.queue_declare("".into(), exclusive, FieldTable::default()).await?;
-    channel
-        .queue_bind(
-            queue.name().as_str().into(),
-            topology.events_exchange().into(),
-            "".into(),
-            QueueBindOptions::default(),
-            FieldTable::default(),
-        )
-        .await?;
-    let mut deliveries = channel
-        .basic_consume(
-            queue.name().as_str().into(),
-            "notify-api-events".into(),
-            BasicConsumeOptions { no_ack: true, ..Default::default() },
-            FieldTable::default(),
-        )
-        .await?;
+    let declare = channel.queue_declare("".into(), exclusive, FieldTable::default());
+    let queue = queue::bounded("declaring the events queue", declare).await?;
+    let bind = channel.queue_bind(
+        queue.name().as_str().into(),
+        topology.events_exchange().into(),
+        "".into(),
+        QueueBindOptions::default(),
+        FieldTable::default(),
+    );
+    queue::bounded("binding the events queue", bind).await?;
+    let consume = channel.basic_consume(
+        queue.name().as_str().into(),
+        "notify-api-events".into(),
+        BasicConsumeOptions { no_ack: true, ..Default::default() },
+        FieldTable::default(),
+    );
+    let mut deliveries = queue::bounded("basic.consume", consume).await?;
     bound.send_replace(true);
     info!(queue = queue.name().as_str(), "consuming change events");
     if resync {
