@@ -12,8 +12,10 @@
 //! Nothing here does I/O: [`Shards`] holds one value (a connection pool, in the
 //! services) per shard and routes to it.
 
+mod buckets;
 mod hash;
 mod map;
 
+pub use buckets::BucketSet;
 pub use hash::{BUCKETS, bucket_of, bucket_of_key, stable_hash, stable_hash_str};
-pub use map::{BucketRange, ShardId, ShardMap, ShardMapError, Shards};
+pub use map::{BucketRange, Key, Routed, ShardId, ShardMap, ShardMapError, Shards, Snapshot};

@@ -5,11 +5,13 @@
 use std::collections::HashMap;
 use std::fmt;
 use std::str::FromStr;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError, Weak};
 
 use arc_swap::ArcSwap;
 use serde::Deserialize;
+use tokio::sync::watch;
 
+use crate::buckets::BucketSet;
 use crate::hash::{BUCKETS, bucket_of, bucket_of_key};
 
 /// Identifies a physical shard, as named in the configuration.
@@ -310,19 +312,34 @@ impl FromStr for ShardMap {
 /// One value per shard (a connection pool, say), routed by the [`ShardMap`]
 /// last installed. Clones share the map: installing a new version on one is
 /// seen by all of them.
+///
+/// A version may also freeze buckets for writes (while a move copies their
+/// last changes): [`Self::writable`] waits until a version that does not
+/// freeze the bucket is installed. Every route holds the version it was
+/// taken under until it is dropped, and [`Self::oldest_in_use`] says which
+/// version the oldest route still held was taken under: a replica reports a
+/// version as the one it routes by only once no older route is in flight,
+/// which is what makes a freeze (or a flip) a point after which nothing
+/// writes by the older map.
 #[derive(Debug, Clone)]
 pub struct Shards<T> {
     /// Every shard a value was built for, in configuration order. A map may
     /// use any subset of them.
     members: Arc<[(ShardId, T)]>,
     routing: Arc<ArcSwap<Routing>>,
+    /// Versions replaced while routes taken under them may still be held.
+    retired: Arc<Mutex<Vec<Weak<Routing>>>>,
+    /// The version installed last, for writers waiting out a freeze.
+    installed: Arc<watch::Sender<u64>>,
 }
 
-/// A map, its version, and each bucket's position in `members`.
+/// A map, its version, its frozen buckets, and each bucket's position in
+/// `members`.
 #[derive(Debug)]
 struct Routing {
     version: u64,
     map: Arc<ShardMap>,
+    frozen: BucketSet,
     member: Box<[u16]>,
 }
 
@@ -330,6 +347,7 @@ impl Routing {
     fn new<T>(
         members: &[(ShardId, T)],
         map: ShardMap,
+        frozen: BucketSet,
         version: u64,
     ) -> Result<Self, ShardMapError> {
         let mut position = Vec::with_capacity(map.shards.len());
@@ -341,7 +359,123 @@ impl Routing {
             position.push(index as u16);
         }
         let member = map.owner.iter().map(|slot| position[*slot as usize]).collect();
-        Ok(Self { version, map: Arc::new(map), member })
+        Ok(Self { version, map: Arc::new(map), frozen, member })
+    }
+}
+
+/// What routes to a shard: a user, a message or group home, a string key.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Key<'a> {
+    /// The shard that stores a user's rows.
+    User(u64),
+    /// A message's home shard.
+    Message(u64),
+    /// A group's home shard.
+    Group(u64),
+    /// The shard that owns a string key (an idempotency key, say).
+    Str(&'a str),
+}
+
+impl Key<'_> {
+    /// The key's bucket.
+    pub fn bucket(&self) -> u32 {
+        match *self {
+            Self::User(id) | Self::Message(id) | Self::Group(id) => bucket_of(id),
+            Self::Str(key) => bucket_of_key(key),
+        }
+    }
+}
+
+/// A shard's value, routed by one version of the map, which it holds until
+/// dropped (see [`Shards::oldest_in_use`]). Derefs to the value.
+#[derive(Debug)]
+pub struct Routed<'a, T> {
+    shard: ShardId,
+    value: &'a T,
+    routing: Arc<Routing>,
+}
+
+impl<'a, T> Routed<'a, T> {
+    /// The shard routed to.
+    pub fn shard(&self) -> ShardId {
+        self.shard
+    }
+
+    /// The value (outliving the route: keep the route while writing).
+    pub fn value(&self) -> &'a T {
+        self.value
+    }
+
+    /// The version of the map this route was taken under.
+    pub fn version(&self) -> u64 {
+        self.routing.version
+    }
+}
+
+impl<T> std::ops::Deref for Routed<'_, T> {
+    type Target = T;
+
+    fn deref(&self) -> &T {
+        self.value
+    }
+}
+
+/// One version of the map, held: routes taken from it all agree, and it
+/// counts as in use (see [`Shards::oldest_in_use`]) until dropped.
+#[derive(Debug)]
+pub struct Snapshot<'a, T> {
+    members: &'a [(ShardId, T)],
+    routing: Arc<Routing>,
+}
+
+impl<'a, T> Snapshot<'a, T> {
+    /// The version.
+    pub fn version(&self) -> u64 {
+        self.routing.version
+    }
+
+    /// The map.
+    pub fn map(&self) -> &ShardMap {
+        &self.routing.map
+    }
+
+    /// Returns true when this version freezes `bucket` for writes.
+    pub fn is_frozen(&self, bucket: u32) -> bool {
+        self.routing.frozen.contains(bucket)
+    }
+
+    /// The buckets this version freezes for writes.
+    pub fn frozen(&self) -> BucketSet {
+        self.routing.frozen
+    }
+
+    /// The shard that owns `bucket` and its value.
+    pub fn of_bucket(&self, bucket: u32) -> (ShardId, &'a T) {
+        let index = self.routing.member[(bucket % BUCKETS) as usize];
+        let (shard, value) = &self.members[index as usize];
+        (*shard, value)
+    }
+
+    /// The shard of `key` and its value.
+    pub fn of(&self, key: Key<'_>) -> (ShardId, &'a T) {
+        self.of_bucket(key.bucket())
+    }
+
+    /// A route to `key`'s shard holding this version.
+    pub fn route(&self, key: Key<'_>) -> Routed<'a, T> {
+        let (shard, value) = self.of(key);
+        Routed { shard, value, routing: self.routing.clone() }
+    }
+
+    /// Groups user ids by their shard in this version, keeping each
+    /// group's input order (see [`ShardMap::partition_users`]).
+    pub fn partition_users(&self, user_ids: &[u64]) -> Vec<(ShardId, Vec<u64>)> {
+        self.routing.map.partition_users(user_ids)
+    }
+
+    /// Returns the value of a shard, if the shard exists.
+    pub fn get(&self, shard: ShardId) -> Option<&'a T> {
+        self.members.iter().find(|(id, _)| *id == shard).map(|(_, value)| value)
     }
 }
 
@@ -352,8 +486,7 @@ impl<T> Shards<T> {
         let ids = map.shards().to_vec();
         let values = ids.iter().copied().map(make).collect::<Result<Vec<T>, E>>()?;
         let members: Vec<(ShardId, T)> = ids.into_iter().zip(values).collect();
-        let routing = Routing::new(&members, map, 0).expect("every shard of the map has a value");
-        Ok(Self { members: members.into(), routing: Arc::new(ArcSwap::from_pointee(routing)) })
+        Ok(Self::with_members(members, map, 0).expect("every shard of the map has a value"))
     }
 
     /// Routes `members` (every shard a value exists for) by `map`, which may
@@ -363,22 +496,42 @@ impl<T> Shards<T> {
         map: ShardMap,
         version: u64,
     ) -> Result<Self, ShardMapError> {
-        let routing = Routing::new(&members, map, version)?;
-        Ok(Self { members: members.into(), routing: Arc::new(ArcSwap::from_pointee(routing)) })
+        let routing = Routing::new(&members, map, BucketSet::EMPTY, version)?;
+        Ok(Self {
+            members: members.into(),
+            routing: Arc::new(ArcSwap::from_pointee(routing)),
+            retired: Arc::default(),
+            installed: Arc::new(watch::channel(version).0),
+        })
     }
 
-    /// Routes by `map` from now on, if `version` is newer than the current
-    /// one; returns whether it was installed. A map naming a shard without a
-    /// member is refused and changes nothing.
-    pub fn install(&self, map: ShardMap, version: u64) -> Result<bool, ShardMapError> {
+    /// Routes by `map`, with `frozen` buckets frozen for writes, from now
+    /// on, if `version` is newer than the current one; returns whether it
+    /// was installed. A map naming a shard without a member is refused and
+    /// changes nothing.
+    pub fn install(
+        &self,
+        map: ShardMap,
+        frozen: BucketSet,
+        version: u64,
+    ) -> Result<bool, ShardMapError> {
         if version <= self.version() {
             return Ok(false);
         }
-        let routing = Arc::new(Routing::new(&self.members, map, version)?);
+        let routing = Arc::new(Routing::new(&self.members, map, frozen, version)?);
         let previous = self.routing.rcu(|current| {
             if current.version < version { routing.clone() } else { current.clone() }
         });
-        Ok(previous.version < version)
+        if previous.version >= version {
+            return Ok(false);
+        }
+        let mut retired = self.retired.lock().unwrap_or_else(PoisonError::into_inner);
+        retired.retain(|old| old.strong_count() > 0);
+        retired.push(Arc::downgrade(&previous));
+        drop(retired);
+        drop(previous);
+        self.installed.send_replace(version);
+        Ok(true)
     }
 
     /// Returns the version of the map in use.
@@ -386,9 +539,24 @@ impl<T> Shards<T> {
         self.routing.load().version
     }
 
+    /// Returns the oldest version a route still held was taken under (the
+    /// version in use when none is older): the version this process can say
+    /// it routes by, because nothing it does still goes by an older one.
+    pub fn oldest_in_use(&self) -> u64 {
+        let current = self.version();
+        let mut retired = self.retired.lock().unwrap_or_else(PoisonError::into_inner);
+        retired.retain(|old| old.strong_count() > 0);
+        retired.iter().filter_map(Weak::upgrade).map(|old| old.version).fold(current, u64::min)
+    }
+
     /// Returns the map in use.
     pub fn map(&self) -> Arc<ShardMap> {
         self.routing.load().map.clone()
+    }
+
+    /// Holds the version in use, to route several keys by one map.
+    pub fn snapshot(&self) -> Snapshot<'_, T> {
+        Snapshot { members: &self.members, routing: self.routing.load_full() }
     }
 
     /// Returns the value of a shard, if the shard exists.
@@ -396,30 +564,63 @@ impl<T> Shards<T> {
         self.members.iter().find(|(id, _)| *id == shard).map(|(_, value)| value)
     }
 
-    fn of_bucket(&self, bucket: u32) -> (ShardId, &T) {
-        let index = self.routing.load().member[(bucket % BUCKETS) as usize];
-        let (shard, value) = &self.members[index as usize];
-        (*shard, value)
+    /// Routes `key` by the map in use, frozen or not: for reads, which go on
+    /// at the source of a move until it flips.
+    pub fn route(&self, key: Key<'_>) -> Routed<'_, T> {
+        self.snapshot().route(key)
+    }
+
+    /// Routes a write to `key` by the map in use, unless it freezes the
+    /// key's bucket.
+    pub fn try_writable(&self, key: Key<'_>) -> Option<Routed<'_, T>> {
+        self.try_writable_snapshot(&[key.bucket()]).map(|snapshot| snapshot.route(key))
+    }
+
+    /// Routes a write to `key`: by the map in use, once it does not freeze
+    /// the key's bucket (waiting for the version that ends the freeze).
+    pub async fn writable(&self, key: Key<'_>) -> Routed<'_, T> {
+        self.writable_snapshot(&[key.bucket()]).await.route(key)
+    }
+
+    /// Holds the map in use for writes to several buckets, unless it
+    /// freezes one of them.
+    pub fn try_writable_snapshot(&self, buckets: &[u32]) -> Option<Snapshot<'_, T>> {
+        let snapshot = self.snapshot();
+        (!buckets.iter().any(|bucket| snapshot.is_frozen(*bucket))).then_some(snapshot)
+    }
+
+    /// Holds the map in use for writes to several buckets, once it freezes
+    /// none of them (waiting for the version that ends the freeze).
+    pub async fn writable_snapshot(&self, buckets: &[u32]) -> Snapshot<'_, T> {
+        let mut installed = self.installed.subscribe();
+        loop {
+            // Subscribed before looking: a version installed meanwhile wakes us.
+            if let Some(snapshot) = self.try_writable_snapshot(buckets) {
+                return snapshot;
+            }
+            // The sender lives as long as `self`.
+            let _ = installed.changed().await;
+        }
     }
 
     /// Returns the value of the shard that stores a user.
-    pub fn for_user(&self, user_id: u64) -> (ShardId, &T) {
-        self.of_bucket(bucket_of(user_id))
+    pub fn for_user(&self, user_id: u64) -> Routed<'_, T> {
+        self.route(Key::User(user_id))
     }
 
     /// Returns the value of a message's home shard.
-    pub fn for_message(&self, message_id: u64) -> (ShardId, &T) {
-        self.for_user(message_id)
+    pub fn for_message(&self, message_id: u64) -> Routed<'_, T> {
+        self.route(Key::Message(message_id))
     }
 
     /// Returns the value of a group's home shard.
-    pub fn for_group(&self, group_id: u64) -> (ShardId, &T) {
-        self.for_user(group_id)
+    pub fn for_group(&self, group_id: u64) -> Routed<'_, T> {
+        self.route(Key::Group(group_id))
     }
 
     /// Returns the value of the shard that owns a string key.
-    pub fn for_key(&self, key: &str) -> (ShardId, &T) {
-        self.of_bucket(bucket_of_key(key))
+    pub fn for_key(&self, key: &str) -> Routed<'_, T> {
+        self.route(Key::Str(key))
     }
 
     /// Groups user ids by their shard in the map in use, keeping each
@@ -552,8 +753,8 @@ mod tests {
             Shards::build(ShardMap::even(&ids(4)).unwrap(), |id| Ok::<_, ()>(format!("pool-{id}")))
                 .unwrap();
         assert_eq!(shards.len(), 4);
-        let (shard, pool) = shards.for_user(42);
-        assert_eq!(pool, &format!("pool-{shard}"));
+        let routed = shards.for_user(42);
+        assert_eq!(*routed, format!("pool-{}", routed.shard()));
         assert_eq!(shards.get(ShardId(3)).map(String::as_str), Some("pool-3"));
         assert!(shards.get(ShardId(7)).is_none());
     }
@@ -594,20 +795,81 @@ mod tests {
         let shards = Shards::with_members(members, start.clone(), 1).unwrap();
         let clone = shards.clone();
         let user = (1..).find(|u| bucket_of(*u) < 100).unwrap();
-        assert_eq!(shards.for_user(user).0, ShardId(0));
+        assert_eq!(shards.for_user(user).shard(), ShardId(0));
         let moved = start.with_shard(ShardId(2)).unwrap().with_range(ShardId(2), 0, 99).unwrap();
-        assert!(shards.install(moved.clone(), 2).unwrap());
-        assert_eq!(clone.for_user(user), (ShardId(2), &"pool-2".to_owned()));
+        assert!(shards.install(moved.clone(), BucketSet::EMPTY, 2).unwrap());
+        assert_eq!(clone.for_user(user).shard(), ShardId(2));
+        assert_eq!(*clone.for_user(user), "pool-2");
         assert_eq!(clone.version(), 2);
-        assert!(!shards.install(start.clone(), 2).unwrap(), "same version again");
-        assert!(!shards.install(start, 1).unwrap(), "older version");
-        assert_eq!(shards.for_user(user).0, ShardId(2));
+        assert!(!shards.install(start.clone(), BucketSet::EMPTY, 2).unwrap(), "same version");
+        assert!(!shards.install(start, BucketSet::EMPTY, 1).unwrap(), "older version");
+        assert_eq!(shards.for_user(user).shard(), ShardId(2));
         let unknown = moved.with_shard(ShardId(5)).unwrap().with_range(ShardId(5), 0, 0).unwrap();
         assert_eq!(
-            shards.install(unknown, 3).unwrap_err(),
+            shards.install(unknown, BucketSet::EMPTY, 3).unwrap_err(),
             ShardMapError::NotConfigured { shard: ShardId(5) }
         );
         assert_eq!(shards.version(), 2);
         assert_eq!(shards.iter().count(), 3, "every member, bucketed or not");
+    }
+
+    fn three_members() -> (Shards<String>, ShardMap) {
+        let members: Vec<(ShardId, String)> =
+            ids(3).into_iter().map(|id| (id, format!("pool-{id}"))).collect();
+        let start = ShardMap::even(&ids(2)).unwrap().with_shard(ShardId(2)).unwrap();
+        (Shards::with_members(members, start.clone(), 1).unwrap(), start)
+    }
+
+    #[test]
+    fn a_replica_routes_by_a_version_only_once_no_older_route_is_held() {
+        let (shards, start) = three_members();
+        let held = shards.for_user(1);
+        let snapshot = shards.snapshot();
+        assert_eq!(shards.oldest_in_use(), 1);
+        assert!(shards.install(start.clone(), BucketSet::EMPTY, 2).unwrap());
+        assert!(shards.install(start.clone(), BucketSet::EMPTY, 3).unwrap());
+        assert_eq!(shards.version(), 3);
+        assert_eq!(shards.oldest_in_use(), 1, "a route taken under version 1 is still held");
+        drop(held);
+        assert_eq!(shards.oldest_in_use(), 1, "so is a snapshot of version 1");
+        drop(snapshot);
+        assert_eq!(shards.oldest_in_use(), 3);
+        let under_three = shards.for_key("k");
+        assert!(shards.install(start, BucketSet::EMPTY, 4).unwrap());
+        assert_eq!((under_three.version(), shards.oldest_in_use()), (3, 3));
+        drop(under_three);
+        assert_eq!(shards.oldest_in_use(), 4);
+    }
+
+    #[tokio::test]
+    async fn writes_to_a_frozen_bucket_wait_for_the_version_that_ends_the_freeze() {
+        let (shards, start) = three_members();
+        let user = (1..).find(|u| bucket_of(*u) == 600).unwrap();
+        let other = (1..).find(|u| bucket_of(*u) == 100).unwrap();
+        let frozen = BucketSet::range(512, 767);
+        assert!(shards.install(start.clone(), frozen, 2).unwrap());
+        let snapshot = shards.snapshot();
+        assert!(snapshot.is_frozen(600) && !snapshot.is_frozen(100));
+        assert_eq!(snapshot.frozen(), frozen);
+        drop(snapshot);
+        // Reads and writes elsewhere go on; the frozen bucket's write waits.
+        assert_eq!(shards.route(Key::User(user)).shard(), ShardId(1));
+        assert_eq!(shards.writable(Key::User(other)).await.shard(), ShardId(0));
+        let waiter = {
+            let shards = shards.clone();
+            tokio::spawn(async move {
+                let routed = shards.writable(Key::User(user)).await;
+                (routed.shard(), routed.version())
+            })
+        };
+        tokio::task::yield_now().await;
+        assert!(!waiter.is_finished(), "a write to a frozen bucket went ahead");
+        // A newer version that still freezes it keeps the writer waiting.
+        assert!(shards.install(start.clone(), frozen, 3).unwrap());
+        tokio::task::yield_now().await;
+        assert!(!waiter.is_finished());
+        let flipped = start.with_range(ShardId(2), 512, 767).unwrap();
+        assert!(shards.install(flipped, BucketSet::EMPTY, 4).unwrap());
+        assert_eq!(waiter.await.unwrap(), (ShardId(2), 4));
     }
 }

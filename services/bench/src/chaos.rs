@@ -710,7 +710,7 @@ async fn readers(channels: Vec<Channel>, groups: Vec<u64>, shared: Shared, stop:
 
 /// Status of a send on its home shard.
 async fn status_of(ctx: &notify_core::Context, message_id: u64) -> anyhow::Result<Option<u8>> {
-    let home = ctx.pools.for_message(message_id).1;
+    let home = ctx.pools.for_message(message_id).value();
     Ok(sqlx::query_scalar("SELECT status FROM messages WHERE message_id = ?")
         .bind(message_id)
         .fetch_optional(home)
@@ -794,7 +794,7 @@ async fn exactly_once(
 async fn group_seqs(ctx: &notify_core::Context, groups: &[u64]) -> anyhow::Result<u64> {
     let mut messages = 0;
     for group_id in groups {
-        let home = ctx.pools.for_group(*group_id).1;
+        let home = ctx.pools.for_group(*group_id).value();
         let max_seq: u64 = sqlx::query_scalar("SELECT max_seq FROM group_seqs WHERE group_id = ?")
             .bind(group_id)
             .fetch_optional(home)
@@ -831,7 +831,7 @@ async fn badges(
     let live_ids: Vec<u64> = live.iter().map(|a| a.message_id).collect();
     let mut checked = 0;
     for user in users {
-        let pool = ctx.pools.for_user(user).1;
+        let pool = ctx.pools.for_user(user).value();
         let (truth, present) = notify_core::db::items::badge_truth(pool, user, &live_ids)
             .await
             .map_err(|e| anyhow!("{e}"))?;
@@ -841,7 +841,7 @@ async fn badges(
         let memberships =
             notify_core::db::groups::memberships(pool, user).await.map_err(|e| anyhow!("{e}"))?;
         for (group_id, last_ack_seq) in memberships {
-            let home = ctx.pools.for_group(group_id).1;
+            let home = ctx.pools.for_group(group_id).value();
             let max_seq: u64 =
                 sqlx::query_scalar("SELECT max_seq FROM group_seqs WHERE group_id = ?")
                     .bind(group_id)

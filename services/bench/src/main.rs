@@ -24,6 +24,7 @@ mod events;
 mod fanout;
 mod group;
 mod harness;
+mod moves;
 mod procstat;
 mod wire;
 
@@ -56,6 +57,8 @@ enum Command {
     Chaos(chaos::ChaosArgs),
     /// N GetUnreadCount calls against a running api (for profiling it).
     Calls(calls::CallsArgs),
+    /// A bucket move under mark-read load vs a raw copy of the same rows.
+    Move(moves::MoveArgs),
 }
 
 #[tokio::main]
@@ -69,6 +72,7 @@ async fn main() {
         Command::Events(args) => events::run(args).await,
         Command::Chaos(args) => chaos::run(args).await,
         Command::Calls(args) => calls::run(args).await,
+        Command::Move(args) => moves::run(args).await,
     };
     if let Err(e) = result {
         eprintln!("notify-bench: {e:#}");

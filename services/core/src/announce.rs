@@ -15,6 +15,7 @@
 
 use chrono::{NaiveDateTime, Utc};
 use serde::{Deserialize, Serialize};
+use shard_router::Key;
 use tracing::{instrument, warn};
 
 use crate::context::Context;
@@ -50,8 +51,8 @@ impl Active {
 pub async fn send(ctx: &Context, new_send: &NewSend) -> Result<(Created, SendStatus)> {
     let created = send::create(ctx, new_send).await?;
     let id = created.message_id;
-    let home = ctx.pools.for_message(id.get()).1;
-    let row = messages::fetch_existing(home, id).await?;
+    let home = ctx.writable(Key::Message(id.get())).await?;
+    let row = messages::fetch_existing(&home, id).await?;
     if row.status()? != SendStatus::NotStarted || row.start_requested {
         return Ok((created, row.status()?));
     }
@@ -63,19 +64,19 @@ pub async fn send(ctx: &Context, new_send: &NewSend) -> Result<(Created, SendSta
     let copies = ctx.pools.iter().map(|(_, pool)| chunks::store_content(pool, id, &copy));
     futures::future::try_join_all(copies).await?;
     let start_now = row.send_at.is_none_or(|at| at <= send::now());
-    messages::request_start(home, id, Lane::High as u8, start_now).await?;
+    messages::request_start(&*home, id, Lane::High as u8, start_now).await?;
     if start_now {
         activated(ctx, id).await;
     }
-    let status = messages::fetch_existing(home, id).await?.status()?;
+    let status = messages::fetch_existing(&home, id).await?.status()?;
     Ok((created, status))
 }
 
 /// Makes a newly live announcement visible to every badge and stream.
 pub async fn activated(ctx: &Context, message_id: MessageId) {
     retire_badges(ctx, message_id).await;
-    let home = ctx.pools.for_message(message_id.get()).1;
-    match chunks::content_summary(home, message_id).await {
+    let home = ctx.pools.for_message(message_id.get());
+    match chunks::content_summary(&home, message_id).await {
         Ok(Some(summary)) => {
             let event = BusEvent::Announced { message_id: message_id.get(), summary };
             events::publish_best_effort(ctx, &event).await;
@@ -131,6 +132,9 @@ pub async fn active(ctx: &Context) -> Result<Vec<Active>> {
     }
     let mut list = Vec::new();
     let (mut reached, mut unreachable) = (0, None);
+    // During a bucket move an announcement's home record is on two shards
+    // for a while: only the shard the map routes it to counts.
+    let routes = ctx.pools.snapshot();
     for (shard, pool) in ctx.pools.iter() {
         // A shard that accepts and never answers counts as unreachable.
         let reading = tokio::time::timeout(SHARD_READ_TIMEOUT, messages::live_announcements(pool));
@@ -140,7 +144,10 @@ pub async fn active(ctx: &Context) -> Result<Vec<Active>> {
         match read {
             Ok(live) => {
                 reached += 1;
-                list.extend(live.into_iter().map(|(message_id, expire_at)| Active {
+                let homed = live
+                    .into_iter()
+                    .filter(|(message_id, _)| routes.of(Key::Message(*message_id)).0 == shard);
+                list.extend(homed.map(|(message_id, expire_at)| Active {
                     message_id,
                     expire_at_ms: expire_at.map(to_ms),
                 }));
@@ -179,9 +186,9 @@ pub async fn unmaterialized(ctx: &Context, user_id: u64, live: &[Active]) -> Res
     if live.is_empty() {
         return Ok(Vec::new());
     }
-    let pool = ctx.pools.for_user(user_id).1;
+    let pool = ctx.pools.for_user(user_id);
     let ids: Vec<u64> = live.iter().map(|a| a.message_id).collect();
-    let present = items::present(pool, user_id, &ids).await?;
+    let present = items::present(&*pool, user_id, &ids).await?;
     Ok(live.iter().filter(|a| !present.contains(&a.message_id)).copied().collect())
 }
 
@@ -194,22 +201,11 @@ pub async fn materialize(ctx: &Context, user_id: u64) -> Result<u64> {
     if missing.is_empty() {
         return Ok(0);
     }
-    let pool = ctx.pools.for_user(user_id).1;
+    let pool = ctx.writable(Key::User(user_id)).await?;
     let ids: Vec<u64> = missing.iter().map(|a| a.message_id).collect();
     ctx.cache.begin_count_change(user_id).await?;
-    let mut written = items::materialize(pool, user_id, &ids).await;
-    // Concurrent first reads of a new user can deadlock creating its state
-    // row; InnoDB rolls one back, and trying again is the documented remedy.
-    for _ in 0..3 {
-        match &written {
-            Err(Error::Database(sqlx::Error::Database(e)))
-                if matches!(e.code().as_deref(), Some("40001")) =>
-            {
-                written = items::materialize(pool, user_id, &ids).await;
-            }
-            _ => break,
-        }
-    }
+    // Concurrent first reads of a new user can deadlock creating its state row.
+    let written = crate::db::retry_on_deadlock(|| items::materialize(&pool, user_id, &ids)).await;
     if let Err(e) = ctx.cache.end_count_change(user_id).await {
         warn!(error = %e, user_id, "could not clear a badge change marker");
     }

@@ -8,6 +8,7 @@
 //! the action's own result is unchanged (it has happened).
 
 use chrono::Utc;
+use shard_router::Key;
 use tracing::{info, warn};
 
 use crate::context::Context;
@@ -72,10 +73,18 @@ pub async fn record(ctx: &Context, entry: Entry<'_>) {
         detail = %entry.detail,
         "audit"
     );
-    let pool = match entry.target {
-        Target::Message(id) => ctx.pools.for_message(id).1,
-        Target::Group(id) => ctx.pools.for_group(id).1,
-        Target::None => ctx.pools.for_key(entry.client).1,
+    let key = match entry.target {
+        Target::Message(id) => Key::Message(id),
+        Target::Group(id) => Key::Group(id),
+        Target::None => Key::Str(entry.client),
+    };
+    let pool = match ctx.writable(key).await {
+        Ok(pool) => pool,
+        Err(e) => {
+            metrics::counter!("notify_audit_write_errors_total").increment(1);
+            warn!(error = %e, action = entry.action, client = entry.client, "could not store an audit record");
+            return;
+        }
     };
     let mut detail = entry.detail;
     if detail.len() > 512 {
@@ -103,7 +112,7 @@ pub async fn record(ctx: &Context, entry: Entry<'_>) {
         outcome: entry.outcome.to_owned(),
         detail,
     };
-    if let Err(e) = audit::insert(pool, &row).await {
+    if let Err(e) = audit::insert(&pool, &row).await {
         metrics::counter!("notify_audit_write_errors_total").increment(1);
         warn!(error = %e, action = %row.action, client = %row.client, "could not store an audit record");
     }
@@ -133,16 +142,29 @@ pub async fn list(
         Filter::Target(target) => {
             let (kind, id) = target.parts();
             let pool = match target {
-                Target::Group(id) => ctx.pools.for_group(id).1,
-                _ => ctx.pools.for_message(id).1,
+                Target::Group(id) => ctx.pools.for_group(id),
+                _ => ctx.pools.for_message(id),
             };
-            audit::by_target(pool, kind, id, before, limit).await
+            audit::by_target(&pool, kind, id, before, limit).await
         }
         Filter::Client(client) => {
-            let pages =
-                ctx.pools.iter().map(|(_, pool)| audit::by_client(pool, client, before, limit));
-            let mut rows: Vec<AuditRow> =
-                futures::future::try_join_all(pages).await?.into_iter().flatten().collect();
+            // A record of a message or group moves with its home's bucket
+            // and is on two shards during the move: count the routed one.
+            let routes = ctx.pools.snapshot();
+            let pages = ctx.pools.iter().map(|(shard, pool)| async move {
+                Ok::<_, Error>((shard, audit::by_client(pool, client, before, limit).await?))
+            });
+            let mut rows: Vec<AuditRow> = futures::future::try_join_all(pages)
+                .await?
+                .into_iter()
+                .flat_map(|(shard, rows)| rows.into_iter().map(move |row| (shard, row)))
+                .filter(|(shard, row)| match row.target_kind.as_str() {
+                    "message" => routes.of(Key::Message(row.target_id)).0 == *shard,
+                    "group" => routes.of(Key::Group(row.target_id)).0 == *shard,
+                    _ => true,
+                })
+                .map(|(_, row)| row)
+                .collect();
             rows.sort_unstable_by_key(|row| std::cmp::Reverse(row.audit_id));
             rows.truncate(limit as usize);
             Ok(rows)

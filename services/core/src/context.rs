@@ -2,7 +2,10 @@
 //! publisher and id generator. Cheap to clone.
 
 use std::sync::Arc;
+use std::time::Duration;
 
+use shard_router::{Key, Routed, Snapshot};
+use sqlx::MySqlPool;
 use tokio::sync::Semaphore;
 
 use crate::cache::Cache;
@@ -32,6 +35,44 @@ pub struct Context {
 }
 
 impl Context {
+    /// Routes a write to `key`'s shard by the map in use. While a bucket
+    /// move freezes the key's bucket, waits for the version that ends the
+    /// freeze, at most `database.freeze_wait_ms`, then fails UNAVAILABLE.
+    /// Hold the route until the write is done: the replica reports a newer
+    /// version only once no route of an older one is held.
+    pub async fn writable(&self, key: Key<'_>) -> Result<Routed<'_, MySqlPool>> {
+        Ok(self.writable_snapshot(&[key]).await?.route(key))
+    }
+
+    /// Holds the map in use for a write to several keys' shards, once it
+    /// freezes none of their buckets (waiting like [`Self::writable`]).
+    pub async fn writable_snapshot(&self, keys: &[Key<'_>]) -> Result<Snapshot<'_, MySqlPool>> {
+        let buckets: Vec<u32> = keys.iter().map(Key::bucket).collect();
+        self.writable_buckets(&buckets).await
+    }
+
+    /// Holds the map in use for a write to several users' shards, like
+    /// [`Self::writable_snapshot`].
+    pub async fn writable_users(&self, user_ids: &[u64]) -> Result<Snapshot<'_, MySqlPool>> {
+        let buckets: Vec<u32> = user_ids.iter().map(|id| shard_router::bucket_of(*id)).collect();
+        self.writable_buckets(&buckets).await
+    }
+
+    async fn writable_buckets(&self, buckets: &[u32]) -> Result<Snapshot<'_, MySqlPool>> {
+        if let Some(snapshot) = self.pools.try_writable_snapshot(buckets) {
+            return Ok(snapshot);
+        }
+        metrics::counter!("notify_frozen_writes_total").increment(1);
+        let limit = Duration::from_millis(self.settings.database.freeze_wait_ms);
+        tokio::time::timeout(limit, self.pools.writable_snapshot(buckets)).await.map_err(|_| {
+            Error::Unavailable(format!(
+                "a bucket of this write is frozen by a shard move for longer than \
+                 database.freeze_wait_ms ({} ms); retry",
+                limit.as_millis()
+            ))
+        })
+    }
+
     /// Waits for a [`Self::cross_shard_permits`] permit.
     pub async fn cross_shard_permit(&self) -> Result<tokio::sync::SemaphorePermit<'_>> {
         self.cross_shard_permits

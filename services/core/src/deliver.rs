@@ -18,12 +18,14 @@
 //! The task is acknowledged only after all of it, so a crash anywhere means a
 //! redelivery, and a redelivery changes nothing that already happened.
 
-use shard_router::ShardId;
+use shard_router::{ShardId, Snapshot};
+use sqlx::MySqlPool;
 use tracing::{debug, instrument, warn};
 
 use crate::context::Context;
-use crate::db::chunks::{self, ApplyOutcome, ContentSummary};
-use crate::domain::{MessageId, SendStatus};
+use crate::db::chunks::{self, ApplyOutcome, ChunkPlan, ContentSummary};
+use crate::db::messages;
+use crate::domain::{Lane, MessageId, SendStatus};
 use crate::error::{Error, Result};
 use crate::events::{self, BusEvent};
 use crate::queue::ChunkTask;
@@ -83,7 +85,29 @@ pub async fn apply_task(ctx: &Context, task: &ChunkTask, redelivered: bool) -> R
         record_failure(ctx, task).await?;
         return Ok(TaskOutcome::Failed);
     }
-    match chunks::apply(pool, message_id, task.chunk_id).await? {
+    let shard = ShardId(task.shard);
+    let mut splits = 0;
+    let applied = loop {
+        // Held through the apply: this replica reports a newer map only
+        // once the chunk's items are written by this one.
+        let routes = ctx.pools.snapshot();
+        let placed = |user_ids: &[u64]| placed_on(&routes, shard, user_ids);
+        match chunks::apply(pool, message_id, task.chunk_id, placed).await? {
+            ApplyOutcome::Misplaced { user_ids } if splits < MAX_SPLITS => {
+                drop(routes);
+                splits += 1;
+                split(ctx, shard, message_id, task.chunk_id, &user_ids).await?;
+            }
+            ApplyOutcome::Misplaced { .. } => {
+                return Err(Error::Unavailable(format!(
+                    "chunk {} of message {message_id}: its recipients kept moving between shards",
+                    task.chunk_id
+                )));
+            }
+            outcome => break outcome,
+        }
+    };
+    match applied {
         ApplyOutcome::Applied { user_ids, delivered, summary } => {
             let committed_at_ms = Some(chrono::Utc::now().timestamp_millis());
             match ctx.cache.invalidate_counts(&user_ids).await {
@@ -121,7 +145,89 @@ pub async fn apply_task(ctx: &Context, task: &ChunkTask, redelivered: bool) -> R
             Ok(TaskOutcome::AlreadyDone)
         }
         ApplyOutcome::Missing => Ok(TaskOutcome::Dropped),
+        ApplyOutcome::Misplaced { .. } => unreachable!("handled above"),
     }
+}
+
+/// How often one task splits its chunk before giving up (a map that keeps
+/// changing under it); the redelivery tries again.
+const MAX_SPLITS: u32 = 3;
+
+/// True when every user is routed to `shard` by `routes` and none of their
+/// buckets is frozen by a move.
+fn placed_on(routes: &Snapshot<'_, MySqlPool>, shard: ShardId, user_ids: &[u64]) -> bool {
+    user_ids.iter().all(|user_id| {
+        let bucket = shard_router::bucket_of(*user_id);
+        !routes.is_frozen(bucket) && routes.of_bucket(bucket).0 == shard
+    })
+}
+
+/// Splits a pending chunk planned by an older map: the recipients the map
+/// in use routes to other shards go to those shards as chunks of their own
+/// (stored first, with the content copy and their totals, then published),
+/// and only then leave this chunk, so the send cannot complete in between
+/// and a crash anywhere is repaired by the redelivery (the split chunks'
+/// ids derive from the chunk, the target and the map version, so storing
+/// them again adds nothing). Waits out a move's freeze of their buckets.
+async fn split(
+    ctx: &Context,
+    shard: ShardId,
+    message_id: MessageId,
+    chunk_id: u64,
+    user_ids: &[u64],
+) -> Result<()> {
+    let routes = ctx.writable_users(user_ids).await?;
+    let pool = routes
+        .get(shard)
+        .ok_or_else(|| Error::Internal(format!("task names unknown shard {shard}")))?;
+    let (keep, away): (Vec<_>, Vec<_>) =
+        routes.partition_users(user_ids).into_iter().partition(|(owner, _)| *owner == shard);
+    if away.is_empty() {
+        // Only frozen before; routed here now.
+        return Ok(());
+    }
+    let keep: Vec<u64> = keep.into_iter().flat_map(|(_, users)| users).collect();
+    let content = chunks::stored_content(pool, message_id).await?.ok_or_else(|| {
+        Error::Internal(format!("message {message_id}: no content on shard {shard}"))
+    })?;
+    let mut tasks = Vec::with_capacity(away.len());
+    for (owner, users) in away {
+        let target = routes
+            .get(owner)
+            .ok_or_else(|| Error::Internal(format!("the shard map names unknown shard {owner}")))?;
+        let chunk = ChunkPlan {
+            chunk_id: split_chunk_id(chunk_id, owner, routes.version()),
+            user_ids: users,
+        };
+        chunks::store_split(target, message_id, &content, &chunk).await?;
+        tasks.push(ChunkTask {
+            message_id: message_id.get(),
+            chunk_id: chunk.chunk_id,
+            shard: owner.0,
+        });
+    }
+    if chunks::shrink(pool, message_id, chunk_id, user_ids, &keep).await? {
+        metrics::counter!("notify_chunks_split_total").increment(1);
+        debug!(chunk_id, moved = user_ids.len() - keep.len(), "chunk split by a newer shard map");
+    }
+    let home = ctx.pools.for_message(message_id.get());
+    let lane = Lane::from_db(messages::fetch_existing(&home, message_id).await?.lane);
+    drop(home);
+    if let Err(e) = ctx.publisher.publish(lane, &tasks).await {
+        // Pending chunks of a sending send: the sweeper publishes them.
+        warn!(error = %e, "could not publish split chunks; the sweeper will");
+    }
+    Ok(())
+}
+
+/// The id of the part of `chunk_id` that map `version` routes to `shard`:
+/// the top bit set (no planned chunk has it) and a hash of the three below
+/// it, so one split stored twice is one chunk.
+fn split_chunk_id(chunk_id: u64, shard: ShardId, version: u64) -> u64 {
+    let mixed = shard_router::stable_hash(
+        chunk_id ^ shard_router::stable_hash(u64::from(shard.0) << 32 ^ version),
+    );
+    1 << 63 | mixed >> 1
 }
 
 /// Applies several first deliveries of ONE send's chunks on ONE shard as a
@@ -146,9 +252,12 @@ pub async fn apply_group(
         .pools
         .get(shard)
         .ok_or_else(|| Error::Internal(format!("task names unknown shard {}", shard.0)))?;
-    let Some(group) = chunks::apply_many(pool, message_id, chunk_ids).await? else {
+    let routes = ctx.pools.snapshot();
+    let placed = |user_ids: &[u64]| placed_on(&routes, shard, user_ids);
+    let Some(group) = chunks::apply_many(pool, message_id, chunk_ids, placed).await? else {
         return Ok(None);
     };
+    drop(routes);
     let committed_at_ms = Some(chrono::Utc::now().timestamp_millis());
     // Chunks done before (a duplicate task) were settled then; the ones left
     // unsettled, by this commit or an earlier one, need the invalidation.
@@ -196,7 +305,7 @@ const UNSETTLED_AFTER_MS: u64 = 1_000;
 /// recipients' cached badges, moves them to done and completes their sends
 /// if nothing else is left. Stops at the first Redis error (still away).
 /// Returns how many were settled.
-pub async fn settle(ctx: &Context, pool: &sqlx::MySqlPool, limit: u32) -> Result<u64> {
+pub async fn settle(ctx: &Context, pool: &MySqlPool, limit: u32) -> Result<u64> {
     let mut settled = 0;
     for chunk in chunks::unsettled(pool, UNSETTLED_AFTER_MS, limit).await? {
         ctx.cache.invalidate_counts(&chunk.user_ids).await?;

@@ -74,6 +74,12 @@ impl Error {
         }
     }
 
+    /// Returns true when InnoDB rolled the transaction back as a deadlock
+    /// victim (SQLSTATE 40001): running it again is the documented remedy.
+    pub fn is_deadlock(&self) -> bool {
+        matches!(self, Self::Database(sqlx::Error::Database(e)) if e.code().as_deref() == Some("40001"))
+    }
+
     /// Returns true when retrying the same operation later may succeed.
     pub fn is_transient(&self) -> bool {
         match self {

@@ -6,6 +6,7 @@ use std::collections::HashMap;
 use base64::Engine;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use chrono::Utc;
+use shard_router::Key;
 use tracing::{instrument, warn};
 
 use crate::announce;
@@ -60,9 +61,9 @@ pub async fn list(ctx: &Context, user_id: UserId, query: &InboxQuery<'_>) -> Res
     if let Err(e) = announce::materialize(ctx, user_id.get()).await {
         warn!(error = %e, user_id = user_id.get(), "could not materialize announcements");
     }
-    let pool = ctx.pools.for_user(user_id.get()).1;
+    let pool = ctx.pools.for_user(user_id.get());
     let fetch = InboxQuery { limit: query.limit + 1, ..query.clone() };
-    let mut rows = items::list(pool, user_id.get(), &fetch).await?;
+    let mut rows = items::list(&pool, user_id.get(), &fetch).await?;
     let next_page_token = if rows.len() > query.limit as usize {
         rows.truncate(query.limit as usize);
         rows.last().map(|row| encode_cursor(row.message_id))
@@ -79,9 +80,9 @@ pub async fn mark_read(
     user_id: UserId,
     message_ids: &[u64],
 ) -> Result<(Vec<u64>, Vec<u64>)> {
-    let pool = ctx.pools.for_user(user_id.get()).1;
+    let pool = ctx.writable(Key::User(user_id.get())).await?;
     ctx.cache.begin_count_change(user_id.get()).await?;
-    let result = items::mark_read(pool, user_id.get(), message_ids).await;
+    let result = items::mark_read(&pool, user_id.get(), message_ids).await;
     finish_count_change(ctx, user_id).await;
     if result.as_ref().is_ok_and(|(changed, _)| !changed.is_empty()) {
         badges_changed(ctx, user_id).await;
@@ -97,9 +98,9 @@ pub async fn mark_all_read(
     category: Option<&str>,
     up_to: Option<u64>,
 ) -> Result<u64> {
-    let pool = ctx.pools.for_user(user_id.get()).1;
+    let pool = ctx.writable(Key::User(user_id.get())).await?;
     ctx.cache.begin_count_change(user_id.get()).await?;
-    let result = items::mark_all_read(pool, user_id.get(), category, up_to).await;
+    let result = items::mark_all_read(&pool, user_id.get(), category, up_to).await;
     finish_count_change(ctx, user_id).await;
     if result.as_ref().is_ok_and(|changed| *changed > 0) {
         badges_changed(ctx, user_id).await;
@@ -203,9 +204,9 @@ async fn rebuild(ctx: &Context, epoch: Option<u64>, user_ids: &[u64]) -> Result<
     let counts = user_ids.iter().map(|user_id| {
         let live = &live;
         async move {
-            let pool = ctx.pools.for_user(*user_id).1;
+            let pool = ctx.pools.for_user(*user_id);
             let ids: Vec<u64> = live.iter().map(|a| a.message_id).collect();
-            let (truth, present) = items::badge_truth(pool, *user_id, &ids).await?;
+            let (truth, present) = items::badge_truth(&pool, *user_id, &ids).await?;
             let pending: Vec<_> =
                 live.iter().filter(|a| !present.contains(&a.message_id)).collect();
             let expiries = pending.iter().filter_map(|a| a.expire_at_ms);

@@ -23,6 +23,7 @@ pub mod retention;
 pub mod send;
 pub mod settings;
 pub mod shard_map;
+pub mod shard_move;
 pub mod telemetry;
 
 pub use context::Context;

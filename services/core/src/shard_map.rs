@@ -16,11 +16,18 @@
 //! no connection settings for: it keeps its map, logs why, and reports the
 //! refused version, so an operator (and a bucket mover waiting for every live
 //! replica to run a version) sees who is behind and why.
+//!
+//! A version may freeze buckets for writes (`frozen`): writers to them wait
+//! for the version that ends the freeze, reads go on. The version a replica
+//! reports is the oldest one a route it still holds was taken under, so once
+//! every live replica reports version V, nothing anywhere writes by a map
+//! older than V: what a move needs before its last copy (V freezes the
+//! moving buckets) and before it cleans the source (V flips them).
 
 use std::fmt;
 use std::time::Duration;
 
-use shard_router::{ShardId, ShardMap};
+use shard_router::{BucketSet, ShardId, ShardMap};
 use sqlx::MySqlPool;
 use tokio_util::sync::CancellationToken;
 use tracing::{error, info, warn};
@@ -37,6 +44,8 @@ pub struct StoredMap {
     pub version: u64,
     /// The map.
     pub map: ShardMap,
+    /// The buckets it freezes for writes (a move's last copy).
+    pub frozen: BucketSet,
     /// Why it was written.
     pub reason: String,
     /// When, UTC.
@@ -89,7 +98,7 @@ pub fn directory(pools: &ShardPools) -> Result<&MySqlPool> {
         .ok_or_else(|| Error::Internal("database.shards: no shard holds the shard map".to_owned()))
 }
 
-fn parse(version: u64, text: &str) -> Result<ShardMap> {
+fn parse<T: std::str::FromStr<Err: fmt::Display>>(version: u64, text: &str) -> Result<T> {
     text.parse().map_err(|e| {
         Error::Internal(format!("shard_map_versions version {version} does not parse: {e}"))
     })
@@ -97,14 +106,15 @@ fn parse(version: u64, text: &str) -> Result<ShardMap> {
 
 /// Reads the newest version, if any was stored.
 pub async fn latest(directory: &MySqlPool) -> Result<Option<StoredMap>> {
-    let row: Option<(u64, String, String, chrono::NaiveDateTime)> = sqlx::query_as(
-        "SELECT version, shard_map, reason, created_at FROM shard_map_versions \
+    let row: Option<(u64, String, String, String, chrono::NaiveDateTime)> = sqlx::query_as(
+        "SELECT version, shard_map, frozen, reason, created_at FROM shard_map_versions \
          ORDER BY version DESC LIMIT 1",
     )
     .fetch_optional(directory)
     .await?;
-    row.map(|(version, text, reason, created_at)| {
-        Ok(StoredMap { version, map: parse(version, &text)?, reason, created_at })
+    row.map(|(version, map, frozen, reason, created_at)| {
+        let (map, frozen) = (parse(version, &map)?, parse(version, &frozen)?);
+        Ok(StoredMap { version, map, frozen, reason, created_at })
     })
     .transpose()
 }
@@ -134,7 +144,7 @@ pub async fn adopt(settings: &Settings, pools: &ShardPools) -> Result<u64> {
             "routing by the stored shard map; database.bucket_ranges only seeds an empty store"
         );
     }
-    pools.install(stored.map, stored.version).map_err(|e| {
+    pools.install(stored.map, stored.frozen, stored.version).map_err(|e| {
         Error::Internal(format!("shard map version {}: {e}: add it there first", stored.version))
     })?;
     metrics::gauge!("notify_shard_map_version").set(stored.version as f64);
@@ -144,12 +154,26 @@ pub async fn adopt(settings: &Settings, pools: &ShardPools) -> Result<u64> {
 /// Appends `map` as the version after `after`; fails with
 /// FAILED_PRECONDITION when another change got there first.
 pub async fn append(pools: &ShardPools, after: u64, map: &ShardMap, reason: &str) -> Result<u64> {
+    append_frozen(pools, after, map, BucketSet::EMPTY, reason).await
+}
+
+/// Appends `map` with `frozen` buckets frozen for writes as the version
+/// after `after`, like [`append`].
+pub async fn append_frozen(
+    pools: &ShardPools,
+    after: u64,
+    map: &ShardMap,
+    frozen: BucketSet,
+    reason: &str,
+) -> Result<u64> {
     let version = after + 1;
     let inserted = sqlx::query(
-        "INSERT IGNORE INTO shard_map_versions (version, shard_map, reason) VALUES (?, ?, ?)",
+        "INSERT IGNORE INTO shard_map_versions (version, shard_map, frozen, reason) \
+         VALUES (?, ?, ?, ?)",
     )
     .bind(version)
     .bind(map.to_string())
+    .bind(frozen.to_string())
     .bind(reason)
     .execute(directory(pools)?)
     .await?;
@@ -158,7 +182,7 @@ pub async fn append(pools: &ShardPools, after: u64, map: &ShardMap, reason: &str
             "the shard map changed since version {after}; read it again and retry"
         )));
     }
-    info!(version, map = %map, reason, "shard map version appended");
+    info!(version, map = %map, frozen = %frozen, reason, "shard map version appended");
     Ok(version)
 }
 
@@ -197,6 +221,9 @@ pub async fn replicas(directory: &MySqlPool) -> Result<Vec<ReplicaState>> {
     .await?)
 }
 
+/// Reports the version this replica routes by: the oldest one a route still
+/// held was taken under, so a version is reported only once nothing in this
+/// process writes by an older one (see [`shard_router::Shards::oldest_in_use`]).
 async fn report(pools: &ShardPools, replica: &Replica, refused: u64) -> Result<()> {
     sqlx::query(
         "INSERT INTO shard_map_replicas (replica, role, version, refused, seen_at) \
@@ -205,7 +232,7 @@ async fn report(pools: &ShardPools, replica: &Replica, refused: u64) -> Result<(
     )
     .bind(&replica.name)
     .bind(replica.role)
-    .bind(pools.version())
+    .bind(pools.oldest_in_use())
     .bind(refused)
     .execute(directory(pools)?)
     .await?;
@@ -222,9 +249,9 @@ async fn refresh(pools: &ShardPools, replica: &Replica, refused: &mut u64) -> Re
     let newer = newest.is_some_and(|v| v > pools.version() && v != *refused);
     if newer && let Some(stored) = latest(directory).await? {
         let version = stored.version;
-        match pools.install(stored.map, version) {
+        match pools.install(stored.map, stored.frozen, version) {
             Ok(_) => {
-                info!(version, reason = %stored.reason, "routing by a new shard map version");
+                info!(version, frozen = %stored.frozen, reason = %stored.reason, "routing by a new shard map version");
                 metrics::gauge!("notify_shard_map_version").set(version as f64);
             }
             Err(e) => {

@@ -3,6 +3,7 @@
 
 use std::process::Output;
 
+use notify_proto::v1;
 use notify_testkit::{spawn_app_with, test_settings};
 
 async fn notifyctl(addr: std::net::SocketAddr, args: &[&str]) -> String {
@@ -188,5 +189,48 @@ async fn shard_map_shows_the_stored_map_and_shard_add_registers_a_configured_sha
         .execute(shard0)
         .await
         .unwrap();
+    app.cleanup().await;
+}
+
+#[tokio::test]
+async fn shard_move_moves_buckets_with_their_rows_and_refuses_bad_input() {
+    let mut settings = test_settings();
+    settings.database.shard_map_refresh_ms = 100;
+    let app = spawn_app_with(settings, true).await;
+    let config = app.write_config_file();
+    let env = [("NOTIFY_CONFIG", config.to_str().unwrap())];
+    let users: Vec<u64> =
+        (1..).filter(|u| (768..=783).contains(&shard_router::bucket_of(*u))).take(50).collect();
+    let sent = app.send(users.clone()).await;
+    app.wait_for_status(sent, v1::MessageStatus::Completed).await;
+
+    let (code, _, err) = notifyctl_env(&env, &["shard", "move", "--status"]).await;
+    assert_eq!(code, 1);
+    assert!(err.contains("no shard move is in progress"), "{err}");
+    let (code, _, err) =
+        notifyctl_env(&env, &["shard", "move", "--buckets", "9..=2", "--to", "1"]).await;
+    assert_eq!(code, 1);
+    assert!(err.contains("buckets: 9..=2 must satisfy from <= to < 1024"), "{err}");
+    let (code, _, err) =
+        notifyctl_env(&env, &["shard", "move", "--buckets", "768..=783", "--to", "9"]).await;
+    assert_eq!(code, 1);
+    assert!(err.contains("shard 9 is not in the shard map"), "{err}");
+
+    let args = ["shard", "move", "--buckets", "768..=783", "--to", "1", "--batch", "8"];
+    let (code, moved, err) = notifyctl_env(&env, &args).await;
+    assert_eq!(code, 0, "{err}");
+    assert!(moved.contains("buckets 768..=783 to shard 1: done"), "{moved}");
+    assert!(moved.contains("longest write freeze"), "{moved}");
+    let (_, shown, _) = notifyctl_env(&env, &["shard", "map"]).await;
+    assert!(shown.contains("shard 1:  272 buckets  256..=511, 768..=783"), "{shown}");
+    assert!(shown.contains("shard 3:  240 buckets  784..=1023"), "{shown}");
+    let on_target: i64 =
+        sqlx::query_scalar("SELECT COUNT(*) FROM message_items WHERE message_id = ?")
+            .bind(sent)
+            .fetch_one(app.ctx.pools.get(shard_router::ShardId(1)).unwrap())
+            .await
+            .unwrap();
+    assert_eq!(on_target as usize, users.len());
+    assert_eq!(app.unread_truth(users[0]).await, 1);
     app.cleanup().await;
 }

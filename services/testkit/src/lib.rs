@@ -9,6 +9,7 @@ pub mod otlp;
 pub mod pki;
 pub mod servers;
 
+use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
@@ -23,6 +24,7 @@ use notify_proto::v1::inbox_service_client::InboxServiceClient;
 use notify_proto::v1::message_service_client::MessageServiceClient;
 use notify_worker::Worker;
 use redis::AsyncCommands;
+use shard_router::ShardId;
 use sqlx::Connection;
 use tokio::task::JoinHandle;
 use tokio_stream::StreamExt;
@@ -396,9 +398,27 @@ impl TestApp {
         users
     }
 
+    /// Every user with an item of a message and the shards holding it (one,
+    /// when delivery was exactly once), over every shard.
+    pub async fn item_shards(&self, message_id: u64) -> BTreeMap<u64, Vec<ShardId>> {
+        let mut places: BTreeMap<u64, Vec<ShardId>> = BTreeMap::new();
+        for (shard, pool) in self.ctx.pools.iter() {
+            let users: Vec<u64> =
+                sqlx::query_scalar("SELECT user_id FROM message_items WHERE message_id = ?")
+                    .bind(message_id)
+                    .fetch_all(pool)
+                    .await
+                    .expect("list items");
+            for user in users {
+                places.entry(user).or_default().push(shard);
+            }
+        }
+        places
+    }
+
     /// Unread, unexpired items of a user, counted in MySQL (the truth).
     pub async fn unread_truth(&self, user_id: u64) -> u64 {
-        let pool = self.ctx.pools.for_user(user_id).1;
+        let pool = self.ctx.pools.for_user(user_id).value();
         notify_core::db::items::count_unread(pool, user_id).await.expect("count unread").unread
     }
 

@@ -251,8 +251,8 @@ async fn sweep_message(
     let Some(pool) = ctx.pools.get(shard) else {
         return Ok(0);
     };
-    let home = ctx.pools.for_message(message_id.get()).1;
-    let Some(row) = messages::fetch(home, message_id).await? else {
+    let home = ctx.pools.for_message(message_id.get());
+    let Some(row) = messages::fetch(&*home, message_id).await? else {
         return Ok(0);
     };
     match row.status()? {

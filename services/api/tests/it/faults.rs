@@ -457,7 +457,7 @@ async fn the_api_killed_between_batches_and_after_the_starts_commit_loses_and_do
     let starting = tokio::spawn(async move {
         client.start_message(v1::StartMessageRequest { message_id: id }).await
     });
-    let home = app.ctx.pools.for_message(id).1;
+    let home = app.ctx.pools.for_message(id).value();
     eventually("the start committed", Duration::from_secs(30), || async {
         let status: u8 = sqlx::query_scalar("SELECT status FROM messages WHERE message_id = ?")
             .bind(id)

@@ -76,10 +76,11 @@ async fn unread(app: &TestApp, user_id: u64) -> v1::GetGroupUnreadResponse {
 /// `group -> (max_seq, last_ack_seq)` for a user, read from MySQL.
 async fn truth(app: &TestApp, user_id: u64) -> BTreeMap<u64, (u64, u64)> {
     let pools = &app.ctx.pools;
-    let memberships = store::memberships(pools.for_user(user_id).1, user_id).await.unwrap();
+    let memberships = store::memberships(pools.for_user(user_id).value(), user_id).await.unwrap();
     let mut truth = BTreeMap::new();
     for (group_id, ack) in memberships {
-        let max_seq = store::max_seq(pools.for_group(group_id).1, group_id).await.unwrap().unwrap();
+        let max_seq =
+            store::max_seq(pools.for_group(group_id).value(), group_id).await.unwrap().unwrap();
         truth.insert(group_id, (max_seq, ack));
     }
     truth
@@ -431,7 +432,7 @@ async fn concurrent_retries_of_one_send_store_it_once() {
     let results = futures::future::join_all(attempts).await;
     assert!(results.iter().all(|r| *r == results[0]), "{results:?}");
     assert_eq!(results[0].1, 1);
-    let home = app.ctx.pools.for_group(group).1;
+    let home = app.ctx.pools.for_group(group).value();
     assert_eq!(store::max_seq(home, group).await.unwrap(), Some(1), "no seq was used twice");
     app.cleanup().await;
 }
@@ -471,8 +472,8 @@ async fn the_member_limit_counts_members_on_every_shard() {
 async fn a_group_shard_down_leaves_the_inbox_badge_answering() {
     let app = spawn().await;
     let group = create_group(&app, "far away").await;
-    let group_shard = app.ctx.pools.for_group(group).0;
-    let user = (1..).find(|u| app.ctx.pools.for_user(*u).0 != group_shard).unwrap();
+    let group_shard = app.ctx.pools.for_group(group).shard();
+    let user = (1..).find(|u| app.ctx.pools.for_user(*u).shard() != group_shard).unwrap();
     add(&app, group, vec![user], false).await;
     send(&mut app.groups(), group, "m").await;
     assert_eq!(unread(&app, user).await.total, 1);
@@ -485,7 +486,7 @@ async fn a_group_shard_down_leaves_the_inbox_badge_answering() {
     let seq_key = app.ctx.cache.keys().group_seq(group);
     let mut redis = app.ctx.cache.connection();
     redis::cmd("DEL").arg(&seq_key).query_async::<()>(&mut redis).await.unwrap();
-    app.ctx.pools.for_group(group).1.close().await;
+    app.ctx.pools.for_group(group).value().close().await;
     let badge = inbox.get_unread_count(request).await;
     let badge = badge.expect("the inbox badge does not depend on the group's shard").into_inner();
     assert_eq!((badge.unread, badge.group_unread), (0, 0));
@@ -513,7 +514,7 @@ async fn messages_past_retention_go_and_members_behind_them_move_past_them() {
     ack(&app, current, group_id, 3).await.unwrap();
     ack(&app, halfway, group_id, 1).await.unwrap();
     // Seqs 1-3 were sent 200 days ago (ids are time-ordered).
-    let home = app.ctx.pools.for_group(group_id).1;
+    let home = app.ctx.pools.for_group(group_id).value();
     let long_ago = chrono::Utc::now() - chrono::Duration::days(200);
     for seq in 1..=3u64 {
         let id = notify_core::ids::first_id_at(long_ago.timestamp_millis() as u64) + seq;

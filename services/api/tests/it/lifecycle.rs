@@ -222,7 +222,7 @@ async fn a_half_appended_batch_blocks_start_until_it_is_appended_again() {
     client.append_recipients(batch.clone()).await.unwrap();
     // As if the api had died after storing the chunks but before recording
     // the batch.
-    let home = app.ctx.pools.for_message(id).1;
+    let home = app.ctx.pools.for_message(id).value();
     sqlx::query("DELETE FROM message_batches WHERE message_id = ?")
         .bind(id)
         .execute(home)

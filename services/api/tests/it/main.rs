@@ -14,6 +14,7 @@ mod retention;
 mod send;
 mod server;
 mod shard_map;
+mod shard_move;
 mod tls;
 mod traces;
 mod validation;

@@ -31,7 +31,7 @@ fn items_only(items_days: u32) -> RetentionSettings {
 /// Stores an item (and its content) for `user_id` as if it had been sent at `at`.
 async fn item_sent_at(app: &TestApp, user_id: u64, at: DateTime<Utc>, offset: u64) -> u64 {
     let message_id = ids::first_id_at(at.timestamp_millis() as u64) + offset;
-    let pool = app.ctx.pools.for_user(user_id).1;
+    let pool = app.ctx.pools.for_user(user_id).value();
     sqlx::query(
         "INSERT INTO message_contents (message_id, title, body, category, data, created_at) \
          VALUES (?, 'old', 'old', '', '{}', ?)",
@@ -52,7 +52,7 @@ async fn item_sent_at(app: &TestApp, user_id: u64, at: DateTime<Utc>, offset: u6
 }
 
 async fn item_exists(app: &TestApp, user_id: u64, message_id: u64) -> bool {
-    let pool = app.ctx.pools.for_user(user_id).1;
+    let pool = app.ctx.pools.for_user(user_id).value();
     let n: i64 = sqlx::query_scalar(
         "SELECT COUNT(*) FROM message_items WHERE user_id = ? AND message_id = ?",
     )
@@ -65,7 +65,7 @@ async fn item_exists(app: &TestApp, user_id: u64, message_id: u64) -> bool {
 }
 
 async fn month_names(app: &TestApp, user_id: u64) -> Vec<String> {
-    let pool = app.ctx.pools.for_user(user_id).1;
+    let pool = app.ctx.pools.for_user(user_id).value();
     partitions::existing(pool).await.unwrap().into_iter().map(|m| m.name).collect()
 }
 
@@ -229,7 +229,7 @@ async fn badges_noted_before_a_drop_are_invalidated_by_the_next_run_when_the_las
     // What a run leaves when it dies after dropping a month: the items gone,
     // their users noted, the cached badges not yet invalidated. 2,500 other
     // users noted too, so the backlog drains over several pages.
-    let pool = app.ctx.pools.for_user(user).1;
+    let pool = app.ctx.pools.for_user(user).value();
     sqlx::query("DELETE FROM message_items WHERE user_id = ?")
         .bind(user)
         .execute(pool)

@@ -84,7 +84,23 @@ pub async fn store(
     }
     let mut tx = pool.begin().await?;
     store_content(&mut *tx, message_id, copy).await?;
+    let recipients = insert_chunks(&mut tx, message_id, chunks).await?;
+    if recipients == 0 {
+        // The whole batch was stored by an earlier attempt.
+        tx.rollback().await?;
+        return Ok(0);
+    }
+    tx.commit().await?;
+    Ok(recipients)
+}
 
+/// Inserts chunks (pending) and adds them to the shard's totals; returns
+/// their recipients, or 0 when every one of them existed already.
+async fn insert_chunks(
+    tx: &mut sqlx::Transaction<'_, sqlx::MySql>,
+    message_id: MessageId,
+    chunks: &[ChunkPlan],
+) -> Result<u64> {
     let mut insert = QueryBuilder::new(
         "INSERT IGNORE INTO message_chunks (message_id, chunk_id, recipients, user_ids) ",
     );
@@ -94,10 +110,8 @@ pub async fn store(
             .push_bind(chunk.user_ids.len() as u16)
             .push_bind(encode_user_ids(&chunk.user_ids));
     });
-    let inserted = insert.build().execute(&mut *tx).await?.rows_affected();
+    let inserted = insert.build().execute(&mut **tx).await?.rows_affected();
     if inserted == 0 {
-        // The whole batch was stored by an earlier attempt.
-        tx.rollback().await?;
         return Ok(0);
     }
     if inserted != chunks.len() as u64 {
@@ -114,10 +128,117 @@ pub async fn store(
     .bind(message_id.get())
     .bind(recipients)
     .bind(inserted)
+    .execute(&mut **tx)
+    .await?;
+    Ok(recipients)
+}
+
+/// A shard's content copy of a message as stored, to copy it to another
+/// shard unchanged.
+#[derive(Debug, Clone, sqlx::FromRow)]
+pub struct StoredContent {
+    title: String,
+    body: String,
+    category: String,
+    data: String,
+    expire_at: Option<NaiveDateTime>,
+    created_at: NaiveDateTime,
+    revoked: bool,
+    revoked_at: Option<NaiveDateTime>,
+}
+
+/// Reads a shard's content copy of a message as stored.
+#[instrument(level = "debug", skip_all, fields(db.system = "mysql"))]
+pub async fn stored_content(
+    pool: &MySqlPool,
+    message_id: MessageId,
+) -> Result<Option<StoredContent>> {
+    Ok(sqlx::query_as(
+        "SELECT title, body, category, data, expire_at, created_at, revoked <> 0 AS revoked, \
+         revoked_at FROM message_contents WHERE message_id = ?",
+    )
+    .bind(message_id.get())
+    .fetch_optional(pool)
+    .await?)
+}
+
+/// Stores, in one transaction on the shard that now owns their users, a
+/// chunk split off a chunk of another shard (see [`shrink`]), with that
+/// shard's content copy and this shard's totals. Idempotent by chunk id: a
+/// second call adds nothing.
+#[instrument(level = "debug", skip_all, fields(db.system = "mysql"))]
+pub async fn store_split(
+    pool: &MySqlPool,
+    message_id: MessageId,
+    content: &StoredContent,
+    chunk: &ChunkPlan,
+) -> Result<()> {
+    let mut tx = pool.begin().await?;
+    sqlx::query(
+        "INSERT IGNORE INTO message_contents \
+         (message_id, title, body, category, data, expire_at, created_at, revoked, revoked_at) \
+         VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+    )
+    .bind(message_id.get())
+    .bind(&content.title)
+    .bind(&content.body)
+    .bind(&content.category)
+    .bind(&content.data)
+    .bind(content.expire_at)
+    .bind(content.created_at)
+    .bind(content.revoked)
+    .bind(content.revoked_at)
+    .execute(&mut *tx)
+    .await?;
+    insert_chunks(&mut tx, message_id, std::slice::from_ref(chunk)).await?;
+    tx.commit().await?;
+    Ok(())
+}
+
+/// Keeps only `keep` of a pending chunk's recipients, whose other ones were
+/// stored on the shards that now own them ([`store_split`]), and takes those
+/// off this shard's totals. Returns false, changing nothing, when the chunk
+/// is no longer pending with exactly `expected` recipients (another worker
+/// got there first).
+#[instrument(level = "debug", skip_all, fields(db.system = "mysql"))]
+pub async fn shrink(
+    pool: &MySqlPool,
+    message_id: MessageId,
+    chunk_id: u64,
+    expected: &[u64],
+    keep: &[u64],
+) -> Result<bool> {
+    let mut tx = pool.begin().await?;
+    let chunk = lock_chunk(&mut tx, message_id, chunk_id).await?;
+    let unchanged = match chunk {
+        Some((chunk_state, packed)) => {
+            chunk_state == state::PENDING && decode_user_ids(&packed)? == expected
+        }
+        None => false,
+    };
+    if !unchanged {
+        tx.rollback().await?;
+        return Ok(false);
+    }
+    sqlx::query(
+        "UPDATE message_chunks SET user_ids = ?, recipients = ?, updated_at = UTC_TIMESTAMP(3) \
+         WHERE message_id = ? AND chunk_id = ?",
+    )
+    .bind(encode_user_ids(keep))
+    .bind(keep.len() as u16)
+    .bind(message_id.get())
+    .bind(chunk_id)
+    .execute(&mut *tx)
+    .await?;
+    sqlx::query(
+        "UPDATE message_shard_stats SET total = total - ? WHERE message_id = ? AND slot = 0",
+    )
+    .bind((expected.len() - keep.len()) as u64)
+    .bind(message_id.get())
     .execute(&mut *tx)
     .await?;
     tx.commit().await?;
-    Ok(recipients)
+    Ok(true)
 }
 
 /// Stores the shard's content copy of a message (a no-op if it exists).
@@ -178,15 +299,27 @@ pub enum ApplyOutcome {
     },
     /// No such chunk on this shard (a draft that never committed, say).
     Missing,
+    /// Pending, but some recipients are no longer routed to this shard, or
+    /// their bucket is frozen by a move: nothing was written.
+    Misplaced {
+        /// Its recipients.
+        user_ids: Vec<u64>,
+    },
 }
 
 /// Applies a pending chunk in ONE transaction: the chunk row is locked and
 /// moved pending -> unsettled (the guard; [`settle`] makes it done once the
 /// badges are invalidated), the recipients' items are inserted and
 /// the shard stats are bumped. A redelivered task finds the chunk done and
-/// changes nothing.
+/// changes nothing. `placed` says whether recipients may be written here
+/// (routed to this shard, not frozen); when it says no, nothing is written.
 #[instrument(level = "debug", skip_all, fields(db.system = "mysql"))]
-pub async fn apply(pool: &MySqlPool, message_id: MessageId, chunk_id: u64) -> Result<ApplyOutcome> {
+pub async fn apply(
+    pool: &MySqlPool,
+    message_id: MessageId,
+    chunk_id: u64,
+    placed: impl Fn(&[u64]) -> bool,
+) -> Result<ApplyOutcome> {
     let Some((title, category, expire_at, created_at)) = content_row(pool, message_id).await?
     else {
         return Ok(ApplyOutcome::Missing);
@@ -194,13 +327,7 @@ pub async fn apply(pool: &MySqlPool, message_id: MessageId, chunk_id: u64) -> Re
     let summary = ContentSummary::new(title, category.clone(), created_at, expire_at);
 
     let mut tx = pool.begin().await?;
-    let chunk: Option<(u8, Vec<u8>)> = sqlx::query_as(
-        "SELECT state, user_ids FROM message_chunks WHERE message_id = ? AND chunk_id = ? FOR UPDATE",
-    )
-    .bind(message_id.get())
-    .bind(chunk_id)
-    .fetch_optional(&mut *tx)
-    .await?;
+    let chunk = lock_chunk(&mut tx, message_id, chunk_id).await?;
     let Some((chunk_state, packed)) = chunk else {
         return Ok(ApplyOutcome::Missing);
     };
@@ -210,6 +337,10 @@ pub async fn apply(pool: &MySqlPool, message_id: MessageId, chunk_id: u64) -> Re
         let unsettled = chunk_state == state::UNSETTLED;
         let delivered = chunk_state == state::DONE || unsettled;
         return Ok(ApplyOutcome::AlreadyFinished { user_ids, delivered, unsettled, summary });
+    }
+    if !placed(&user_ids) {
+        tx.rollback().await?;
+        return Ok(ApplyOutcome::Misplaced { user_ids });
     }
 
     let delivered =
@@ -227,6 +358,22 @@ pub async fn apply(pool: &MySqlPool, message_id: MessageId, chunk_id: u64) -> Re
     bump_stats_by(&mut tx, message_id, chunk_id, "delivered", delivered, duplicates, 1).await?;
     tx.commit().await?;
     Ok(ApplyOutcome::Applied { user_ids, delivered, summary })
+}
+
+/// Locks a chunk's row for the transaction; returns its state and packed
+/// recipients.
+async fn lock_chunk(
+    tx: &mut sqlx::Transaction<'_, sqlx::MySql>,
+    message_id: MessageId,
+    chunk_id: u64,
+) -> Result<Option<(u8, Vec<u8>)>> {
+    Ok(sqlx::query_as(
+        "SELECT state, user_ids FROM message_chunks WHERE message_id = ? AND chunk_id = ? FOR UPDATE",
+    )
+    .bind(message_id.get())
+    .bind(chunk_id)
+    .fetch_optional(&mut **tx)
+    .await?)
 }
 
 /// One chunk of a group applied by [`apply_many`].
@@ -261,13 +408,14 @@ pub struct GroupApplied {
 /// two groups cannot deadlock each other), only the pending ones are applied
 /// and moved to unsettled, their items go in one `INSERT` and the shard stats
 /// get one bump. Returns `None` (nothing written) when the send's content or
-/// one of the chunks is missing: the caller applies them one by one, which
-/// reports each case.
+/// one of the chunks is missing, or `placed` says no to a pending chunk's
+/// recipients: the caller applies them one by one, which handles each case.
 #[instrument(level = "debug", skip_all, fields(db.system = "mysql", chunks = chunk_ids.len()))]
 pub async fn apply_many(
     pool: &MySqlPool,
     message_id: MessageId,
     chunk_ids: &[u64],
+    placed: impl Fn(&[u64]) -> bool,
 ) -> Result<Option<GroupApplied>> {
     let Some((title, category, expire_at, created_at)) = content_row(pool, message_id).await?
     else {
@@ -301,6 +449,10 @@ pub async fn apply_many(
         });
     }
     let pending: Vec<&GroupChunk> = chunks.iter().filter(|c| c.applied_now).collect();
+    if pending.iter().any(|c| !placed(&c.user_ids)) {
+        tx.rollback().await?;
+        return Ok(None);
+    }
     if pending.is_empty() {
         tx.rollback().await?;
         return Ok(Some(GroupApplied { chunks, delivered: 0, summary }));
@@ -641,20 +793,9 @@ pub async fn claim_stale(
     older_than_secs: u64,
     limit: u32,
 ) -> Result<Vec<(u64, u64)>> {
-    let mut claimed = claim_stale_once(pool, older_than_secs, limit).await;
-    // Two claims moving the same index range can deadlock; InnoDB rolls one
-    // back (it claimed nothing), and trying again is the documented remedy.
-    for _ in 0..3 {
-        match &claimed {
-            Err(Error::Database(sqlx::Error::Database(e)))
-                if matches!(e.code().as_deref(), Some("40001")) =>
-            {
-                claimed = claim_stale_once(pool, older_than_secs, limit).await;
-            }
-            _ => break,
-        }
-    }
-    claimed
+    // Two claims moving the same index range can deadlock (the victim
+    // claimed nothing).
+    super::retry_on_deadlock(|| claim_stale_once(pool, older_than_secs, limit)).await
 }
 
 async fn claim_stale_once(

@@ -319,14 +319,25 @@ pub async fn advance_ack(
     Ok(membership(pool, user_id, group_id).await?.map(|m| m.last_ack_seq))
 }
 
-/// Counts a group's members on one shard (a range of the group index).
+/// Counts a group's members on one shard whose bucket `owned` says this shard
+/// owns (a range of the group index).
 #[instrument(level = "debug", skip_all, fields(db.system = "mysql"))]
-pub async fn count_members(pool: &MySqlPool, group_id: u64) -> Result<u64> {
-    let count: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM group_members WHERE group_id = ?")
-        .bind(group_id)
-        .fetch_one(pool)
-        .await?;
-    Ok(count.max(0) as u64)
+pub async fn count_members(
+    pool: &MySqlPool,
+    group_id: u64,
+    owned: impl Fn(u32) -> bool,
+) -> Result<u64> {
+    let counts: Vec<(u16, i64)> = sqlx::query_as(
+        "SELECT bucket, COUNT(*) FROM group_members WHERE group_id = ? GROUP BY bucket",
+    )
+    .bind(group_id)
+    .fetch_all(pool)
+    .await?;
+    Ok(counts
+        .into_iter()
+        .filter(|(bucket, _)| owned(u32::from(*bucket)))
+        .map(|(_, count)| count.max(0) as u64)
+        .sum())
 }
 
 /// Counts which of `user_ids` (all on this shard) are members already.

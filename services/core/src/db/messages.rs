@@ -147,6 +147,12 @@ pub struct IdempotencyKey<'a> {
     pub key: &'a str,
 }
 
+/// The string an idempotency key is routed by (its home is the shard of
+/// its bucket, `bucket_of_key` of this).
+pub fn idempotency_route(client: &str, sender: &str, key: &str) -> String {
+    format!("{client}\u{1f}{sender}\u{1f}{key}")
+}
+
 /// Claims a key for `candidate`, or returns the id that already holds it.
 #[instrument(level = "debug", skip_all, fields(db.system = "mysql"))]
 pub async fn claim_idempotency_key(
@@ -155,13 +161,14 @@ pub async fn claim_idempotency_key(
     candidate: MessageId,
 ) -> Result<MessageId> {
     sqlx::query(
-        "INSERT IGNORE INTO idempotency_keys (client, sender, idempotency_key, message_id) \
-         VALUES (?, ?, ?, ?)",
+        "INSERT IGNORE INTO idempotency_keys \
+         (client, sender, idempotency_key, message_id, bucket) VALUES (?, ?, ?, ?, ?)",
     )
     .bind(key.client)
     .bind(key.sender)
     .bind(key.key)
     .bind(candidate.get())
+    .bind(shard_router::bucket_of_key(&idempotency_route(key.client, key.sender, key.key)))
     .execute(pool)
     .await?;
     let holder: u64 = sqlx::query_scalar(

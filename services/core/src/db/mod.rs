@@ -193,3 +193,25 @@ async fn applied_versions(conn: &mut MySqlConnection) -> Vec<i64> {
         .await
         .unwrap_or_default()
 }
+
+/// Runs `attempt`, a whole transaction, again (up to three more times) when
+/// InnoDB picks it as a deadlock victim: concurrent transactions inserting
+/// next to each other in an index can deadlock, one is rolled back with
+/// nothing written, and trying it again is the documented remedy.
+pub async fn retry_on_deadlock<T, F, Fut>(mut attempt: F) -> Result<T>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Result<T>>,
+{
+    let mut result = attempt().await;
+    for _ in 0..3 {
+        match &result {
+            Err(e) if e.is_deadlock() => {
+                metrics::counter!("notify_deadlock_retries_total").increment(1);
+                result = attempt().await;
+            }
+            _ => break,
+        }
+    }
+    result
+}

@@ -9,6 +9,7 @@ pub use unread::{GroupUnread, UnreadSummary, unread, unread_from};
 
 use std::collections::HashMap;
 
+use shard_router::{Key, Snapshot};
 use tracing::{instrument, warn};
 
 use crate::context::Context;
@@ -59,8 +60,8 @@ pub async fn create(ctx: &Context, group_id: Option<u64>, name: &str) -> Result<
         None => ctx.ids.next_id()?.get(),
     };
     tracing::Span::current().record("group_id", group_id);
-    let home = ctx.pools.for_group(group_id).1;
-    match store::create_group(home, group_id, name).await? {
+    let home = ctx.writable(Key::Group(group_id)).await?;
+    match store::create_group(&home, group_id, name).await? {
         CreatedGroup::Created => Ok(group_id),
         CreatedGroup::Exists(_) if generated => {
             Err(Error::Unavailable("group id collision, retry the request".to_owned()))
@@ -89,18 +90,23 @@ pub async fn add_members(
     with_history: bool,
 ) -> Result<u64> {
     let _permit = ctx.cross_shard_permit().await?;
-    let mut lock = lock_group(ctx, group_id).await?;
+    let routes = writable_members(ctx, group_id, user_ids).await?;
+    let mut lock = lock_group(&routes, group_id).await?;
     let max_seq = store::max_seq(&mut *lock, group_id).await?.unwrap_or(0);
     let joined_seq = if with_history {
         store::before_oldest_kept(&mut *lock, group_id).await?.unwrap_or(max_seq)
     } else {
         max_seq
     };
-    let parts = ctx.pools.partition_users(user_ids);
+    let parts = routes.partition_users(user_ids);
     // Members may live on any shard, not only on those of this batch.
-    let members = on_every_shard(
-        ctx.pools.iter().map(|(_, pool)| async move { store::count_members(pool, group_id).await }),
-    )
+    // A member's row is on two shards while a bucket move runs: each shard
+    // counts the members it owns.
+    let routes = &routes;
+    let members = on_every_shard(ctx.pools.iter().map(|(shard, pool)| {
+        let owned = move |bucket: u32| routes.of_bucket(bucket).0 == shard;
+        async move { store::count_members(pool, group_id, owned).await }
+    }))
     .await?;
     let present = on_every_shard(parts.iter().map(|(shard, ids)| async move {
         store::count_present(shard_pool(ctx, *shard)?, group_id, ids).await
@@ -138,8 +144,9 @@ pub async fn add_members(
 #[instrument(skip_all, fields(group_id = group_id, users = user_ids.len()))]
 pub async fn remove_members(ctx: &Context, group_id: u64, user_ids: &[u64]) -> Result<u64> {
     let _permit = ctx.cross_shard_permit().await?;
-    let lock = lock_group(ctx, group_id).await?;
-    let parts = ctx.pools.partition_users(user_ids);
+    let routes = writable_members(ctx, group_id, user_ids).await?;
+    let lock = lock_group(&routes, group_id).await?;
+    let parts = routes.partition_users(user_ids);
     let removed = change_members(
         ctx,
         user_ids,
@@ -186,13 +193,28 @@ async fn on_every_shard(
 
 /// Opens a transaction on the group's home shard holding the group's row
 /// lock (member changes of one group queue here); `NotFound` if unknown.
-async fn lock_group(ctx: &Context, group_id: u64) -> Result<sqlx::Transaction<'_, sqlx::MySql>> {
-    let mut lock = ctx.pools.for_group(group_id).1.begin().await?;
+async fn lock_group(
+    routes: &Snapshot<'_, sqlx::MySqlPool>,
+    group_id: u64,
+) -> Result<sqlx::Transaction<'static, sqlx::MySql>> {
+    let mut lock = routes.of(Key::Group(group_id)).1.begin().await?;
     if !store::lock_group(&mut lock, group_id).await? {
         lock.rollback().await?;
         return Err(Error::NotFound(format!("group {group_id}")));
     }
     Ok(lock)
+}
+
+/// Holds the map for a member change: the group's home and the members'
+/// shards, once a bucket move freezes none of them.
+async fn writable_members<'c>(
+    ctx: &'c Context,
+    group_id: u64,
+    user_ids: &[u64],
+) -> Result<Snapshot<'c, sqlx::MySqlPool>> {
+    let mut keys: Vec<Key<'_>> = user_ids.iter().map(|id| Key::User(*id)).collect();
+    keys.push(Key::Group(group_id));
+    ctx.writable_snapshot(&keys).await
 }
 
 fn shard_pool(ctx: &Context, shard: shard_router::ShardId) -> Result<&sqlx::MySqlPool> {
@@ -234,9 +256,9 @@ pub struct Sent {
 /// max seq. The cost does not depend on the group's size.
 #[instrument(skip_all, fields(group_id = message.group_id, sender = %message.sender))]
 pub async fn send(ctx: &Context, message: &NewMessage) -> Result<Sent> {
-    let home = ctx.pools.for_group(message.group_id).1;
+    let home = ctx.writable(Key::Group(message.group_id)).await?;
     let appended = store::append_message(
-        home,
+        &home,
         &NewGroupMessage {
             group_id: message.group_id,
             message_id: ctx.ids.next_id()?.get(),
@@ -273,11 +295,11 @@ async fn raise_cached_seqs(ctx: &Context, seqs: HashMap<u64, u64>) {
 /// Reads a user's membership, or explains why there is none: `NotFound` for
 /// an unknown group, `PermissionDenied` for a non-member.
 async fn member_of(ctx: &Context, user_id: UserId, group_id: u64) -> Result<Membership> {
-    let pool = ctx.pools.for_user(user_id.get()).1;
-    if let Some(membership) = store::membership(pool, user_id.get(), group_id).await? {
+    let pool = ctx.pools.for_user(user_id.get());
+    if let Some(membership) = store::membership(&pool, user_id.get(), group_id).await? {
         return Ok(membership);
     }
-    if store::group_exists(ctx.pools.for_group(group_id).1, group_id).await? {
+    if store::group_exists(&ctx.pools.for_group(group_id), group_id).await? {
         Err(Error::PermissionDenied(format!(
             "user {} is not a member of group {group_id}",
             user_id.get()
@@ -310,8 +332,8 @@ pub async fn pull(
 ) -> Result<Pulled> {
     let membership = member_of(ctx, user_id, group_id).await?;
     let after = after_seq.unwrap_or(membership.last_ack_seq).max(membership.joined_seq);
-    let home = ctx.pools.for_group(group_id).1;
-    let mut messages = store::messages_after(home, group_id, after, limit + 1).await?;
+    let home = ctx.pools.for_group(group_id);
+    let mut messages = store::messages_after(&home, group_id, after, limit + 1).await?;
     let has_more = messages.len() > limit as usize;
     messages.truncate(limit as usize);
     Ok(Pulled { messages, has_more })
@@ -334,8 +356,8 @@ pub async fn ack(ctx: &Context, user_id: UserId, group_id: u64, seq: u64) -> Res
     }
     let users = [user_id.get()];
     ctx.cache.begin_membership_change(&users).await?;
-    let pool = ctx.pools.for_user(user_id.get()).1;
-    let advanced = store::advance_ack(pool, user_id.get(), group_id, seq).await;
+    let pool = ctx.writable(Key::User(user_id.get())).await?;
+    let advanced = store::advance_ack(&pool, user_id.get(), group_id, seq).await;
     finish_membership_change(ctx, &users).await;
     if advanced.as_ref().is_ok_and(Option::is_some) {
         crate::inbox::badges_changed(ctx, user_id).await;
@@ -356,8 +378,8 @@ async fn current_max_seq(ctx: &Context, group_id: u64, at_least: u64) -> Result<
         Ok(_) => {}
         Err(e) => warn!(error = %e, group_id, "group seq cache unavailable"),
     }
-    let home = ctx.pools.for_group(group_id).1;
-    let max_seq = store::max_seq(home, group_id)
+    let home = ctx.pools.for_group(group_id);
+    let max_seq = store::max_seq(&*home, group_id)
         .await?
         .ok_or_else(|| Error::NotFound(format!("group {group_id}")))?;
     raise_cached_seqs(ctx, HashMap::from([(group_id, max_seq)])).await;

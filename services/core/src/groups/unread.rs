@@ -93,8 +93,8 @@ async fn rebuild_cursors(
 ) -> Result<Vec<(u64, u64, Option<u64>)>> {
     let lease =
         if cache { ctx.cache.take_membership_lease(user_id.get()).await.ok() } else { None };
-    let pool = ctx.pools.for_user(user_id.get()).1;
-    let memberships = store::memberships(pool, user_id.get()).await?;
+    let pool = ctx.pools.for_user(user_id.get());
+    let memberships = store::memberships(&pool, user_id.get()).await?;
     if let Some(token) = lease {
         let ttl = ctx.settings.groups.membership_cache_ttl_secs;
         let stored = ctx.cache.store_memberships(user_id.get(), token, &memberships, ttl).await;

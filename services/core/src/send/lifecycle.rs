@@ -8,6 +8,7 @@
 //! one. Pause and cancel return only after the cache holds their status, so
 //! a worker that checks the cache after PauseMessage returns sees PAUSED.
 
+use shard_router::Key;
 use tracing::{info, instrument, warn};
 
 use super::{MessageView, fetch_visible, get};
@@ -27,8 +28,8 @@ pub async fn status_of(ctx: &Context, message_id: MessageId) -> Result<Option<Se
             warn!(error = %e, message_id = %message_id, "status cache unavailable, reading the home shard")
         }
     }
-    let home = ctx.pools.for_message(message_id.get()).1;
-    let Some((status, version)) = messages::fetch_status_version(home, message_id).await? else {
+    let home = ctx.pools.for_message(message_id.get());
+    let Some((status, version)) = messages::fetch_status_version(&home, message_id).await? else {
         return Ok(None);
     };
     let ttl = ctx.settings.send.status_cache_ttl_secs;
@@ -40,8 +41,8 @@ pub async fn status_of(ctx: &Context, message_id: MessageId) -> Result<Option<Se
 
 /// Caches the send's current status and version, read from its home shard.
 async fn refresh_status(ctx: &Context, message_id: MessageId) -> Result<()> {
-    let home = ctx.pools.for_message(message_id.get()).1;
-    if let Some((status, version)) = messages::fetch_status_version(home, message_id).await? {
+    let home = ctx.pools.for_message(message_id.get());
+    if let Some((status, version)) = messages::fetch_status_version(&home, message_id).await? {
         let ttl = ctx.settings.send.status_cache_ttl_secs;
         ctx.cache.write_status(message_id.get(), version, status.to_db(), ttl).await?;
     }
@@ -77,12 +78,12 @@ async fn transition(
     to: SendStatus,
     verb: &str,
 ) -> Result<bool> {
-    let home = ctx.pools.for_message(message_id.get()).1;
-    if messages::transition(home, message_id, from, to).await? {
+    let home = ctx.writable(Key::Message(message_id.get())).await?;
+    if messages::transition(&home, message_id, from, to).await? {
         refresh_status(ctx, message_id).await?;
         return Ok(true);
     }
-    let (current, _) = messages::fetch_status_version(home, message_id)
+    let (current, _) = messages::fetch_status_version(&home, message_id)
         .await?
         .ok_or_else(|| Error::NotFound(format!("message {message_id}")))?;
     if current == to {
@@ -103,7 +104,7 @@ pub async fn start(
     message_id: MessageId,
     owner: Option<&str>,
 ) -> Result<MessageView> {
-    let home = ctx.pools.for_message(message_id.get()).1;
+    let home = ctx.writable(Key::Message(message_id.get())).await?;
     let row = fetch_visible(ctx, message_id, owner).await?;
     let status = row.status()?;
     if status != SendStatus::NotStarted || row.start_requested {
@@ -173,12 +174,12 @@ pub async fn start(
 /// several worker replicas: only the one whose update wins publishes).
 #[instrument(skip_all, fields(message_id = %message_id))]
 pub async fn start_due(ctx: &Context, message_id: MessageId) -> Result<bool> {
-    let home = ctx.pools.for_message(message_id.get()).1;
-    if !messages::start_scheduled(home, message_id).await? {
+    let home = ctx.writable(Key::Message(message_id.get())).await?;
+    if !messages::start_scheduled(&home, message_id).await? {
         return Ok(false);
     }
     refresh_status_best_effort(ctx, message_id).await;
-    let row = messages::fetch_existing(home, message_id).await?;
+    let row = messages::fetch_existing(&home, message_id).await?;
     if row.audience == AudienceKind::AllUsers as u8 {
         crate::announce::activated(ctx, message_id).await;
         info!("scheduled announcement started");
@@ -238,8 +239,8 @@ pub async fn resume(
     // A repeated resume publishes again too: the first may have died before
     // publishing, and duplicate tasks are no-ops.
     transition(ctx, message_id, &[SendStatus::Paused], SendStatus::Sending, "resume").await?;
-    let home = ctx.pools.for_message(message_id.get()).1;
-    let lane = Lane::from_db(messages::fetch_existing(home, message_id).await?.lane);
+    let home = ctx.pools.for_message(message_id.get());
+    let lane = Lane::from_db(messages::fetch_existing(&home, message_id).await?.lane);
     publish_or_leave_to_sweeper(ctx, message_id, lane).await;
     complete_if_done(ctx, message_id).await?;
     get(ctx, message_id, None).await
@@ -256,8 +257,8 @@ pub async fn cancel(
     fetch_visible(ctx, message_id, owner).await?;
     let from = [SendStatus::NotStarted, SendStatus::Sending, SendStatus::Paused];
     transition(ctx, message_id, &from, SendStatus::Cancelled, "cancel").await?;
-    let home = ctx.pools.for_message(message_id.get()).1;
-    if messages::fetch_existing(home, message_id).await?.audience == AudienceKind::AllUsers as u8 {
+    let home = ctx.pools.for_message(message_id.get());
+    if messages::fetch_existing(&home, message_id).await?.audience == AudienceKind::AllUsers as u8 {
         crate::announce::revoke(ctx, message_id).await?;
         return get(ctx, message_id, None).await;
     }
@@ -277,7 +278,7 @@ pub async fn redrive(
     message_id: MessageId,
     owner: Option<&str>,
 ) -> Result<MessageView> {
-    let home = ctx.pools.for_message(message_id.get()).1;
+    let home = ctx.writable(Key::Message(message_id.get())).await?;
     let row = fetch_visible(ctx, message_id, owner).await?;
     let status = row.status()?;
     crate::announce::reject_for_announcement(row.audience, "redrive", message_id)?;
@@ -294,7 +295,7 @@ pub async fn redrive(
     if reset > 0 {
         // Re-open (and bump the version) even if still SENDING, so a
         // completion check that saw no pending chunk a moment ago fails.
-        messages::reopen(home, message_id).await?;
+        messages::reopen(&home, message_id).await?;
         refresh_status_best_effort(ctx, message_id).await;
         publish_or_leave_to_sweeper(ctx, message_id, Lane::from_db(row.lane)).await;
     }
@@ -305,8 +306,8 @@ pub async fn redrive(
 /// Safe to call from anywhere, any number of times: the update only applies
 /// if the status version read before the check is still current.
 pub async fn complete_if_done(ctx: &Context, message_id: MessageId) -> Result<bool> {
-    let home = ctx.pools.for_message(message_id.get()).1;
-    let Some((status, version)) = messages::fetch_status_version(home, message_id).await? else {
+    let home = ctx.writable(Key::Message(message_id.get())).await?;
+    let Some((status, version)) = messages::fetch_status_version(&home, message_id).await? else {
         return Ok(false);
     };
     if status != SendStatus::Sending {
@@ -317,7 +318,7 @@ pub async fn complete_if_done(ctx: &Context, message_id: MessageId) -> Result<bo
             return Ok(false);
         }
     }
-    let completed = messages::complete(home, message_id, version).await?;
+    let completed = messages::complete(&home, message_id, version).await?;
     if completed {
         refresh_status_best_effort(ctx, message_id).await;
         info!(message_id = %message_id, "message completed");

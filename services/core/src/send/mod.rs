@@ -7,6 +7,7 @@ pub mod plan;
 mod progress;
 
 use chrono::{NaiveDateTime, Utc};
+use shard_router::Key;
 use tracing::{info, instrument};
 
 use crate::context::Context;
@@ -83,22 +84,23 @@ pub async fn create(ctx: &Context, send: &NewSend) -> Result<Created> {
     };
     let candidate = ctx.ids.next_id()?;
     let key = messages::IdempotencyKey { client: &send.client, sender: &send.sender, key };
-    let key_pool =
-        ctx.pools.for_key(&format!("{}\u{1f}{}\u{1f}{}", key.client, key.sender, key.key)).1;
-    let holder = messages::claim_idempotency_key(key_pool, key, candidate).await?;
+    let key_pool = ctx
+        .writable(Key::Str(&messages::idempotency_route(key.client, key.sender, key.key)))
+        .await?;
+    let holder = messages::claim_idempotency_key(&key_pool, key, candidate).await?;
     // The holder's control record may be missing if the first attempt died
     // right after claiming the key: write it now (a no-op if it exists).
-    let home = ctx.pools.for_message(holder.get()).1;
-    if !messages::insert(home, &new_message(send, holder)).await? {
+    let home = ctx.writable(Key::Message(holder.get())).await?;
+    if !messages::insert(&home, &new_message(send, holder)).await? {
         // The id exists: it must be this key's send, not another send whose
         // id collided with ours (two replicas with the same instance id).
-        let existing = messages::fetch_existing(home, holder).await?;
+        let existing = messages::fetch_existing(&home, holder).await?;
         if existing.client != send.client
             || existing.sender != send.sender
             || existing.idempotency_key.as_deref() != Some(key.key)
         {
             if holder == candidate {
-                messages::release_idempotency_key(key_pool, key, holder).await?;
+                messages::release_idempotency_key(&key_pool, key, holder).await?;
             }
             return Err(Error::Unavailable("message id collision, retry the request".to_owned()));
         }
@@ -109,8 +111,8 @@ pub async fn create(ctx: &Context, send: &NewSend) -> Result<Created> {
 async fn insert_with_fresh_id(ctx: &Context, send: &NewSend) -> Result<MessageId> {
     for _ in 0..8 {
         let id = ctx.ids.next_id()?;
-        let home = ctx.pools.for_message(id.get()).1;
-        if messages::insert(home, &new_message(send, id)).await? {
+        let home = ctx.writable(Key::Message(id.get())).await?;
+        if messages::insert(&home, &new_message(send, id)).await? {
             return Ok(id);
         }
     }
@@ -149,7 +151,7 @@ pub async fn append(
     // Each append holds a home connection while it takes one per target
     // shard; bounding concurrent appends keeps pools from starving each other.
     let _permit = ctx.cross_shard_permit().await?;
-    let home = ctx.pools.for_message(message_id.get()).1;
+    let home = ctx.writable(Key::Message(message_id.get())).await?;
     let mut tx = home.begin().await?;
     let row: Option<(u8, bool, Option<NaiveDateTime>, NaiveDateTime, u8, String)> = sqlx::query_as(
         "SELECT status, start_requested, expire_at, created_at, audience, client \
@@ -191,7 +193,10 @@ pub async fn append(
                 .pools
                 .get(*shard)
                 .ok_or_else(|| Error::Internal(format!("no pool for shard {shard}")))?;
-            chunks::store(pool, message_id, copy, chunk_plans).await
+            // Stores of concurrent sends next to each other in the chunk and
+            // stats indexes can deadlock; a store is idempotent.
+            crate::db::retry_on_deadlock(|| chunks::store(pool, message_id, copy, chunk_plans))
+                .await
         }
     });
     futures::future::try_join_all(stores).await?;
@@ -215,8 +220,8 @@ pub async fn send_to_users(
     user_ids: &[u64],
 ) -> Result<(Created, SendStatus)> {
     let created = create(ctx, send).await?;
-    let home = ctx.pools.for_message(created.message_id.get()).1;
-    let row = messages::fetch_existing(home, created.message_id).await?;
+    let home = ctx.pools.for_message(created.message_id.get());
+    let row = messages::fetch_existing(&home, created.message_id).await?;
     if row.status()? != SendStatus::NotStarted || row.start_requested {
         return Ok((created, row.status()?));
     }
@@ -230,7 +235,7 @@ pub async fn send_to_users(
         // the race to start: that is this request's outcome too. Only if it
         // did start: a draft is never reported as a send that went out.
         Err(Error::FailedPrecondition(reason)) if created.deduplicated => {
-            let row = messages::fetch_existing(home, created.message_id).await?;
+            let row = messages::fetch_existing(&home, created.message_id).await?;
             if row.status()? == SendStatus::NotStarted && !row.start_requested {
                 return Err(Error::FailedPrecondition(reason));
             }
@@ -254,8 +259,8 @@ pub(crate) async fn fetch_visible(
     message_id: MessageId,
     owner: Option<&str>,
 ) -> Result<MessageRow> {
-    let home = ctx.pools.for_message(message_id.get()).1;
-    let row = messages::fetch_existing(home, message_id).await?;
+    let home = ctx.pools.for_message(message_id.get());
+    let row = messages::fetch_existing(&home, message_id).await?;
     row.visible_to(owner)?;
     Ok(row)
 }
@@ -269,12 +274,21 @@ pub async fn list(
     before: u64,
     limit: u32,
 ) -> Result<Vec<MessageView>> {
-    let pages = ctx
-        .pools
-        .iter()
-        .map(|(_, pool)| messages::list_by_sender(pool, sender, owner, before, limit));
-    let mut rows: Vec<MessageRow> =
-        futures::future::try_join_all(pages).await?.into_iter().flatten().collect();
+    // During a bucket move a send's home record is on two shards for a
+    // while: only the shard the map routes it to counts.
+    let routes = ctx.pools.snapshot();
+    let pages = ctx.pools.iter().map(|(shard, pool)| async move {
+        let rows = messages::list_by_sender(pool, sender, owner, before, limit).await?;
+        Ok::<_, Error>((shard, rows))
+    });
+    let mut rows: Vec<MessageRow> = futures::future::try_join_all(pages)
+        .await?
+        .into_iter()
+        .flat_map(|(shard, rows)| rows.into_iter().map(move |row| (shard, row)))
+        .filter(|(shard, row)| routes.of(Key::Message(row.message_id)).0 == *shard)
+        .map(|(_, row)| row)
+        .collect();
+    drop(routes);
     rows.sort_unstable_by_key(|row| std::cmp::Reverse(row.message_id));
     rows.truncate(limit as usize);
     let views = rows.into_iter().map(|row| async move {

@@ -150,6 +150,12 @@ pub struct DatabaseSettings {
     pub bucket_ranges: Vec<BucketRange>,
     /// How often a replica looks for a new version of the shard map.
     pub shard_map_refresh_ms: u64,
+    /// How long a write waits out a bucket move's write freeze before it
+    /// fails UNAVAILABLE (to be retried).
+    pub freeze_wait_ms: u64,
+    /// How long a bucket move waits for every live replica to take a new
+    /// version of the map before it gives up (ending its freeze).
+    pub shard_move_wait_secs: u64,
 }
 
 /// The RabbitMQ broker.
@@ -428,6 +434,8 @@ impl Settings {
             ("worker.operation_timeout_secs", self.worker.operation_timeout_secs),
             ("database.pool_max", u64::from(self.database.pool_max)),
             ("database.shard_map_refresh_ms", self.database.shard_map_refresh_ms),
+            ("database.freeze_wait_ms", self.database.freeze_wait_ms),
+            ("database.shard_move_wait_secs", self.database.shard_move_wait_secs),
             ("groups.max_members", self.groups.max_members),
             ("groups.seq_cache_ttl_secs", self.groups.seq_cache_ttl_secs),
             ("groups.membership_cache_ttl_secs", self.groups.membership_cache_ttl_secs),
