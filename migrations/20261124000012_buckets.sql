@@ -68,7 +68,7 @@ CREATE TABLE IF NOT EXISTS shard_moves (
     rows_copied       BIGINT UNSIGNED   NOT NULL DEFAULT 0,
     longest_freeze_ms BIGINT UNSIGNED   NOT NULL DEFAULT 0,
     mover             VARCHAR(128)      NOT NULL DEFAULT '' COMMENT 'host:pid of the process running it',
-    heartbeat_at      DATETIME(3)       NULL COMMENT 'UTC; a mover silent for 15 s can be taken over',
+    heartbeat_at      DATETIME(3)       NULL COMMENT 'UTC; a mover silent for 60 s can be taken over',
     detail            VARCHAR(512)      NOT NULL DEFAULT '',
     created_at        DATETIME(3)       NOT NULL DEFAULT CURRENT_TIMESTAMP(3),
     updated_at        DATETIME(3)       NOT NULL DEFAULT CURRENT_TIMESTAMP(3) ON UPDATE CURRENT_TIMESTAMP(3),

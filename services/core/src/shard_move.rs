@@ -327,11 +327,48 @@ pub async fn run(
     if mover.journal.state == "paused" {
         set_state(pools, move_id, &["paused"], "running", "resumed").await?;
     }
+    // The lease is renewed in the background too, so that a long copy of
+    // a run of buckets does not let another mover take over a live one.
+    let heartbeat =
+        tokio::spawn(keep_lease(shard_map::directory(pools)?.clone(), move_id, mover.name.clone()));
     let ended = mover.drive(&mut progress).await;
+    heartbeat.abort();
     if let Err(e) = &ended {
         let _ = mover.note(&e.to_string()).await;
     }
     ended
+}
+
+fn lease_lost(journal: &Move, mover: &str) -> Error {
+    Error::FailedPrecondition(format!(
+        "shard move {}: this mover ({mover}) lost its lease to {}",
+        journal.move_id, journal.mover
+    ))
+}
+
+/// Renews `mover`'s lease on a move; false when another mover holds it.
+async fn renew_lease(directory: &MySqlPool, move_id: u64, mover: &str) -> Result<bool> {
+    let renewed = sqlx::query(
+        "UPDATE shard_moves SET heartbeat_at = UTC_TIMESTAMP(3) WHERE move_id = ? AND mover = ?",
+    )
+    .bind(move_id)
+    .bind(mover)
+    .execute(directory)
+    .await?;
+    Ok(renewed.rows_affected() == 1)
+}
+
+/// Renews the lease every tenth of [`LEASE_SECS`] until aborted or lost.
+async fn keep_lease(directory: MySqlPool, move_id: u64, mover: String) {
+    let mut every = tokio::time::interval(Duration::from_secs_f64(LEASE_SECS / 10.0));
+    loop {
+        every.tick().await;
+        match renew_lease(&directory, move_id, &mover).await {
+            Ok(true) => {}
+            Ok(false) => return,
+            Err(e) => warn!(error = %e, move_id, "could not renew the shard move lease"),
+        }
+    }
 }
 
 /// One table's columns, as the target describes them.
@@ -387,7 +424,19 @@ impl Columns {
         let updates: Vec<String> = all
             .iter()
             .filter(|name| !self.table.key.contains(&name.as_str()))
-            .map(|name| format!("`{name}` = VALUES(`{name}`)"))
+            .map(|name| match name.as_str() {
+                // A revocation made on the target while a copy of the
+                // unrevoked row was in flight stays: revoking is one-way.
+                "revoked" => format!(
+                    "`revoked` = GREATEST(`{0}`.`revoked`, VALUES(`revoked`))",
+                    self.table.name
+                ),
+                "revoked_at" => format!(
+                    "`revoked_at` = COALESCE(`{0}`.`revoked_at`, VALUES(`revoked_at`))",
+                    self.table.name
+                ),
+                _ => format!("`{name}` = VALUES(`{name}`)"),
+            })
             .collect();
         let list = self.list();
         format!(
@@ -593,12 +642,12 @@ impl<'p> Mover<'p> {
     }
 
     /// Saves progress, renews the lease and reads the state an operator
-    /// may have changed.
+    /// may have changed. Fails when another mover took the move over.
     async fn checkpoint(&mut self) -> Result<()> {
-        sqlx::query(
+        let saved = sqlx::query(
             "UPDATE shard_moves SET copied_to = ?, flipped_to = ?, cleaned_to = ?, \
              rows_copied = ?, longest_freeze_ms = ?, heartbeat_at = UTC_TIMESTAMP(3) \
-             WHERE move_id = ?",
+             WHERE move_id = ? AND mover = ?",
         )
         .bind(self.journal.copied_to)
         .bind(self.journal.flipped_to)
@@ -606,10 +655,24 @@ impl<'p> Mover<'p> {
         .bind(self.journal.rows_copied)
         .bind(self.journal.longest_freeze_ms)
         .bind(self.journal.move_id)
+        .bind(&self.name)
         .execute(self.directory()?)
         .await?;
         self.journal = get(self.pools, self.journal.move_id).await?;
+        if saved.rows_affected() == 0 {
+            return Err(lease_lost(&self.journal, &self.name));
+        }
         Ok(())
+    }
+
+    /// Fails unless this mover still holds the lease (renewing it): asked
+    /// before every write to a shard or the map, so that a mover taken
+    /// over while it hung cannot undo its successor's work.
+    async fn hold_lease(&self) -> Result<()> {
+        if renew_lease(self.directory()?, self.journal.move_id, &self.name).await? {
+            return Ok(());
+        }
+        Err(lease_lost(&get(self.pools, self.journal.move_id).await?, &self.name))
     }
 
     async fn note(&self, detail: &str) -> Result<()> {
@@ -716,7 +779,9 @@ impl<'p> Mover<'p> {
 
     /// Syncs buckets `first..=last` that `map` does not put on the target
     /// from their owners to the target, [`RUN`] buckets of one owner per
-    /// statement at most; returns the rows written.
+    /// statement at most; returns the rows written. A run the stored map
+    /// has given to the target meanwhile is left alone (a sync from its
+    /// cleaned source would delete the target's rows).
     async fn copy(&self, map: &ShardMap, first: u32, last: u32) -> Result<u64> {
         let target = self.pool(self.target())?;
         let mut written = 0;
@@ -730,6 +795,16 @@ impl<'p> Mover<'p> {
             let run = (bucket, end);
             bucket = end + 1;
             if owner == self.target() {
+                continue;
+            }
+            self.hold_lease().await?;
+            let now = latest(self.pools).await?.map;
+            if (run.0..=run.1).any(|b| now.shard_of_bucket(b) == self.target()) {
+                warn!(
+                    move_id = self.journal.move_id,
+                    ?run,
+                    "buckets flipped meanwhile, not copied"
+                );
                 continue;
             }
             let source = self.pool(owner)?;
@@ -791,9 +866,14 @@ impl<'p> Mover<'p> {
             metrics::histogram!("notify_shard_move_freeze_seconds").record(freeze_ms as f64 / 1e3);
             self.journal.longest_freeze_ms = self.journal.longest_freeze_ms.max(freeze_ms);
             self.wait_for_replicas(flip).await?;
+        } else {
+            // Flipped by a run that died (or gave up waiting) before its
+            // clean: replicas may still write by the older map.
+            self.wait_for_replicas(stored.version).await?;
         }
         // Nothing routes to the old owners now: remove the batch there (and
         // anywhere else but the target, after a crash of an earlier run).
+        self.hold_lease().await?;
         for (shard, pool) in self.pools.iter() {
             if shard != self.target() {
                 self.clean(pool, first, last).await?;
@@ -867,6 +947,11 @@ impl<'p> Mover<'p> {
         let target = self.pool(self.target())?;
         let first = (self.journal.flipped_to + 1).max(i32::from(self.journal.from_bucket)) as u32;
         let last = u32::from(self.journal.to_bucket);
+        if (first..=last).any(|bucket| stored.map.shard_of_bucket(bucket) == self.target()) {
+            // Sources of buckets flipped by a mover that died are cleaned
+            // below: only once no replica writes by an older map.
+            self.wait_for_replicas(stored.version).await?;
+        }
         for bucket in first..=last {
             if stored.map.shard_of_bucket(bucket) != self.target() {
                 self.clean(target, bucket, bucket).await?;

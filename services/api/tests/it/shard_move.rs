@@ -127,6 +127,7 @@ async fn a_move_under_a_running_send_with_mark_reads_and_group_pulls_moves_every
             (stop.clone(), movers.clone(), app.inbox(), app.groups());
         tokio::spawn(async move {
             let mut rounds = 0u64;
+            let mut acked = BTreeMap::new();
             while !stop.load(Ordering::Relaxed) {
                 let user_id = movers[rounds as usize % movers.len()];
                 let mark = v1::MarkAllReadRequest { user_id, ..Default::default() };
@@ -142,10 +143,11 @@ async fn a_move_under_a_running_send_with_mark_reads_and_group_pulls_moves_every
                     let ack =
                         v1::AckGroupMessagesRequest { user_id, group_id: group, seq: last.seq };
                     groups.ack_group_messages(ack).await.expect("ack during the move");
+                    acked.insert(user_id, last.seq);
                 }
                 rounds += 1;
             }
-            rounds
+            (rounds, acked)
         })
     };
     eventually("the send is under way", Duration::from_secs(60), || async {
@@ -154,35 +156,31 @@ async fn a_move_under_a_running_send_with_mark_reads_and_group_pulls_moves_every
     })
     .await;
 
-    // The send runs through the first copy of the range, is paused then
-    // (chunks for the moving buckets are still pending, planned for the
-    // source) and resumed once the first batch is flipped: its chunks are
-    // then split onto the target, and the second batch's are applied on the
-    // source and copied, or wait out its freeze.
+    // The send is paused now, chunks for the moving buckets still pending
+    // and planned for the source, and resumed once the first batch is
+    // flipped: its chunks are then split onto the target, and the second
+    // batch's are applied on the source and copied, or wait out its freeze.
+    let pause = v1::PauseMessageRequest { message_id: draft };
+    app.messages().pause_message(pause).await.expect("paused while sending");
     let started = shard_move::start(&app.ctx.pools, request()).await.unwrap();
-    let mut lifecycle = Vec::new();
+    let mut resumed = None;
     let ended = shard_move::run(&app.settings, &app.ctx.pools, started.move_id, |progress| {
-        let mut client = app.messages();
-        if progress.state.copied_to >= (FROM + 8) as i32 && lifecycle.is_empty() {
-            lifecycle.push(tokio::spawn(async move {
-                client.pause_message(v1::PauseMessageRequest { message_id: draft }).await
-            }));
-        } else if progress.state.flipped_to == (FROM + 31) as i32 && lifecycle.len() == 1 {
-            lifecycle.push(tokio::spawn(async move {
+        if progress.state.flipped_to == (FROM + 31) as i32 && resumed.is_none() {
+            let mut client = app.messages();
+            resumed = Some(tokio::spawn(async move {
                 client.resume_message(v1::ResumeMessageRequest { message_id: draft }).await
             }));
         }
     })
     .await;
     assert_eq!(ended.unwrap(), Ended::Done);
-    assert_eq!(lifecycle.len(), 2);
-    for call in lifecycle {
-        call.await.unwrap().expect("paused and resumed during the move");
-    }
+    let resumed = resumed.expect("resumed after the first flip");
+    resumed.await.unwrap().expect("resumed during the move");
     group_send(&app, group, "after-the-move").await;
     let done = app.wait_for_status(draft, v1::MessageStatus::Completed).await;
     stop.store(true, Ordering::Relaxed);
-    assert!(readers.await.unwrap() > 0, "no mark-read ran");
+    let (rounds, acked) = readers.await.unwrap();
+    assert!(rounds > 0, "no mark-read ran");
 
     // Every recipient has exactly one item, on the shard that owns it now.
     let map = app.ctx.pools.map();
@@ -211,6 +209,19 @@ async fn a_move_under_a_running_send_with_mark_reads_and_group_pulls_moves_every
     // Badges and group unread counts agree with MySQL.
     for user in &movers {
         assert_eq!(badge(&app, *user).await, app.unread_truth(*user).await, "user {user}");
+    }
+    // Every ack made during the move is on the target.
+    assert!(!acked.is_empty(), "no ack ran");
+    for (user, seq) in &acked {
+        let stored: u64 = sqlx::query_scalar(
+            "SELECT last_ack_seq FROM group_members WHERE user_id = ? AND group_id = ?",
+        )
+        .bind(user)
+        .bind(group)
+        .fetch_one(app.ctx.pools.get(TARGET).unwrap())
+        .await
+        .unwrap();
+        assert!(stored >= *seq, "user {user}'s ack of {seq} was lost (target has {stored})");
     }
     let member = movers[0];
     let pull = v1::PullGroupMessagesRequest {
@@ -253,7 +264,8 @@ async fn a_mover_killed_mid_copy_is_resumed_and_a_move_aborted_leaves_everything
     app.wait_for_status(sent, v1::MessageStatus::Completed).await;
     assert!(rows_of_range(&app, SOURCE).await["message_items"] > 0);
 
-    // Killed mid-copy: the task is dropped at its next await once FROM + 9 is copied.
+    // Killed mid-copy: the task is dropped at its next await once a run
+    // past FROM + 9 is copied (runs are eight buckets: FROM + 15).
     let started = shard_move::start(&app.ctx.pools, request()).await.unwrap();
     let (copied, mut seen) = watch::channel(-1);
     let mover = {
