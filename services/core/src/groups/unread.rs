@@ -111,12 +111,15 @@ async fn load_max_seqs(ctx: &Context, group_ids: &[u64]) -> Result<HashMap<u64, 
     if group_ids.is_empty() {
         return Ok(HashMap::new());
     }
-    let by_shard = ctx.pools.map().partition_groups(group_ids);
+    // Held across the reads, so a move cleans no shard they were routed to.
+    let routes = ctx.pools.snapshot();
+    let by_shard = routes.map().partition_groups(group_ids);
     let found =
         try_join_all(by_shard.iter().map(|(shard, ids)| async move {
             store::max_seqs(shard_pool(ctx, *shard)?, ids).await
         }))
         .await?;
+    drop(routes);
     let seqs: HashMap<u64, u64> = found.into_iter().flatten().collect();
     raise_cached_seqs(ctx, seqs.clone()).await;
     Ok(seqs)

@@ -239,8 +239,10 @@ pub async fn resume(
     // A repeated resume publishes again too: the first may have died before
     // publishing, and duplicate tasks are no-ops.
     transition(ctx, message_id, &[SendStatus::Paused], SendStatus::Sending, "resume").await?;
+    // Not held across complete_if_done, which waits out a freeze.
     let home = ctx.pools.for_message(message_id.get());
     let lane = Lane::from_db(messages::fetch_existing(&home, message_id).await?.lane);
+    drop(home);
     publish_or_leave_to_sweeper(ctx, message_id, lane).await;
     complete_if_done(ctx, message_id).await?;
     get(ctx, message_id, None).await

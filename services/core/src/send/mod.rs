@@ -84,10 +84,14 @@ pub async fn create(ctx: &Context, send: &NewSend) -> Result<Created> {
     };
     let candidate = ctx.ids.next_id()?;
     let key = messages::IdempotencyKey { client: &send.client, sender: &send.sender, key };
-    let key_pool = ctx
-        .writable(Key::Str(&messages::idempotency_route(key.client, key.sender, key.key)))
-        .await?;
-    let holder = messages::claim_idempotency_key(&key_pool, key, candidate).await?;
+    let route = messages::idempotency_route(key.client, key.sender, key.key);
+    // One route at a time: a route held while waiting out a freeze of
+    // another key would hold back the move that froze it (it waits for
+    // every route of older maps to be dropped).
+    let holder = {
+        let key_pool = ctx.writable(Key::Str(&route)).await?;
+        messages::claim_idempotency_key(&key_pool, key, candidate).await?
+    };
     // The holder's control record may be missing if the first attempt died
     // right after claiming the key: write it now (a no-op if it exists).
     let home = ctx.writable(Key::Message(holder.get())).await?;
@@ -99,7 +103,9 @@ pub async fn create(ctx: &Context, send: &NewSend) -> Result<Created> {
             || existing.sender != send.sender
             || existing.idempotency_key.as_deref() != Some(key.key)
         {
+            drop(home);
             if holder == candidate {
+                let key_pool = ctx.writable(Key::Str(&route)).await?;
                 messages::release_idempotency_key(&key_pool, key, holder).await?;
             }
             return Err(Error::Unavailable("message id collision, retry the request".to_owned()));
@@ -220,8 +226,13 @@ pub async fn send_to_users(
     user_ids: &[u64],
 ) -> Result<(Created, SendStatus)> {
     let created = create(ctx, send).await?;
-    let home = ctx.pools.for_message(created.message_id.get());
-    let row = messages::fetch_existing(&home, created.message_id).await?;
+    // Routes are taken per statement here: append and start wait out
+    // freezes, which a route held across them would hold back.
+    let row = messages::fetch_existing(
+        &ctx.pools.for_message(created.message_id.get()),
+        created.message_id,
+    )
+    .await?;
     if row.status()? != SendStatus::NotStarted || row.start_requested {
         return Ok((created, row.status()?));
     }
@@ -235,6 +246,7 @@ pub async fn send_to_users(
         // the race to start: that is this request's outcome too. Only if it
         // did start: a draft is never reported as a send that went out.
         Err(Error::FailedPrecondition(reason)) if created.deduplicated => {
+            let home = ctx.pools.for_message(created.message_id.get());
             let row = messages::fetch_existing(&home, created.message_id).await?;
             if row.status()? == SendStatus::NotStarted && !row.start_requested {
                 return Err(Error::FailedPrecondition(reason));
