@@ -15,7 +15,8 @@
 
 use chrono::{NaiveDateTime, Utc};
 use serde::{Deserialize, Serialize};
-use shard_router::Key;
+use shard_router::{Key, ShardId};
+use sqlx::MySqlPool;
 use tracing::{instrument, warn};
 
 use crate::context::Context;
@@ -105,14 +106,22 @@ async fn retire_badges(ctx: &Context, message_id: MessageId) {
     }
 }
 
-/// Ends the announcements on `pool` (their home shard) whose expiry has
+/// Ends the announcements on `shard` (their home) whose expiry has
 /// passed: SENDING -> COMPLETED. They have left every inbox and badge at
 /// their expiry already; this makes their status say so.
-pub async fn end_expired(ctx: &Context, pool: &sqlx::MySqlPool) -> Result<Vec<u64>> {
-    let ended = messages::end_expired_announcements(pool).await?;
-    for id in &ended {
-        send::refresh_status_best_effort(ctx, MessageId::from_raw(*id)).await;
-        tracing::info!(message_id = *id, "announcement expired, completed");
+pub async fn end_expired(ctx: &Context, shard: ShardId, pool: &MySqlPool) -> Result<Vec<u64>> {
+    let mut ended = Vec::new();
+    for id in messages::expired_announcements(pool).await? {
+        // Written where the map routes it (during a move the record is on
+        // two shards; a frozen one waits): a copy elsewhere is left alone.
+        let home = ctx.writable(Key::Message(id)).await?;
+        if home.shard() != shard || !messages::end_expired_announcement(&home, id).await? {
+            continue;
+        }
+        drop(home);
+        send::refresh_status_best_effort(ctx, MessageId::from_raw(id)).await;
+        tracing::info!(message_id = id, "announcement expired, completed");
+        ended.push(id);
     }
     Ok(ended)
 }

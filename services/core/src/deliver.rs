@@ -18,7 +18,7 @@
 //! The task is acknowledged only after all of it, so a crash anywhere means a
 //! redelivery, and a redelivery changes nothing that already happened.
 
-use shard_router::{ShardId, Snapshot};
+use shard_router::{Key, ShardId, Snapshot};
 use sqlx::MySqlPool;
 use tracing::{debug, instrument, warn};
 
@@ -166,9 +166,12 @@ fn placed_on(routes: &Snapshot<'_, MySqlPool>, shard: ShardId, user_ids: &[u64])
 /// in use routes to other shards go to those shards as chunks of their own
 /// (stored first, with the content copy and their totals, then published),
 /// and only then leave this chunk, so the send cannot complete in between
-/// and a crash anywhere is repaired by the redelivery (the split chunks'
-/// ids derive from the chunk, the target and the map version, so storing
-/// them again adds nothing). Waits out a move's freeze of their buckets.
+/// (the split bumps the send's status version, which fails a completion
+/// check that looked at the target before the split chunk was there), and
+/// a crash anywhere is repaired by the redelivery (the split chunks' ids
+/// derive from the chunk, the target and the users, so storing them again
+/// adds nothing). Waits out a move's freeze of their buckets and of the
+/// send's home.
 async fn split(
     ctx: &Context,
     shard: ShardId,
@@ -176,7 +179,9 @@ async fn split(
     chunk_id: u64,
     user_ids: &[u64],
 ) -> Result<()> {
-    let routes = ctx.writable_users(user_ids).await?;
+    let keys: Vec<Key<'_>> =
+        user_ids.iter().map(|u| Key::User(*u)).chain([Key::Message(message_id.get())]).collect();
+    let routes = ctx.writable_snapshot(&keys).await?;
     let pool = routes
         .get(shard)
         .ok_or_else(|| Error::Internal(format!("task names unknown shard {shard}")))?;
@@ -195,10 +200,8 @@ async fn split(
         let target = routes
             .get(owner)
             .ok_or_else(|| Error::Internal(format!("the shard map names unknown shard {owner}")))?;
-        let chunk = ChunkPlan {
-            chunk_id: split_chunk_id(chunk_id, owner, routes.version()),
-            user_ids: users,
-        };
+        let chunk =
+            ChunkPlan { chunk_id: split_chunk_id(chunk_id, owner, &users), user_ids: users };
         chunks::store_split(target, message_id, &content, &chunk).await?;
         tasks.push(ChunkTask {
             message_id: message_id.get(),
@@ -206,13 +209,14 @@ async fn split(
             shard: owner.0,
         });
     }
+    let home = routes.route(Key::Message(message_id.get()));
+    messages::bump_status_version(&home, message_id).await?;
     if chunks::shrink(pool, message_id, chunk_id, user_ids, &keep).await? {
         metrics::counter!("notify_chunks_split_total").increment(1);
         debug!(chunk_id, moved = user_ids.len() - keep.len(), "chunk split by a newer shard map");
     }
-    let home = ctx.pools.for_message(message_id.get());
     let lane = Lane::from_db(messages::fetch_existing(&home, message_id).await?.lane);
-    drop(home);
+    drop((home, routes));
     if let Err(e) = ctx.publisher.publish(lane, &tasks).await {
         // Pending chunks of a sending send: the sweeper publishes them.
         warn!(error = %e, "could not publish split chunks; the sweeper will");
@@ -220,13 +224,15 @@ async fn split(
     Ok(())
 }
 
-/// The id of the part of `chunk_id` that map `version` routes to `shard`:
-/// the top bit set (no planned chunk has it) and a hash of the three below
-/// it, so one split stored twice is one chunk.
-fn split_chunk_id(chunk_id: u64, shard: ShardId, version: u64) -> u64 {
-    let mixed = shard_router::stable_hash(
-        chunk_id ^ shard_router::stable_hash(u64::from(shard.0) << 32 ^ version),
-    );
+/// The id of the part of `chunk_id` that goes to `shard` with `users`:
+/// the top bit set (no planned chunk has it) and a hash of the three, so
+/// one split stored twice (a redelivery, under any later map that splits
+/// the chunk the same way) is one chunk.
+fn split_chunk_id(chunk_id: u64, shard: ShardId, users: &[u64]) -> u64 {
+    let mut sorted = users.to_vec();
+    sorted.sort_unstable();
+    let seed = shard_router::stable_hash(chunk_id ^ u64::from(shard.0) << 32);
+    let mixed = sorted.iter().fold(seed, |h, user| shard_router::stable_hash(h ^ user));
     1 << 63 | mixed >> 1
 }
 

@@ -215,7 +215,7 @@ async fn report_sending(ctx: &Context, limit: Duration) {
 /// Announcements end (COMPLETED) when they expire; they have left every
 /// inbox and badge already, this makes their status say so.
 async fn end_expired_announcements(ctx: &Context, shard: ShardId, pool: &sqlx::MySqlPool) {
-    if let Err(e) = notify_core::announce::end_expired(ctx, pool).await {
+    if let Err(e) = notify_core::announce::end_expired(ctx, shard, pool).await {
         warn!(error = %e, shard = %shard, "sweeper cannot end expired announcements");
     }
 }

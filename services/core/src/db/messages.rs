@@ -338,30 +338,44 @@ pub async fn live_announcements(pool: &MySqlPool) -> Result<Vec<(u64, Option<Nai
     .await?)
 }
 
-/// Ends live announcements whose `expire_at` has passed (SENDING ->
-/// COMPLETED); returns the ids this call ended.
+/// Bumps a sending send's status version without changing its status: a
+/// completion check that read the older version then fails, as its view of
+/// the send's pending chunks may be out of date (see `deliver::split`).
 #[instrument(level = "debug", skip_all, fields(db.system = "mysql"))]
-pub async fn end_expired_announcements(pool: &MySqlPool) -> Result<Vec<u64>> {
-    let expired: Vec<u64> = sqlx::query_scalar(
+pub async fn bump_status_version(pool: &MySqlPool, message_id: MessageId) -> Result<()> {
+    sqlx::query(
+        "UPDATE messages SET status_version = status_version + 1 WHERE message_id = ? AND status = 1",
+    )
+    .bind(message_id.get())
+    .execute(pool)
+    .await?;
+    Ok(())
+}
+
+/// Live announcements on this shard whose `expire_at` has passed.
+#[instrument(level = "debug", skip_all, fields(db.system = "mysql"))]
+pub async fn expired_announcements(pool: &MySqlPool) -> Result<Vec<u64>> {
+    Ok(sqlx::query_scalar(
         "SELECT message_id FROM messages WHERE audience = 2 AND status = 1 \
          AND expire_at <= UTC_TIMESTAMP(3)",
     )
     .fetch_all(pool)
+    .await?)
+}
+
+/// Ends an expired live announcement (SENDING -> COMPLETED); true when
+/// this call ended it.
+#[instrument(level = "debug", skip_all, fields(db.system = "mysql"))]
+pub async fn end_expired_announcement(pool: &MySqlPool, message_id: u64) -> Result<bool> {
+    let result = sqlx::query(
+        "UPDATE messages SET status = 3, status_version = status_version + 1, \
+         finished_at = UTC_TIMESTAMP(3) WHERE message_id = ? AND audience = 2 AND status = 1 \
+         AND expire_at <= UTC_TIMESTAMP(3)",
+    )
+    .bind(message_id)
+    .execute(pool)
     .await?;
-    let mut ended = Vec::new();
-    for message_id in expired {
-        let result = sqlx::query(
-            "UPDATE messages SET status = 3, status_version = status_version + 1, \
-             finished_at = UTC_TIMESTAMP(3) WHERE message_id = ? AND audience = 2 AND status = 1",
-        )
-        .bind(message_id)
-        .execute(pool)
-        .await?;
-        if result.rows_affected() == 1 {
-            ended.push(message_id);
-        }
-    }
-    Ok(ended)
+    Ok(result.rows_affected() == 1)
 }
 
 /// Returns scheduled sends whose `send_at` has come.
