@@ -251,3 +251,56 @@ async fn badges_noted_before_a_drop_are_invalidated_by_the_next_run_when_the_las
     assert_eq!(badge(&app, user).await, app.unread_truth(user).await);
     app.cleanup().await;
 }
+
+/// Shards holding `message_id`'s idempotency key.
+async fn key_shards(app: &TestApp, message_id: u64) -> Vec<shard_router::ShardId> {
+    let mut shards = Vec::new();
+    for (shard, pool) in app.ctx.pools.iter() {
+        let n: i64 =
+            sqlx::query_scalar("SELECT COUNT(*) FROM idempotency_keys WHERE message_id = ?")
+                .bind(message_id)
+                .fetch_one(pool)
+                .await
+                .unwrap();
+        if n > 0 {
+            shards.push(shard);
+        }
+    }
+    shards
+}
+
+#[tokio::test]
+async fn finished_sends_go_past_the_horizon_with_their_idempotency_keys() {
+    let app = spawn_app_with(test_settings(), true).await;
+    // A send whose key is stored on another shard than its home record.
+    let mut attempt = 0;
+    let (sent, key_shard) = loop {
+        attempt += 1;
+        let mut request = send_request(vec![7, 8]);
+        request.idempotency_key = format!("old-send-{attempt}");
+        let sent = app.messages().send_message(request).await.unwrap().into_inner().message_id;
+        let shards = key_shards(&app, sent).await;
+        assert_eq!(shards.len(), 1, "one key row");
+        if shards[0] != app.ctx.pools.for_message(sent).shard() {
+            break (sent, shards[0]);
+        }
+    };
+    wait_for_status(&app, sent, v1::MessageStatus::Completed).await;
+
+    let mut settings = items_only(0);
+    settings.sends_days = 1;
+    let soon = Utc::now() + chrono::Duration::hours(1);
+    let report =
+        retention::run_once(&app.ctx.pools, &app.ctx.cache, &settings, soon).await.unwrap();
+    assert_eq!(report.sends_deleted, 0, "younger than the horizon");
+    assert_eq!(key_shards(&app, sent).await, [key_shard]);
+
+    let later = Utc::now() + chrono::Duration::days(2);
+    let report =
+        retention::run_once(&app.ctx.pools, &app.ctx.cache, &settings, later).await.unwrap();
+    assert!(report.sends_deleted >= 1, "{report:?}");
+    assert!(key_shards(&app, sent).await.is_empty(), "the key went with its send");
+    let status = app.messages().get_message(v1::GetMessageRequest { message_id: sent }).await;
+    assert_eq!(status.unwrap_err().code(), tonic::Code::NotFound);
+    app.cleanup().await;
+}

@@ -363,10 +363,8 @@ async fn purge_group_messages(
             }
             let mut deleted = 0;
             for (group_id, seq) in through {
-                for (_, pool) in pools.iter() {
-                    report.group_cursors_advanced +=
-                        advance_lagging_members(pool, cache, group_id, seq).await?;
-                }
+                report.group_cursors_advanced +=
+                    advance_lagging_members(pools, cache, group_id, seq).await?;
                 deleted += sqlx::query(
                     "DELETE FROM group_messages WHERE group_id = ? AND seq <= ? AND message_id < ?",
                 )
@@ -387,42 +385,82 @@ async fn purge_group_messages(
     Ok(())
 }
 
-/// Moves the cursor of every member of `group_id` on one shard that is
-/// still before `seq` to `seq`; returns how many moved.
+/// Moves the cursor of every member of `group_id` still before `seq` to
+/// `seq`; returns how many moved. Each cursor is written on the shard the
+/// map routes its member to, outside a move's freeze (during a move a
+/// member's row is on two shards for a while: a write to the copy would be
+/// lost, or undone by the next sync).
 async fn advance_lagging_members(
-    pool: &MySqlPool,
+    pools: &ShardPools,
     cache: &Cache,
     group_id: u64,
     seq: u64,
 ) -> Result<u64> {
     let mut advanced = 0;
-    loop {
-        let lagging: Vec<u64> = sqlx::query_scalar(
-            "SELECT user_id FROM group_members WHERE group_id = ? AND last_ack_seq < ? \
-             ORDER BY user_id LIMIT ?",
-        )
-        .bind(group_id)
-        .bind(seq)
-        .bind(INVALIDATE_BATCH as u64)
-        .fetch_all(pool)
-        .await?;
-        if lagging.is_empty() {
-            return Ok(advanced);
+    for (_, pool) in pools.iter() {
+        let mut after = 0u64;
+        loop {
+            let lagging: Vec<u64> = sqlx::query_scalar(
+                "SELECT user_id FROM group_members WHERE group_id = ? AND last_ack_seq < ? \
+                 AND user_id > ? ORDER BY user_id LIMIT ?",
+            )
+            .bind(group_id)
+            .bind(seq)
+            .bind(after)
+            .bind(INVALIDATE_BATCH as u64)
+            .fetch_all(pool)
+            .await?;
+            let Some(last) = lagging.last() else { break };
+            after = *last;
+            advanced += advance_cursors(pools, cache, group_id, seq, &lagging).await?;
         }
-        cache.begin_membership_change(&lagging).await?;
+    }
+    Ok(advanced)
+}
+
+/// How long retention waits out a move's freeze before giving up (the
+/// next run does it).
+const FREEZE_WAIT: std::time::Duration = std::time::Duration::from_secs(60);
+
+/// Moves `users`' cursors of `group_id` to at least `seq`, on their shards.
+async fn advance_cursors(
+    pools: &ShardPools,
+    cache: &Cache,
+    group_id: u64,
+    seq: u64,
+    users: &[u64],
+) -> Result<u64> {
+    let buckets: Vec<u32> = users.iter().map(|u| shard_router::bucket_of(*u)).collect();
+    let routes = tokio::time::timeout(FREEZE_WAIT, pools.writable_snapshot(&buckets))
+        .await
+        .map_err(|_| {
+            crate::Error::Unavailable("group cursors: a shard move's freeze did not end".into())
+        })?;
+    cache.begin_membership_change(users).await?;
+    let mut advanced = 0;
+    let mut failed = None;
+    for (shard, owned) in routes.partition_users(users) {
+        let Some(pool) = routes.get(shard) else { continue };
         let mut update = sqlx::QueryBuilder::new(
             "UPDATE group_members SET last_ack_seq = GREATEST(last_ack_seq, ",
         );
         update.push_bind(seq).push(") WHERE group_id = ").push_bind(group_id);
         update.push(" AND user_id IN (");
-        crate::db::push_ids(&mut update, &lagging);
+        crate::db::push_ids(&mut update, &owned);
         update.push(")");
-        let updated = update.build().execute(pool).await;
-        // On failure the dirty markers expire by themselves.
-        if let Err(e) = cache.end_membership_change(&lagging).await {
-            warn!(error = %e, group_id, "could not clear group change markers");
+        match update.build().execute(pool).await {
+            Ok(done) => advanced += done.rows_affected(),
+            Err(e) => failed = Some(e),
         }
-        advanced += updated?.rows_affected();
+    }
+    drop(routes);
+    // On failure the dirty markers expire by themselves.
+    if let Err(e) = cache.end_membership_change(users).await {
+        warn!(error = %e, group_id, "could not clear group change markers");
+    }
+    match failed {
+        Some(e) => Err(e.into()),
+        None => Ok(advanced),
     }
 }
 
@@ -450,11 +488,13 @@ async fn delete_old_sends(
             .await?;
             for message_id in &finished {
                 for (_, pool) in pools.iter() {
+                    // Idempotency keys live on the key's shard, not the home.
                     for table in [
                         "message_shard_stats",
                         "message_batches",
                         "message_contents",
                         "message_chunks",
+                        "idempotency_keys",
                     ] {
                         let sql = format!("DELETE FROM {table} WHERE message_id = ?");
                         sqlx::query(sqlx::AssertSqlSafe(sql))
@@ -463,10 +503,6 @@ async fn delete_old_sends(
                             .await?;
                     }
                 }
-                sqlx::query("DELETE FROM idempotency_keys WHERE message_id = ?")
-                    .bind(message_id)
-                    .execute(home)
-                    .await?;
                 sqlx::query("DELETE FROM messages WHERE message_id = ?")
                     .bind(message_id)
                     .execute(home)
