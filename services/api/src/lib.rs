@@ -64,6 +64,7 @@ pub struct Application {
     listener: TcpListener,
     metrics_listener: TcpListener,
     tls: Option<Arc<ServerTls>>,
+    replica: notify_core::shard_map::Replica,
 }
 
 impl Application {
@@ -88,7 +89,10 @@ impl Application {
                 )
             })?;
         let ctx = Context::connect(settings).await?;
-        Ok(Self { ctx, listener, metrics_listener, tls })
+        // Reported before serving anything (see shard_map::join).
+        let replica = notify_core::shard_map::Replica::new("api");
+        notify_core::shard_map::join(&ctx.pools, &replica).await?;
+        Ok(Self { ctx, listener, metrics_listener, tls, replica })
     }
 
     /// Returns the listener's TLS configuration, when TLS is on.
@@ -127,10 +131,13 @@ impl Application {
             health::watch_backends(self.ctx.clone(), heartbeats.clone(), shutdown.clone());
         let probes = Probes::new(backends.clone(), heartbeats, &self.ctx.settings.health);
         tokio::spawn(follow_backends(health.clone(), backends, updating.clone(), shutdown.clone()));
+        // Followed (and reported) until every call has drained: a replica
+        // that stops reporting counts as gone for a bucket move.
+        let drained = CancellationToken::new();
         let shard_map = tokio::spawn(notify_core::shard_map::follow(
             self.ctx.clone(),
-            notify_core::shard_map::Replica::new("api"),
-            shutdown.clone(),
+            self.replica,
+            drained.clone(),
         ));
         let metrics = tokio::spawn(notify_core::telemetry::serve_metrics(
             self.metrics_listener,
@@ -244,6 +251,7 @@ impl Application {
             () = deadline => tracing::warn!(grace_secs = grace.as_secs(), "in-flight calls outlived the shutdown grace period"),
         }
         metrics.await??;
+        drained.cancel();
         shard_map.await?;
         info!("notify-api stopped");
         Ok(())

@@ -151,6 +151,16 @@ pub async fn adopt(settings: &Settings, pools: &ShardPools) -> Result<u64> {
     Ok(stored.version)
 }
 
+/// Reports the version this process routes by, then looks for a newer one
+/// once more (installing and reporting it): a version a mover appended
+/// before the report is installed now, and one appended after it waits for
+/// this replica, so a process that just started cannot write by a map a
+/// move has left behind unseen. Called by api and worker before serving.
+pub async fn join(pools: &ShardPools, replica: &Replica) -> Result<u64> {
+    report(pools, replica, 0).await?;
+    refresh(pools, replica, &mut 0).await
+}
+
 /// Appends `map` as the version after `after`; fails with
 /// FAILED_PRECONDITION when another change got there first.
 pub async fn append(pools: &ShardPools, after: u64, map: &ShardMap, reason: &str) -> Result<u64> {
@@ -265,9 +275,12 @@ async fn refresh(pools: &ShardPools, replica: &Replica, refused: &mut u64) -> Re
     Ok(pools.version())
 }
 
-/// Follows the stored map until `shutdown`, every
-/// `database.shard_map_refresh_ms`; then removes this replica's report.
-pub async fn follow(ctx: Context, replica: Replica, shutdown: CancellationToken) {
+/// Follows the stored map every `database.shard_map_refresh_ms` until
+/// `drained`, then removes this replica's report: cancel it only once this
+/// process writes nothing more (its calls and consumers have stopped), as a
+/// move waits for reported replicas only.
+pub async fn follow(ctx: Context, replica: Replica, drained: CancellationToken) {
+    let shutdown = drained;
     let pools = &ctx.pools;
     let mut tick =
         tokio::time::interval(Duration::from_millis(ctx.settings.database.shard_map_refresh_ms));

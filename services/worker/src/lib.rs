@@ -29,6 +29,7 @@ const SETTLE_INTERVAL: Duration = Duration::from_millis(500);
 pub struct Worker {
     ctx: Context,
     metrics_listener: TcpListener,
+    replica: notify_core::shard_map::Replica,
 }
 
 impl Worker {
@@ -42,7 +43,10 @@ impl Worker {
                 )
             })?;
         let ctx = Context::connect(settings).await?;
-        Ok(Self { ctx, metrics_listener })
+        // Reported before any consumer runs (see shard_map::join).
+        let replica = notify_core::shard_map::Replica::new("worker");
+        notify_core::shard_map::join(&ctx.pools, &replica).await?;
+        Ok(Self { ctx, metrics_listener, replica })
     }
 
     /// Returns the bound metrics address.
@@ -58,6 +62,7 @@ impl Worker {
     /// Runs consumers, scheduler, sweeper and `/metrics` until `shutdown`.
     pub async fn run_until_stopped(self, shutdown: CancellationToken) -> anyhow::Result<()> {
         let ctx = self.ctx;
+        let replica = self.replica;
         let worker_settings = ctx.settings.worker.clone();
         let heartbeats = Heartbeats::default();
         let mut tasks = JoinSet::new();
@@ -130,11 +135,11 @@ impl Worker {
                 },
             ));
         }
-        tasks.spawn(notify_core::shard_map::follow(
-            ctx.clone(),
-            notify_core::shard_map::Replica::new("worker"),
-            shutdown.clone(),
-        ));
+        // Followed (and reported) until every consumer has stopped: a
+        // replica that stops reporting counts as gone for a bucket move.
+        let drained = CancellationToken::new();
+        let shard_map =
+            tokio::spawn(notify_core::shard_map::follow(ctx.clone(), replica, drained.clone()));
         if ctx.settings.retention.interval_secs > 0 {
             // Not a heartbeat loop: a run may take long (a month's drop, or
             // the first split after an upgrade), and that is no stall.
@@ -154,6 +159,8 @@ impl Worker {
         while let Some(joined) = tasks.join_next().await {
             joined?;
         }
+        drained.cancel();
+        shard_map.await?;
         info!("notify-worker stopped");
         Ok(())
     }
