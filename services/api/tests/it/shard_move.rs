@@ -346,6 +346,100 @@ async fn a_mover_killed_mid_copy_is_resumed_and_a_move_aborted_leaves_everything
 }
 
 #[tokio::test]
+async fn a_mover_runs_only_while_it_holds_the_lease() {
+    let app = spawn_app_with(fast_settings(), false).await;
+    let users: Vec<u64> = (1..=2_000).filter(|u| moving(*u)).collect();
+    let group = create_group_with(&app, users[..10].to_vec()).await;
+    group_send(&app, group, "leased").await;
+    let directory = shard_map::directory(&app.ctx.pools).unwrap().clone();
+    let started = shard_move::start(&app.ctx.pools, request()).await.unwrap();
+    let id = started.move_id;
+    // Hands the move to another mover, last seen `age` seconds ago.
+    let hand_to = move |mover: &'static str, age: u32| {
+        let directory = directory.clone();
+        async move {
+            sqlx::query(
+                "UPDATE shard_moves SET mover = ?, \
+                 heartbeat_at = UTC_TIMESTAMP(3) - INTERVAL ? SECOND WHERE move_id = ?",
+            )
+            .bind(mover)
+            .bind(age)
+            .bind(id)
+            .execute(&directory)
+            .await
+            .unwrap();
+        }
+    };
+
+    // Another mover seen a second ago runs it: refused.
+    hand_to("elsewhere:1", 1).await;
+    let refused = shard_move::run(&app.settings, &app.ctx.pools, id, |_| {}).await.unwrap_err();
+    assert!(refused.to_string().contains("is run by elsewhere:1"), "{refused}");
+
+    // Silent for two minutes: taken over. Taken back mid-copy, this run
+    // stops at its next step, before any freeze or flip.
+    hand_to("elsewhere:1", 120).await;
+    let mut stolen = None;
+    let lost = shard_move::run(&app.settings, &app.ctx.pools, id, |_| {
+        if stolen.is_none() {
+            stolen = Some(tokio::spawn(hand_to("elsewhere:2", 0)));
+        }
+    })
+    .await
+    .unwrap_err();
+    stolen.expect("a copy step reported").await.unwrap();
+    assert!(lost.to_string().contains("lost its lease to elsewhere:2"), "{lost}");
+    let state = shard_move::get(&app.ctx.pools, id).await.unwrap();
+    assert_eq!(state.mover, "elsewhere:2");
+    assert!(state.flipped_to < FROM as i32, "{state:?}");
+    let stored =
+        shard_map::latest(shard_map::directory(&app.ctx.pools).unwrap()).await.unwrap().unwrap();
+    assert_eq!((stored.version, stored.frozen), (1, BucketSet::EMPTY), "nothing frozen or flipped");
+
+    // That one dies too; the next run takes over and finishes.
+    hand_to("elsewhere:2", 120).await;
+    let ended = shard_move::run(&app.settings, &app.ctx.pools, id, |_| {}).await.unwrap();
+    assert_eq!(ended, Ended::Done);
+    assert!((FROM..=TO).all(|b| app.ctx.pools.map().shard_of_bucket(b) == TARGET));
+    assert_eq!(rows_of_range(&app, TARGET).await["group_members"], 10);
+    app.cleanup().await;
+}
+
+#[tokio::test]
+async fn a_copy_keeps_a_revocation_the_target_has() {
+    let app = spawn_app_with(fast_settings(), true).await;
+    replicas_at(&app, 1).await;
+    let user = (1..).find(|u| moving(*u)).unwrap();
+    let sent = app.send(vec![user]).await;
+    app.wait_for_status(sent, v1::MessageStatus::Completed).await;
+    // A revocation that reached the target while a copy of the source's
+    // older row was on its way there.
+    sqlx::query(
+        "INSERT INTO message_contents (message_id, title, body, data, created_at, revoked, \
+         revoked_at) VALUES (?, 'stale', '', '', UTC_TIMESTAMP(3), 1, UTC_TIMESTAMP(3))",
+    )
+    .bind(sent)
+    .execute(app.ctx.pools.get(TARGET).unwrap())
+    .await
+    .unwrap();
+
+    let started = shard_move::start(&app.ctx.pools, request()).await.unwrap();
+    let ended = shard_move::run(&app.settings, &app.ctx.pools, started.move_id, |_| {}).await;
+    assert_eq!(ended.unwrap(), Ended::Done);
+    let (title, revoked, revoked_at): (String, bool, Option<chrono::NaiveDateTime>) =
+        sqlx::query_as(
+            "SELECT title, revoked <> 0, revoked_at FROM message_contents WHERE message_id = ?",
+        )
+        .bind(sent)
+        .fetch_one(app.ctx.pools.get(TARGET).unwrap())
+        .await
+        .unwrap();
+    assert_eq!(title, "hello", "the copy brought the source's row");
+    assert!(revoked && revoked_at.is_some(), "the revocation stays");
+    app.cleanup().await;
+}
+
+#[tokio::test]
 async fn sql_bucket_expression_matches_bucket_of() {
     let app = spawn_app_with(test_settings(), false).await;
     let pool = app.ctx.pools.get(ShardId(0)).unwrap();
