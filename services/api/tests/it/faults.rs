@@ -70,10 +70,13 @@ async fn a_shard_down_mid_send_holds_back_only_its_own_chunks() {
     let direct_pools = notify_core::db::connect(&direct).await.unwrap();
     let users: Vec<u64> = (1..=20_000).collect();
     let map = app.settings.shard_map().unwrap();
-    // The recipients are stored with every shard up; the shard answers a
-    // second late from the start on and goes down right after it, so none
-    // of its chunks can be applied before the outage, however fast
-    // delivery is (a start needs every shard up).
+    // The recipients are stored with every shard up; the shard answers
+    // 400 ms late from the start on and goes down right after it, so none
+    // of its chunks (several round trips each) can be applied before the
+    // outage, however fast delivery is (a start needs every shard up). Not
+    // later than that: a start that needs a new connection to the shard
+    // makes its handshake (about five round trips) within the 5 s connect
+    // timeout; at 1 s a round trip it sometimes did not.
     let id = crate::helpers::create_draft(&app, "a shard down mid send").await;
     let batch =
         v1::AppendRecipientsRequest { message_id: id, batch_number: 1, user_ids: users.clone() };
@@ -83,7 +86,7 @@ async fn a_shard_down_mid_send_holds_back_only_its_own_chunks() {
     let home = map.home_shard_for_message(id);
     let down = map.partition_users(&users).into_iter().find(|(shard, _)| *shard != home).unwrap();
     let index = app.settings.database.shards.iter().position(|s| s.id == down.0).unwrap();
-    proxies.shards[index].latency(1000).await;
+    proxies.shards[index].latency(400).await;
     app.messages().start_message(v1::StartMessageRequest { message_id: id }).await.unwrap();
     proxies.shards[index].down().await;
     let went_down = tokio::time::Instant::now();
