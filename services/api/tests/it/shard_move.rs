@@ -10,11 +10,11 @@ use std::time::Duration;
 use notify_core::shard_move::{self, Ended, MoveRequest, TABLES};
 use notify_core::{Settings, shard_map};
 use notify_proto::v1;
-use notify_testkit::{TestApp, content, eventually, spawn_app_with, test_settings};
+use notify_testkit::{TestApp, content, eventually, send_request, spawn_app_with, test_settings};
 use shard_router::{BucketSet, ShardId, bucket_of};
 use tokio::sync::watch;
 
-use crate::helpers::{badge, create_draft};
+use crate::helpers::{badge, create_draft, inbox_ids};
 
 /// Shard 3 owns buckets 768..=1023 in the test map; these move to shard 1.
 const FROM: u32 = 768;
@@ -470,6 +470,87 @@ async fn a_copy_keeps_a_revocation_the_target_has() {
         .unwrap();
     assert_eq!(title, "hello", "the copy brought the source's row");
     assert!(revoked && revoked_at.is_some(), "the revocation stays");
+    app.cleanup().await;
+}
+
+/// The bucket stored with a send's idempotency key, and the shards holding it.
+async fn key_place(app: &TestApp, message_id: u64) -> (u32, Vec<ShardId>) {
+    let (mut bucket, mut shards) = (u32::MAX, Vec::new());
+    for (shard, pool) in app.ctx.pools.iter() {
+        let found: Option<u16> =
+            sqlx::query_scalar("SELECT bucket FROM idempotency_keys WHERE message_id = ?")
+                .bind(message_id)
+                .fetch_optional(pool)
+                .await
+                .unwrap();
+        if let Some(found) = found {
+            bucket = u32::from(found);
+            shards.push(shard);
+        }
+    }
+    (bucket, shards)
+}
+
+fn announcement(title: &str) -> v1::SendMessageRequest {
+    v1::SendMessageRequest {
+        sender: "platform".into(),
+        content: Some(content(title)),
+        audience: Some(v1::send_message_request::Audience::AllUsers(v1::AllUsersAudience {})),
+        ..Default::default()
+    }
+}
+
+#[tokio::test]
+async fn idempotency_keys_and_announcements_move_with_their_buckets() {
+    let app = spawn_app_with(fast_settings(), true).await;
+    replicas_at(&app, 1).await;
+    let mut moving_users = (1..).filter(|u| moving(*u));
+    let (reader, newcomer) = (moving_users.next().unwrap(), moving_users.next().unwrap());
+    let outsider = (1..).find(|u| !moving(*u)).unwrap();
+    // A send whose idempotency key is in a moving bucket (its recipient
+    // is not: only the key moves).
+    let mut attempt = 0;
+    let (retry, sent) = loop {
+        attempt += 1;
+        let mut request = send_request(vec![outsider]);
+        request.idempotency_key = format!("moving-key-{attempt}");
+        let sent =
+            app.messages().send_message(request.clone()).await.unwrap().into_inner().message_id;
+        if (FROM..=TO).contains(&key_place(&app, sent).await.0) {
+            break (request, sent);
+        }
+    };
+    app.wait_for_status(sent, v1::MessageStatus::Completed).await;
+    // A live announcement, read by one moving user before the move (its
+    // item and watermark are on the source) and not by the other.
+    let announced = app.messages().send_message(announcement("before")).await.unwrap();
+    let announced = announced.into_inner().message_id;
+    assert!(inbox_ids(&app, reader).await.contains(&announced));
+
+    let started = shard_move::start(&app.ctx.pools, request()).await.unwrap();
+    let ended = shard_move::run(&app.settings, &app.ctx.pools, started.move_id, |_| {}).await;
+    assert_eq!(ended.unwrap(), Ended::Done);
+    replicas_at(&app, app.ctx.pools.version()).await;
+
+    // The key moved: on the target alone, and a retry still finds its send.
+    assert_eq!(key_place(&app, sent).await.1, [TARGET]);
+    let again = app.messages().send_message(retry).await.unwrap().into_inner();
+    assert_eq!((again.message_id, again.deduplicated), (sent, true));
+    // Each sees the announcement once, with what came after the move.
+    let after = app.messages().send_message(announcement("after")).await.unwrap();
+    let after = after.into_inner().message_id;
+    for user in [reader, newcomer] {
+        let ids = inbox_ids(&app, user).await;
+        assert_eq!(ids.iter().filter(|id| **id == announced).count(), 1, "user {user}: {ids:?}");
+        assert!(ids.contains(&after), "user {user}: {ids:?}");
+        assert_eq!(badge(&app, user).await, app.unread_truth(user).await, "user {user}");
+    }
+    let items: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM message_items WHERE user_id = ?")
+        .bind(reader)
+        .fetch_one(app.ctx.pools.get(TARGET).unwrap())
+        .await
+        .unwrap();
+    assert_eq!(items, 2, "both announcements, on the target");
     app.cleanup().await;
 }
 
