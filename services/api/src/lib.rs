@@ -133,12 +133,14 @@ impl Application {
         tokio::spawn(follow_backends(health.clone(), backends, updating.clone(), shutdown.clone()));
         // Followed (and reported) until every call has drained: a replica
         // that stops reporting counts as gone for a bucket move.
+        // (Also when this returns early with an error.)
         let drained = CancellationToken::new();
         let shard_map = tokio::spawn(notify_core::shard_map::follow(
             self.ctx.clone(),
             self.replica,
             drained.clone(),
         ));
+        let drained = drained.drop_guard();
         let metrics = tokio::spawn(notify_core::telemetry::serve_metrics(
             self.metrics_listener,
             probes,
@@ -251,7 +253,7 @@ impl Application {
             () = deadline => tracing::warn!(grace_secs = grace.as_secs(), "in-flight calls outlived the shutdown grace period"),
         }
         metrics.await??;
-        drained.cancel();
+        drop(drained);
         shard_map.await?;
         info!("notify-api stopped");
         Ok(())

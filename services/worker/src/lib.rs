@@ -137,9 +137,11 @@ impl Worker {
         }
         // Followed (and reported) until every consumer has stopped: a
         // replica that stops reporting counts as gone for a bucket move.
+        // (Also when this returns early with an error.)
         let drained = CancellationToken::new();
         let shard_map =
             tokio::spawn(notify_core::shard_map::follow(ctx.clone(), replica, drained.clone()));
+        let drained = drained.drop_guard();
         if ctx.settings.retention.interval_secs > 0 {
             // Not a heartbeat loop: a run may take long (a month's drop, or
             // the first split after an upgrade), and that is no stall.
@@ -159,7 +161,7 @@ impl Worker {
         while let Some(joined) = tasks.join_next().await {
             joined?;
         }
-        drained.cancel();
+        drop(drained);
         shard_map.await?;
         info!("notify-worker stopped");
         Ok(())
