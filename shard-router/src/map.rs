@@ -5,7 +5,9 @@
 use std::collections::HashMap;
 use std::fmt;
 use std::str::FromStr;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, Weak};
+use std::time::Instant;
 
 use arc_swap::ArcSwap;
 use serde::Deserialize;
@@ -321,6 +323,11 @@ impl FromStr for ShardMap {
 /// version as the one it routes by only once no older route is in flight,
 /// which is what makes a freeze (or a flip) a point after which nothing
 /// writes by the older map.
+///
+/// A process that reports its version (see [`Self::renew_lease`]) may also
+/// write only while its last report is recent: one that cannot report any
+/// more may be running a map a move has left behind without anyone waiting
+/// for it, so its writers wait, as for a freeze, until it reports again.
 #[derive(Debug, Clone)]
 pub struct Shards<T> {
     /// Every shard a value was built for, in configuration order. A map may
@@ -329,8 +336,34 @@ pub struct Shards<T> {
     routing: Arc<ArcSwap<Routing>>,
     /// Versions replaced while routes taken under them may still be held.
     retired: Arc<Mutex<Vec<Weak<Routing>>>>,
-    /// The version installed last, for writers waiting out a freeze.
+    /// The version installed last, for writers waiting out a freeze (also
+    /// signalled when the lease is renewed).
     installed: Arc<watch::Sender<u64>>,
+    lease: Arc<Lease>,
+}
+
+/// Until when writes may go on, as milliseconds since `born` plus one: 0
+/// when no lease is kept (a process that does not report, like a
+/// command-line tool).
+#[derive(Debug)]
+struct Lease {
+    born: Instant,
+    until_ms_plus_one: AtomicU64,
+}
+
+impl Lease {
+    /// True when a lease is kept and had run out by `ms` after `born`.
+    fn lapsed_at(until_ms_plus_one: u64, ms: u64) -> bool {
+        until_ms_plus_one != 0 && ms >= until_ms_plus_one - 1
+    }
+
+    fn elapsed_ms(&self) -> u64 {
+        self.born.elapsed().as_millis() as u64
+    }
+
+    fn lapsed(&self) -> bool {
+        Self::lapsed_at(self.until_ms_plus_one.load(Ordering::Acquire), self.elapsed_ms())
+    }
 }
 
 /// A map, its version, its frozen buckets, and each bucket's position in
@@ -502,6 +535,7 @@ impl<T> Shards<T> {
             routing: Arc::new(ArcSwap::from_pointee(routing)),
             retired: Arc::default(),
             installed: Arc::new(watch::channel(version).0),
+            lease: Arc::new(Lease { born: Instant::now(), until_ms_plus_one: AtomicU64::new(0) }),
         })
     }
 
@@ -532,6 +566,23 @@ impl<T> Shards<T> {
         drop(previous);
         self.installed.send_replace(version);
         Ok(true)
+    }
+
+    /// Lets writes go on until `until` (or a later time given before): a
+    /// process calls it each time its version is reported, from the time
+    /// it sent the report. Wakes writers waiting for it.
+    pub fn renew_lease(&self, until: Instant) {
+        let ms = until.saturating_duration_since(self.lease.born).as_millis() as u64;
+        let before = self.lease.until_ms_plus_one.fetch_max(ms + 1, Ordering::AcqRel);
+        if before == 0 || Lease::lapsed_at(before, self.lease.elapsed_ms()) {
+            // It had lapsed (or was never kept): writers may be waiting.
+            self.installed.send_modify(|_| {});
+        }
+    }
+
+    /// True when a lease is kept and has run out: writes wait.
+    pub fn lease_lapsed(&self) -> bool {
+        self.lease.lapsed()
     }
 
     /// Returns the version of the map in use.
@@ -583,14 +634,18 @@ impl<T> Shards<T> {
     }
 
     /// Holds the map in use for writes to several buckets, unless it
-    /// freezes one of them.
+    /// freezes one of them or the lease has lapsed.
     pub fn try_writable_snapshot(&self, buckets: &[u32]) -> Option<Snapshot<'_, T>> {
+        if self.lease.lapsed() {
+            return None;
+        }
         let snapshot = self.snapshot();
         (!buckets.iter().any(|bucket| snapshot.is_frozen(*bucket))).then_some(snapshot)
     }
 
     /// Holds the map in use for writes to several buckets, once it freezes
-    /// none of them (waiting for the version that ends the freeze).
+    /// none of them (waiting for the version that ends the freeze) and the
+    /// lease is not lapsed (waiting for its renewal).
     pub async fn writable_snapshot(&self, buckets: &[u32]) -> Snapshot<'_, T> {
         let mut installed = self.installed.subscribe();
         loop {
@@ -871,5 +926,33 @@ mod tests {
         let flipped = start.with_range(ShardId(2), 512, 767).unwrap();
         assert!(shards.install(flipped, BucketSet::EMPTY, 4).unwrap());
         assert_eq!(waiter.await.unwrap(), (ShardId(2), 4));
+    }
+
+    #[tokio::test]
+    async fn writes_wait_while_the_lease_is_lapsed_and_go_on_once_it_is_renewed() {
+        let (shards, _) = three_members();
+        let user = 42;
+        // No lease kept: writes go on (a tool that never reports).
+        assert!(!shards.lease_lapsed());
+        assert!(shards.try_writable(Key::User(user)).is_some());
+        // A lease that ran out holds writes back, not reads.
+        shards.renew_lease(Instant::now());
+        assert!(shards.lease_lapsed());
+        assert!(shards.try_writable(Key::User(user)).is_none());
+        assert_eq!(shards.route(Key::User(user)).shard(), shards.map().shard_for_user(user));
+        let waiter = {
+            let shards = shards.clone();
+            tokio::spawn(async move { shards.writable(Key::User(user)).await.shard() })
+        };
+        tokio::task::yield_now().await;
+        assert!(!waiter.is_finished(), "a write went ahead on a lapsed lease");
+        // Renewed: the waiting writer goes on, and so do new ones.
+        shards.renew_lease(Instant::now() + std::time::Duration::from_secs(60));
+        assert_eq!(waiter.await.unwrap(), shards.map().shard_for_user(user));
+        assert!(!shards.lease_lapsed());
+        assert!(shards.try_writable(Key::User(user)).is_some());
+        // An earlier time given later does not shorten it.
+        shards.renew_lease(Instant::now());
+        assert!(!shards.lease_lapsed());
     }
 }

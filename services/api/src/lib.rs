@@ -91,7 +91,7 @@ impl Application {
         let ctx = Context::connect(settings).await?;
         // Reported before serving anything (see shard_map::join).
         let replica = notify_core::shard_map::Replica::new("api");
-        notify_core::shard_map::join(&ctx.pools, &replica).await?;
+        notify_core::shard_map::join(&ctx, &replica).await?;
         Ok(Self { ctx, listener, metrics_listener, tls, replica })
     }
 

@@ -65,6 +65,15 @@ impl Context {
         metrics::counter!("notify_frozen_writes_total").increment(1);
         let limit = Duration::from_millis(self.settings.database.freeze_wait_ms);
         tokio::time::timeout(limit, self.pools.writable_snapshot(buckets)).await.map_err(|_| {
+            if self.pools.lease_lapsed() {
+                metrics::counter!("notify_lease_refused_writes_total").increment(1);
+                return Error::Unavailable(format!(
+                    "this replica has not reached the directory shard for longer than \
+                     database.replica_lease_secs ({} s): it may route by an outdated shard \
+                     map, so writes wait until it reports again; retry",
+                    self.settings.database.replica_lease_secs
+                ));
+            }
             Error::Unavailable(format!(
                 "a bucket of this write is frozen by a shard move for longer than \
                  database.freeze_wait_ms ({} ms); retry",

@@ -89,8 +89,9 @@ pub async fn apply_task(ctx: &Context, task: &ChunkTask, redelivered: bool) -> R
     let mut splits = 0;
     let applied = loop {
         // Held through the apply: this replica reports a newer map only
-        // once the chunk's items are written by this one.
-        let routes = ctx.pools.snapshot();
+        // once the chunk's items are written by this one (and only while
+        // its write lease holds: no bucket to check, the chunk's are below).
+        let routes = ctx.writable_snapshot(&[]).await?;
         let placed = |user_ids: &[u64]| placed_on(&routes, shard, user_ids);
         match chunks::apply(pool, message_id, task.chunk_id, placed).await? {
             ApplyOutcome::Misplaced { user_ids } if splits < MAX_SPLITS => {
@@ -258,7 +259,7 @@ pub async fn apply_group(
         .pools
         .get(shard)
         .ok_or_else(|| Error::Internal(format!("task names unknown shard {}", shard.0)))?;
-    let routes = ctx.pools.snapshot();
+    let routes = ctx.writable_snapshot(&[]).await?;
     let placed = |user_ids: &[u64]| placed_on(&routes, shard, user_ids);
     let Some(group) = chunks::apply_many(pool, message_id, chunk_ids, placed).await? else {
         return Ok(None);

@@ -155,10 +155,13 @@ pub async fn adopt(settings: &Settings, pools: &ShardPools) -> Result<u64> {
 /// once more (installing and reporting it): a version a mover appended
 /// before the report is installed now, and one appended after it waits for
 /// this replica, so a process that just started cannot write by a map a
-/// move has left behind unseen. Called by api and worker before serving.
-pub async fn join(pools: &ShardPools, replica: &Replica) -> Result<u64> {
-    report(pools, replica, 0).await?;
-    refresh(pools, replica, &mut 0).await
+/// move has left behind unseen. Called by api and worker before serving;
+/// from then on, the process writes only while its reports go through
+/// (`database.replica_lease_secs`).
+pub async fn join(ctx: &Context, replica: &Replica) -> Result<u64> {
+    let lease = Duration::from_secs(ctx.settings.database.replica_lease_secs);
+    report(&ctx.pools, replica, 0, lease).await?;
+    refresh(&ctx.pools, replica, &mut 0, lease).await
 }
 
 /// Appends `map` as the version after `after`; fails with
@@ -234,7 +237,15 @@ pub async fn replicas(directory: &MySqlPool) -> Result<Vec<ReplicaState>> {
 /// Reports the version this replica routes by: the oldest one a route still
 /// held was taken under, so a version is reported only once nothing in this
 /// process writes by an older one (see [`shard_router::Shards::oldest_in_use`]).
-async fn report(pools: &ShardPools, replica: &Replica, refused: u64) -> Result<()> {
+/// Each report renews this process's write lease for `lease` from when it
+/// was sent ([`shard_router::Shards::renew_lease`]).
+async fn report(
+    pools: &ShardPools,
+    replica: &Replica,
+    refused: u64,
+    lease: Duration,
+) -> Result<()> {
+    let sent_at = std::time::Instant::now();
     sqlx::query(
         "INSERT INTO shard_map_replicas (replica, role, version, refused, seen_at) \
          VALUES (?, ?, ?, ?, UTC_TIMESTAMP(3)) ON DUPLICATE KEY UPDATE \
@@ -246,12 +257,18 @@ async fn report(pools: &ShardPools, replica: &Replica, refused: u64) -> Result<(
     .bind(refused)
     .execute(directory(pools)?)
     .await?;
+    pools.renew_lease(sent_at + lease);
     Ok(())
 }
 
 /// Looks for a new version once: installs it when this process can serve
 /// it, then reports. Returns the version routed by.
-async fn refresh(pools: &ShardPools, replica: &Replica, refused: &mut u64) -> Result<u64> {
+async fn refresh(
+    pools: &ShardPools,
+    replica: &Replica,
+    refused: &mut u64,
+    lease: Duration,
+) -> Result<u64> {
     let directory = directory(pools)?;
     let newest: Option<u64> = sqlx::query_scalar("SELECT MAX(version) FROM shard_map_versions")
         .fetch_one(directory)
@@ -271,7 +288,7 @@ async fn refresh(pools: &ShardPools, replica: &Replica, refused: &mut u64) -> Re
             }
         }
     }
-    report(pools, replica, *refused).await?;
+    report(pools, replica, *refused, lease).await?;
     Ok(pools.version())
 }
 
@@ -290,6 +307,7 @@ pub async fn follow(ctx: Context, replica: Replica, drained: CancellationToken) 
     let patience = Duration::from_millis(ctx.settings.database.shard_map_refresh_ms * 5)
         .max(Duration::from_secs(5));
     let mut refused = 0;
+    let lease = Duration::from_secs(ctx.settings.database.replica_lease_secs);
     loop {
         tokio::select! {
             () = shutdown.cancelled() => break,
@@ -297,7 +315,7 @@ pub async fn follow(ctx: Context, replica: Replica, drained: CancellationToken) 
         }
         let refreshed = tokio::select! {
             () = shutdown.cancelled() => break,
-            refreshed = tokio::time::timeout(patience, refresh(pools, &replica, &mut refused)) => refreshed,
+            refreshed = tokio::time::timeout(patience, refresh(pools, &replica, &mut refused, lease)) => refreshed,
         };
         let failed = match refreshed {
             Ok(Ok(_)) => continue,

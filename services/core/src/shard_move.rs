@@ -904,11 +904,12 @@ impl<'p> Mover<'p> {
         Ok(())
     }
 
-    /// Waits until every live replica reports `version` or newer (a
-    /// replica not seen for ten refresh intervals, 10 s at least, is gone).
+    /// Waits until every live replica reports `version` or newer. A
+    /// replica not seen for twice `database.replica_lease_secs` is gone:
+    /// its writes have waited for a report for as long again by then.
     async fn wait_for_replicas(&mut self, version: u64) -> Result<()> {
         let refresh = Duration::from_millis(self.settings.database.shard_map_refresh_ms);
-        let gone_after = (refresh * 10).max(Duration::from_secs(10)).as_secs_f64();
+        let gone_after = 2.0 * self.settings.database.replica_lease_secs as f64;
         let patience = Duration::from_secs(self.settings.database.shard_move_wait_secs);
         let started = Instant::now();
         let poll = refresh.min(Duration::from_millis(100));

@@ -45,7 +45,7 @@ impl Worker {
         let ctx = Context::connect(settings).await?;
         // Reported before any consumer runs (see shard_map::join).
         let replica = notify_core::shard_map::Replica::new("worker");
-        notify_core::shard_map::join(&ctx.pools, &replica).await?;
+        notify_core::shard_map::join(&ctx, &replica).await?;
         Ok(Self { ctx, metrics_listener, replica })
     }
 

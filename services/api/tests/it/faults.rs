@@ -510,3 +510,47 @@ async fn a_black_holed_directory_shard_does_not_hold_the_map_follower_at_shutdow
     proxies.shards[0].reset_connections().await;
     app.cleanup().await;
 }
+
+/// The directory shard down: a replica that cannot report its map version
+/// for longer than `database.replica_lease_secs` may be routing by a map a
+/// move has since left behind (a mover counts it gone after twice that), so
+/// its writes wait, and fail UNAVAILABLE after `database.freeze_wait_ms`
+/// (the log names the lease), while reads go on; once it reports again, a
+/// write that was waiting goes on.
+#[tokio::test]
+async fn a_replica_cut_off_from_the_directory_writes_nothing_once_its_lease_lapses() {
+    let mut settings = test_settings();
+    settings.database.shard_map_refresh_ms = 100;
+    settings.database.replica_lease_secs = 1;
+    settings.database.freeze_wait_ms = 3_000;
+    let (app, proxies, _) = spawn_behind_proxies_with(settings).await;
+    let user = (1..).find(|u| app.ctx.pools.for_user(*u).shard() != ShardId(0)).unwrap();
+    let sent = send(&app, vec![user]).await;
+    wait_for_status(&app, sent, v1::MessageStatus::Completed).await;
+    assert!(!app.ctx.pools.lease_lapsed(), "the lease lapsed while the directory answered");
+
+    proxies.shards[0].down().await;
+    eventually("the write lease lapses", Duration::from_secs(10), || async {
+        app.ctx.pools.lease_lapsed().then_some(())
+    })
+    .await;
+    // Reads go on (the user's shard answers); a write waits, then is refused.
+    assert_eq!(badge(&app, user).await, 1);
+    let mark_all = v1::MarkAllReadRequest { user_id: user, ..Default::default() };
+    let refused = app.inbox().mark_all_read(mark_all.clone()).await.unwrap_err();
+    assert_eq!(refused.code(), tonic::Code::Unavailable, "{refused:?}");
+    assert_eq!(app.unread_truth(user).await, 1, "a refused write changed MySQL");
+
+    // A write waiting when the directory comes back goes on.
+    let mut inbox = app.inbox();
+    let mut waiting = tokio::spawn(async move { inbox.mark_all_read(mark_all).await });
+    let early = tokio::time::timeout(Duration::from_millis(300), &mut waiting).await;
+    assert!(early.is_err(), "a write went ahead on a lapsed lease");
+    proxies.shards[0].up().await;
+    let marked = waiting.await.unwrap().expect("the waiting write went on once reported");
+    assert_eq!(marked.into_inner().marked, 1);
+    assert!(!app.ctx.pools.lease_lapsed());
+    assert_eq!(app.unread_truth(user).await, 0);
+    assert_eq!(badge(&app, user).await, 0);
+    app.cleanup().await;
+}

@@ -47,19 +47,8 @@ async fn replicas_at(app: &TestApp, version: u64) {
 
 /// Rows of the moving buckets on `shard`, per moved table.
 async fn rows_of_range(app: &TestApp, shard: ShardId) -> BTreeMap<&'static str, i64> {
-    let pool = app.ctx.pools.get(shard).unwrap();
-    let mut rows = BTreeMap::new();
-    for table in TABLES {
-        let sql = format!("SELECT COUNT(*) FROM `{}` WHERE bucket BETWEEN ? AND ?", table.name);
-        let n: i64 = sqlx::query_scalar(sqlx::AssertSqlSafe(sql))
-            .bind(FROM)
-            .bind(TO)
-            .fetch_one(pool)
-            .await
-            .unwrap();
-        rows.insert(table.name, n);
-    }
-    rows
+    let digests = digest_of_range(app, shard).await;
+    digests.into_iter().map(|(table, (rows, _))| (table, rows)).collect()
 }
 
 /// Per moved table, the moving buckets' rows on `shard` and a checksum of

@@ -156,6 +156,10 @@ pub struct DatabaseSettings {
     /// How long a bucket move waits for every live replica to take a new
     /// version of the map before it gives up (ending its freeze).
     pub shard_move_wait_secs: u64,
+    /// How long after its last report to the directory shard a replica may
+    /// still write; a bucket move counts a replica silent for twice this
+    /// long as gone.
+    pub replica_lease_secs: u64,
 }
 
 /// The RabbitMQ broker.
@@ -436,6 +440,7 @@ impl Settings {
             ("database.shard_map_refresh_ms", self.database.shard_map_refresh_ms),
             ("database.freeze_wait_ms", self.database.freeze_wait_ms),
             ("database.shard_move_wait_secs", self.database.shard_move_wait_secs),
+            ("database.replica_lease_secs", self.database.replica_lease_secs),
             ("groups.max_members", self.groups.max_members),
             ("groups.seq_cache_ttl_secs", self.groups.seq_cache_ttl_secs),
             ("groups.membership_cache_ttl_secs", self.groups.membership_cache_ttl_secs),
@@ -454,6 +459,12 @@ impl Settings {
             if value == 0 {
                 return Err(invalid(setting, "must be at least 1"));
             }
+        }
+        if self.database.replica_lease_secs * 1000 < 3 * self.database.shard_map_refresh_ms {
+            return Err(invalid(
+                "database.replica_lease_secs",
+                "must cover at least three database.shard_map_refresh_ms intervals",
+            ));
         }
         if self.send.chunk_size > 5000 {
             return Err(invalid("send.chunk_size", "must be at most 5000"));
@@ -563,6 +574,21 @@ mod tests {
             vec![BucketRange { shard: ShardId(7), from: 0, to: 1023 }];
         let err = settings.validate().unwrap_err().to_string();
         assert_eq!(err, "database.bucket_ranges[0]: shard 7 is not defined in database.shards");
+    }
+
+    #[test]
+    fn a_write_lease_shorter_than_three_refreshes_is_refused() {
+        let mut settings = Settings::defaults().unwrap();
+        settings.database.shard_map_refresh_ms = 1_000;
+        settings.database.replica_lease_secs = 2;
+        let err = settings.validate().unwrap_err().to_string();
+        assert_eq!(
+            err,
+            "database.replica_lease_secs: must cover at least three \
+             database.shard_map_refresh_ms intervals"
+        );
+        settings.database.replica_lease_secs = 3;
+        settings.validate().unwrap();
     }
 
     #[test]
