@@ -68,9 +68,13 @@ pub struct BadgeArgs {
     /// Items of the ListInbox user.
     #[arg(long, default_value_t = 1_000)]
     inbox_items: u64,
-    /// Timed ListInbox calls.
+    /// Timed ListInbox calls, one at a time.
     #[arg(long, default_value_t = 1_000)]
     inbox_calls: u64,
+    /// Timed ListInbox calls by the 16 concurrent readers (and as many
+    /// direct SQL queries by 16 connections).
+    #[arg(long, default_value_t = 16_000)]
+    inbox_concurrent_calls: u64,
     /// Pages followed by cursor before restarting from the first page.
     #[arg(long, default_value_t = 5)]
     inbox_pages: u32,
@@ -244,7 +248,7 @@ async fn body(env: &mut Env, args: &BadgeArgs) -> anyhow::Result<String> {
         sequential.value_at_quantile(0.99) as f64 / 1000.0
     );
 
-    let inbox = run_inbox(env, args, &channels[0]).await?;
+    let inbox = run_inbox(env, args, &channels[0], &tracked).await?;
     let peaks = rss.peaks();
     drop(rss);
     let auth = auth::overhead(env, args).await?;
@@ -793,11 +797,13 @@ fn summary<'a>(
     );
     let _ = writeln!(
         s,
-        "               {} calls by {} concurrent readers (same pages): {}",
+        "               {} calls by {} concurrent readers (same pages), {} calls/s: {}",
         inbox.concurrent.len(),
         inbox.readers,
+        thousands((inbox.concurrent.len() as f64 / inbox.concurrent_secs) as u64),
         latency_against(&inbox.concurrent, 2.0)
     );
+    let _ = writeln!(s, "               cpu: {}", inbox.concurrent_cpu.line(machine_max));
     let sql = |q: f64| inbox.sql.value_at_quantile(q) as f64 / 1000.0;
     let _ = writeln!(
         s,
@@ -805,6 +811,17 @@ fn summary<'a>(
         sql(0.5),
         sql(0.99)
     );
+    let sql16 = |q: f64| inbox.sql_concurrent.value_at_quantile(q) as f64 / 1000.0;
+    let _ = writeln!(
+        s,
+        "               same SQL by {} connections at once, {} queries/s: p50 {:.3} ms  p99 {:.3} ms \
+         (the database's floor for the concurrent run)",
+        inbox.readers,
+        thousands((inbox.sql_concurrent.len() as f64 / inbox.sql_concurrent_secs) as u64),
+        sql16(0.5),
+        sql16(0.99)
+    );
+    let _ = writeln!(s, "               cpu: {}", inbox.sql_concurrent_cpu.line(machine_max));
     let mb = |kb: u64| kb as f64 / 1024.0;
     let (api, worker) =
         (peaks.first().copied().unwrap_or_default(), peaks.get(1).copied().unwrap_or_default());

@@ -76,7 +76,7 @@ pub fn config_toml(s: &Settings) -> String {
          sweep_timeout_secs = {}\noperation_timeout_secs = {}\n\n\
          [database]\nurl = {}\npool_max = {}\nshards = [{}]\nbucket_ranges = []\n\n\
          [rabbitmq]\nurl = {}\nprefix = {}\n\n\
-         [redis]\nurl = {}\nkey_prefix = {}\n\n\
+         [redis]\nurl = {}\nkey_prefix = {}\nnear_cache_users = {}\nnear_cache_max_lag_ms = {}\n\n\
          [log]\nfilter = {}\n",
         toml_str(&s.api.listen),
         toml_str(&s.api.metrics_listen),
@@ -93,6 +93,8 @@ pub fn config_toml(s: &Settings) -> String {
         toml_str(&s.rabbitmq.prefix),
         toml_str(s.redis.url.expose_secret()),
         toml_str(&s.redis.key_prefix),
+        s.redis.near_cache_users,
+        s.redis.near_cache_max_lag_ms,
         toml_str(&s.log.filter),
     )
 }

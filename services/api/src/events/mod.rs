@@ -494,6 +494,9 @@ impl Hub {
                     break;
                 }
                 let ctx = &self.inner.ctx;
+                // These users' badges changed before the event that queued
+                // them: their near-cache copies must be gone first.
+                ctx.cache.sync_near_cache().await;
                 let mut reads = futures::stream::iter(batch)
                     .map(|user_id| async move {
                         let badge = match UserId::parse(user_id, "user_id") {
@@ -600,6 +603,8 @@ impl Hub {
         let user = UserId::parse(user_id, "add_user_ids").map_err(crate::status::to_status)?;
         let version = self.read().users.get(&user_id).map(|f| f.version);
         let query = InboxQuery { before: u64::MAX, limit: 1, unread_only: false, category: None };
+        // A snapshot must not predate an event the stream already routed.
+        ctx.cache.sync_near_cache().await;
         let (counts, groups, page) = futures::future::join3(
             inbox::unread_counts(ctx, &[user_id]),
             groups::unread(ctx, user),

@@ -10,6 +10,7 @@ mod helpers;
 mod ids;
 mod inbox;
 mod lifecycle;
+mod near_cache;
 mod retention;
 mod send;
 mod server;

@@ -1,7 +1,8 @@
 //! The ListInbox half of `notify-bench badge`: a user with 1,000 items on a
 //! shard holding ~1M items, paged through the api one call at a time and by
-//! 16 readers at once, and the same query run directly over sqlx (the
-//! database's share of a call).
+//! 16 readers at once, and the same query run directly over sqlx, alone and
+//! by 16 connections at once (the database's share of a call, and the floor
+//! of the concurrent run).
 
 use std::time::Instant;
 
@@ -17,6 +18,7 @@ use tonic::transport::Channel;
 
 use super::{BadgeArgs, new_hist};
 use crate::harness::{self, Env, thousands};
+use crate::procstat::{CpuUse, Tracked};
 
 /// What the ListInbox run measured.
 pub(super) struct Inbox {
@@ -26,10 +28,17 @@ pub(super) struct Inbox {
     pub(super) seeded_rows: u64,
     pub(super) seed_secs: f64,
     pub(super) hist: Histogram<u64>,
-    /// The same calls by [`READERS`] readers at once.
+    /// The same calls by [`READERS`] readers at once, and where the CPU
+    /// went meanwhile.
     pub(super) concurrent: Histogram<u64>,
+    pub(super) concurrent_cpu: CpuUse,
+    pub(super) concurrent_secs: f64,
     pub(super) readers: usize,
     pub(super) sql: Histogram<u64>,
+    /// The SQL by [`READERS`] connections at once, and its CPU.
+    pub(super) sql_concurrent: Histogram<u64>,
+    pub(super) sql_concurrent_cpu: CpuUse,
+    pub(super) sql_concurrent_secs: f64,
 }
 
 /// Concurrent ListInbox readers (list pages of many users at once).
@@ -40,19 +49,30 @@ pub(super) async fn run_inbox(
     env: &mut Env,
     args: &BadgeArgs,
     channel: &Channel,
+    tracked: &Tracked,
 ) -> anyhow::Result<Inbox> {
     ensure!(args.inbox_items > 0, "--inbox-items must be > 0");
     let map = env.settings.shard_map().map_err(|e| anyhow::anyhow!("{e}"))?;
     let user = args.users.max(100_000_000) + 1;
     let shard = map.shard_for_user(user);
     let slot = map.slot_of(shard).context("shard slot")?;
-    let pool = harness::shard_pool(&env.settings, slot, 4).await?;
+    let pool = harness::shard_pool(&env.settings, slot, READERS as u32).await?;
     let started = Instant::now();
     let seeded_rows = seed_inbox_shard(&pool, &map, shard, user, args).await?;
     let seed_secs = started.elapsed().as_secs_f64();
     let shard_items: i64 =
         sqlx::query_scalar("SELECT COUNT(*) FROM message_items").fetch_one(&pool).await?;
-    let sql = inbox_sql_directly(&pool, user, args).await?;
+    let sql = inbox_sql_directly(&pool, user, args, args.inbox_calls).await?;
+    let (cpu0, started) = (tracked.snap(), Instant::now());
+    let per_reader = args.inbox_concurrent_calls.div_ceil(READERS as u64);
+    let sql_readers: Vec<_> =
+        (0..READERS).map(|_| inbox_sql_directly(&pool, user, args, per_reader)).collect();
+    let mut sql_concurrent = new_hist();
+    for reader in futures::future::try_join_all(sql_readers).await? {
+        sql_concurrent.add(&reader)?;
+    }
+    let sql_concurrent_secs = started.elapsed().as_secs_f64();
+    let sql_concurrent_cpu = tracked.between(&cpu0, &tracked.snap());
     pool.close().await;
     println!(
         "inbox seed: {} rows on shard {shard} in {seed_secs:.1} s ({} items on the shard)",
@@ -63,18 +83,20 @@ pub(super) async fn run_inbox(
     let hist =
         read_pages(InboxServiceClient::new(channel.clone()), user, args, args.inbox_calls).await?;
     // The same pages by READERS readers at once, each its own share.
+    let (cpu0, started) = (tracked.snap(), Instant::now());
     let readers: Vec<_> = (0..READERS)
         .map(|_| {
             let client = InboxServiceClient::new(channel.clone());
-            let calls = args.inbox_calls.div_ceil(READERS as u64);
             let (items, pages) = (args.inbox_items, args.inbox_pages);
-            tokio::spawn(async move { read_pages_of(client, user, items, pages, calls).await })
+            tokio::spawn(async move { read_pages_of(client, user, items, pages, per_reader).await })
         })
         .collect();
     let mut concurrent = new_hist();
     for reader in readers {
         concurrent.add(&reader.await??)?;
     }
+    let concurrent_secs = started.elapsed().as_secs_f64();
+    let concurrent_cpu = tracked.between(&cpu0, &tracked.snap());
     Ok(Inbox {
         user,
         shard: shard.0,
@@ -83,8 +105,13 @@ pub(super) async fn run_inbox(
         seed_secs,
         hist,
         concurrent,
+        concurrent_cpu,
+        concurrent_secs,
         readers: READERS,
         sql,
+        sql_concurrent,
+        sql_concurrent_cpu,
+        sql_concurrent_secs,
     })
 }
 
@@ -144,18 +171,19 @@ async fn read_pages_of(
 }
 
 /// The api's inbox query (`notify_core::db::items::list`, page_size + 1
-/// rows) run directly from here with the same page pattern: the database's
-/// share of a ListInbox call.
+/// rows) run directly from here `calls` times (after 20 unmeasured) with
+/// the same page pattern: the database's share of a ListInbox call.
 async fn inbox_sql_directly(
     pool: &MySqlPool,
     user: u64,
     args: &BadgeArgs,
+    calls: u64,
 ) -> anyhow::Result<Histogram<u64>> {
     use notify_core::db::items::{self, InboxQuery};
     let mut hist = new_hist();
     let mut before = u64::MAX;
     let mut page = 0;
-    for call in 0..20 + args.inbox_calls {
+    for call in 0..20 + calls {
         let query = InboxQuery { before, limit: 21, unread_only: false, category: None };
         let started = Instant::now();
         let rows = items::list(pool, user, &query).await?;

@@ -142,6 +142,18 @@ impl Cache {
     /// cluster, one per node, concurrently).
     #[instrument(level = "debug", skip_all, fields(db.system = "redis"))]
     pub async fn cached_counts(&self, user_ids: &[u64]) -> Result<CachedCounts> {
+        if let Some(near) = &self.near {
+            if let Some((epoch, held)) = near.counts(user_ids)
+                && held.iter().all(Option::is_some)
+            {
+                crate::hot_counter!("notify_near_cache_hits_total").increment(1);
+                return Ok(CachedCounts { epoch, counts: held.into_iter().flatten().collect() });
+            }
+            if let Some(counts) = near.read_counts(user_ids).await? {
+                crate::hot_counter!("notify_near_cache_misses_total").increment(1);
+                return Ok(counts);
+            }
+        }
         let (mut epoch_conn, mut conn) = (self.conn.clone(), self.conn.clone());
         let epoch = epoch_conn.get::<_, Option<u64>>(self.keys.epoch());
         if user_ids.is_empty() {
@@ -196,6 +208,9 @@ impl Cache {
             async move { invocation.invoke_async::<i64>(&mut conn).await }
         });
         try_join_all(stores).await?;
+        if let Some(near) = &self.near {
+            near.forget_unread(entries.iter().map(|entry| entry.user_id));
+        }
         Ok(())
     }
 
@@ -214,6 +229,9 @@ impl Cache {
             async move { conn.del::<_, ()>(keys).await }
         });
         try_join_all(deletes).await?;
+        if let Some(near) = &self.near {
+            near.forget_unread(user_ids.iter().copied());
+        }
         Ok(())
     }
 
@@ -242,6 +260,9 @@ impl Cache {
             .arg(DIRTY_MS)
             .invoke_async::<i64>(&mut conn)
             .await?;
+        if let Some(near) = &self.near {
+            near.forget_unread([user_id]);
+        }
         Ok(())
     }
 
@@ -249,13 +270,25 @@ impl Cache {
     #[instrument(level = "debug", skip_all, fields(db.system = "redis"))]
     pub async fn bump_announcement_epoch(&self) -> Result<u64> {
         let mut conn = self.conn.clone();
-        Ok(conn.incr(self.keys.epoch(), 1).await?)
+        let epoch = conn.incr(self.keys.epoch(), 1).await?;
+        if let Some(near) = &self.near {
+            near.forget_epoch();
+        }
+        Ok(epoch)
     }
 
     /// Reads the announcement epoch and that epoch's cached active list
     /// (if any) in one round trip: every inbox read asks.
     #[instrument(level = "debug", skip_all, fields(db.system = "redis"))]
     pub async fn cached_announcements(&self) -> Result<(u64, Option<String>)> {
+        if let Some(near) = &self.near {
+            if let Some(held) = near.announcements() {
+                return Ok(held);
+            }
+            if let Some(read) = near.read_announcements().await? {
+                return Ok(read);
+            }
+        }
         let mut conn = self.conn.clone();
         let (epoch, list): (u64, Option<String>) = self
             .badge
@@ -272,6 +305,9 @@ impl Cache {
     pub async fn store_announcements(&self, epoch: u64, json: &str, ttl_secs: u64) -> Result<()> {
         let mut conn = self.conn.clone();
         conn.set_ex::<_, _, ()>(self.keys.active_list(epoch), json, ttl_secs.max(1)).await?;
+        if let Some(near) = &self.near {
+            near.forget_announcements(epoch);
+        }
         Ok(())
     }
 }

@@ -175,6 +175,10 @@ impl Cache {
     /// [`super::coalesce`]).
     #[instrument(level = "debug", skip_all, fields(db.system = "redis"))]
     pub async fn cached_user_state(&self, user_id: u64) -> Result<CachedUserState> {
+        if let Some(state) = self.near.as_ref().and_then(|near| near.user_state(user_id)) {
+            crate::hot_counter!("notify_near_cache_hits_total").increment(1);
+            return Ok(state);
+        }
         self.user_state_reads.read(user_id).await
     }
 
@@ -221,6 +225,9 @@ impl Cache {
             invocation.arg(*group_id).arg(*ack);
         }
         let stored: i64 = invocation.invoke_async(&mut conn).await?;
+        if let Some(near) = &self.near {
+            near.forget_cursors([user_id]);
+        }
         Ok(stored == 1)
     }
 
@@ -255,6 +262,9 @@ impl Cache {
             async move { invocation.invoke_async::<i64>(&mut conn).await }
         });
         try_join_all(calls).await?;
+        if let Some(near) = &self.near {
+            near.forget_cursors(user_ids.iter().copied());
+        }
         Ok(())
     }
 
@@ -273,6 +283,9 @@ impl Cache {
             async move { invocation.invoke_async::<i64>(&mut conn).await }
         });
         try_join_all(calls).await?;
+        if let Some(near) = &self.near {
+            near.forget_seqs(seqs.keys().copied());
+        }
         Ok(())
     }
 
@@ -287,6 +300,12 @@ impl Cache {
     /// on a single node; on a cluster, one per slot beside the epoch, then
     /// the seqs of the groups found (each round concurrently).
     pub(super) async fn read_user_states(&self, user_ids: &[u64]) -> Result<Vec<CachedUserState>> {
+        if let Some(near) = &self.near
+            && let Some(states) = near.read_user_states(user_ids).await?
+        {
+            crate::hot_counter!("notify_near_cache_misses_total").increment(user_ids.len() as u64);
+            return Ok(states);
+        }
         if !self.is_cluster() {
             let flat = self.user_states_call(user_ids, true).await?;
             return parse_user_states(&flat, user_ids.len(), None);

@@ -18,6 +18,7 @@
 mod badge;
 mod coalesce;
 mod groups;
+mod near;
 pub mod quota;
 
 pub use badge::{CachedCounts, RebuiltCount};
@@ -160,6 +161,11 @@ impl Keys {
         Self { prefix: prefix.to_owned() }
     }
 
+    /// What every key starts with.
+    pub fn prefix(&self) -> &str {
+        &self.prefix
+    }
+
     /// The announcement epoch.
     pub fn epoch(&self) -> String {
         format!("{}{{ann}}:epoch", self.prefix)
@@ -268,6 +274,9 @@ pub struct Cache {
     groups: groups::Scripts,
     quota: Script,
     user_state_reads: coalesce::UserStateReads,
+    /// This process's coherent copy of badge keys (see [`near`]), when
+    /// `redis.near_cache_users` > 0 on a single node.
+    near: Option<near::Near>,
 }
 
 impl Cache {
@@ -277,6 +286,9 @@ impl Cache {
         let conn = Connection::open(settings).await?;
         let keys = Keys::new(&settings.key_prefix);
         let groups = groups::Scripts::new();
+        let near = near::Near::new(settings, keys.clone())?;
+        // The reader task's own handle keeps neither itself nor the near
+        // cache's task alive.
         let cache = Self {
             conn,
             keys,
@@ -285,8 +297,23 @@ impl Cache {
             groups,
             quota: quota::script(),
             user_state_reads: coalesce::UserStateReads::idle(),
+            near: near.as_ref().map(near::Near::unowned),
         };
-        Ok(Self { user_state_reads: coalesce::UserStateReads::start(cache.clone()), ..cache })
+        Ok(Self { user_state_reads: coalesce::UserStateReads::start(cache.clone()), near, ..cache })
+    }
+
+    /// Returns once every invalidation of the near cache for writes made
+    /// before the call is applied: for reads that follow a write learned of
+    /// elsewhere (an event), which must not answer from before it.
+    pub async fn sync_near_cache(&self) {
+        if let Some(near) = &self.near {
+            near.sync().await;
+        }
+    }
+
+    /// How many users and groups the near cache holds keys of.
+    pub fn near_cache_held(&self) -> (usize, usize) {
+        self.near.as_ref().map_or((0, 0), near::Near::held)
     }
 
     /// Returns a connection handle (cheap clone).

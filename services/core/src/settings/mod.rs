@@ -191,6 +191,12 @@ pub struct RedisSettings {
     /// Talk to a Redis Cluster: `url` names one or more seed nodes,
     /// separated by commas, and the client follows the cluster's slots.
     pub cluster: bool,
+    /// Most users whose badge keys the api keeps a tracked copy of (the
+    /// near cache, single node only); 0 turns it off.
+    pub near_cache_users: usize,
+    /// Longest a near-cache copy is served after the last heartbeat that
+    /// confirmed its connection was receiving invalidations.
+    pub near_cache_max_lag_ms: u64,
 }
 
 /// Send limits and tuning.
@@ -441,6 +447,7 @@ impl Settings {
             ("database.freeze_wait_ms", self.database.freeze_wait_ms),
             ("database.shard_move_wait_secs", self.database.shard_move_wait_secs),
             ("database.replica_lease_secs", self.database.replica_lease_secs),
+            ("redis.near_cache_max_lag_ms", self.redis.near_cache_max_lag_ms),
             ("groups.max_members", self.groups.max_members),
             ("groups.seq_cache_ttl_secs", self.groups.seq_cache_ttl_secs),
             ("groups.membership_cache_ttl_secs", self.groups.membership_cache_ttl_secs),

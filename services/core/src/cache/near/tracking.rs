@@ -1,0 +1,180 @@
+//! The tracking connection: opened with `CLIENT TRACKING ON` over RESP3,
+//! its pushes applied in frame order, kept honest by a heartbeat, and
+//! replaced (with everything held dropped) when it is lost.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
+use std::time::{Duration, Instant};
+
+use redis::aio::MultiplexedConnection;
+use redis::{AsyncConnectionConfig, PushInfo, PushKind, Value};
+use tokio_util::sync::CancellationToken;
+use tracing::{info, warn};
+
+use super::tables::{Held, Tables, forget};
+use crate::cache::Keys;
+use crate::error::Result;
+
+/// What the maintenance task shares with readers and the push handler.
+pub(super) struct Inner {
+    pub(super) client: redis::Client,
+    pub(super) keys: Keys,
+    pub(super) capacity: usize,
+    pub(super) max_lag: Duration,
+    pub(super) born: Instant,
+    pub(super) tables: Mutex<Tables>,
+    /// The tracking connection, while it is up and tracking.
+    pub(super) conn: Mutex<Option<MultiplexedConnection>>,
+    /// When the last acknowledged heartbeat was sent, in ms since `born`
+    /// (plus one; 0: none since the connection came up).
+    pub(super) synced_ms: AtomicU64,
+    pub(super) started: AtomicBool,
+    /// Which connection is current: pushes of an older one are ignored
+    /// (its late disconnection must not end the current one).
+    pub(super) generation: AtomicU64,
+    /// Cancelled when the connection is lost (a new one per connection).
+    pub(super) lost: Mutex<CancellationToken>,
+}
+
+impl Inner {
+    pub(super) fn tables(&self) -> MutexGuard<'_, Tables> {
+        self.tables.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn elapsed_ms(&self) -> u64 {
+        self.born.elapsed().as_millis() as u64
+    }
+
+    /// True while the last acknowledged heartbeat is recent enough.
+    pub(super) fn in_sync(&self) -> bool {
+        let synced = self.synced_ms.load(Ordering::Acquire);
+        synced != 0 && self.elapsed_ms() < synced - 1 + self.max_lag.as_millis() as u64
+    }
+
+    pub(super) fn connection(&self) -> Option<MultiplexedConnection> {
+        self.conn.lock().unwrap_or_else(PoisonError::into_inner).clone()
+    }
+
+    /// Applies a push from tracking connection `generation` (called by its
+    /// reader, in frame order).
+    fn on_push(&self, generation: u64, push: &PushInfo) {
+        if self.generation.load(Ordering::Acquire) != generation {
+            return;
+        }
+        match push.kind {
+            PushKind::Invalidate => match push.data.first() {
+                Some(Value::Array(keys)) => {
+                    let prefix = self.keys.prefix().as_bytes();
+                    let mut tables = self.tables();
+                    for key in keys {
+                        if let Value::BulkString(key) = key
+                            && let Some(held) = Held::parse(prefix, key)
+                        {
+                            forget(&mut tables, held);
+                        }
+                    }
+                }
+                // FLUSHALL / FLUSHDB, or a form not known here.
+                _ => self.tables().clear(),
+            },
+            PushKind::Disconnection => self.disconnected(),
+            _ => {}
+        }
+    }
+
+    /// Serves nothing until a new connection tracks again.
+    fn disconnected(&self) {
+        self.synced_ms.store(0, Ordering::Release);
+        self.conn.lock().unwrap_or_else(PoisonError::into_inner).take();
+        self.tables().clear();
+        self.lost.lock().unwrap_or_else(PoisonError::into_inner).cancel();
+    }
+}
+
+/// Keeps a tracking connection up: connects, turns tracking on, publishes
+/// it, and sends heartbeats until it is lost, then starts over.
+pub(super) async fn maintain(inner: Arc<Inner>, stop: CancellationToken) {
+    let mut backoff = Duration::from_millis(100);
+    while !stop.is_cancelled() {
+        let lost = CancellationToken::new();
+        *inner.lost.lock().unwrap_or_else(PoisonError::into_inner) = lost.clone();
+        let connected = tokio::select! {
+            () = stop.cancelled() => return,
+            connected = connect(&inner) => connected,
+        };
+        match connected {
+            Ok(conn) => {
+                backoff = Duration::from_millis(100);
+                inner.tables().clear();
+                *inner.conn.lock().unwrap_or_else(PoisonError::into_inner) = Some(conn.clone());
+                info!("near cache tracking");
+                heartbeat(&inner, conn, &lost, &stop).await;
+                inner.disconnected();
+            }
+            Err(e) => {
+                warn!(error = %e, "near cache cannot connect; badges read redis");
+                tokio::select! {
+                    () = stop.cancelled() => return,
+                    () = tokio::time::sleep(backoff) => {}
+                }
+                backoff = (backoff * 2).min(Duration::from_secs(5));
+            }
+        }
+    }
+}
+
+/// Opens a RESP3 connection whose pushes go to `inner`, with tracking on.
+async fn connect(inner: &Arc<Inner>) -> Result<MultiplexedConnection> {
+    let pushes: Weak<Inner> = Arc::downgrade(inner);
+    let generation = inner.generation.fetch_add(1, Ordering::AcqRel) + 1;
+    let config = AsyncConnectionConfig::new()
+        .set_connection_timeout(Some(Duration::from_secs(3)))
+        .set_response_timeout(Some(Duration::from_secs(3)))
+        .set_push_sender(move |push: PushInfo| {
+            if let Some(inner) = pushes.upgrade() {
+                inner.on_push(generation, &push);
+            }
+            Ok::<(), std::convert::Infallible>(())
+        });
+    let mut conn = inner.client.get_multiplexed_async_connection_with_config(&config).await?;
+    redis::cmd("CLIENT").arg("TRACKING").arg("ON").query_async::<()>(&mut conn).await?;
+    Ok(conn)
+}
+
+/// Sends a `PING` every quarter of the lag and records when the last one
+/// answered was sent; returns when the connection is lost, a `PING`
+/// fails, or at `stop`.
+async fn heartbeat(
+    inner: &Inner,
+    mut conn: MultiplexedConnection,
+    lost: &CancellationToken,
+    stop: &CancellationToken,
+) {
+    let every = (inner.max_lag / 4).max(Duration::from_millis(10));
+    loop {
+        let sent = inner.elapsed_ms();
+        let ping_cmd = redis::cmd("PING");
+        let ping = ping_cmd.query_async::<()>(&mut conn);
+        let answered = tokio::select! {
+            () = stop.cancelled() => return,
+            () = lost.cancelled() => return,
+            answered = tokio::time::timeout(inner.max_lag, ping) => answered,
+        };
+        match answered {
+            Ok(Ok(())) => inner.synced_ms.fetch_max(sent + 1, Ordering::AcqRel),
+            Ok(Err(e)) => {
+                warn!(error = %e, "near cache heartbeat failed; reconnecting");
+                return;
+            }
+            Err(_) => {
+                warn!("near cache heartbeat unanswered; reconnecting");
+                return;
+            }
+        };
+        tokio::select! {
+            () = stop.cancelled() => return,
+            () = lost.cancelled() => return,
+            () = tokio::time::sleep(every) => {}
+        }
+    }
+}
