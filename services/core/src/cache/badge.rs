@@ -149,9 +149,13 @@ impl Cache {
                 crate::hot_counter!("notify_near_cache_hits_total").increment(1);
                 return Ok(CachedCounts { epoch, counts: held.into_iter().flatten().collect() });
             }
-            if let Some(counts) = near.read_counts(user_ids).await? {
-                crate::hot_counter!("notify_near_cache_misses_total").increment(1);
-                return Ok(counts);
+            match near.read_counts(user_ids).await {
+                Ok(Some(counts)) => {
+                    crate::hot_counter!("notify_near_cache_misses_total").increment(1);
+                    return Ok(counts);
+                }
+                Ok(None) => {}
+                Err(e) => tracing::debug!(error = %e, "near cache read failed, reading redis"),
             }
         }
         let (mut epoch_conn, mut conn) = (self.conn.clone(), self.conn.clone());
@@ -285,8 +289,10 @@ impl Cache {
             if let Some(held) = near.announcements() {
                 return Ok(held);
             }
-            if let Some(read) = near.read_announcements().await? {
-                return Ok(read);
+            match near.read_announcements().await {
+                Ok(Some(read)) => return Ok(read),
+                Ok(None) => {}
+                Err(e) => tracing::debug!(error = %e, "near cache read failed, reading redis"),
             }
         }
         let mut conn = self.conn.clone();

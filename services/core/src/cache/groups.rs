@@ -300,11 +300,16 @@ impl Cache {
     /// on a single node; on a cluster, one per slot beside the epoch, then
     /// the seqs of the groups found (each round concurrently).
     pub(super) async fn read_user_states(&self, user_ids: &[u64]) -> Result<Vec<CachedUserState>> {
-        if let Some(near) = &self.near
-            && let Some(states) = near.read_user_states(user_ids).await?
-        {
-            crate::hot_counter!("notify_near_cache_misses_total").increment(user_ids.len() as u64);
-            return Ok(states);
+        if let Some(near) = &self.near {
+            match near.read_user_states(user_ids).await {
+                Ok(Some(states)) => {
+                    crate::hot_counter!("notify_near_cache_misses_total")
+                        .increment(user_ids.len() as u64);
+                    return Ok(states);
+                }
+                Ok(None) => {}
+                Err(e) => tracing::debug!(error = %e, "near cache read failed, reading redis"),
+            }
         }
         if !self.is_cluster() {
             let flat = self.user_states_call(user_ids, true).await?;

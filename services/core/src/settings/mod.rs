@@ -139,6 +139,9 @@ pub struct DatabaseSettings {
     pub tls_ca_file: String,
     /// Connections per shard pool.
     pub pool_max: u32,
+    /// Connections per shard kept apart from the pool for inbox pages
+    /// (given back without sqlx's ping); 0: inbox pages use the pool.
+    pub read_connections: usize,
     /// Connect timeout.
     pub connect_timeout_secs: u64,
     /// Server-side end of sessions idle inside a transaction (0: unset).
@@ -466,6 +469,12 @@ impl Settings {
             if value == 0 {
                 return Err(invalid(setting, "must be at least 1"));
             }
+        }
+        if self.redis.near_cache_users > 0 && self.redis.near_cache_max_lag_ms < 100 {
+            return Err(invalid(
+                "redis.near_cache_max_lag_ms",
+                "must be at least 100 (its heartbeat goes every quarter of it)",
+            ));
         }
         if self.database.replica_lease_secs * 1000 < 3 * self.database.shard_map_refresh_ms {
             return Err(invalid(

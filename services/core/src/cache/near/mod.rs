@@ -48,7 +48,7 @@ mod tracking;
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use redis::{ProtocolVersion, Value};
@@ -113,7 +113,9 @@ impl Near {
     }
 
     fn start(&self) {
-        if !self.inner.started.swap(true, Ordering::AcqRel) {
+        if !self.inner.started.load(Ordering::Acquire)
+            && !self.inner.started.swap(true, Ordering::AcqRel)
+        {
             tokio::spawn(maintain(self.inner.clone(), self.stop.clone()));
         }
     }
@@ -157,9 +159,9 @@ impl Near {
         user_ids: &[u64],
     ) -> Result<Option<Vec<CachedUserState>>> {
         self.start();
-        let Some(mut conn) = self.inner.connection() else { return Ok(None) };
+        let Some((mut conn, generation)) = self.inner.connection() else { return Ok(None) };
         let keys = &self.inner.keys;
-        let token = self.claim(|tables, token, now| {
+        let token = self.claim(generation, |tables, token, now| {
             Slot::claim(&mut tables.epoch, token, now);
             for user in user_ids {
                 let slots = tables.users.entry(*user).or_default();
@@ -173,10 +175,9 @@ impl Near {
             pipe.get(keys.unread(*user)).pttl(keys.unread(*user));
             pipe.hgetall(keys.memberships(*user)).pttl(keys.memberships(*user));
         }
+        let sent = Instant::now();
         let replies: Vec<Value> = pipe.query_async(&mut conn).await?;
         let read = parse_reads(&replies, user_ids.len())?;
-        let now = Instant::now();
-        let expiry = |pttl: i64| (pttl >= 0).then(|| now + Duration::from_millis(pttl as u64));
 
         // The seqs of every group found, from the copy where held.
         let mut wanted: Vec<u64> =
@@ -184,8 +185,8 @@ impl Near {
         wanted.sort_unstable();
         wanted.dedup();
         let mut seqs: HashMap<u64, Option<u64>> = HashMap::with_capacity(wanted.len());
-        {
-            let mut tables = self.inner.tables();
+        if let Some(mut tables) = self.tables_for(generation) {
+            let now = Instant::now();
             wanted.retain(|group| {
                 let held = tables.seqs.entry(*group).or_default();
                 if let Some(seq) = held.as_ref().and_then(|slot| slot.fresh(now)) {
@@ -202,6 +203,7 @@ impl Near {
             for group in &wanted {
                 pipe.get(keys.group_seq(*group)).pttl(keys.group_seq(*group));
             }
+            let sent = Instant::now();
             let replies: Vec<Value> = pipe.query_async(&mut conn).await?;
             if replies.len() != 2 * wanted.len() {
                 return Err(Error::Internal("malformed reply of a near cache read".to_owned()));
@@ -210,28 +212,28 @@ impl Near {
                 let seq: Option<u64> = from_value(reply[0].clone())?;
                 let pttl: i64 = from_value(reply[1].clone())?;
                 seqs.insert(*group, seq);
-                seq_expiry.push((*group, seq, expiry(pttl)));
+                seq_expiry.push((*group, seq, expiry(sent, pttl)));
             }
         }
 
-        let mut tables = self.inner.tables();
-        Slot::fill(&mut tables.epoch, token, read.epoch, None);
-        for (user, state) in user_ids.iter().zip(&read.users) {
-            if let Some(slots) = tables.users.get_mut(user) {
-                let until = expiry(state.unread_pttl);
-                Slot::fill(&mut slots.unread, token, state.unread.clone(), until);
-                let until = expiry(state.cursors_pttl);
-                Slot::fill(&mut slots.cursors, token, state.cursors.clone(), until);
+        if let Some(mut tables) = self.tables_for(generation) {
+            Slot::fill(&mut tables.epoch, token, read.epoch, None);
+            for (user, state) in user_ids.iter().zip(&read.users) {
+                if let Some(slots) = tables.users.get_mut(user) {
+                    let until = expiry(sent, state.unread_pttl);
+                    Slot::fill(&mut slots.unread, token, state.unread.clone(), until);
+                    let until = expiry(sent, state.cursors_pttl);
+                    Slot::fill(&mut slots.cursors, token, state.cursors.clone(), until);
+                }
             }
-        }
-        for (group, seq, until) in seq_expiry {
-            if let Some(held) = tables.seqs.get_mut(&group) {
-                Slot::fill(held, token, seq, until);
+            for (group, seq, until) in seq_expiry {
+                if let Some(held) = tables.seqs.get_mut(&group) {
+                    Slot::fill(held, token, seq, until);
+                }
             }
+            Tables::trim(&mut tables.users, self.inner.capacity);
+            Tables::trim(&mut tables.seqs, self.inner.capacity);
         }
-        Tables::trim(&mut tables.users, self.inner.capacity);
-        Tables::trim(&mut tables.seqs, self.inner.capacity);
-        drop(tables);
 
         let states = read
             .users
@@ -262,9 +264,9 @@ impl Near {
     /// connection.
     pub(super) async fn read_counts(&self, user_ids: &[u64]) -> Result<Option<CachedCounts>> {
         self.start();
-        let Some(mut conn) = self.inner.connection() else { return Ok(None) };
+        let Some((mut conn, generation)) = self.inner.connection() else { return Ok(None) };
         let keys = &self.inner.keys;
-        let token = self.claim(|tables, token, now| {
+        let token = self.claim(generation, |tables, token, now| {
             Slot::claim(&mut tables.epoch, token, now);
             for user in user_ids {
                 Slot::claim(&mut tables.users.entry(*user).or_default().unread, token, now);
@@ -275,25 +277,28 @@ impl Near {
         for user in user_ids {
             pipe.get(keys.unread(*user)).pttl(keys.unread(*user));
         }
+        let sent = Instant::now();
         let replies: Vec<Value> = pipe.query_async(&mut conn).await?;
         let malformed = || Error::Internal("malformed reply of a near cache read".to_owned());
         let mut values = replies.into_iter();
         let epoch: Option<u64> = from_value(values.next().ok_or_else(malformed)?)?;
         let epoch = epoch.unwrap_or(0);
-        let now = Instant::now();
-        let mut tables = self.inner.tables();
-        Slot::fill(&mut tables.epoch, token, epoch, None);
-        let mut counts = Vec::with_capacity(user_ids.len());
-        for user in user_ids {
+        let mut read = Vec::with_capacity(user_ids.len());
+        for _ in user_ids {
             let unread: Option<String> = from_value(values.next().ok_or_else(malformed)?)?;
             let pttl: i64 = from_value(values.next().ok_or_else(malformed)?)?;
-            counts.push(count_at(unread.as_deref(), epoch));
-            if let Some(slots) = tables.users.get_mut(user) {
-                let until = (pttl >= 0).then(|| now + Duration::from_millis(pttl as u64));
-                Slot::fill(&mut slots.unread, token, unread, until);
-            }
+            read.push((unread, expiry(sent, pttl)));
         }
-        Tables::trim(&mut tables.users, self.inner.capacity);
+        let counts = read.iter().map(|(unread, _)| count_at(unread.as_deref(), epoch)).collect();
+        if let Some(mut tables) = self.tables_for(generation) {
+            Slot::fill(&mut tables.epoch, token, epoch, None);
+            for (user, (unread, until)) in user_ids.iter().zip(read) {
+                if let Some(slots) = tables.users.get_mut(user) {
+                    Slot::fill(&mut slots.unread, token, unread, until);
+                }
+            }
+            Tables::trim(&mut tables.users, self.inner.capacity);
+        }
         Ok(Some(CachedCounts { epoch, counts }))
     }
 
@@ -312,23 +317,25 @@ impl Near {
     /// is no tracking connection.
     pub(super) async fn read_announcements(&self) -> Result<Option<(u64, Option<String>)>> {
         self.start();
-        let Some(mut conn) = self.inner.connection() else { return Ok(None) };
+        let Some((mut conn, generation)) = self.inner.connection() else { return Ok(None) };
         let keys = &self.inner.keys;
-        let token = self.claim(|tables, token, now| Slot::claim(&mut tables.epoch, token, now));
+        let token =
+            self.claim(generation, |tables, token, now| Slot::claim(&mut tables.epoch, token, now));
         let epoch: Option<u64> = redis::cmd("GET").arg(keys.epoch()).query_async(&mut conn).await?;
         let epoch = epoch.unwrap_or(0);
-        {
-            let mut tables = self.inner.tables();
+        if let Some(mut tables) = self.tables_for(generation) {
             Slot::fill(&mut tables.epoch, token, epoch, None);
             Slot::claim(tables.active_slot(epoch), token, Instant::now());
         }
+        let sent = Instant::now();
         let (list, pttl): (Option<String>, i64) = redis::pipe()
             .get(keys.active_list(epoch))
             .pttl(keys.active_list(epoch))
             .query_async(&mut conn)
             .await?;
-        let until = (pttl >= 0).then(|| Instant::now() + Duration::from_millis(pttl as u64));
-        Slot::fill(self.inner.tables().active_slot(epoch), token, list.clone(), until);
+        if let Some(mut tables) = self.tables_for(generation) {
+            Slot::fill(tables.active_slot(epoch), token, list.clone(), expiry(sent, pttl));
+        }
         Ok(Some((epoch, list)))
     }
 
@@ -337,22 +344,28 @@ impl Near {
         forget(&mut self.inner.tables(), Held::Active(epoch));
     }
 
-    /// Takes a token and marks, under it, the slots `mark` names.
-    fn claim(&self, mark: impl FnOnce(&mut Tables, u64, Instant)) -> u64 {
-        let mut tables = self.inner.tables();
-        tables.next_token += 1;
-        let token = tables.next_token;
-        mark(&mut tables, token, Instant::now());
-        token
+    /// The tables, if they still belong to the tracking connection
+    /// `generation` a read runs on (after a reconnect, Redis tracks that
+    /// read's keys for the old connection only, so it must store nothing).
+    fn tables_for(&self, generation: u64) -> Option<MutexGuard<'_, Tables>> {
+        let tables = self.inner.tables();
+        (tables.generation == generation).then_some(tables)
+    }
+
+    /// Takes a token and marks, under it, the slots `mark` names; token 0
+    /// (which fills nothing) when the tables belong to another connection.
+    fn claim(&self, generation: u64, mark: impl FnOnce(&mut Tables, u64, Instant)) -> u64 {
+        self.inner.tables().claim(generation, mark)
     }
 
     /// Returns once every invalidation Redis sent for writes made before
-    /// the call is applied (a `PING` on the tracking connection).
+    /// the call is applied (a `PING` on the tracking connection). If that
+    /// fails, the copy is not served until a heartbeat confirms it again.
     pub(super) async fn sync(&self) {
-        let Some(mut conn) = self.inner.connection() else { return };
+        let Some((mut conn, _)) = self.inner.connection() else { return };
         if let Err(e) = redis::cmd("PING").query_async::<()>(&mut conn).await {
-            // The copy stops serving within the lag if this persists.
-            warn!(error = %e, "near cache sync failed");
+            self.inner.unsynced();
+            warn!(error = %e, "near cache sync failed; badges read redis until it answers");
         }
     }
 
@@ -403,6 +416,12 @@ struct UserRead {
     unread_pttl: i64,
     cursors: Option<Vec<(u64, u64)>>,
     cursors_pttl: i64,
+}
+
+/// When a copy read at `sent` lapses: at the key's own expiry (`PTTL` ms
+/// after the read was sent; none for -1, and -2 is an absent key).
+fn expiry(sent: Instant, pttl: i64) -> Option<Instant> {
+    u64::try_from(pttl).ok().and_then(|ms| sent.checked_add(Duration::from_millis(ms)))
 }
 
 fn from_value<T: redis::FromRedisValue>(value: Value) -> Result<T> {

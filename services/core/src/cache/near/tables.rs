@@ -62,9 +62,36 @@ pub(super) struct Tables {
     pub(super) users: HashMap<u64, UserSlots>,
     pub(super) seqs: HashMap<u64, Option<Slot<Option<u64>>>>,
     pub(super) next_token: u64,
+    /// The tracking connection whose reads may claim and fill slots (0:
+    /// none): a read still running on an older connection, whose keys Redis
+    /// tracks for that connection only, must store nothing.
+    pub(super) generation: u64,
 }
 
 impl Tables {
+    /// Drops everything held and lets only `generation`'s reads fill.
+    pub(super) fn reset(&mut self, generation: u64) {
+        self.clear();
+        self.generation = generation;
+    }
+
+    /// Takes a token and marks, under it, the slots `mark` names; token 0
+    /// (which fills nothing) when the tables belong to another connection
+    /// than `generation`.
+    pub(super) fn claim(
+        &mut self,
+        generation: u64,
+        mark: impl FnOnce(&mut Self, u64, Instant),
+    ) -> u64 {
+        if self.generation != generation {
+            return 0;
+        }
+        self.next_token += 1;
+        let token = self.next_token;
+        mark(self, token, Instant::now());
+        token
+    }
+
     pub(super) fn clear(&mut self) {
         self.epoch = None;
         self.active = None;
@@ -226,6 +253,27 @@ mod tests {
         assert!(expiring.as_ref().unwrap().fresh(now).is_none());
         Slot::claim(&mut expiring, 5, now);
         assert!(matches!(expiring, Some(Slot::Pending(5))));
+    }
+
+    #[test]
+    fn a_read_of_an_older_connection_claims_and_fills_nothing() {
+        let mut tables = Tables::default();
+        tables.reset(2);
+        let stale =
+            tables.claim(1, |tables, token, now| Slot::claim(&mut tables.epoch, token, now));
+        assert_eq!(stale, 0);
+        assert!(tables.epoch.is_none(), "an older connection's read claimed a slot");
+        let token =
+            tables.claim(2, |tables, token, now| Slot::claim(&mut tables.epoch, token, now));
+        assert!(token > 0);
+        Slot::fill(&mut tables.epoch, 0, 7, None);
+        assert!(tables.epoch.as_ref().unwrap().fresh(Instant::now()).is_none());
+        Slot::fill(&mut tables.epoch, token, 7, None);
+        assert_eq!(tables.epoch.as_ref().unwrap().fresh(Instant::now()), Some(&7));
+        // A reconnect drops everything and hands the tables to the new one.
+        tables.reset(3);
+        assert!(tables.epoch.is_none());
+        assert_eq!(tables.claim(2, |_, _, _| {}), 0);
     }
 
     #[test]

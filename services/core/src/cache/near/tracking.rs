@@ -23,8 +23,9 @@ pub(super) struct Inner {
     pub(super) max_lag: Duration,
     pub(super) born: Instant,
     pub(super) tables: Mutex<Tables>,
-    /// The tracking connection, while it is up and tracking.
-    pub(super) conn: Mutex<Option<MultiplexedConnection>>,
+    /// The tracking connection and its generation, while it is up and
+    /// tracking.
+    pub(super) conn: Mutex<Option<(MultiplexedConnection, u64)>>,
     /// When the last acknowledged heartbeat was sent, in ms since `born`
     /// (plus one; 0: none since the connection came up).
     pub(super) synced_ms: AtomicU64,
@@ -51,8 +52,16 @@ impl Inner {
         synced != 0 && self.elapsed_ms() < synced - 1 + self.max_lag.as_millis() as u64
     }
 
-    pub(super) fn connection(&self) -> Option<MultiplexedConnection> {
+    /// The tracking connection and its generation: a read claims and
+    /// fills slots only while the tables belong to that generation (see
+    /// [`Tables::generation`]).
+    pub(super) fn connection(&self) -> Option<(MultiplexedConnection, u64)> {
         self.conn.lock().unwrap_or_else(PoisonError::into_inner).clone()
+    }
+
+    /// Stops serving copies until a heartbeat confirms the connection again.
+    pub(super) fn unsynced(&self) {
+        self.synced_ms.store(0, Ordering::Release);
     }
 
     /// Applies a push from tracking connection `generation` (called by its
@@ -84,9 +93,9 @@ impl Inner {
 
     /// Serves nothing until a new connection tracks again.
     fn disconnected(&self) {
-        self.synced_ms.store(0, Ordering::Release);
+        self.unsynced();
         self.conn.lock().unwrap_or_else(PoisonError::into_inner).take();
-        self.tables().clear();
+        self.tables().reset(0);
         self.lost.lock().unwrap_or_else(PoisonError::into_inner).cancel();
     }
 }
@@ -96,17 +105,23 @@ impl Inner {
 pub(super) async fn maintain(inner: Arc<Inner>, stop: CancellationToken) {
     let mut backoff = Duration::from_millis(100);
     while !stop.is_cancelled() {
+        // From here on, pushes of the connection before are ignored, so its
+        // late disconnection cannot cancel this one's token.
+        let generation = inner.generation.fetch_add(1, Ordering::AcqRel) + 1;
         let lost = CancellationToken::new();
         *inner.lost.lock().unwrap_or_else(PoisonError::into_inner) = lost.clone();
         let connected = tokio::select! {
             () = stop.cancelled() => return,
-            connected = connect(&inner) => connected,
+            connected = connect(&inner, generation) => connected,
         };
         match connected {
             Ok(conn) => {
                 backoff = Duration::from_millis(100);
-                inner.tables().clear();
-                *inner.conn.lock().unwrap_or_else(PoisonError::into_inner) = Some(conn.clone());
+                // Reads still running on an older connection (which Redis
+                // tracks for that one only) can neither claim nor fill now.
+                inner.tables().reset(generation);
+                *inner.conn.lock().unwrap_or_else(PoisonError::into_inner) =
+                    Some((conn.clone(), generation));
                 info!("near cache tracking");
                 heartbeat(&inner, conn, &lost, &stop).await;
                 inner.disconnected();
@@ -123,10 +138,10 @@ pub(super) async fn maintain(inner: Arc<Inner>, stop: CancellationToken) {
     }
 }
 
-/// Opens a RESP3 connection whose pushes go to `inner`, with tracking on.
-async fn connect(inner: &Arc<Inner>) -> Result<MultiplexedConnection> {
+/// Opens a RESP3 connection whose pushes go to `inner` (as `generation`'s),
+/// with tracking on.
+async fn connect(inner: &Arc<Inner>, generation: u64) -> Result<MultiplexedConnection> {
     let pushes: Weak<Inner> = Arc::downgrade(inner);
-    let generation = inner.generation.fetch_add(1, Ordering::AcqRel) + 1;
     let config = AsyncConnectionConfig::new()
         .set_connection_timeout(Some(Duration::from_secs(3)))
         .set_response_timeout(Some(Duration::from_secs(3)))
