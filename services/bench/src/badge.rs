@@ -814,14 +814,25 @@ fn summary<'a>(
     let sql16 = |q: f64| inbox.sql_concurrent.value_at_quantile(q) as f64 / 1000.0;
     let _ = writeln!(
         s,
-        "               same SQL by {} connections at once, {} queries/s: p50 {:.3} ms  p99 {:.3} ms \
-         (the database's floor for the concurrent run)",
+        "               same SQL by {} connections at once, each its own, {} queries/s: p50 {:.3} ms  \
+         p99 {:.3} ms (the database's floor for the concurrent run)",
         inbox.readers,
         thousands((inbox.sql_concurrent.len() as f64 / inbox.sql_concurrent_secs) as u64),
         sql16(0.5),
         sql16(0.99)
     );
     let _ = writeln!(s, "               cpu: {}", inbox.sql_concurrent_cpu.line(machine_max));
+    let pooled = |q: f64| inbox.sql_pooled.value_at_quantile(q) as f64 / 1000.0;
+    let _ = writeln!(
+        s,
+        "               same SQL by {} readers through a pool (a connection per query), {} queries/s: \
+         p50 {:.3} ms  p99 {:.3} ms",
+        inbox.readers,
+        thousands((inbox.sql_pooled.len() as f64 / inbox.sql_pooled_secs) as u64),
+        pooled(0.5),
+        pooled(0.99)
+    );
+    let _ = writeln!(s, "               cpu: {}", inbox.sql_pooled_cpu.line(machine_max));
     let mb = |kb: u64| kb as f64 / 1024.0;
     let (api, worker) =
         (peaks.first().copied().unwrap_or_default(), peaks.get(1).copied().unwrap_or_default());

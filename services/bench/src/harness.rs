@@ -472,6 +472,8 @@ pub async fn shard_pool(settings: &Settings, index: usize, max: u32) -> anyhow::
     MySqlPoolOptions::new()
         .max_connections(max)
         .min_connections(0)
+        // As the services' pools (no ping before each acquire).
+        .test_before_acquire(false)
         .acquire_timeout(Duration::from_secs(30))
         .connect_with(options)
         .await

@@ -22,6 +22,9 @@ pub struct Context {
     pub settings: Arc<Settings>,
     /// One MySQL pool per shard.
     pub pools: ShardPools,
+    /// Connections per shard for inbox pages, apart from the pools (see
+    /// [`db::reads`]); `None` when `database.read_connections` is 0.
+    pub reads: Option<Arc<db::reads::ShardReads>>,
     /// Redis.
     pub cache: Cache,
     /// RabbitMQ publisher with confirms.
@@ -103,8 +106,10 @@ impl Context {
             Error::Internal("database.shards: no shard to lease an id instance on".to_owned())
         })?;
         InstanceLease::acquire(first.clone(), &ids, ids::LEASE).await?.spawn_renewals(&ids);
+        let reads = db::connect_reads(&settings)?.map(Arc::new);
         Ok(Self {
             settings: Arc::new(settings),
+            reads,
             pools,
             cache,
             publisher: Arc::new(publisher),

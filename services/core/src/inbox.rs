@@ -63,7 +63,20 @@ pub async fn list(ctx: &Context, user_id: UserId, query: &InboxQuery<'_>) -> Res
     }
     let pool = ctx.pools.for_user(user_id.get());
     let fetch = InboxQuery { limit: query.limit + 1, ..query.clone() };
-    let mut rows = items::list(&pool, user_id.get(), &fetch).await?;
+    let mut rows = match ctx.reads.as_ref().and_then(|reads| reads.get(pool.shard())) {
+        Some(reads) => {
+            let mut lent = reads.acquire().await?;
+            let mut rows = items::list(lent.conn(), user_id.get(), &fetch).await;
+            if rows.is_err() && lent.was_idle() {
+                lent = reads.reconnect(lent).await?;
+                rows = items::list(lent.conn(), user_id.get(), &fetch).await;
+            }
+            let rows = rows?;
+            lent.give_back();
+            rows
+        }
+        None => items::list(&*pool, user_id.get(), &fetch).await?,
+    };
     let next_page_token = if rows.len() > query.limit as usize {
         rows.truncate(query.limit as usize);
         rows.last().map(|row| encode_cursor(row.message_id))

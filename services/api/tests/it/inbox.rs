@@ -367,3 +367,56 @@ async fn badges_converge_to_mysql_under_random_interleavings() {
     assert!(wrong.is_empty(), "badges (user, badge, mysql) differ: {wrong:?}");
     app.cleanup().await;
 }
+
+/// Inbox pages read on connections kept apart from the pool (given back
+/// without a ping): one the server killed while idle is replaced without an
+/// error, and one whose read was cancelled half-way is closed, not lent
+/// again with its replies still on the wire.
+#[tokio::test]
+async fn inbox_read_connections_survive_a_killed_one_and_drop_a_cancelled_one() {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicU64, Ordering};
+
+    let app = spawn_app().await;
+    let user = 4_601;
+    send_and_wait(&app, vec![user]).await;
+    let pool = app.ctx.pools.for_user(user);
+    let reads = app.ctx.reads.as_ref().expect("read connections").get(pool.shard()).unwrap();
+    let connection_id = async || -> u64 {
+        let mut lent = reads.acquire().await.unwrap();
+        let id = sqlx::query_scalar("SELECT CONNECTION_ID()").fetch_one(lent.conn()).await.unwrap();
+        lent.give_back();
+        id
+    };
+
+    // The one idle connection, killed by the server: the next page is read.
+    let idle = connection_id().await;
+    assert_eq!(connection_id().await, idle, "an idle connection is lent again");
+    sqlx::query(sqlx::AssertSqlSafe(format!("KILL CONNECTION {idle}")))
+        .execute(&*pool)
+        .await
+        .unwrap();
+    assert_eq!(page(&app, user, 20, String::new()).await.items.len(), 1);
+    let replaced = connection_id().await;
+    assert_ne!(replaced, idle);
+
+    // A read cancelled while its query runs: its connection is not reused.
+    let cancelled = Arc::new(AtomicU64::new(0));
+    let seen = cancelled.clone();
+    let slow = async {
+        let mut lent = reads.acquire().await.unwrap();
+        let id: u64 =
+            sqlx::query_scalar("SELECT CONNECTION_ID()").fetch_one(lent.conn()).await.unwrap();
+        seen.store(id, Ordering::SeqCst);
+        sqlx::query("SELECT SLEEP(5)").execute(lent.conn()).await.unwrap();
+        lent.give_back();
+    };
+    assert!(tokio::time::timeout(Duration::from_millis(300), slow).await.is_err());
+    let cancelled = cancelled.load(Ordering::SeqCst);
+    assert_ne!(cancelled, 0, "the cancelled read had started");
+    for _ in 0..3 {
+        assert_ne!(connection_id().await, cancelled, "a cancelled read's connection was lent");
+    }
+    assert_eq!(page(&app, user, 20, String::new()).await.items.len(), 1);
+    app.cleanup().await;
+}

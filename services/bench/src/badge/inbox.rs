@@ -9,6 +9,7 @@ use std::time::Instant;
 use anyhow::{Context as _, bail, ensure};
 use chrono::Utc;
 use hdrhistogram::Histogram;
+use notify_core::db::items::{self, InboxQuery, InboxRow};
 use notify_core::ids::IdGenerator;
 use notify_proto::v1;
 use notify_proto::v1::inbox_service_client::InboxServiceClient;
@@ -39,6 +40,10 @@ pub(super) struct Inbox {
     pub(super) sql_concurrent: Histogram<u64>,
     pub(super) sql_concurrent_cpu: CpuUse,
     pub(super) sql_concurrent_secs: f64,
+    /// The same through the pool, a connection per query.
+    pub(super) sql_pooled: Histogram<u64>,
+    pub(super) sql_pooled_cpu: CpuUse,
+    pub(super) sql_pooled_secs: f64,
 }
 
 /// Concurrent ListInbox readers (list pages of many users at once).
@@ -62,17 +67,28 @@ pub(super) async fn run_inbox(
     let seed_secs = started.elapsed().as_secs_f64();
     let shard_items: i64 =
         sqlx::query_scalar("SELECT COUNT(*) FROM message_items").fetch_one(&pool).await?;
-    let sql = inbox_sql_directly(&pool, user, args, args.inbox_calls).await?;
+    let sql = inbox_sql_on_connection(&pool, user, args, args.inbox_calls).await?;
     let (cpu0, started) = (tracked.snap(), Instant::now());
     let per_reader = args.inbox_concurrent_calls.div_ceil(READERS as u64);
     let sql_readers: Vec<_> =
-        (0..READERS).map(|_| inbox_sql_directly(&pool, user, args, per_reader)).collect();
+        (0..READERS).map(|_| inbox_sql_on_connection(&pool, user, args, per_reader)).collect();
     let mut sql_concurrent = new_hist();
     for reader in futures::future::try_join_all(sql_readers).await? {
         sql_concurrent.add(&reader)?;
     }
     let sql_concurrent_secs = started.elapsed().as_secs_f64();
     let sql_concurrent_cpu = tracked.between(&cpu0, &tracked.snap());
+    // The same through the pool (a connection taken and given back per
+    // query, as the api does): what the pool itself costs.
+    let (cpu0, started) = (tracked.snap(), Instant::now());
+    let pooled: Vec<_> =
+        (0..READERS).map(|_| inbox_sql_through_pool(&pool, user, args, per_reader)).collect();
+    let mut sql_pooled = new_hist();
+    for reader in futures::future::try_join_all(pooled).await? {
+        sql_pooled.add(&reader)?;
+    }
+    let sql_pooled_secs = started.elapsed().as_secs_f64();
+    let sql_pooled_cpu = tracked.between(&cpu0, &tracked.snap());
     pool.close().await;
     println!(
         "inbox seed: {} rows on shard {shard} in {seed_secs:.1} s ({} items on the shard)",
@@ -112,6 +128,9 @@ pub(super) async fn run_inbox(
         sql_concurrent,
         sql_concurrent_cpu,
         sql_concurrent_secs,
+        sql_pooled,
+        sql_pooled_cpu,
+        sql_pooled_secs,
     })
 }
 
@@ -171,22 +190,20 @@ async fn read_pages_of(
 }
 
 /// The api's inbox query (`notify_core::db::items::list`, page_size + 1
-/// rows) run directly from here `calls` times (after 20 unmeasured) with
-/// the same page pattern: the database's share of a ListInbox call.
-async fn inbox_sql_directly(
-    pool: &MySqlPool,
-    user: u64,
+/// rows) run `calls` times (after 20 unmeasured) by `run`, with the same
+/// page pattern: the database's share of a ListInbox call.
+async fn inbox_sql(
     args: &BadgeArgs,
     calls: u64,
+    mut run: impl AsyncFnMut(InboxQuery<'static>) -> notify_core::Result<Vec<InboxRow>>,
 ) -> anyhow::Result<Histogram<u64>> {
-    use notify_core::db::items::{self, InboxQuery};
     let mut hist = new_hist();
     let mut before = u64::MAX;
     let mut page = 0;
     for call in 0..20 + calls {
         let query = InboxQuery { before, limit: 21, unread_only: false, category: None };
         let started = Instant::now();
-        let rows = items::list(pool, user, &query).await?;
+        let rows = run(query).await?;
         if call >= 20 {
             hist.saturating_record((started.elapsed().as_nanos() as u64 / 1000).max(1));
         }
@@ -200,6 +217,27 @@ async fn inbox_sql_directly(
         }
     }
     Ok(hist)
+}
+
+/// [`inbox_sql`] on one connection held throughout (no pool in the way).
+async fn inbox_sql_on_connection(
+    pool: &MySqlPool,
+    user: u64,
+    args: &BadgeArgs,
+    calls: u64,
+) -> anyhow::Result<Histogram<u64>> {
+    let mut conn = pool.acquire().await?;
+    inbox_sql(args, calls, async |query| items::list(&mut *conn, user, &query).await).await
+}
+
+/// [`inbox_sql`] taking a pool connection for each query, as the api does.
+async fn inbox_sql_through_pool(
+    pool: &MySqlPool,
+    user: u64,
+    args: &BadgeArgs,
+    calls: u64,
+) -> anyhow::Result<Histogram<u64>> {
+    inbox_sql(args, calls, async |query| items::list(pool, user, &query).await).await
 }
 
 /// Seeds the user's shard directly in SQL: `inbox_items` messages (content

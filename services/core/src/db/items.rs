@@ -46,7 +46,11 @@ pub struct InboxQuery<'a> {
 /// Reads one inbox page, newest first, in one query on the user's shard.
 /// Expired items are skipped.
 #[instrument(level = "debug", skip_all, fields(db.system = "mysql"))]
-pub async fn list(pool: &MySqlPool, user_id: u64, query: &InboxQuery<'_>) -> Result<Vec<InboxRow>> {
+pub async fn list<'e>(
+    db: impl sqlx::MySqlExecutor<'e>,
+    user_id: u64,
+    query: &InboxQuery<'_>,
+) -> Result<Vec<InboxRow>> {
     let mut sql = QueryBuilder::new(
         "SELECT i.message_id, i.is_read, i.read_at, c.title, c.body, c.category, c.data, \
          c.created_at, c.expire_at FROM message_items i \
@@ -62,7 +66,7 @@ pub async fn list(pool: &MySqlPool, user_id: u64, query: &InboxQuery<'_>) -> Res
     sql.push(" AND c.revoked = 0 AND (i.expire_at IS NULL OR i.expire_at > UTC_TIMESTAMP(3))")
         .push(" ORDER BY i.message_id DESC LIMIT ")
         .push_bind(query.limit);
-    Ok(sql.build_query_as().fetch_all(pool).await?)
+    Ok(sql.build_query_as().fetch_all(db).await?)
 }
 
 /// The database truth of a badge.

@@ -5,6 +5,7 @@ pub mod chunks;
 pub mod groups;
 pub mod items;
 pub mod messages;
+pub mod reads;
 
 use std::str::FromStr;
 use std::time::Duration;
@@ -65,7 +66,10 @@ fn server_options(settings: &Settings, shard: &ShardSettings) -> Result<MySqlCon
     })
 }
 
-fn shard_options(settings: &Settings, shard: &ShardSettings) -> Result<MySqlConnectOptions> {
+pub(crate) fn shard_options(
+    settings: &Settings,
+    shard: &ShardSettings,
+) -> Result<MySqlConnectOptions> {
     Ok(server_options(settings, shard)?
         .database(&shard.database)
         .charset("utf8mb4")
@@ -118,6 +122,22 @@ pub async fn connect(settings: &Settings) -> Result<ShardPools> {
     }
     // Version 0 until [`crate::shard_map::adopt`] installs the stored map.
     Shards::with_members(pools, map, 0).map_err(|e| Error::Internal(e.to_string()))
+}
+
+/// Read connections per shard for inbox pages (`database.read_connections`;
+/// none when 0: those reads then take the pool's connections).
+pub fn connect_reads(settings: &Settings) -> Result<Option<reads::ShardReads>> {
+    let max = settings.database.read_connections;
+    if max == 0 {
+        return Ok(None);
+    }
+    let timeout = Duration::from_secs(settings.database.connect_timeout_secs);
+    let mut shards = Vec::new();
+    for shard in &settings.database.shards {
+        let options = shard_options(settings, shard)?;
+        shards.push(reads::ReadConnections::new(shard.id, options, max, timeout));
+    }
+    Ok(Some(reads::ShardReads::new(shards)))
 }
 
 /// Creates every shard database that does not exist and applies pending
