@@ -51,11 +51,20 @@ pub async fn list<'e>(
     user_id: u64,
     query: &InboxQuery<'_>,
 ) -> Result<Vec<InboxRow>> {
-    let mut sql = QueryBuilder::new(
-        "SELECT i.message_id, i.is_read, i.read_at, c.title, c.body, c.category, c.data, \
-         c.created_at, c.expire_at FROM message_items i \
-         JOIN message_contents c ON c.message_id = i.message_id WHERE i.user_id = ",
-    );
+    // The index that serves each filter in message id order is named, and
+    // the join order fixed: the plan is the same for every page, and
+    // MariaDB skips weighing the other indexes on each execution (about a
+    // tenth of a page's cost).
+    let index = match (query.category, query.unread_only) {
+        (Some(_), _) => "idx_items_category",
+        (None, true) => "idx_items_unread",
+        (None, false) => "PRIMARY",
+    };
+    let mut sql = QueryBuilder::new(format!(
+        "SELECT STRAIGHT_JOIN i.message_id, i.is_read, i.read_at, c.title, c.body, c.category, \
+         c.data, c.created_at, c.expire_at FROM message_items i FORCE INDEX ({index}) \
+         JOIN message_contents c ON c.message_id = i.message_id WHERE i.user_id = "
+    ));
     sql.push_bind(user_id).push(" AND i.message_id < ").push_bind(query.before);
     if query.unread_only {
         sql.push(" AND i.is_read = 0");
