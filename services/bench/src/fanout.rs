@@ -444,11 +444,17 @@ async fn run_notify(
         if now - last_print >= 10.0 {
             last_print = now;
             env.check_children()?;
+            let rss_mb = |name| {
+                crate::procstat::status_kb(env.pid(name), "VmRSS:").unwrap_or(0) as f64 / 1024.0
+            };
             println!(
-                "  +{now:5.1} s  delivered {:>9}  pending chunks {:>5}  failed {}",
+                "  +{now:5.1} s  delivered {:>9}  pending chunks {:>5}  failed {}  \
+                 RSS api {:.1} MB worker {:.1} MB",
                 thousands(progress.delivered),
                 progress.pending_chunks,
-                progress.failed
+                progress.failed,
+                rss_mb("notify-api"),
+                rss_mb("notify-worker")
             );
         }
     };
