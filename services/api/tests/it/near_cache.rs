@@ -48,6 +48,22 @@ async fn user_with_one_item(app: &TestApp, user: u64) {
     wait_for_status(app, sent, v1::MessageStatus::Completed).await;
 }
 
+/// An app whose Redis is reached through a proxy, a cache of "another
+/// process" reaching Redis directly, and `user` with one unread item whose
+/// badge the api's near cache holds.
+async fn proxied_app_holding_a_badge(
+    mut settings: Settings,
+    user: u64,
+) -> (TestApp, notify_testkit::faults::Proxies, Cache) {
+    let direct: Settings = settings.clone();
+    let proxies = route_through_proxies(&mut settings).await;
+    let app = spawn_app_with(settings, true).await;
+    let elsewhere = Cache::connect(&direct.redis).await.unwrap();
+    user_with_one_item(&app, user).await;
+    assert_eq!(badge_from_near_cache(&app, user).await, 1);
+    (app, proxies, elsewhere)
+}
+
 #[tokio::test]
 async fn badges_are_answered_from_the_near_cache_until_another_process_changes_them() {
     let settings = test_settings();
@@ -95,13 +111,8 @@ async fn badges_are_answered_from_the_near_cache_until_another_process_changes_t
 async fn a_near_cache_that_stops_hearing_from_redis_stops_serving_within_its_lag() {
     let mut settings = test_settings();
     settings.redis.near_cache_max_lag_ms = 300;
-    let direct: Settings = settings.clone();
-    let proxies = route_through_proxies(&mut settings).await;
-    let app = spawn_app_with(settings, true).await;
-    let elsewhere = Cache::connect(&direct.redis).await.unwrap();
     let user = 4_402;
-    user_with_one_item(&app, user).await;
-    assert_eq!(badge_from_near_cache(&app, user).await, 1);
+    let (app, proxies, elsewhere) = proxied_app_holding_a_badge(settings, user).await;
 
     proxies.redis.black_hole().await;
     mark_read_elsewhere(&app, &elsewhere, user).await;
@@ -120,14 +131,8 @@ async fn a_near_cache_that_stops_hearing_from_redis_stops_serving_within_its_lag
 /// dropped, changes made meanwhile are read, and the copy refills.
 #[tokio::test]
 async fn a_lost_tracking_connection_drops_every_copy() {
-    let mut settings = test_settings();
-    let direct: Settings = settings.clone();
-    let proxies = route_through_proxies(&mut settings).await;
-    let app = spawn_app_with(settings, true).await;
-    let elsewhere = Cache::connect(&direct.redis).await.unwrap();
     let user = 4_403;
-    user_with_one_item(&app, user).await;
-    assert_eq!(badge_from_near_cache(&app, user).await, 1);
+    let (app, proxies, elsewhere) = proxied_app_holding_a_badge(test_settings(), user).await;
     assert!(app.ctx.cache.near_cache_held().0 >= 1);
 
     proxies.redis.down().await;

@@ -68,27 +68,13 @@ pub(super) async fn run_inbox(
     let shard_items: i64 =
         sqlx::query_scalar("SELECT COUNT(*) FROM message_items").fetch_one(&pool).await?;
     let sql = inbox_sql_on_connection(&pool, user, args, args.inbox_calls).await?;
-    let (cpu0, started) = (tracked.snap(), Instant::now());
     let per_reader = args.inbox_concurrent_calls.div_ceil(READERS as u64);
-    let sql_readers: Vec<_> =
-        (0..READERS).map(|_| inbox_sql_on_connection(&pool, user, args, per_reader)).collect();
-    let mut sql_concurrent = new_hist();
-    for reader in futures::future::try_join_all(sql_readers).await? {
-        sql_concurrent.add(&reader)?;
-    }
-    let sql_concurrent_secs = started.elapsed().as_secs_f64();
-    let sql_concurrent_cpu = tracked.between(&cpu0, &tracked.snap());
+    let (sql_concurrent, sql_concurrent_cpu, sql_concurrent_secs) =
+        readers_at_once(tracked, || inbox_sql_on_connection(&pool, user, args, per_reader)).await?;
     // The same through the pool (a connection taken and given back per
-    // query, as the api does): what the pool itself costs.
-    let (cpu0, started) = (tracked.snap(), Instant::now());
-    let pooled: Vec<_> =
-        (0..READERS).map(|_| inbox_sql_through_pool(&pool, user, args, per_reader)).collect();
-    let mut sql_pooled = new_hist();
-    for reader in futures::future::try_join_all(pooled).await? {
-        sql_pooled.add(&reader)?;
-    }
-    let sql_pooled_secs = started.elapsed().as_secs_f64();
-    let sql_pooled_cpu = tracked.between(&cpu0, &tracked.snap());
+    // query, as the api did): what the pool itself costs.
+    let (sql_pooled, sql_pooled_cpu, sql_pooled_secs) =
+        readers_at_once(tracked, || inbox_sql_through_pool(&pool, user, args, per_reader)).await?;
     pool.close().await;
     println!(
         "inbox seed: {} rows on shard {shard} in {seed_secs:.1} s ({} items on the shard)",
@@ -132,6 +118,24 @@ pub(super) async fn run_inbox(
         sql_pooled_cpu,
         sql_pooled_secs,
     })
+}
+
+/// Runs [`READERS`] readers made by `reader` at once; returns their merged
+/// latencies, the CPU used meanwhile and the seconds it took.
+async fn readers_at_once<F>(
+    tracked: &Tracked,
+    reader: impl Fn() -> F,
+) -> anyhow::Result<(Histogram<u64>, CpuUse, f64)>
+where
+    F: Future<Output = anyhow::Result<Histogram<u64>>>,
+{
+    let (cpu0, started) = (tracked.snap(), Instant::now());
+    let mut merged = new_hist();
+    for hist in futures::future::try_join_all((0..READERS).map(|_| reader())).await? {
+        merged.add(&hist)?;
+    }
+    let secs = started.elapsed().as_secs_f64();
+    Ok((merged, tracked.between(&cpu0, &tracked.snap()), secs))
 }
 
 /// `calls` ListInbox calls (after 20 unmeasured), one at a time, paging
