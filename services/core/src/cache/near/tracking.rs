@@ -126,6 +126,11 @@ pub(super) async fn maintain(inner: Arc<Inner>, stop: CancellationToken) {
                 heartbeat(&inner, conn, &lost, &stop).await;
                 inner.disconnected();
             }
+            Err(e) if unsupported(&e.to_string()) => {
+                // Redis before 6 (no RESP3, no tracking): nothing to wait for.
+                warn!(error = %e, "redis cannot track keys (needs 6.0+); near cache off");
+                return;
+            }
             Err(e) => {
                 warn!(error = %e, "near cache cannot connect; badges read redis");
                 tokio::select! {
@@ -136,6 +141,15 @@ pub(super) async fn maintain(inner: Arc<Inner>, stop: CancellationToken) {
             }
         }
     }
+}
+
+/// True when an error says the server speaks neither RESP3 nor tracking.
+fn unsupported(error: &str) -> bool {
+    let error = error.to_ascii_lowercase();
+    error.contains("noproto")
+        || error.contains("unknown command 'hello'")
+        || error.contains("unknown command `hello`")
+        || (error.contains("tracking") && error.contains("unknown"))
 }
 
 /// Opens a RESP3 connection whose pushes go to `inner` (as `generation`'s),
@@ -191,5 +205,19 @@ async fn heartbeat(
             () = lost.cancelled() => return,
             () = tokio::time::sleep(every) => {}
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::unsupported;
+
+    #[test]
+    fn servers_without_resp3_or_tracking_are_told_apart_from_outages() {
+        assert!(unsupported("NOPROTO unsupported protocol version"));
+        assert!(unsupported("ERR unknown command 'HELLO', with args beginning with: '3'"));
+        assert!(unsupported("ERR Unknown subcommand or wrong number of arguments for 'TRACKING'"));
+        assert!(!unsupported("Connection refused (os error 111)"));
+        assert!(!unsupported("timed out"));
     }
 }
