@@ -294,6 +294,13 @@ async fn redis_down_mid_send_delivery_goes_on_and_no_stale_badge_is_served_after
         v1::AppendRecipientsRequest { message_id: id, batch_number: 1, user_ids: users.clone() };
     app.messages().append_recipients(batch).await.unwrap();
     proxies.redis.down().await;
+    // The api's near cache serves its copies until it notices the outage
+    // (at once on a closed connection, within redis.near_cache_max_lag_ms on
+    // a silent one): then it has dropped them all.
+    eventually("the near cache lets go of Redis", Duration::from_secs(10), || async {
+        (app.ctx.cache.near_cache_held() == (0, 0)).then_some(())
+    })
+    .await;
     app.messages().start_message(v1::StartMessageRequest { message_id: id }).await.unwrap();
     // Badges answer from MySQL while Redis is away.
     for user in [1, 2, 4_999] {
