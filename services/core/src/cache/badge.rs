@@ -51,6 +51,7 @@ use futures::future::try_join_all;
 use redis::{AsyncCommands, Script};
 use tracing::instrument;
 
+use super::near::Held;
 use super::{Cache, DIRTY_MS, LEASE_MS};
 use crate::error::Result;
 
@@ -143,11 +144,9 @@ impl Cache {
     #[instrument(level = "debug", skip_all, fields(db.system = "redis"))]
     pub async fn cached_counts(&self, user_ids: &[u64]) -> Result<CachedCounts> {
         if let Some(near) = &self.near {
-            if let Some((epoch, held)) = near.counts(user_ids)
-                && held.iter().all(Option::is_some)
-            {
+            if let Some(counts) = near.counts(user_ids) {
                 crate::hot_counter!("notify_near_cache_hits_total").increment(1);
-                return Ok(CachedCounts { epoch, counts: held.into_iter().flatten().collect() });
+                return Ok(counts);
             }
             match near.read_counts(user_ids).await {
                 Ok(Some(counts)) => {
@@ -212,9 +211,7 @@ impl Cache {
             async move { invocation.invoke_async::<i64>(&mut conn).await }
         });
         try_join_all(stores).await?;
-        if let Some(near) = &self.near {
-            near.forget_unread(entries.iter().map(|entry| entry.user_id));
-        }
+        self.forget_near(entries.iter().map(|entry| Held::Unread(entry.user_id)));
         Ok(())
     }
 
@@ -233,9 +230,7 @@ impl Cache {
             async move { conn.del::<_, ()>(keys).await }
         });
         try_join_all(deletes).await?;
-        if let Some(near) = &self.near {
-            near.forget_unread(user_ids.iter().copied());
-        }
+        self.forget_near(user_ids.iter().map(|user_id| Held::Unread(*user_id)));
         Ok(())
     }
 
@@ -264,9 +259,7 @@ impl Cache {
             .arg(DIRTY_MS)
             .invoke_async::<i64>(&mut conn)
             .await?;
-        if let Some(near) = &self.near {
-            near.forget_unread([user_id]);
-        }
+        self.forget_near([Held::Unread(user_id)]);
         Ok(())
     }
 
@@ -275,9 +268,7 @@ impl Cache {
     pub async fn bump_announcement_epoch(&self) -> Result<u64> {
         let mut conn = self.conn.clone();
         let epoch = conn.incr(self.keys.epoch(), 1).await?;
-        if let Some(near) = &self.near {
-            near.forget_epoch();
-        }
+        self.forget_near([Held::Epoch]);
         Ok(epoch)
     }
 
@@ -311,9 +302,7 @@ impl Cache {
     pub async fn store_announcements(&self, epoch: u64, json: &str, ttl_secs: u64) -> Result<()> {
         let mut conn = self.conn.clone();
         conn.set_ex::<_, _, ()>(self.keys.active_list(epoch), json, ttl_secs.max(1)).await?;
-        if let Some(near) = &self.near {
-            near.forget_announcements(epoch);
-        }
+        self.forget_near([Held::Active(epoch)]);
         Ok(())
     }
 }

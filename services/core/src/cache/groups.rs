@@ -38,6 +38,7 @@ use futures::future::try_join_all;
 use redis::{AsyncCommands, Script};
 
 use super::badge::count_at;
+use super::near::Held;
 use super::{Cache, CachedCounts, DIRTY_MS, Keys, LEASE_MS};
 use crate::error::{Error, Result};
 
@@ -225,9 +226,7 @@ impl Cache {
             invocation.arg(*group_id).arg(*ack);
         }
         let stored: i64 = invocation.invoke_async(&mut conn).await?;
-        if let Some(near) = &self.near {
-            near.forget_cursors([user_id]);
-        }
+        self.forget_near([Held::Cursors(user_id)]);
         Ok(stored == 1)
     }
 
@@ -262,9 +261,7 @@ impl Cache {
             async move { invocation.invoke_async::<i64>(&mut conn).await }
         });
         try_join_all(calls).await?;
-        if let Some(near) = &self.near {
-            near.forget_cursors(user_ids.iter().copied());
-        }
+        self.forget_near(user_ids.iter().map(|user_id| Held::Cursors(*user_id)));
         Ok(())
     }
 
@@ -283,9 +280,7 @@ impl Cache {
             async move { invocation.invoke_async::<i64>(&mut conn).await }
         });
         try_join_all(calls).await?;
-        if let Some(near) = &self.near {
-            near.forget_seqs(seqs.keys().copied());
-        }
+        self.forget_near(seqs.keys().map(|group_id| Held::Seq(*group_id)));
         Ok(())
     }
 

@@ -31,7 +31,9 @@ use tracing::instrument;
 use redis::aio::{ConnectionLike, ConnectionManager};
 use redis::cluster_async::ClusterConnection;
 use redis::cluster_routing::Slot;
-use redis::{AsyncCommands, Cmd, Pipeline, RedisFuture, Script, Value};
+use redis::{
+    AsyncCommands, Cmd, IntoConnectionInfo, Pipeline, ProtocolVersion, RedisFuture, Script, Value,
+};
 use secrecy::ExposeSecret;
 
 use crate::error::{Error, Result};
@@ -69,13 +71,19 @@ fn tls_certificates(settings: &RedisSettings) -> Result<Option<redis::TlsCertifi
 
 /// Builds a client for `redis.url` (one node); a `rediss://` url verifies
 /// the server against `redis.tls_ca_file` when set (else the system roots).
-fn client(settings: &RedisSettings) -> Result<redis::Client> {
-    let url = settings.url.expose_secret();
+/// (`protocol` overrides the url's RESP version: the near cache needs RESP3).
+fn client(settings: &RedisSettings, protocol: Option<ProtocolVersion>) -> Result<redis::Client> {
+    let invalid = |e: redis::RedisError| Error::Internal(format!("redis.url: {e}"));
+    let mut info = settings.url.expose_secret().into_connection_info().map_err(invalid)?;
+    if let Some(protocol) = protocol {
+        let settings = info.redis_settings().clone().set_protocol(protocol);
+        info = info.set_redis_settings(settings);
+    }
     let client = match tls_certificates(settings)? {
-        None => redis::Client::open(url),
-        Some(certificates) => redis::Client::build_with_tls(url, certificates),
+        None => redis::Client::open(info),
+        Some(certificates) => redis::Client::build_with_tls(info, certificates),
     };
-    client.map_err(|e| Error::Internal(format!("redis.url: {e}")))
+    client.map_err(invalid)
 }
 
 /// Builds a client for the Redis Cluster whose seed nodes `redis.url` lists
@@ -116,7 +124,7 @@ impl Connection {
             .set_connection_timeout(Some(Duration::from_secs(3)))
             .set_response_timeout(Some(Duration::from_secs(3)))
             .set_number_of_retries(2);
-        let manager = client(settings)?.get_connection_manager_with_config(config).await;
+        let manager = client(settings, None)?.get_connection_manager_with_config(config).await;
         Ok(Self::Node(manager.map_err(unreachable)?))
     }
 }
@@ -308,6 +316,13 @@ impl Cache {
     pub async fn sync_near_cache(&self) {
         if let Some(near) = &self.near {
             near.sync().await;
+        }
+    }
+
+    /// Drops the near cache's copies of keys this process just wrote.
+    fn forget_near(&self, keys: impl IntoIterator<Item = near::Held>) {
+        if let Some(near) = &self.near {
+            near.forget(keys);
         }
     }
 

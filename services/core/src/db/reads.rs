@@ -13,7 +13,6 @@
 //! meanwhile costs a reconnect, not an error (these statements only read,
 //! so running one twice is harmless).
 
-use std::future::Future;
 use std::sync::{Mutex, PoisonError};
 use std::time::Duration;
 
@@ -78,10 +77,11 @@ impl ReadConnections {
     }
 
     async fn connect(&self) -> Result<MySqlConnection> {
-        let connecting = self.options.connect();
-        bounded(self.acquire_timeout, connecting)
-            .await
-            .map_err(|e| self.unavailable(&format!("cannot connect: {e}")))
+        match tokio::time::timeout(self.acquire_timeout, self.options.connect()).await {
+            Ok(Ok(conn)) => Ok(conn),
+            Ok(Err(e)) => Err(self.unavailable(&format!("cannot connect: {e}"))),
+            Err(_) => Err(self.unavailable("cannot connect: timed out")),
+        }
     }
 
     fn unavailable(&self, what: &str) -> Error {
@@ -89,20 +89,10 @@ impl ReadConnections {
     }
 }
 
-async fn bounded<T>(
-    limit: Duration,
-    future: impl Future<Output = std::result::Result<T, sqlx::Error>>,
-) -> std::result::Result<T, String> {
-    match tokio::time::timeout(limit, future).await {
-        Ok(Ok(value)) => Ok(value),
-        Ok(Err(e)) => Err(e.to_string()),
-        Err(_) => Err("timed out".to_owned()),
-    }
-}
-
 /// A connection lent to one read: back to the set by
-/// [`Lent::give_back`] once the read ran to its end, closed otherwise
-/// (dropped mid-read: its replies may still be on the wire).
+/// [`Lent::give_back`] once the read ran to its end; dropped otherwise (the
+/// read failed or was cancelled, its replies may still be on the wire),
+/// which closes its socket.
 pub struct Lent<'a> {
     conn: Option<MySqlConnection>,
     was_idle: bool,
@@ -127,14 +117,6 @@ impl Lent<'_> {
         if let Some(conn) = self.conn.take() {
             self.owner.idle.lock().unwrap_or_else(PoisonError::into_inner).push(conn);
         }
-    }
-}
-
-impl Drop for Lent<'_> {
-    fn drop(&mut self) {
-        // Not given back: the read failed or was cancelled, and the
-        // connection goes (dropping it closes its socket).
-        drop(self.conn.take());
     }
 }
 

@@ -52,11 +52,11 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use redis::{ProtocolVersion, Value};
-use secrecy::ExposeSecret;
 use tokio_util::sync::{CancellationToken, DropGuard};
 use tracing::warn;
 
-use self::tables::{Held, Slot, Tables, forget};
+pub(super) use self::tables::Held;
+use self::tables::{Slot, Tables};
 use self::tracking::{Inner, maintain};
 use super::badge::count_at;
 use super::{CachedCounts, CachedGroup, CachedUserState, Keys};
@@ -80,15 +80,7 @@ impl Near {
         if settings.near_cache_users == 0 || settings.cluster {
             return Ok(None);
         }
-        let info = redis::IntoConnectionInfo::into_connection_info(settings.url.expose_secret())
-            .map_err(|e| Error::Internal(format!("redis.url: {e}")))?;
-        let resp3 = info.redis_settings().clone().set_protocol(ProtocolVersion::RESP3);
-        let info = info.set_redis_settings(resp3);
-        let client = match super::tls_certificates(settings)? {
-            None => redis::Client::open(info),
-            Some(certificates) => redis::Client::build_with_tls(info, certificates),
-        }
-        .map_err(|e| Error::Internal(format!("redis.url: {e}")))?;
+        let client = super::client(settings, Some(ProtocolVersion::RESP3))?;
         let stop = CancellationToken::new();
         let inner = Arc::new(Inner {
             client,
@@ -130,9 +122,9 @@ impl Near {
         self.inner.tables().user_state(user_id, Instant::now())
     }
 
-    /// Users' counts from the copy: the epoch and each user's count where
-    /// held (`None` when the epoch is not, or the copy is out of sync).
-    pub(super) fn counts(&self, user_ids: &[u64]) -> Option<(u64, Vec<Option<Option<u64>>>)> {
+    /// Users' counts from the copy, if the epoch and every user's count
+    /// are held, fresh and in sync (else read [`Self::read_counts`]).
+    pub(super) fn counts(&self, user_ids: &[u64]) -> Option<CachedCounts> {
         self.start();
         if !self.inner.in_sync() {
             return None;
@@ -146,8 +138,8 @@ impl Near {
                 let unread = tables.users.get(user)?.unread.as_ref()?.fresh(now)?;
                 Some(count_at(unread.as_deref(), epoch))
             })
-            .collect();
-        Some((epoch, counts))
+            .collect::<Option<_>>()?;
+        Some(CachedCounts { epoch, counts })
     }
 
     /// Reads users' states on the tracking connection (their keys, then
@@ -339,11 +331,6 @@ impl Near {
         Ok(Some((epoch, list)))
     }
 
-    /// Forgets the active list of an epoch (this process stored it).
-    pub(super) fn forget_announcements(&self, epoch: u64) {
-        forget(&mut self.inner.tables(), Held::Active(epoch));
-    }
-
     /// The tables, if they still belong to the tracking connection
     /// `generation` a read runs on (after a reconnect, Redis tracks that
     /// read's keys for the old connection only, so it must store nothing).
@@ -369,32 +356,12 @@ impl Near {
         }
     }
 
-    /// Forgets the announcement epoch (this process changed it).
-    pub(super) fn forget_epoch(&self) {
-        self.inner.tables().epoch = None;
-    }
-
-    /// Forgets users' badges (this process changed them).
-    pub(super) fn forget_unread(&self, user_ids: impl IntoIterator<Item = u64>) {
+    /// Forgets keys this process has just changed in Redis, so it reads
+    /// its own writes (their invalidation pushes come too, a moment later).
+    pub(super) fn forget(&self, keys: impl IntoIterator<Item = Held>) {
         let mut tables = self.inner.tables();
-        for user in user_ids {
-            forget(&mut tables, Held::Unread(user));
-        }
-    }
-
-    /// Forgets users' cursors (this process changed them).
-    pub(super) fn forget_cursors(&self, user_ids: impl IntoIterator<Item = u64>) {
-        let mut tables = self.inner.tables();
-        for user in user_ids {
-            forget(&mut tables, Held::Cursors(user));
-        }
-    }
-
-    /// Forgets groups' seqs (this process changed them).
-    pub(super) fn forget_seqs(&self, group_ids: impl IntoIterator<Item = u64>) {
-        let mut tables = self.inner.tables();
-        for group in group_ids {
-            forget(&mut tables, Held::Seq(group));
+        for held in keys {
+            tables::forget(&mut tables, held);
         }
     }
 

@@ -158,7 +158,7 @@ impl Tables {
 
 /// Which key a name is, among those held.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) enum Held {
+pub(in crate::cache) enum Held {
     Epoch,
     Active(u64),
     Unread(u64),
