@@ -226,9 +226,9 @@ impl Topology {
 /// Largest AMQP frame asked of the broker (unless the url sets `frame_max`).
 /// lapin keeps a zero-filled receive and send buffer of 32 frames per
 /// connection: at RabbitMQ's default of 128 KiB that is 8 MiB resident per
-/// connection, and a worker has one per lane and shard (72 MiB of a worker's
-/// 84 MiB at rest with four shards). Tasks are ~100 bytes and events a few
-/// KiB; a larger message simply goes as several frames.
+/// connection once written through (72 MiB of a worker's 84 MiB at rest
+/// when it had one connection per lane and shard). Tasks are ~100 bytes and
+/// events a few KiB; a larger message simply goes as several frames.
 const FRAME_MAX: u32 = 16 * 1024;
 
 /// Connects to the broker, naming the setting when it is unreachable.

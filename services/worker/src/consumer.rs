@@ -3,7 +3,8 @@
 //! bounded concurrency, retries with
 //! exponential backoff, requeueing on transient trouble, dead-lettering on
 //! permanent failure, manual acks only after the work is committed, and
-//! reconnection after broker restarts.
+//! reconnection after broker restarts. Every lane's consumer has a channel
+//! of its own on the worker's one connection ([`SharedConnection`]).
 
 use std::collections::HashMap;
 use std::panic::AssertUnwindSafe;
@@ -12,6 +13,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use futures::{FutureExt, StreamExt};
+use lapin::Connection;
 use lapin::message::Delivery;
 use lapin::options::{BasicAckOptions, BasicConsumeOptions, BasicNackOptions, BasicQosOptions};
 use lapin::types::FieldTable;
@@ -19,6 +21,7 @@ use notify_core::deliver::{self, TaskOutcome};
 use notify_core::domain::Lane;
 use notify_core::health::Heartbeats;
 use notify_core::queue::{self, ChunkTask, Topology};
+use notify_core::settings::RabbitSettings;
 use notify_core::telemetry::trace;
 use notify_core::{Context, Error};
 use shard_router::ShardId;
@@ -89,10 +92,67 @@ pub fn beat_name(lane: Lane, shard: u32) -> &'static str {
     Box::leak(format!("consumer {} s{shard}", lane.name()).into_boxed_str())
 }
 
+/// The worker's one connection to RabbitMQ, shared by the consumers of
+/// every lane and shard, each on a channel of its own (RabbitMQ's advice:
+/// one connection per process, a channel per consumer).
+///
+/// One, not one per lane and shard: lapin runs a thread and keeps two
+/// 32-frame ring buffers (1 MiB at 16 KiB frames) per connection, and a
+/// ring's pages become resident as it is written through. Tasks are ~100
+/// bytes, so eight rings filled over millions of recipients and the
+/// worker's RSS kept rising through a long send (+22% at 10M against 1M)
+/// before it levelled off; one ring fills within the first send.
+#[derive(Clone)]
+pub struct SharedConnection {
+    settings: RabbitSettings,
+    current: Arc<tokio::sync::Mutex<Option<Arc<Connection>>>>,
+}
+
+impl SharedConnection {
+    /// A connection to the broker of `settings`, made when first asked for.
+    pub fn new(settings: RabbitSettings) -> Self {
+        Self { settings, current: Arc::default() }
+    }
+
+    /// Returns the connection, connecting first when there is none or the
+    /// one held was lost (the lanes that notice together connect once).
+    pub async fn get(&self) -> Result<Arc<Connection>, Error> {
+        let mut current = self.current.lock().await;
+        if let Some(connection) = current.as_ref().filter(|c| c.status().connected()) {
+            return Ok(Arc::clone(connection));
+        }
+        let connection = Arc::new(queue::connect(&self.settings, "notify-worker").await?);
+        *current = Some(Arc::clone(&connection));
+        Ok(connection)
+    }
+
+    /// Forgets `connection` after a step on it got no answer (the broker
+    /// took it and then stopped answering, so it still reads as
+    /// connected): the next [`get`](Self::get) connects anew. A connection
+    /// another lane already replaced stays replaced. The old one closes
+    /// when its last channel is dropped.
+    pub async fn discard(&self, connection: &Arc<Connection>) {
+        let mut current = self.current.lock().await;
+        if current.as_ref().is_some_and(|held| Arc::ptr_eq(held, connection)) {
+            *current = None;
+        }
+    }
+
+    /// Closes the connection (after every consumer stopped).
+    pub async fn close(&self) {
+        if let Some(connection) = self.current.lock().await.take() {
+            let closing = connection.close(200, "worker shutting down".into());
+            let _ = queue::bounded("closing the connection", closing).await;
+        }
+    }
+}
+
 /// Runs the consumer of a lane's queue for one shard until `shutdown`;
-/// reconnects when the broker goes away.
+/// opens a new channel, and a new connection when the broker went away,
+/// after each loss.
 pub async fn run_lane(
     ctx: Context,
+    broker: SharedConnection,
     lane: Lane,
     shard: u32,
     health: LaneHealth,
@@ -101,7 +161,19 @@ pub async fn run_lane(
     let mut backoff = Duration::from_millis(200);
     while !shutdown.is_cancelled() {
         health.heartbeats.beat(health.beat);
-        let consumed = consume(&ctx, lane, shard, &health, &shutdown).await;
+        let consumed = match broker.get().await {
+            Ok(connection) => {
+                let consumed = consume(&ctx, &connection, lane, shard, &health, &shutdown).await;
+                // A step that got no answer: the connection is dead to us,
+                // whatever its state says. Other errors (a channel closed
+                // by the broker, a queue gone) leave it to the other lanes.
+                if matches!(consumed, Err(Error::Unavailable(_))) {
+                    broker.discard(&connection).await;
+                }
+                consumed
+            }
+            Err(e) => Err(e),
+        };
         health.consuming.store(false, Ordering::Relaxed);
         match consumed {
             Ok(()) if shutdown.is_cancelled() => break,
@@ -126,6 +198,7 @@ enum Event {
 
 async fn consume(
     ctx: &Context,
+    connection: &Connection,
     lane: Lane,
     shard: u32,
     health: &LaneHealth,
@@ -133,7 +206,6 @@ async fn consume(
 ) -> Result<(), Error> {
     let settings = &ctx.settings;
     let name = format!("notify-worker-{}-s{shard}", lane.name());
-    let connection = queue::connect(&settings.rabbitmq, &name).await?;
     let channel = queue::bounded("opening a channel", connection.create_channel()).await?;
     let topology = Topology::new(settings);
     topology.declare(&channel).await?;
@@ -202,10 +274,10 @@ async fn consume(
             health.heartbeats.beat(health.beat);
         })
         .await;
-    // Closing returns any unacked (never started) deliveries to the queue.
-    // The channel goes first: lapin logs a spurious error otherwise.
+    // Closing returns any unacked (never started) deliveries to the queue;
+    // the connection closes after every lane's channel
+    // ([`SharedConnection::close`]).
     let _ = channel.close(200, "worker shutting down".into()).await;
-    let _ = connection.close(200, "worker shutting down".into()).await;
     Ok(())
 }
 

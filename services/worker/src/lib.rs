@@ -68,6 +68,7 @@ impl Worker {
         let mut tasks = JoinSet::new();
         let mut lanes = Vec::new();
         let circuits = consumer::ShardCircuits::default();
+        let broker = consumer::SharedConnection::new(ctx.settings.rabbitmq.clone());
         let shards: Vec<u32> = ctx.settings.database.shards.iter().map(|s| s.id.0).collect();
         for lane in [Lane::High, Lane::Bulk] {
             for shard in &shards {
@@ -78,7 +79,14 @@ impl Worker {
                     circuits: circuits.clone(),
                 };
                 lanes.push((format!("{} s{shard}", lane.name()), health.consuming.clone()));
-                let run = consumer::run_lane(ctx.clone(), lane, *shard, health, shutdown.clone());
+                let run = consumer::run_lane(
+                    ctx.clone(),
+                    broker.clone(),
+                    lane,
+                    *shard,
+                    health,
+                    shutdown.clone(),
+                );
                 tasks.spawn(run);
             }
         }
@@ -161,6 +169,7 @@ impl Worker {
         while let Some(joined) = tasks.join_next().await {
             joined?;
         }
+        broker.close().await;
         drop(drained);
         shard_map.await?;
         info!("notify-worker stopped");

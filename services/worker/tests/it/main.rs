@@ -2,5 +2,6 @@
 //! Redis: a worker killed mid-send, redelivered tasks, lost publishes,
 //! poison chunks and re-drive.
 
+mod broker;
 mod faults;
 mod probes;
