@@ -74,7 +74,7 @@ pub fn config_toml(s: &Settings) -> String {
         "[api]\nlisten = {}\nmetrics_listen = {}\nworker_threads = {}\n\n\
          [worker]\nmetrics_listen = {}\nconcurrency = {}\nchunks_per_transaction = {}\n\
          sweep_timeout_secs = {}\noperation_timeout_secs = {}\n\n\
-         [database]\nurl = {}\npool_max = {}\nshards = [{}]\nbucket_ranges = []\n\n\
+         [database]\nurl = {}\npool_max = {}\nread_connections = {}\nshards = [{}]\nbucket_ranges = []\n\n\
          [rabbitmq]\nurl = {}\nprefix = {}\n\n\
          [redis]\nurl = {}\nkey_prefix = {}\nnear_cache_users = {}\nnear_cache_max_lag_ms = {}\n\n\
          [log]\nfilter = {}\n",
@@ -88,6 +88,7 @@ pub fn config_toml(s: &Settings) -> String {
         s.worker.operation_timeout_secs,
         toml_str(s.database.url.expose_secret()),
         s.database.pool_max,
+        s.database.read_connections,
         shards.join(", "),
         toml_str(s.rabbitmq.url.expose_secret()),
         toml_str(&s.rabbitmq.prefix),
