@@ -3,6 +3,7 @@
 
 mod announce;
 mod auth;
+mod badge_cache;
 mod events;
 mod faults;
 mod groups;
