@@ -52,7 +52,7 @@ use redis::{AsyncCommands, Script};
 use tracing::instrument;
 
 use super::near::Held;
-use super::{Cache, DIRTY_MS, LEASE_MS};
+use super::{Cache, DIRTY_MS, LEASE_MS, waves};
 use crate::error::Result;
 
 /// Most users per invalidation command (a command blocks Redis while it runs).
@@ -221,25 +221,37 @@ impl Cache {
         let groups = self.by_slot(user_ids.iter().copied(), USERS_PER_CALL, |user_id| {
             self.keys.unread(*user_id)
         });
-        let deletes = groups.into_iter().map(|group| {
-            // Written into one buffer sized up front (about the longest
-            // key, twice per user), not into a string per key and then a
-            // buffer doubled up to ~90 KB per 1,000 users: this runs on
-            // every chunk group a worker applies.
-            let key_len = self.keys.unread_lease(group.iter().copied().max().unwrap_or(0)).len();
-            let mut del = redis::Cmd::with_capacity(
-                1 + 2 * group.len(),
-                "DEL".len() + 2 * key_len * group.len(),
-            );
-            del.arg("DEL");
-            for user_id in &group {
-                del.arg(self.keys.unread(*user_id)).arg(self.keys.unread_lease(*user_id));
-            }
-            let mut conn = self.conn.clone();
-            async move { del.query_async::<()>(&mut conn).await }
-        });
-        try_join_all(deletes).await?;
+        // At most USERS_PER_CALL users' keys in flight at once: on one node
+        // (a group per 1,000 users) one DEL after another, on a cluster (a
+        // group per slot) many small ones together. Redis runs them one by
+        // one either way, so this costs a round trip per 1,000 users; what it
+        // bounds is the command bytes a caller holds (~90 KB per 1,000
+        // users), which a worker applying several chunk groups at once
+        // otherwise held by the megabyte, in short bursts.
+        for wave in waves(groups, USERS_PER_CALL) {
+            try_join_all(wave.iter().map(|group| self.delete_counts(group))).await?;
+        }
         self.forget_near(user_ids.iter().map(|user_id| Held::Unread(*user_id)));
+        Ok(())
+    }
+
+    /// One DEL of the count and lease keys of `user_ids` (one slot's).
+    async fn delete_counts(&self, user_ids: &[u64]) -> Result<()> {
+        // Written into one buffer sized up front (about the longest key,
+        // twice per user), not into a string per key and then a buffer
+        // doubled to its size: this runs on every chunk group a worker
+        // applies.
+        let key_len = self.keys.unread_lease(user_ids.iter().copied().max().unwrap_or(0)).len();
+        let mut del = redis::Cmd::with_capacity(
+            1 + 2 * user_ids.len(),
+            "DEL".len() + 2 * key_len * user_ids.len(),
+        );
+        del.arg("DEL");
+        for user_id in user_ids {
+            del.arg(self.keys.unread(*user_id)).arg(self.keys.unread_lease(*user_id));
+        }
+        let mut conn = self.conn.clone();
+        del.query_async::<()>(&mut conn).await?;
         Ok(())
     }
 

@@ -14,6 +14,9 @@
 //! Operations over many users go per slot ([`Cache::by_slot`]): on a
 //! cluster each slot's share is one command and the shares run
 //! concurrently; a single node has no slots, so it takes them all at once.
+//! Badge invalidation, which a worker runs on every chunk group, keeps at
+//! most 1,000 users' keys in flight instead ([`waves`]), so that groups
+//! applied together do not each hold their whole `DEL` at the same time.
 
 mod badge;
 mod coalesce;
@@ -272,6 +275,27 @@ fn group_by_slot<T>(
     groups
 }
 
+/// Consecutive runs of `groups` holding at most `most` items together (a
+/// group larger than that alone), in order: calls to run together, one
+/// run after another.
+fn waves<T>(groups: Vec<Vec<T>>, most: usize) -> Vec<Vec<Vec<T>>> {
+    let mut waves: Vec<Vec<Vec<T>>> = Vec::new();
+    let mut held = 0;
+    for group in groups {
+        match waves.last_mut() {
+            Some(wave) if held + group.len() <= most => {
+                held += group.len();
+                wave.push(group);
+            }
+            _ => {
+                held = group.len();
+                waves.push(vec![group]);
+            }
+        }
+    }
+    waves
+}
+
 /// The Redis cache, with its key names.
 #[derive(Clone)]
 pub struct Cache {
@@ -430,6 +454,22 @@ mod tests {
         let slots: std::collections::HashSet<Slot> =
             (1..=100).map(|user| Slot::for_key(keys.unread(user))).collect();
         assert!(slots.len() > 90, "{} slots for 100 users", slots.len());
+    }
+
+    #[test]
+    fn waves_hold_at_most_the_cap_in_order_and_lose_nothing() {
+        let groups = vec![vec![1; 600], vec![2; 300], vec![3; 200], vec![4; 1500], vec![5; 1]];
+        let sizes = |waves: &Vec<Vec<Vec<i32>>>| -> Vec<Vec<usize>> {
+            waves.iter().map(|wave| wave.iter().map(Vec::len).collect()).collect()
+        };
+        let cut = waves(groups.clone(), 1000);
+        assert_eq!(sizes(&cut), [vec![600, 300], vec![200], vec![1500], vec![1]]);
+        assert_eq!(cut.concat(), groups);
+        // Groups of one (a cluster's slots): a thousand to a wave.
+        let singles: Vec<Vec<u64>> = (0..2500).map(|i| vec![i]).collect();
+        let cut = waves(singles, 1000);
+        assert_eq!(cut.iter().map(Vec::len).collect::<Vec<_>>(), [1000, 1000, 500]);
+        assert!(waves(Vec::<Vec<u8>>::new(), 1000).is_empty());
     }
 
     #[test]
