@@ -12,6 +12,7 @@
 //! - `{p}.chunks.dlx` fanout exchange -> `{p}.chunks.dead`: tasks that failed
 //!   their last attempt or were redelivered too often, kept for inspection.
 
+use std::collections::VecDeque;
 use std::time::Duration;
 
 use lapin::options::{
@@ -23,6 +24,7 @@ use lapin::types::{AMQPValue, FieldTable};
 
 use lapin::{
     BasicProperties, Channel, Confirmation, Connection, ConnectionProperties, ExchangeKind,
+    PublisherConfirm,
 };
 use secrecy::ExposeSecret;
 use serde::{Deserialize, Serialize};
@@ -263,6 +265,30 @@ pub async fn connect(settings: &RabbitSettings, name: &str) -> Result<Connection
     }
 }
 
+/// Waits for one task's confirm (within the broker timeout) and turns a
+/// return or a nack into an error.
+async fn settle(lane: Lane, confirm: PublisherConfirm) -> Result<()> {
+    let confirmation = tokio::time::timeout(BROKER_TIMEOUT, confirm)
+        .await
+        .map_err(|_| Error::Unavailable("rabbitmq confirms timed out".to_owned()))??;
+    match confirmation {
+        Confirmation::Ack(None) | Confirmation::NotRequested => Ok(()),
+        Confirmation::Ack(Some(returned)) => {
+            metrics::counter!("notify_tasks_returned_total", "lane" => lane.name()).increment(1);
+            Err(Error::Unavailable(format!(
+                "rabbitmq returned a chunk task as unroutable ({} {}): the {} lane queue of a \
+                 shard is missing",
+                returned.reply_code,
+                returned.reply_text,
+                lane.name()
+            )))
+        }
+        Confirmation::Nack(_) => {
+            Err(Error::Unavailable("rabbitmq refused a chunk task".to_owned()))
+        }
+    }
+}
+
 /// Runs one step of setting up a channel (open it, declare, set QoS,
 /// consume) within the broker timeout: a broker that took the connection
 /// and then stopped answering must fail the step, so that the caller
@@ -282,9 +308,13 @@ pub async fn bounded<T>(
 
 /// Publishes chunk tasks as persistent messages and waits for the broker's
 /// confirms, so a task counts as queued only once RabbitMQ has it on disk.
+/// At most `rabbitmq.publish_window` tasks are awaiting their confirm at a
+/// time: each one in flight holds its frames and its confirm in lapin, so an
+/// unbounded publish of a 10M send's 20,000 tasks held ~10 MB in the api.
 pub struct Publisher {
     settings: RabbitSettings,
     topology: Topology,
+    window: usize,
     channel: Mutex<Option<(Connection, Channel)>>,
 }
 
@@ -294,10 +324,24 @@ impl Publisher {
         let publisher = Self {
             settings: settings.rabbitmq.clone(),
             topology: Topology::new(settings),
+            window: settings.rabbitmq.publish_window.max(1),
             channel: Mutex::new(None),
         };
         publisher.channel().await?;
         Ok(publisher)
+    }
+
+    /// Returns the most tasks awaiting their confirm at a time.
+    pub fn window(&self) -> usize {
+        self.window
+    }
+
+    /// Returns how many pending chunk ids to read per query when starting
+    /// or cancelling a send: four windows, so walking a send of any size
+    /// holds the same few KB, and a page's last confirms (each page's
+    /// publish waits for them) stall the pipe once per four windows.
+    pub fn page(&self) -> u32 {
+        u32::try_from(self.window.saturating_mul(4)).unwrap_or(u32::MAX)
     }
 
     /// Returns the topology names.
@@ -405,8 +449,16 @@ impl Publisher {
             .with_delivery_mode(2)
             .with_content_type("application/json".into())
             .with_headers(headers);
-        let mut confirms = Vec::with_capacity(tasks.len());
+        // A sliding window: once `window` tasks await their confirm, the
+        // oldest is awaited before the next goes out (the broker confirms
+        // in publish order, so the pipe stays full).
+        let mut in_flight = VecDeque::with_capacity(self.window.min(tasks.len()));
         for task in tasks {
+            if in_flight.len() == self.window
+                && let Some(oldest) = in_flight.pop_front()
+            {
+                settle(lane, oldest).await?;
+            }
             let confirm = channel
                 .basic_publish(
                     exchange.as_str().into(),
@@ -418,33 +470,11 @@ impl Publisher {
                     properties.clone(),
                 )
                 .await?;
-            confirms.push(confirm);
+            in_flight.push_back(confirm);
         }
-        let confirmed = tokio::time::timeout(BROKER_TIMEOUT, async {
-            for confirm in confirms {
-                match confirm.await? {
-                    Confirmation::Ack(None) | Confirmation::NotRequested => {}
-                    Confirmation::Ack(Some(returned)) => {
-                        metrics::counter!("notify_tasks_returned_total", "lane" => lane.name())
-                            .increment(1);
-                        return Err(Error::Unavailable(format!(
-                            "rabbitmq returned a chunk task as unroutable ({} {}): the {} lane \
-                             queue of a shard is missing",
-                            returned.reply_code,
-                            returned.reply_text,
-                            lane.name()
-                        )));
-                    }
-                    Confirmation::Nack(_) => {
-                        return Err(Error::Unavailable("rabbitmq refused a chunk task".to_owned()));
-                    }
-                }
-            }
-            Ok(())
-        });
-        confirmed
-            .await
-            .map_err(|_| Error::Unavailable("rabbitmq confirms timed out".to_owned()))??;
+        for confirm in in_flight {
+            settle(lane, confirm).await?;
+        }
         metrics::counter!("notify_tasks_published_total", "lane" => lane.name())
             .increment(tasks.len() as u64);
         Ok(())

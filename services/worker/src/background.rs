@@ -275,7 +275,7 @@ async fn sweep_message(
             Ok(tasks.len() as u64)
         }
         SendStatus::Cancelled => {
-            chunks::cancel_pending(pool, message_id).await?;
+            chunks::cancel_pending(pool, message_id, ctx.publisher.page()).await?;
             Ok(0)
         }
         // Paused or not started: pending is where these chunks belong. Touch

@@ -282,3 +282,70 @@ async fn a_cancelled_chunks_recipient_delivered_by_another_batch_counts_once() {
     );
     app.cleanup().await;
 }
+
+/// A send whose chunks outnumber the publish window many times over: 1,000
+/// recipients in chunks of 10 (~25 chunks a shard) with a window of 3, so
+/// pages of 12.
+async fn windowed_app() -> TestApp {
+    let mut settings = test_settings();
+    settings.send.chunk_size = 10;
+    settings.send.small_send_threshold = 10;
+    settings.rabbitmq.publish_window = 3;
+    let mut app = spawn_app_with(settings, true).await;
+    // Tasks stay in the queues, where they can be counted.
+    app.stop_worker().await;
+    app
+}
+
+/// Chunk rows of a send over every shard.
+async fn chunk_rows(app: &TestApp, message_id: u64) -> u32 {
+    let mut total = 0;
+    for (_, pool) in app.ctx.pools.iter() {
+        let n: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM message_chunks WHERE message_id = ?")
+            .bind(message_id)
+            .fetch_one(pool)
+            .await
+            .unwrap();
+        total += n as u32;
+    }
+    total
+}
+
+#[tokio::test]
+async fn starting_a_send_publishes_each_chunk_once_a_window_at_a_time() {
+    let mut app = windowed_app().await;
+    let id = send(&app, (1..=1_000).collect()).await;
+    let chunks = chunk_rows(&app, id).await;
+    assert!(chunks >= 100, "precondition: 100 chunks of 10 ({chunks})");
+    // The pending ids were read 12 at a time and published with at most 3
+    // awaiting their confirm: one task per chunk, none lost at a page's
+    // edge and none twice.
+    assert_eq!(queued(&app, Lane::Bulk).await, chunks);
+
+    app.start_worker().await;
+    let done = wait_for_status(&app, id, v1::MessageStatus::Completed).await;
+    assert_eq!(done.progress.unwrap().delivered, 1_000);
+    assert_eq!(app.item_users(id).await, (1..=1_000).collect::<Vec<u64>>());
+    app.cleanup().await;
+}
+
+#[tokio::test]
+async fn cancel_walks_every_pending_chunk_a_page_at_a_time() {
+    let mut app = windowed_app().await;
+    let id = send(&app, (1..=1_000).collect()).await;
+    let cancelled =
+        app.messages().cancel_message(v1::CancelMessageRequest { message_id: id }).await;
+    assert_eq!(cancelled.unwrap().into_inner().status, v1::MessageStatus::Cancelled as i32);
+    // Every chunk, read 12 at a time, was cancelled inside the call.
+    let progress = get(&app, id).await.progress.unwrap();
+    assert_eq!((progress.cancelled, progress.pending, progress.pending_chunks), (1_000, 0, 0));
+
+    // The queued tasks find nothing to deliver.
+    app.start_worker().await;
+    eventually("queue drained", Duration::from_secs(30), || async {
+        (queued(&app, Lane::Bulk).await == 0).then_some(())
+    })
+    .await;
+    assert_eq!(app.count_items(id).await, 0);
+    app.cleanup().await;
+}

@@ -691,17 +691,28 @@ async fn finish_pending(
     Ok(true)
 }
 
-/// Cancels every pending chunk of a message on this shard. Returns how many.
+/// Cancels every pending chunk of a message on this shard, reading their
+/// ids `page` at a time. Returns how many.
 #[instrument(level = "debug", skip_all, fields(db.system = "mysql"))]
-pub async fn cancel_pending(pool: &MySqlPool, message_id: MessageId) -> Result<u64> {
-    let pending = pending_ids(pool, message_id).await?;
+pub async fn cancel_pending(pool: &MySqlPool, message_id: MessageId, page: u32) -> Result<u64> {
     let mut cancelled = 0;
-    for chunk_id in pending {
-        if finish_pending(pool, message_id, chunk_id, state::CANCELLED, "cancelled").await? {
-            cancelled += 1;
+    let mut from = Some(0);
+    while let Some(start) = from {
+        let ids = pending_page(pool, message_id, start, page).await?;
+        from = next_page_from(&ids);
+        for chunk_id in ids {
+            if finish_pending(pool, message_id, chunk_id, state::CANCELLED, "cancelled").await? {
+                cancelled += 1;
+            }
         }
     }
     Ok(cancelled)
+}
+
+/// Where the page after `ids` (a page of [`pending_page`]) starts; `None`
+/// when it was the last (empty, or it ended at the highest possible id).
+pub fn next_page_from(ids: &[u64]) -> Option<u64> {
+    ids.last().and_then(|last| last.checked_add(1))
 }
 
 /// Moves failed chunks back to pending (re-drive) and returns their ids.
@@ -741,14 +752,25 @@ pub async fn reset_failed(pool: &MySqlPool, message_id: MessageId) -> Result<Vec
     Ok(failed.into_iter().map(|(id, _)| id).collect())
 }
 
-/// Returns the ids of a message's pending chunks on this shard.
+/// Returns the ids of up to `limit` of a message's pending chunks on this
+/// shard, the lowest from `from` on (0 for the first page: 0 is a chunk
+/// id), in id order: callers walk a send of any size a page at a time.
 #[instrument(level = "debug", skip_all, fields(db.system = "mysql"))]
-pub async fn pending_ids(pool: &MySqlPool, message_id: MessageId) -> Result<Vec<u64>> {
+pub async fn pending_page(
+    pool: &MySqlPool,
+    message_id: MessageId,
+    from: u64,
+    limit: u32,
+) -> Result<Vec<u64>> {
+    // The index holds (message_id, state) and then the primary key, so the
+    // page is a range read in chunk id order.
     Ok(sqlx::query_scalar(
         "SELECT chunk_id FROM message_chunks FORCE INDEX (idx_chunks_message_state) \
-         WHERE message_id = ? AND state = 0 ORDER BY chunk_id",
+         WHERE message_id = ? AND state = 0 AND chunk_id >= ? ORDER BY chunk_id LIMIT ?",
     )
     .bind(message_id.get())
+    .bind(from)
+    .bind(limit)
     .fetch_all(pool)
     .await?)
 }
@@ -927,5 +949,14 @@ mod tests {
         let ids = vec![1, 42, u64::MAX];
         assert_eq!(decode_user_ids(&encode_user_ids(&ids)).unwrap(), ids);
         assert!(decode_user_ids(&[1, 2, 3]).is_err());
+    }
+
+    #[test]
+    fn the_next_page_starts_past_the_last_id_and_ends_at_the_top() {
+        assert_eq!(next_page_from(&[]), None);
+        // 0 is a chunk id (batch 0, chunk 0): the first page starts at it.
+        assert_eq!(next_page_from(&[0]), Some(1));
+        assert_eq!(next_page_from(&[3, 7, 9]), Some(10));
+        assert_eq!(next_page_from(&[u64::MAX - 1, u64::MAX]), None);
     }
 }

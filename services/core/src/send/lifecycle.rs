@@ -191,19 +191,30 @@ pub async fn start_due(ctx: &Context, message_id: MessageId) -> Result<bool> {
     Ok(true)
 }
 
-/// Publishes one task per pending chunk of a send, on every shard.
+/// Publishes one task per pending chunk of a send, on every shard. The
+/// chunk ids are read a publish window at a time, so what the api holds
+/// does not grow with the size of the send.
 #[instrument(skip_all, fields(message_id = %message_id, lane = lane.name(), otel.kind = "producer"))]
 pub async fn publish_pending(ctx: &Context, message_id: MessageId, lane: Lane) -> Result<u64> {
+    let page = ctx.publisher.page();
     let mut published = 0;
     for (shard, pool) in ctx.pools.iter() {
         chunks::touch_pending(pool, message_id).await?;
-        let tasks: Vec<ChunkTask> = chunks::pending_ids(pool, message_id)
-            .await?
-            .into_iter()
-            .map(|chunk_id| ChunkTask { message_id: message_id.get(), chunk_id, shard: shard.0 })
-            .collect();
-        ctx.publisher.publish(lane, &tasks).await?;
-        published += tasks.len() as u64;
+        let mut from = Some(0);
+        while let Some(start) = from {
+            let ids = chunks::pending_page(pool, message_id, start, page).await?;
+            from = chunks::next_page_from(&ids);
+            let tasks: Vec<ChunkTask> = ids
+                .into_iter()
+                .map(|chunk_id| ChunkTask {
+                    message_id: message_id.get(),
+                    chunk_id,
+                    shard: shard.0,
+                })
+                .collect();
+            ctx.publisher.publish(lane, &tasks).await?;
+            published += tasks.len() as u64;
+        }
     }
     Ok(published)
 }
@@ -265,7 +276,7 @@ pub async fn cancel(
         return get(ctx, message_id, None).await;
     }
     for (shard, pool) in ctx.pools.iter() {
-        if let Err(e) = chunks::cancel_pending(pool, message_id).await {
+        if let Err(e) = chunks::cancel_pending(pool, message_id, ctx.publisher.page()).await {
             warn!(error = %e, shard = %shard, message_id = %message_id, "cancelling chunks failed, the sweeper will retry");
         }
     }

@@ -178,6 +178,11 @@ pub struct RabbitSettings {
     pub prefix: String,
     /// `quorum` or `classic`.
     pub queue_type: String,
+    /// Most chunk tasks a publisher has awaiting the broker's confirm at a
+    /// time; pending chunk ids are read four times as many per query when a
+    /// send starts or is cancelled. What either holds does not grow with
+    /// the send's size.
+    pub publish_window: usize,
 }
 
 /// The Redis cache.
@@ -441,6 +446,7 @@ impl Settings {
         parse_addr("worker.metrics_listen", &self.worker.metrics_listen)?;
         let positive = [
             ("send.chunk_size", self.send.chunk_size as u64),
+            ("rabbitmq.publish_window", self.rabbitmq.publish_window as u64),
             ("worker.concurrency", self.worker.concurrency as u64),
             ("worker.chunks_per_transaction", self.worker.chunks_per_transaction as u64),
             ("worker.max_attempts", u64::from(self.worker.max_attempts)),
