@@ -230,8 +230,10 @@ impl Topology {
 /// connection: at RabbitMQ's default of 128 KiB that is 8 MiB resident per
 /// connection once written through (72 MiB of a worker's 84 MiB at rest
 /// when it had one connection per lane and shard). Tasks are ~100 bytes and
-/// events a few KiB; a larger message simply goes as several frames.
-const FRAME_MAX: u32 = 16 * 1024;
+/// events a few KiB; a larger message simply goes as several frames. 8 KiB
+/// is the least lapin asks for (`FRAME_MIN_SIZE`): 256 KiB a buffer, and a
+/// 10M fan-out's worker peaked 0.5-1 MB lower than at 16 KiB.
+const FRAME_MAX: u32 = 8 * 1024;
 
 /// Connects to the broker, naming the setting when it is unreachable.
 pub async fn connect(settings: &RabbitSettings, name: &str) -> Result<Connection> {
