@@ -381,6 +381,21 @@ impl TestApp {
         total
     }
 
+    /// Counts a send's chunk rows over every shard (test assertions only).
+    pub async fn count_chunks(&self, message_id: u64) -> u64 {
+        let mut total = 0;
+        for (_, pool) in self.ctx.pools.iter() {
+            let n: i64 =
+                sqlx::query_scalar("SELECT COUNT(*) FROM message_chunks WHERE message_id = ?")
+                    .bind(message_id)
+                    .fetch_one(pool)
+                    .await
+                    .expect("count chunks");
+            total += n as u64;
+        }
+        total
+    }
+
     /// Returns every (user_id, count) with more than one item for a message,
     /// and the number of distinct users with an item.
     pub async fn item_users(&self, message_id: u64) -> Vec<u64> {

@@ -297,30 +297,16 @@ async fn windowed_app() -> TestApp {
     app
 }
 
-/// Chunk rows of a send over every shard.
-async fn chunk_rows(app: &TestApp, message_id: u64) -> u32 {
-    let mut total = 0;
-    for (_, pool) in app.ctx.pools.iter() {
-        let n: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM message_chunks WHERE message_id = ?")
-            .bind(message_id)
-            .fetch_one(pool)
-            .await
-            .unwrap();
-        total += n as u32;
-    }
-    total
-}
-
 #[tokio::test]
 async fn starting_a_send_publishes_each_chunk_once_a_window_at_a_time() {
     let mut app = windowed_app().await;
     let id = send(&app, (1..=1_000).collect()).await;
-    let chunks = chunk_rows(&app, id).await;
+    let chunks = app.count_chunks(id).await;
     assert!(chunks >= 100, "precondition: 100 chunks of 10 ({chunks})");
     // The pending ids were read 12 at a time and published with at most 3
     // awaiting their confirm: one task per chunk, none lost at a page's
     // edge and none twice.
-    assert_eq!(queued(&app, Lane::Bulk).await, chunks);
+    assert_eq!(u64::from(queued(&app, Lane::Bulk).await), chunks);
 
     app.start_worker().await;
     let done = wait_for_status(&app, id, v1::MessageStatus::Completed).await;

@@ -109,15 +109,7 @@ async fn one_send_is_one_trace_from_the_call_to_every_chunks_apply() {
         .into_inner()
         .message_id;
     app.wait_for_status(message_id, v1::MessageStatus::Completed).await;
-    let mut chunks = 0usize;
-    for (_, pool) in app.ctx.pools.iter() {
-        let n: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM message_chunks WHERE message_id = ?")
-            .bind(message_id)
-            .fetch_one(pool)
-            .await
-            .unwrap();
-        chunks += n as usize;
-    }
+    let chunks = app.count_chunks(message_id).await as usize;
     assert!(chunks >= 8, "the send has several chunks per shard ({chunks})");
 
     // Every chunk's apply (alone, or in a group of the send's chunks applied
