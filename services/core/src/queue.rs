@@ -35,7 +35,7 @@ use crate::domain::Lane;
 use crate::error::{Error, Result};
 use crate::settings::{RabbitSettings, Settings};
 
-/// Longest wait for a broker connection or for the confirms of one publish.
+/// Longest wait for a broker connection or for one task's confirm.
 const BROKER_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Header of an event: when it was published, ms since the epoch.
@@ -311,8 +311,9 @@ pub async fn bounded<T>(
 /// Publishes chunk tasks as persistent messages and waits for the broker's
 /// confirms, so a task counts as queued only once RabbitMQ has it on disk.
 /// At most `rabbitmq.publish_window` tasks are awaiting their confirm at a
-/// time: each one in flight holds its frames and its confirm in lapin, so an
-/// unbounded publish of a 10M send's 20,000 tasks held ~10 MB in the api.
+/// time: each one in flight holds its frames and its confirm in lapin, and
+/// publishing all of a shard's tasks at once (~5,000 for a 10M send over
+/// four shards, 50,000 for 100M) once took the api to 68.1 MB.
 pub struct Publisher {
     settings: RabbitSettings,
     topology: Topology,

@@ -192,8 +192,8 @@ pub async fn start_due(ctx: &Context, message_id: MessageId) -> Result<bool> {
 }
 
 /// Publishes one task per pending chunk of a send, on every shard. The
-/// chunk ids are read a publish window at a time, so what the api holds
-/// does not grow with the size of the send.
+/// chunk ids are read four publish windows at a time, so what the api
+/// holds does not grow with the size of the send.
 #[instrument(skip_all, fields(message_id = %message_id, lane = lane.name(), otel.kind = "producer"))]
 pub async fn publish_pending(ctx: &Context, message_id: MessageId, lane: Lane) -> Result<u64> {
     let page = ctx.publisher.page();

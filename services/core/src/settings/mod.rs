@@ -614,6 +614,15 @@ mod tests {
     }
 
     #[test]
+    fn a_publish_window_of_zero_is_refused() {
+        let mut settings = Settings::defaults().unwrap();
+        assert_eq!(settings.rabbitmq.publish_window, 512);
+        settings.rabbitmq.publish_window = 0;
+        let err = settings.validate().unwrap_err().to_string();
+        assert_eq!(err, "rabbitmq.publish_window: must be at least 1");
+    }
+
+    #[test]
     fn a_key_prefix_with_a_brace_is_refused() {
         let mut settings = Settings::defaults().unwrap();
         settings.redis.key_prefix = "notify:{eu}:".into();
