@@ -301,21 +301,20 @@ async fn coalesced(env: &Env) -> u64 {
 
 async fn lag(env: &Env) -> (f64, f64) {
     let page = env.scrape("notify-api").await;
-    let at = |q: &str| {
-        let quantile = format!("quantile=\"{q}\"");
-        harness::metric(&page, &["notify_event_lag_seconds{", &quantile]).unwrap_or(0.0) * 1000.0
+    let at = |q: f64| {
+        harness::histogram_quantile(&page, "notify_event_lag_seconds", &[], q).unwrap_or(0.0)
+            * 1000.0
     };
-    (at("0.5"), at("0.99"))
+    (at(0.5), at(0.99))
 }
 
 /// The api's `notify_event_commit_lag_seconds` p50 and p99 (chunk commit
 /// in the worker to routed in the api).
 async fn commit_lag(env: &Env) -> (f64, f64) {
     let page = env.scrape("notify-api").await;
-    let at = |q: &str| {
-        let quantile = format!("quantile=\"{q}\"");
-        let name = "notify_event_commit_lag_seconds{";
-        harness::metric(&page, &[name, &quantile]).unwrap_or(0.0) * 1000.0
+    let at = |q: f64| {
+        harness::histogram_quantile(&page, "notify_event_commit_lag_seconds", &[], q).unwrap_or(0.0)
+            * 1000.0
     };
-    (at("0.5"), at("0.99"))
+    (at(0.5), at(0.99))
 }

@@ -18,7 +18,8 @@ use sqlx::QueryBuilder;
 use sqlx::mysql::MySqlPool;
 
 use crate::harness::{
-    self, Env, metric, metric_sum, mysql_delta, mysql_status, quiesce, thousands, verdict,
+    self, Env, histogram_quantile, metric, metric_sum, mysql_delta, mysql_status, quiesce,
+    thousands, verdict,
 };
 use crate::procstat::{CpuUse, RssSampler, Tracked};
 
@@ -616,10 +617,12 @@ fn summary(
     let already = metric_sum(worker_metrics, &["notify_chunks_total{", "outcome=\"already_done\""]);
     let skipped = metric_sum(worker_metrics, &["notify_chunks_total{", "outcome=\"skipped\""]);
     let republished = metric(worker_metrics, &["notify_chunks_republished_total"]).unwrap_or(0.0);
-    let q = |quantile: &str| {
-        metric(
+    let q = |quantile: f64| {
+        histogram_quantile(
             worker_metrics,
-            &["notify_chunk_apply_seconds{", "bulk", &format!("quantile=\"{quantile}\"")],
+            "notify_chunk_apply_seconds",
+            &["lane=\"bulk\""],
+            quantile,
         )
         .map_or("?".into(), |v| format!("{:.1} ms", v * 1000.0))
     };
@@ -641,27 +644,24 @@ fn summary(
     let _ = writeln!(
         s,
         "worker    chunks delivered {delivered_chunks} already_done {already} skipped {skipped} \
-         republished-by-sweeper {republished} | chunk apply p50 {} p99 {} max {}",
-        q("0.5"),
-        q("0.99"),
-        q("1"),
+         republished-by-sweeper {republished} | chunk apply p50 {} p99 {} (from buckets)",
+        q(0.5),
+        q(0.99),
     );
-    let append_q = |quantile: &str| {
-        metric(
+    let append_q = |quantile: f64| {
+        histogram_quantile(
             api_metrics,
-            &[
-                "notify_grpc_request_duration_seconds{",
-                "AppendRecipients",
-                &format!("quantile=\"{quantile}\""),
-            ],
+            "notify_grpc_request_duration_seconds",
+            &["AppendRecipients"],
+            quantile,
         )
-        .map_or("?".into(), |v| format!("{:.2} s", v))
+        .map_or("?".into(), |v| format!("{:.3} s", v))
     };
     let _ = writeln!(
         s,
-        "api       AppendRecipients server time p50 {} max {}",
-        append_q("0.5"),
-        append_q("1")
+        "api       AppendRecipients server time p50 {} p99 {} (from buckets)",
+        append_q(0.5),
+        append_q(0.99)
     );
     let _ = writeln!(s, "cpu (% of one core, machine max {machine_max}%):");
     for b in baselines {

@@ -445,12 +445,54 @@ async fn scrape(addr: &str) -> anyhow::Result<String> {
 }
 
 /// Value of a Prometheus sample whose name and labels contain every
-/// fragment, e.g. `["notify_chunk_apply_seconds{", "quantile=\"0.99\""]`.
+/// fragment, e.g. `["notify_chunks_total{", "outcome=\"delivered\""]`.
 pub fn metric(text: &str, fragments: &[&str]) -> Option<f64> {
     text.lines()
         .filter(|l| !l.starts_with('#'))
         .find(|l| fragments.iter().all(|f| l.contains(f)))
         .and_then(|l| l.rsplit(' ').next()?.parse().ok())
+}
+
+/// The `q` quantile of histogram `name` over its series whose labels
+/// contain every fragment (their buckets added up), estimated as
+/// Prometheus's `histogram_quantile` does: linearly within the bucket that
+/// holds it, and the highest finite bound when it falls in `+Inf`. `None`
+/// without a sample.
+pub fn histogram_quantile(text: &str, name: &str, fragments: &[&str], q: f64) -> Option<f64> {
+    let prefix = format!("{name}_bucket{{");
+    let mut buckets: Vec<(f64, f64)> = Vec::new();
+    for line in text.lines().filter(|l| l.starts_with(&prefix)) {
+        if !fragments.iter().all(|f| line.contains(f)) {
+            continue;
+        }
+        let Some(le) = line.split("le=\"").nth(1).and_then(|rest| rest.split('"').next()) else {
+            continue;
+        };
+        let bound = if le == "+Inf" { f64::INFINITY } else { le.parse().ok()? };
+        let count: f64 = line.rsplit(' ').next()?.parse().ok()?;
+        match buckets.iter_mut().find(|(b, _)| *b == bound) {
+            Some((_, total)) => *total += count,
+            None => buckets.push((bound, count)),
+        }
+    }
+    buckets.sort_by(|a, b| a.0.total_cmp(&b.0));
+    let total = buckets.last()?.1;
+    if total <= 0.0 {
+        return None;
+    }
+    let rank = q * total;
+    let (mut lower, mut below) = (0.0, 0.0);
+    for &(bound, count) in &buckets {
+        if count >= rank {
+            if bound.is_infinite() {
+                return Some(lower);
+            }
+            let share = if count > below { (rank - below) / (count - below) } else { 1.0 };
+            return Some(lower + (bound - lower) * share);
+        }
+        (lower, below) = (bound, count);
+    }
+    Some(lower)
 }
 
 /// Sum of the samples matching every fragment.
@@ -644,4 +686,37 @@ pub async fn send_draft(
         .await
         .context("StartMessage")?;
     Ok(id)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const PAGE: &str = "\
+# TYPE notify_chunk_apply_seconds histogram
+notify_chunk_apply_seconds_bucket{lane=\"bulk\",le=\"0.1\"} 10
+notify_chunk_apply_seconds_bucket{lane=\"bulk\",le=\"0.2\"} 90
+notify_chunk_apply_seconds_bucket{lane=\"bulk\",le=\"0.4\"} 100
+notify_chunk_apply_seconds_bucket{lane=\"bulk\",le=\"+Inf\"} 100
+notify_chunk_apply_seconds_bucket{lane=\"high\",le=\"0.1\"} 0
+notify_chunk_apply_seconds_bucket{lane=\"high\",le=\"0.2\"} 0
+notify_chunk_apply_seconds_bucket{lane=\"high\",le=\"0.4\"} 0
+notify_chunk_apply_seconds_bucket{lane=\"high\",le=\"+Inf\"} 4
+";
+
+    #[test]
+    fn histogram_quantiles_interpolate_within_their_bucket() {
+        let name = "notify_chunk_apply_seconds";
+        let bulk = |q| histogram_quantile(PAGE, name, &["lane=\"bulk\""], q).unwrap();
+        // 50 of 100 is the 40th of the 80 samples in (0.1, 0.2].
+        assert!((bulk(0.5) - 0.15).abs() < 1e-9);
+        assert!((bulk(0.05) - 0.05).abs() < 1e-9);
+        assert!((bulk(0.95) - 0.3).abs() < 1e-9);
+        // Past the last finite bound: that bound.
+        assert_eq!(histogram_quantile(PAGE, name, &["lane=\"high\""], 0.5), Some(0.4));
+        // Series added up: 104 samples, the 52nd in (0.1, 0.2].
+        let both = histogram_quantile(PAGE, name, &[], 0.5).unwrap();
+        assert!((both - (0.1 + 0.1 * 42.0 / 80.0)).abs() < 1e-9);
+        assert_eq!(histogram_quantile(PAGE, "notify_other_seconds", &[], 0.5), None);
+    }
 }

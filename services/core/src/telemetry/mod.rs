@@ -9,7 +9,7 @@ use std::time::Duration;
 use axum::Router;
 use axum::http::StatusCode;
 use axum::routing::get;
-use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
+use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 use tracing_subscriber::layer::SubscriberExt as _;
@@ -72,7 +72,13 @@ pub fn metrics_handle() -> PrometheusHandle {
     static HANDLE: OnceLock<PrometheusHandle> = OnceLock::new();
     HANDLE
         .get_or_init(|| {
-            let recorder = PrometheusBuilder::new().build_recorder();
+            let recorder = PrometheusBuilder::new()
+                .set_buckets(SECONDS_BUCKETS)
+                .and_then(|builder| {
+                    builder.set_buckets_for_metric(Matcher::Suffix("_size".into()), SIZE_BUCKETS)
+                })
+                .expect("the bucket lists are not empty")
+                .build_recorder();
             let handle = recorder.handle();
             // Another recorder may already be installed (a test harness); the
             // handle then renders an empty page, which is harmless.
@@ -84,10 +90,25 @@ pub fn metrics_handle() -> PrometheusHandle {
         .clone()
 }
 
-/// How often histogram samples are folded into their summaries.
+/// Upper bounds of the buckets of every `*_seconds` histogram: 100 µs (a
+/// badge call) to 30 s (a stuck apply). Histograms, not the exporter's
+/// default summaries: a summary keeps a sketch of up to 32,768 bins (256
+/// KB) per rolling bucket and label set, grown as the values it sees
+/// spread, which was most of a worker's RSS rise from a 1M to a 10M send;
+/// and Prometheus can add histograms up across pods, never summaries.
+const SECONDS_BUCKETS: &[f64] = &[
+    0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5,
+    5.0, 10.0, 30.0,
+];
+
+/// Upper bounds of the buckets of every `*_size` histogram (chunks in a
+/// group, users in a coalesced badge read).
+const SIZE_BUCKETS: &[f64] = &[1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0, 512.0, 1024.0];
+
+/// How often histogram samples are folded into their buckets.
 const UPKEEP_INTERVAL: Duration = Duration::from_secs(5);
 
-/// Folds histogram samples into their summaries every few seconds, as the
+/// Folds histogram samples into their buckets every few seconds, as the
 /// exporter's own `install` does: a recorder built by hand keeps every
 /// sample until a scrape or an upkeep, so an api nobody scrapes (no
 /// ServiceMonitor, a bench) grew by a sample of every call it served.
