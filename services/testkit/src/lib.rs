@@ -368,29 +368,24 @@ impl TestApp {
 
     /// Counts rows of `message_items` over every shard (test assertions only).
     pub async fn count_items(&self, message_id: u64) -> u64 {
-        let mut total = 0;
-        for (_, pool) in self.ctx.pools.iter() {
-            let n: i64 =
-                sqlx::query_scalar("SELECT COUNT(*) FROM message_items WHERE message_id = ?")
-                    .bind(message_id)
-                    .fetch_one(pool)
-                    .await
-                    .expect("count items");
-            total += n as u64;
-        }
-        total
+        self.count_rows("SELECT COUNT(*) FROM message_items WHERE message_id = ?", message_id).await
     }
 
     /// Counts a send's chunk rows over every shard (test assertions only).
     pub async fn count_chunks(&self, message_id: u64) -> u64 {
+        self.count_rows("SELECT COUNT(*) FROM message_chunks WHERE message_id = ?", message_id)
+            .await
+    }
+
+    /// Adds up `count` (a `COUNT(*)` taking the message id) over every shard.
+    async fn count_rows(&self, count: &'static str, message_id: u64) -> u64 {
         let mut total = 0;
         for (_, pool) in self.ctx.pools.iter() {
-            let n: i64 =
-                sqlx::query_scalar("SELECT COUNT(*) FROM message_chunks WHERE message_id = ?")
-                    .bind(message_id)
-                    .fetch_one(pool)
-                    .await
-                    .expect("count chunks");
+            let n: i64 = sqlx::query_scalar(count)
+                .bind(message_id)
+                .fetch_one(pool)
+                .await
+                .unwrap_or_else(|e| panic!("{count}: {e}"));
             total += n as u64;
         }
         total
