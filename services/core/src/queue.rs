@@ -334,11 +334,6 @@ impl Publisher {
         Ok(publisher)
     }
 
-    /// Returns the most tasks awaiting their confirm at a time.
-    pub fn window(&self) -> usize {
-        self.window
-    }
-
     /// Returns how many pending chunk ids to read per query when starting
     /// or cancelling a send: four windows, so walking a send of any size
     /// holds the same few KB, and a page's last confirms (each page's

@@ -91,6 +91,12 @@ async fn metrics_endpoint_counts_rpcs() {
         body.contains("notify_grpc_requests_total{method=\"/notify.v1.MessageService/SendMessage\",code=\"0\"}"),
         "{body}"
     );
+    // Durations are histograms with fixed buckets (addable across pods; a
+    // summary's sketch grew with the spread of values), never summaries.
+    let send_duration = "notify_grpc_request_duration_seconds_bucket{method=\"/notify.v1.MessageService/SendMessage\",code=\"0\"";
+    assert!(body.contains(&format!("{send_duration},le=\"0.0001\"}}")), "{body}");
+    assert!(body.contains(&format!("{send_duration},le=\"+Inf\"}}")), "{body}");
+    assert!(!body.contains("quantile=\""), "{body}");
     app.cleanup().await;
 }
 
