@@ -1,5 +1,10 @@
 //! Control records of sends on their home shard: create, read, transition,
 //! idempotency keys, appended batches, and progress summed from shard stats.
+//!
+//! Every `UPDATE` of a control row names the primary key (`FORCE INDEX
+//! (PRIMARY)`): for its `status = ...` condition MariaDB otherwise may walk
+//! `idx_messages_due` (it does on a small table), X-locking other sends'
+//! entries in that index, and two sends started at once deadlock.
 
 use chrono::NaiveDateTime;
 use sqlx::{FromRow, MySqlPool};
@@ -238,7 +243,7 @@ pub async fn fetch_status_version(
 #[instrument(level = "debug", skip_all, fields(db.system = "mysql"))]
 pub async fn complete(pool: &MySqlPool, message_id: MessageId, version: u64) -> Result<bool> {
     let result = sqlx::query(
-        "UPDATE messages SET status = 3, status_version = status_version + 1, \
+        "UPDATE messages FORCE INDEX (PRIMARY) SET status = 3, status_version = status_version + 1, \
          finished_at = UTC_TIMESTAMP(3) WHERE message_id = ? AND status = 1 AND status_version = ? \
          AND audience = 1",
     )
@@ -254,7 +259,7 @@ pub async fn complete(pool: &MySqlPool, message_id: MessageId, version: u64) -> 
 #[instrument(level = "debug", skip_all, fields(db.system = "mysql"))]
 pub async fn reopen(pool: &MySqlPool, message_id: MessageId) -> Result<bool> {
     let result = sqlx::query(
-        "UPDATE messages SET status = 1, status_version = status_version + 1, finished_at = NULL \
+        "UPDATE messages FORCE INDEX (PRIMARY) SET status = 1, status_version = status_version + 1, finished_at = NULL \
          WHERE message_id = ? AND status IN (1, 3)",
     )
     .bind(message_id.get())
@@ -279,7 +284,7 @@ pub async fn transition(
         _ => "",
     };
     let sql = format!(
-        "UPDATE messages SET status = ?, status_version = status_version + 1{stamp} \
+        "UPDATE messages FORCE INDEX (PRIMARY) SET status = ?, status_version = status_version + 1{stamp} \
          WHERE message_id = ? AND status IN ({})",
         allowed.join(",")
     );
@@ -301,11 +306,12 @@ pub async fn request_start<'e>(
     start_now: bool,
 ) -> Result<bool> {
     let sql = if start_now {
-        "UPDATE messages SET start_requested = 1, lane = ?, status = 1, \
+        "UPDATE messages FORCE INDEX (PRIMARY) SET start_requested = 1, lane = ?, status = 1, \
          status_version = status_version + 1, started_at = UTC_TIMESTAMP(3) \
          WHERE message_id = ? AND status = 0"
     } else {
-        "UPDATE messages SET start_requested = 1, lane = ? WHERE message_id = ? AND status = 0"
+        "UPDATE messages FORCE INDEX (PRIMARY) SET start_requested = 1, lane = ? \
+         WHERE message_id = ? AND status = 0"
     };
     let result = sqlx::query(sql).bind(lane).bind(message_id.get()).execute(executor).await?;
     Ok(result.rows_affected() == 1)
@@ -316,7 +322,7 @@ pub async fn request_start<'e>(
 #[instrument(level = "debug", skip_all, fields(db.system = "mysql"))]
 pub async fn start_scheduled(pool: &MySqlPool, message_id: MessageId) -> Result<bool> {
     let result = sqlx::query(
-        "UPDATE messages SET status = 1, status_version = status_version + 1, \
+        "UPDATE messages FORCE INDEX (PRIMARY) SET status = 1, status_version = status_version + 1, \
          started_at = UTC_TIMESTAMP(3) WHERE message_id = ? \
          AND status = 0 AND start_requested = 1 AND send_at <= UTC_TIMESTAMP(3)",
     )
@@ -344,7 +350,7 @@ pub async fn live_announcements(pool: &MySqlPool) -> Result<Vec<(u64, Option<Nai
 #[instrument(level = "debug", skip_all, fields(db.system = "mysql"))]
 pub async fn bump_status_version(pool: &MySqlPool, message_id: MessageId) -> Result<()> {
     sqlx::query(
-        "UPDATE messages SET status_version = status_version + 1 WHERE message_id = ? AND status = 1",
+        "UPDATE messages FORCE INDEX (PRIMARY) SET status_version = status_version + 1 WHERE message_id = ? AND status = 1",
     )
     .bind(message_id.get())
     .execute(pool)
@@ -368,7 +374,7 @@ pub async fn expired_announcements(pool: &MySqlPool) -> Result<Vec<u64>> {
 #[instrument(level = "debug", skip_all, fields(db.system = "mysql"))]
 pub async fn end_expired_announcement(pool: &MySqlPool, message_id: u64) -> Result<bool> {
     let result = sqlx::query(
-        "UPDATE messages SET status = 3, status_version = status_version + 1, \
+        "UPDATE messages FORCE INDEX (PRIMARY) SET status = 3, status_version = status_version + 1, \
          finished_at = UTC_TIMESTAMP(3) WHERE message_id = ? AND audience = 2 AND status = 1 \
          AND expire_at <= UTC_TIMESTAMP(3)",
     )
