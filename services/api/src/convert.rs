@@ -9,10 +9,7 @@ use notify_core::{Error, Result};
 use notify_proto::v1;
 
 /// Converts a stored UTC time to a proto timestamp.
-pub fn timestamp(at: NaiveDateTime) -> prost_types::Timestamp {
-    let utc = at.and_utc();
-    prost_types::Timestamp { seconds: utc.timestamp(), nanos: utc.timestamp_subsec_nanos() as i32 }
-}
+pub use notify_core::domain::proto_timestamp as timestamp;
 
 /// Converts an optional stored time.
 pub fn opt_timestamp(at: Option<NaiveDateTime>) -> Option<prost_types::Timestamp> {

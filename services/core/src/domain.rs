@@ -216,6 +216,12 @@ impl Content {
     }
 }
 
+/// A stored time (UTC) as a protobuf timestamp.
+pub fn proto_timestamp(at: chrono::NaiveDateTime) -> prost_types::Timestamp {
+    let utc = at.and_utc();
+    prost_types::Timestamp { seconds: utc.timestamp(), nanos: utc.timestamp_subsec_nanos() as i32 }
+}
+
 /// Checks a category: empty, or up to 64 bytes of `[a-z0-9_.-]`.
 pub fn validate_category(category: &str, field: &str) -> Result<()> {
     if category.len() > MAX_CATEGORY_BYTES {

@@ -6,14 +6,16 @@ use std::collections::HashMap;
 use base64::Engine;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use chrono::Utc;
+use notify_proto::v1;
+use prost::Message as _;
 use shard_router::Key;
 use tracing::{instrument, warn};
 
 use crate::announce;
-use crate::cache::{CachedCounts, RebuiltCount};
+use crate::cache::{CachedCounts, PageLookup, PageToStore, RebuiltCount};
 use crate::context::Context;
 use crate::db::items::{self, InboxQuery, InboxRow};
-use crate::domain::UserId;
+use crate::domain::{Content, UserId, proto_timestamp as timestamp};
 use crate::error::{Error, Result};
 use crate::events::{self, BusEvent};
 use crate::groups;
@@ -45,22 +47,94 @@ pub fn decode_cursor(token: &str, field: &str) -> Result<u64> {
     id.parse().map_err(|_| malformed())
 }
 
-/// One inbox page.
-#[derive(Debug, Clone)]
-pub struct InboxPage {
-    /// Items, newest first.
-    pub items: Vec<InboxRow>,
-    /// Token of the next page, if there is one.
-    pub next_page_token: Option<String>,
+/// The page cache's name of a page query: everything that selects its rows.
+/// The leading version retires every cached page when the encoding changes.
+fn page_field(query: &InboxQuery<'_>) -> String {
+    format!(
+        "v1:{}:{}:{}:{}",
+        query.before,
+        query.limit,
+        u8::from(query.unread_only),
+        query.category.unwrap_or("")
+    )
 }
 
-/// Lists a user's inbox page in one query on the user's shard.
+/// Lists a user's inbox page: from the page cache (see [`crate::cache`]'s
+/// `pages`) when it holds the page, else in one query on the user's shard,
+/// stored for the next read if no write to the user's items came between.
+/// The page is cached as the encoded response, so a hit is served as it was
+/// built.
 #[instrument(skip_all, fields(user_id = user_id.get()))]
-pub async fn list(ctx: &Context, user_id: UserId, query: &InboxQuery<'_>) -> Result<InboxPage> {
+pub async fn list(
+    ctx: &Context,
+    user_id: UserId,
+    query: &InboxQuery<'_>,
+) -> Result<v1::ListInboxResponse> {
     // Announcements appear on the first read of the inbox after they start.
     if let Err(e) = announce::materialize(ctx, user_id.get()).await {
         warn!(error = %e, user_id = user_id.get(), "could not materialize announcements");
     }
+    let ttl_ms = ctx.settings.inbox.page_cache_ttl_secs * 1000;
+    if ttl_ms == 0 {
+        return Ok(read_page(ctx, user_id, query).await?.0);
+    }
+    let field = page_field(query);
+    let now_ms = Utc::now().timestamp_millis();
+    // The epoch first: a page is stored under the epoch read before it.
+    let looked = async {
+        let (epoch, _) = ctx.cache.cached_announcements().await?;
+        Ok::<_, Error>((epoch, ctx.cache.cached_page(user_id.get(), &field, epoch, now_ms).await?))
+    }
+    .await;
+    let lease = match looked {
+        Ok((_, PageLookup::Hit(cached))) => match v1::ListInboxResponse::decode(cached.payload()) {
+            Ok(page) => {
+                crate::hot_counter!("notify_inbox_page_cache_hits_total").increment(1);
+                return Ok(page);
+            }
+            Err(e) => {
+                warn!(error = %e, user_id = user_id.get(), "undecodable cached inbox page");
+                None
+            }
+        },
+        Ok((epoch, PageLookup::Miss { token })) => Some((epoch, token)),
+        Err(e) => {
+            metrics::counter!("notify_inbox_page_cache_errors_total").increment(1);
+            tracing::debug!(error = %e, "inbox page cache unavailable, reading mysql");
+            None
+        }
+    };
+    crate::hot_counter!("notify_inbox_page_cache_misses_total").increment(1);
+    let (page, earliest_expiry_ms) = read_page(ctx, user_id, query).await?;
+    if let Some((epoch, token)) = lease {
+        let deadline_ms =
+            earliest_expiry_ms.map_or(now_ms + ttl_ms as i64, |at| at.min(now_ms + ttl_ms as i64));
+        let payload = page.encode_to_vec();
+        let entry = PageToStore {
+            user_id: user_id.get(),
+            query: &field,
+            token,
+            epoch,
+            deadline_ms,
+            payload: &payload,
+            ttl_ms,
+            max_fields: ctx.settings.inbox.page_cache_pages,
+        };
+        if let Err(e) = ctx.cache.store_page(&entry).await {
+            tracing::debug!(error = %e, "could not cache an inbox page");
+        }
+    }
+    Ok(page)
+}
+
+/// Reads an inbox page in one query on the user's shard; returns it with
+/// the earliest expiry (unix ms) among the rows that decided it (the page
+/// and the row after it).
+async fn read_page(
+    ctx: &Context,
+    user_id: UserId,
+    query: &InboxQuery<'_>,
+) -> Result<(v1::ListInboxResponse, Option<i64>)> {
     let pool = ctx.pools.for_user(user_id.get());
     let fetch = InboxQuery { limit: query.limit + 1, ..query.clone() };
     let mut rows = match ctx.reads.as_ref().and_then(|reads| reads.get(pool.shard())) {
@@ -77,13 +151,35 @@ pub async fn list(ctx: &Context, user_id: UserId, query: &InboxQuery<'_>) -> Res
         }
         None => items::list(&*pool, user_id.get(), &fetch).await?,
     };
+    let earliest_expiry_ms =
+        rows.iter().filter_map(|row| row.expire_at).map(|at| at.and_utc().timestamp_millis()).min();
     let next_page_token = if rows.len() > query.limit as usize {
         rows.truncate(query.limit as usize);
         rows.last().map(|row| encode_cursor(row.message_id))
     } else {
         None
     };
-    Ok(InboxPage { items: rows, next_page_token })
+    let page = v1::ListInboxResponse {
+        items: rows.into_iter().map(item_to_proto).collect(),
+        next_page_token: next_page_token.unwrap_or_default(),
+    };
+    Ok((page, earliest_expiry_ms))
+}
+
+fn item_to_proto(row: InboxRow) -> v1::InboxItem {
+    v1::InboxItem {
+        message_id: row.message_id,
+        content: Some(v1::Content {
+            data: Content::data_from_json(&row.data).into_iter().collect(),
+            title: row.title,
+            body: row.body,
+            category: row.category,
+        }),
+        created_at: Some(timestamp(row.created_at)),
+        read: row.is_read,
+        read_at: row.read_at.map(timestamp),
+        expire_at: row.expire_at.map(timestamp),
+    }
 }
 
 /// Marks messages read; returns (ids changed, ids unknown).

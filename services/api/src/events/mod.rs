@@ -626,11 +626,14 @@ impl Hub {
                 0
             }
         };
-        let latest = page.items.first().map(|row| v1::ItemSummary {
-            message_id: row.message_id,
-            title: row.title.clone(),
-            category: row.category.clone(),
-            created_at: Some(crate::convert::timestamp(row.created_at)),
+        let latest = page.items.into_iter().next().map(|item| {
+            let content = item.content.unwrap_or_default();
+            v1::ItemSummary {
+                message_id: item.message_id,
+                title: content.title,
+                category: content.category,
+                created_at: item.created_at,
+            }
         });
         Ok(v1::Snapshot { user_id, unread, group_unread, latest })
     }

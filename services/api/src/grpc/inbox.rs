@@ -1,7 +1,7 @@
 //! `notify.v1.InboxService`: a user's inbox, mark-read and unread badges.
 
 use notify_core::db::items::InboxQuery;
-use notify_core::domain::{self, Content, UserId};
+use notify_core::domain::{self, UserId};
 use notify_core::inbox::{self, MAX_BATCH_IDS, MAX_PAGE_SIZE};
 use notify_core::{Context, Error};
 use notify_proto::v1;
@@ -70,28 +70,7 @@ impl InboxService for InboxApi {
             unread_only: req.unread_only,
             category: (!req.category.is_empty()).then_some(req.category.as_str()),
         };
-        let page = inbox::list(&self.ctx, user, &query).await.into_status()?;
-        let items = page
-            .items
-            .into_iter()
-            .map(|row| v1::InboxItem {
-                message_id: row.message_id,
-                content: Some(convert::content_to_proto(Content {
-                    title: row.title,
-                    body: row.body,
-                    category: row.category,
-                    data: Content::data_from_json(&row.data),
-                })),
-                created_at: Some(convert::timestamp(row.created_at)),
-                read: row.is_read,
-                read_at: convert::opt_timestamp(row.read_at),
-                expire_at: convert::opt_timestamp(row.expire_at),
-            })
-            .collect();
-        Ok(Response::new(v1::ListInboxResponse {
-            items,
-            next_page_token: page.next_page_token.unwrap_or_default(),
-        }))
+        Ok(Response::new(inbox::list(&self.ctx, user, &query).await.into_status()?))
     }
 
     #[instrument(skip_all, fields(user_id = request.get_ref().user_id))]

@@ -12,6 +12,7 @@ mod ids;
 mod inbox;
 mod lifecycle;
 mod near_cache;
+mod page_cache;
 mod retention;
 mod send;
 mod server;

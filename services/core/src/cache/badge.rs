@@ -9,7 +9,8 @@
 //! value built from increments, so it cannot drift or go negative.
 //!
 //! Keys (under `redis.key_prefix`, see [`super::Keys`]):
-//! - `{ann}:epoch`: bumped whenever an announcement starts or is cancelled.
+//! - `{ann}:epoch`: bumped whenever an announcement starts or is cancelled,
+//!   and after retention drops a month of items (which changes inbox pages).
 //!   Cached counts carry the epoch they were counted under, so one INCR
 //!   retires every cached badge at once (each badge includes the
 //!   announcements): a count of another epoch reads as a miss.
@@ -31,7 +32,8 @@
 //! it then stores under the older epoch reads as a miss to everyone after.
 //!
 //! Writer (mark-read, materializing announcements): before commit, invalidate
-//! (delete count and lease) and increment the dirty marker; after commit,
+//! (delete count and lease, and the user's cached inbox pages with their
+//! leases, see [`super::pages`]) and increment the dirty marker; after commit,
 //! decrement it and invalidate again. An api that dies in between leaves the
 //! marker, which stops caching until it expires.
 //!
@@ -73,7 +75,7 @@ return 0
 ";
 
 /// Moves a user's dirty marker by ARGV[1] (+1 or -1) and invalidates.
-/// KEYS: dirty, count, lease. ARGV: delta, dirty ttl ms.
+/// KEYS: dirty, count, lease, inbox pages. ARGV: delta, dirty ttl ms.
 const CHANGE: &str = r"
 if tonumber(ARGV[1]) > 0 then
   redis.call('INCR', KEYS[1])
@@ -81,7 +83,7 @@ if tonumber(ARGV[1]) > 0 then
 elseif redis.call('DECR', KEYS[1]) <= 0 then
   redis.call('DEL', KEYS[1])
 end
-redis.call('DEL', KEYS[2], KEYS[3])
+redis.call('DEL', KEYS[2], KEYS[3], KEYS[4])
 return 1
 ";
 
@@ -215,7 +217,8 @@ impl Cache {
         Ok(())
     }
 
-    /// Deletes users' cached counts and leases (after their items changed).
+    /// Deletes users' cached counts, leases and inbox pages (after their
+    /// items changed).
     #[instrument(level = "debug", skip_all, fields(db.system = "redis"))]
     pub async fn invalidate_counts(&self, user_ids: &[u64]) -> Result<()> {
         let groups = self.by_slot(user_ids.iter().copied(), USERS_PER_CALL, |user_id| {
@@ -235,20 +238,23 @@ impl Cache {
         Ok(())
     }
 
-    /// One DEL of the count and lease keys of `user_ids` (one slot's).
+    /// One DEL of the count, lease and inbox page keys of `user_ids` (one
+    /// slot's).
     async fn delete_counts(&self, user_ids: &[u64]) -> Result<()> {
         // Written into one buffer sized up front (about the longest key,
-        // twice per user), not into a string per key and then a buffer
-        // doubled to its size: this runs on every chunk group a worker
-        // applies.
+        // three times per user), not into a string per key and then a
+        // buffer doubled to its size: this runs on every chunk group a
+        // worker applies.
         let key_len = self.keys.unread_lease(user_ids.iter().copied().max().unwrap_or(0)).len();
         let mut del = redis::Cmd::with_capacity(
-            1 + 2 * user_ids.len(),
-            "DEL".len() + 2 * key_len * user_ids.len(),
+            1 + 3 * user_ids.len(),
+            "DEL".len() + 3 * key_len * user_ids.len(),
         );
         del.arg("DEL");
         for user_id in user_ids {
-            del.arg(self.keys.unread(*user_id)).arg(self.keys.unread_lease(*user_id));
+            del.arg(self.keys.unread(*user_id))
+                .arg(self.keys.unread_lease(*user_id))
+                .arg(self.keys.inbox_pages(*user_id));
         }
         let mut conn = self.conn.clone();
         del.query_async::<()>(&mut conn).await?;
@@ -276,6 +282,7 @@ impl Cache {
             .key(self.keys.unread_dirty(user_id))
             .key(self.keys.unread(user_id))
             .key(self.keys.unread_lease(user_id))
+            .key(self.keys.inbox_pages(user_id))
             .arg(delta)
             .arg(DIRTY_MS)
             .invoke_async::<i64>(&mut conn)

@@ -1,13 +1,13 @@
 //! Redis: the message-status cache, send heartbeats, (in [`badge`]) the
-//! unread counters that never drift, and (in [`groups`]) group seqs and
-//! member cursors. Redis is only ever a cache: losing all of it loses no
+//! unread counters that never drift, (in [`pages`]) inbox pages under the
+//! same protocol, and (in [`groups`]) group seqs and member cursors. Redis is only ever a cache: losing all of it loses no
 //! data and leaves no count wrong.
 //!
 //! # Keys and slots
 //!
 //! Every key carries one hash tag right after `redis.key_prefix` ([`Keys`]):
 //! `{u:ID}` for what belongs to a user (badge, its lease and dirty marker,
-//! group cursors), `{g:ID}` for a group's seq, `{m:ID}` for a send's status
+//! inbox pages, group cursors), `{g:ID}` for a group's seq, `{m:ID}` for a send's status
 //! and heartbeat, `{ann}` for the announcement epoch and list, and the client
 //! for quota buckets. Every script declares its keys and touches one tag, so
 //! it runs on a Redis Cluster (`redis.cluster = true`) as on one node.
@@ -22,10 +22,12 @@ mod badge;
 mod coalesce;
 mod groups;
 mod near;
+mod pages;
 pub mod quota;
 
 pub use badge::{CachedCounts, RebuiltCount};
 pub use groups::{CachedGroup, CachedUserState};
+pub use pages::{CachedPage, PageLookup, PageToStore};
 
 use std::collections::HashMap;
 use std::time::Duration;
@@ -207,6 +209,11 @@ impl Keys {
         format!("{}{{u:{user_id}}}:unread:dirty", self.prefix)
     }
 
+    /// A user's cached inbox pages and their leases (see [`pages`]).
+    pub fn inbox_pages(&self, user_id: u64) -> String {
+        format!("{}{{u:{user_id}}}:inbox", self.prefix)
+    }
+
     /// A user's cached group cursors (`group -> last_ack_seq`).
     pub fn memberships(&self, user_id: u64) -> String {
         format!("{}{{u:{user_id}}}:gmem", self.prefix)
@@ -303,6 +310,7 @@ pub struct Cache {
     keys: Keys,
     write_status_if_newer: Script,
     badge: badge::Scripts,
+    pages: pages::Scripts,
     groups: groups::Scripts,
     quota: Script,
     user_state_reads: coalesce::UserStateReads,
@@ -326,6 +334,7 @@ impl Cache {
             keys,
             write_status_if_newer: Script::new(WRITE_STATUS_IF_NEWER),
             badge: badge::Scripts::new(),
+            pages: pages::Scripts::new(),
             groups,
             quota: quota::script(),
             user_state_reads: coalesce::UserStateReads::idle(),
@@ -439,6 +448,7 @@ mod tests {
             for key in [
                 keys.unread_lease(id),
                 keys.unread_dirty(id),
+                keys.inbox_pages(id),
                 keys.memberships(id),
                 keys.memberships_lease(id),
                 keys.memberships_dirty(id),

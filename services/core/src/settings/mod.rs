@@ -229,6 +229,10 @@ pub struct SendSettings {
 pub struct InboxSettings {
     /// Longest a cached unread counter lives.
     pub counter_ttl_secs: u64,
+    /// Longest a cached inbox page is served (0 turns the page cache off).
+    pub page_cache_ttl_secs: u64,
+    /// Most pages (and rebuild leases) cached per user.
+    pub page_cache_pages: u32,
 }
 
 /// Group limits and caching.
@@ -476,6 +480,12 @@ impl Settings {
                 return Err(invalid(setting, "must be at least 1"));
             }
         }
+        if self.inbox.page_cache_ttl_secs > 0 && self.inbox.page_cache_pages < 2 {
+            return Err(invalid(
+                "inbox.page_cache_pages",
+                "must be at least 2 while the page cache is on (a page and a rebuild's lease)",
+            ));
+        }
         if self.redis.near_cache_users > 0 && self.redis.near_cache_max_lag_ms < 100 {
             return Err(invalid(
                 "redis.near_cache_max_lag_ms",
@@ -611,6 +621,22 @@ mod tests {
         );
         settings.database.replica_lease_secs = 3;
         settings.validate().unwrap();
+    }
+
+    #[test]
+    fn a_page_cache_too_small_for_a_page_and_its_lease_is_refused() {
+        let mut settings = Settings::defaults().unwrap();
+        assert!(settings.inbox.page_cache_ttl_secs > 0);
+        settings.inbox.page_cache_pages = 1;
+        let err = settings.validate().unwrap_err().to_string();
+        assert_eq!(
+            err,
+            "inbox.page_cache_pages: must be at least 2 while the page cache is on \
+             (a page and a rebuild's lease)"
+        );
+        // Off, the size does not matter.
+        settings.inbox.page_cache_ttl_secs = 0;
+        settings.validate().expect("a page cache that is off needs no size");
     }
 
     #[test]
