@@ -96,6 +96,13 @@ async fn months_are_made_ahead_and_dropped_past_the_horizon_with_inbox_badges_an
     wait_for_status(&app, current, v1::MessageStatus::Completed).await;
     assert_eq!(badge(&app, user).await, 3, "three unread items before the drop (badge cached)");
     assert_eq!(inbox_ids(&app, user).await, vec![current, recent, old]);
+    // A reader whose dropped item was read: no badge changes, so nobody
+    // notes them, but their cached inbox page shows the item.
+    let reader = 45;
+    let read_old = item_sent_at(&app, reader, now - chrono::Duration::days(170), 2).await;
+    let read = v1::MarkReadRequest { user_id: reader, message_ids: vec![read_old] };
+    app.inbox().mark_read(read).await.unwrap();
+    assert_eq!(inbox_ids(&app, reader).await, vec![read_old]);
 
     let report = retention::run_once(&app.ctx.pools, &app.ctx.cache, &settings, now).await.unwrap();
     assert!(report.partitions_dropped.contains(&month_of(then)), "{report:?}");
@@ -112,6 +119,7 @@ async fn months_are_made_ahead_and_dropped_past_the_horizon_with_inbox_badges_an
     assert_eq!(badge(&app, user).await, 2, "the cached badge follows the drop");
     assert_eq!(badge(&app, user).await, app.unread_truth(user).await);
     assert_eq!(inbox_ids(&app, user).await, vec![current, recent]);
+    assert_eq!(inbox_ids(&app, reader).await, Vec::<u64>::new(), "a cached page outlived the drop");
     let progress = get(&app, current).await.progress.unwrap();
     assert_eq!((progress.total, progress.delivered), (3, 3), "progress is kept");
 

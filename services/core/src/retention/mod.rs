@@ -147,6 +147,11 @@ async fn maintain_partitions(
         let users = partitions::note_unread_users(pool, &month).await?;
         partitions::drop_month(pool, &month).await?;
         report.badges_invalidated += invalidate_pending(pool, cache).await?;
+        // The month's read items leave cached inbox pages too, of users no
+        // one noted: retire every cached page (and badge) at once.
+        if let Err(e) = cache.bump_announcement_epoch().await {
+            warn!(error = %e, partition = %month.name, "cached inbox pages lapse by their ttl instead");
+        }
         info!(partition = %month.name, users, "dropped a month of items");
         report.partitions_dropped.push(month.name);
     }
