@@ -18,7 +18,8 @@
 //! - every completed send has exactly one item per recipient, and its
 //!   progress total equals its recipients;
 //! - every group's seqs are 1..=max with no gap or repeat;
-//! - every touched user's badge and group unread count equal MySQL;
+//! - every touched user's badge and group unread count equal MySQL, and so
+//!   does their first inbox page (items and read states);
 //! - no pending or unsettled chunk is left under a completed or cancelled send;
 //! - the witnesses' RSS grew by at most 20% over the second half.
 //!
@@ -60,7 +61,8 @@ pub struct ChaosArgs {
     /// Groups (50 members each).
     #[arg(long, default_value_t = 8)]
     groups: u64,
-    /// Touched users whose badges are checked at the end (a sample).
+    /// Touched users whose badges and first inbox pages are checked at the
+    /// end (a sample).
     #[arg(long, default_value_t = 3_000)]
     badge_checks: usize,
 }
@@ -257,6 +259,10 @@ async fn soak(
     checks.record(
         "badges and group unread equal MySQL",
         badges(&ctx, &shared, &mut inbox, args.badge_checks).await,
+    );
+    checks.record(
+        "first inbox pages equal MySQL",
+        first_pages(&ctx, &shared, &mut inbox, args.badge_checks).await,
     );
     checks.record("no pending chunk under a finished send", leftover_chunks(&ctx, &shared).await);
     let growth = |mid: u64, end: u64| end as f64 / mid.max(1) as f64;
@@ -816,17 +822,20 @@ async fn group_seqs(ctx: &notify_core::Context, groups: &[u64]) -> anyhow::Resul
     Ok(messages)
 }
 
+/// About `sample` of the touched users, spread over them.
+fn sampled_users(shared: &Shared, sample: usize) -> Vec<u64> {
+    let ledger = ledger(shared);
+    let step = (ledger.touched.len() / sample.max(1)).max(1);
+    ledger.touched.iter().step_by(step).copied().collect()
+}
+
 async fn badges(
     ctx: &notify_core::Context,
     shared: &Shared,
     inbox: &mut InboxServiceClient<Channel>,
     sample: usize,
 ) -> anyhow::Result<u64> {
-    let users: Vec<u64> = {
-        let ledger = ledger(shared);
-        let step = (ledger.touched.len() / sample.max(1)).max(1);
-        ledger.touched.iter().step_by(step).copied().collect()
-    };
+    let users = sampled_users(shared, sample);
     let live = notify_core::announce::active(ctx).await.map_err(|e| anyhow!("{e}"))?;
     let live_ids: Vec<u64> = live.iter().map(|a| a.message_id).collect();
     let mut checked = 0;
@@ -857,6 +866,45 @@ async fn badges(
                 "user {user}: served {}/{} (inbox/group), MySQL {unread}/{group_unread}",
                 served.unread,
                 served.group_unread
+            );
+        }
+        checked += 1;
+    }
+    Ok(checked)
+}
+
+/// Each sampled user's first inbox page as served (from the page cache
+/// where the load left it cached, through every fault) against the same
+/// page read from MySQL after it: the same items, read states and next-page
+/// token. (The served read comes first: it materializes announcements.)
+async fn first_pages(
+    ctx: &notify_core::Context,
+    shared: &Shared,
+    inbox: &mut InboxServiceClient<Channel>,
+    sample: usize,
+) -> anyhow::Result<u64> {
+    let mut checked = 0;
+    for user in sampled_users(shared, sample) {
+        let request = v1::ListInboxRequest { user_id: user, page_size: 20, ..Default::default() };
+        let served = inbox.list_inbox(request).await?.into_inner();
+        let served_items: Vec<(u64, bool)> =
+            served.items.iter().map(|item| (item.message_id, item.read)).collect();
+        let query = notify_core::db::items::InboxQuery {
+            before: u64::MAX,
+            limit: 21,
+            unread_only: false,
+            category: None,
+        };
+        let pool = ctx.pools.for_user(user).value();
+        let rows =
+            notify_core::db::items::list(pool, user, &query).await.map_err(|e| anyhow!("{e}"))?;
+        let truth: Vec<(u64, bool)> =
+            rows.iter().take(20).map(|row| (row.message_id, row.is_read)).collect();
+        if served_items != truth || served.next_page_token.is_empty() == (rows.len() > 20) {
+            bail!(
+                "user {user}: served {served_items:?} (next page: {}), MySQL {truth:?} ({} rows)",
+                !served.next_page_token.is_empty(),
+                rows.len()
             );
         }
         checked += 1;
