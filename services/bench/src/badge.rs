@@ -248,7 +248,7 @@ async fn body(env: &mut Env, args: &BadgeArgs) -> anyhow::Result<String> {
         sequential.value_at_quantile(0.99) as f64 / 1000.0
     );
 
-    let inbox = run_inbox(env, args, &channels[0], &tracked).await?;
+    let inbox = run_inbox(env, args, (&channels[0], &addr), &tracked).await?;
     let peaks = rss.peaks();
     drop(rss);
     let auth = auth::overhead(env, args).await?;
@@ -797,13 +797,20 @@ fn summary<'a>(
     );
     let _ = writeln!(
         s,
-        "               {} calls by {} concurrent readers (same pages), {} calls/s: {}",
+        "               {} calls by {} concurrent readers (same pages, lean h2 client), {} calls/s: {}",
         inbox.concurrent.len(),
         inbox.readers,
         thousands((inbox.concurrent.len() as f64 / inbox.concurrent_secs) as u64),
         latency_against(&inbox.concurrent, 2.0)
     );
     let _ = writeln!(s, "               cpu: {}", inbox.concurrent_cpu.line(machine_max));
+    let _ = writeln!(
+        s,
+        "               page cache (inbox.page_cache_ttl_secs = {}): {} hits, {} misses",
+        inbox.page_ttl_secs,
+        thousands(inbox.page_hits),
+        thousands(inbox.page_misses)
+    );
     let sql = |q: f64| inbox.sql.value_at_quantile(q) as f64 / 1000.0;
     let _ = writeln!(
         s,

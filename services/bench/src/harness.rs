@@ -77,6 +77,7 @@ pub fn config_toml(s: &Settings) -> String {
          [database]\nurl = {}\npool_max = {}\nread_connections = {}\nshards = [{}]\nbucket_ranges = []\n\n\
          [rabbitmq]\nurl = {}\nprefix = {}\n\n\
          [redis]\nurl = {}\nkey_prefix = {}\nnear_cache_users = {}\nnear_cache_max_lag_ms = {}\n\n\
+         [inbox]\npage_cache_ttl_secs = {}\n\n\
          [log]\nfilter = {}\n",
         toml_str(&s.api.listen),
         toml_str(&s.api.metrics_listen),
@@ -96,6 +97,7 @@ pub fn config_toml(s: &Settings) -> String {
         toml_str(&s.redis.key_prefix),
         s.redis.near_cache_users,
         s.redis.near_cache_max_lag_ms,
+        s.inbox.page_cache_ttl_secs,
         toml_str(&s.log.filter),
     )
 }

@@ -18,8 +18,11 @@ use sqlx::mysql::MySqlPool;
 use tonic::transport::Channel;
 
 use super::{BadgeArgs, new_hist};
-use crate::harness::{self, Env, thousands};
+use crate::harness::{self, Env, metric_sum, thousands};
 use crate::procstat::{CpuUse, Tracked};
+use crate::wire::WireChannel;
+
+const LIST_INBOX: &str = "/notify.v1.InboxService/ListInbox";
 
 /// What the ListInbox run measured.
 pub(super) struct Inbox {
@@ -34,6 +37,11 @@ pub(super) struct Inbox {
     pub(super) concurrent: Histogram<u64>,
     pub(super) concurrent_cpu: CpuUse,
     pub(super) concurrent_secs: f64,
+    /// The api's page cache hits and misses over the concurrent run, and
+    /// its ttl (0: off).
+    pub(super) page_ttl_secs: u64,
+    pub(super) page_hits: u64,
+    pub(super) page_misses: u64,
     pub(super) readers: usize,
     pub(super) sql: Histogram<u64>,
     /// The SQL by [`READERS`] connections at once, and its CPU.
@@ -53,7 +61,7 @@ const READERS: usize = 16;
 pub(super) async fn run_inbox(
     env: &mut Env,
     args: &BadgeArgs,
-    channel: &Channel,
+    (channel, api_addr): (&Channel, &str),
     tracked: &Tracked,
 ) -> anyhow::Result<Inbox> {
     ensure!(args.inbox_items > 0, "--inbox-items must be > 0");
@@ -82,23 +90,22 @@ pub(super) async fn run_inbox(
         thousands(shard_items as u64)
     );
 
-    let hist =
-        read_pages(InboxServiceClient::new(channel.clone()), user, args, args.inbox_calls).await?;
-    // The same pages by READERS readers at once, each its own share.
-    let (cpu0, started) = (tracked.snap(), Instant::now());
-    let readers: Vec<_> = (0..READERS)
-        .map(|_| {
-            let client = InboxServiceClient::new(channel.clone());
-            let (items, pages) = (args.inbox_items, args.inbox_pages);
-            tokio::spawn(async move { read_pages_of(client, user, items, pages, per_reader).await })
-        })
-        .collect();
-    let mut concurrent = new_hist();
-    for reader in readers {
-        concurrent.add(&reader.await??)?;
-    }
-    let concurrent_secs = started.elapsed().as_secs_f64();
-    let concurrent_cpu = tracked.between(&cpu0, &tracked.snap());
+    let mut client = InboxServiceClient::new(channel.clone());
+    let tonic_call =
+        async |request| Ok(client.list_inbox(request).await.context("ListInbox")?.into_inner());
+    let hist = read_pages(tonic_call, user, args, args.inbox_calls).await?;
+    // The same pages by READERS readers at once, each its own share, on the
+    // lean h2 client (as GetUnreadCount's load), over one connection.
+    let wire = WireChannel::connect(api_addr).await?;
+    let before = env.scrape("notify-api").await;
+    let (concurrent, concurrent_cpu, concurrent_secs) = readers_at_once(tracked, || {
+        let wire = wire.clone();
+        let wire_call = async move |request| wire.unary(LIST_INBOX, &request).await;
+        read_pages(wire_call, user, args, per_reader)
+    })
+    .await?;
+    let after = env.scrape("notify-api").await;
+    let counted = |name: &str| (metric_sum(&after, &[name]) - metric_sum(&before, &[name])) as u64;
     Ok(Inbox {
         user,
         shard: shard.0,
@@ -109,6 +116,9 @@ pub(super) async fn run_inbox(
         concurrent,
         concurrent_cpu,
         concurrent_secs,
+        page_ttl_secs: env.settings.inbox.page_cache_ttl_secs,
+        page_hits: counted("notify_inbox_page_cache_hits_total"),
+        page_misses: counted("notify_inbox_page_cache_misses_total"),
         readers: READERS,
         sql,
         sql_concurrent,
@@ -138,45 +148,33 @@ where
     Ok((merged, tracked.between(&cpu0, &tracked.snap()), secs))
 }
 
-/// `calls` ListInbox calls (after 20 unmeasured), one at a time, paging
-/// through the user's first `--inbox-pages` pages of 20 and starting over.
+/// `calls` ListInbox calls made by `call` (after 20 unmeasured), one at a
+/// time, paging through the user's first `--inbox-pages` pages of 20 and
+/// starting over.
 async fn read_pages(
-    client: InboxServiceClient<Channel>,
+    mut call: impl AsyncFnMut(v1::ListInboxRequest) -> anyhow::Result<v1::ListInboxResponse>,
     user: u64,
     args: &BadgeArgs,
-    calls: u64,
-) -> anyhow::Result<Histogram<u64>> {
-    read_pages_of(client, user, args.inbox_items, args.inbox_pages, calls).await
-}
-
-async fn read_pages_of(
-    mut client: InboxServiceClient<Channel>,
-    user: u64,
-    items: u64,
-    pages: u32,
     calls: u64,
 ) -> anyhow::Result<Histogram<u64>> {
     let mut hist = new_hist();
     let mut token = String::new();
     let mut page = 0;
     let warmup = 20;
-    for call in 0..warmup + calls {
+    for call_index in 0..warmup + calls {
         let started = Instant::now();
-        let reply = client
-            .list_inbox(v1::ListInboxRequest {
-                user_id: user,
-                page_size: 20,
-                page_token: std::mem::take(&mut token),
-                ..Default::default()
-            })
-            .await
-            .context("ListInbox")?
-            .into_inner();
+        let reply = call(v1::ListInboxRequest {
+            user_id: user,
+            page_size: 20,
+            page_token: std::mem::take(&mut token),
+            ..Default::default()
+        })
+        .await?;
         let micros = (started.elapsed().as_nanos() as u64 / 1000).max(1);
-        if call >= warmup {
+        if call_index >= warmup {
             hist.saturating_record(micros);
         }
-        let expected = 20.min(items.saturating_sub(u64::from(page) * 20)) as usize;
+        let expected = 20.min(args.inbox_items.saturating_sub(u64::from(page) * 20)) as usize;
         if reply.items.len() != expected {
             bail!(
                 "ListInbox page {page} returned {} items, expected {expected}",
@@ -184,7 +182,7 @@ async fn read_pages_of(
             );
         }
         page += 1;
-        if page < pages && !reply.next_page_token.is_empty() {
+        if page < args.inbox_pages && !reply.next_page_token.is_empty() {
             token = reply.next_page_token;
         } else {
             page = 0;
