@@ -193,7 +193,8 @@ async fn listinbox_serves_the_cached_page_until_a_delivery_or_mark_read_retires_
     let request = v1::MarkAllReadRequest { user_id: user, ..Default::default() };
     assert_eq!(app.inbox().mark_all_read(request).await.unwrap().into_inner().marked, 3);
     let items = first_page(&app, user).await;
-    assert!(items.iter().all(|item| item.read && titles(&items)[0] == "hello"));
+    assert_eq!(titles(&items), ["hello"; 4]);
+    assert!(items.iter().all(|item| item.read), "a mark-all-read was hidden by a cached page");
     app.cleanup().await;
 }
 
