@@ -1,15 +1,16 @@
 //! Redis: the message-status cache, send heartbeats, (in [`badge`]) the
 //! unread counters that never drift, (in [`pages`]) inbox pages under the
-//! same protocol, and (in [`groups`]) group seqs and member cursors. Redis is only ever a cache: losing all of it loses no
-//! data and leaves no count wrong.
+//! same protocol, and (in [`groups`]) group seqs and member cursors. Redis
+//! is only ever a cache: losing all of it loses no data and leaves no count
+//! wrong.
 //!
 //! # Keys and slots
 //!
 //! Every key carries one hash tag right after `redis.key_prefix` ([`Keys`]):
 //! `{u:ID}` for what belongs to a user (badge, its lease and dirty marker,
-//! inbox pages, group cursors), `{g:ID}` for a group's seq, `{m:ID}` for a send's status
-//! and heartbeat, `{ann}` for the announcement epoch and list, and the client
-//! for quota buckets. Every script declares its keys and touches one tag, so
+//! inbox pages, group cursors), `{g:ID}` for a group's seq, `{m:ID}` for a
+//! send's status and heartbeat, `{ann}` for the announcement epoch and list,
+//! and the client for quota buckets. Every script declares its keys and touches one tag, so
 //! it runs on a Redis Cluster (`redis.cluster = true`) as on one node.
 //! Operations over many users go per slot ([`Cache::by_slot`]): on a
 //! cluster each slot's share is one command and the shares run
