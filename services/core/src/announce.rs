@@ -128,6 +128,12 @@ pub async fn end_expired(ctx: &Context, shard: ShardId, pool: &MySqlPool) -> Res
 
 /// Returns the live announcements (cached per epoch, rebuilt on a miss).
 pub async fn active(ctx: &Context) -> Result<Vec<Active>> {
+    Ok(active_list(ctx).await?.0)
+}
+
+/// [`active`], and whether the list is complete: false when a shard could
+/// not be read and its announcements are left out.
+async fn active_list(ctx: &Context) -> Result<(Vec<Active>, bool)> {
     let now_ms = Utc::now().timestamp_millis();
     let (epoch, cached) = match ctx.cache.cached_announcements().await {
         Ok((epoch, cached)) => (Some(epoch), cached),
@@ -137,7 +143,8 @@ pub async fn active(ctx: &Context) -> Result<Vec<Active>> {
         }
     };
     if let Some(list) = cached.and_then(|json| serde_json::from_str::<Vec<Active>>(&json).ok()) {
-        return Ok(list.into_iter().filter(|a| a.is_live(now_ms)).collect());
+        // Only a complete list is cached.
+        return Ok((list.into_iter().filter(|a| a.is_live(now_ms)).collect(), true));
     }
     let mut list = Vec::new();
     let (mut reached, mut unreachable) = (0, None);
@@ -183,7 +190,7 @@ pub async fn active(ctx: &Context) -> Result<Vec<Active>> {
         let json = serde_json::to_string(&list).unwrap_or_default();
         let _ = ctx.cache.store_announcements(epoch, &json, ACTIVE_LIST_TTL_SECS).await;
     }
-    Ok(list)
+    Ok((list, complete))
 }
 
 fn to_ms(at: NaiveDateTime) -> i64 {
@@ -202,13 +209,14 @@ pub async fn unmaterialized(ctx: &Context, user_id: u64, live: &[Active]) -> Res
 }
 
 /// Materializes the user's missing live announcements (one transaction on the
-/// user's shard). Returns how many items were written.
+/// user's shard). Returns whether every live announcement is now in place:
+/// false when a shard that homes some could not be read (they are left out).
 #[instrument(skip_all, fields(user_id))]
-pub async fn materialize(ctx: &Context, user_id: u64) -> Result<u64> {
-    let live = active(ctx).await?;
+pub async fn materialize(ctx: &Context, user_id: u64) -> Result<bool> {
+    let (live, complete) = active_list(ctx).await?;
     let missing = unmaterialized(ctx, user_id, &live).await?;
     if missing.is_empty() {
-        return Ok(0);
+        return Ok(complete);
     }
     let pool = ctx.writable(Key::User(user_id)).await?;
     let ids: Vec<u64> = missing.iter().map(|a| a.message_id).collect();
@@ -218,7 +226,7 @@ pub async fn materialize(ctx: &Context, user_id: u64) -> Result<u64> {
     if let Err(e) = ctx.cache.end_count_change(user_id).await {
         warn!(error = %e, user_id, "could not clear a badge change marker");
     }
-    written
+    written.map(|_| complete)
 }
 
 /// Rejects operations that do not apply to announcements.

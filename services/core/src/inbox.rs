@@ -12,7 +12,7 @@ use shard_router::Key;
 use tracing::{instrument, warn};
 
 use crate::announce;
-use crate::cache::{CachedCounts, PageLookup, PageToStore, RebuiltCount};
+use crate::cache::{CachedCounts, PageToStore, RebuiltCount};
 use crate::context::Context;
 use crate::db::items::{self, InboxQuery, InboxRow};
 use crate::domain::{Content, UserId, proto_timestamp as timestamp};
@@ -64,30 +64,33 @@ fn page_field(query: &InboxQuery<'_>) -> String {
 /// stored for the next read if no write to the user's items came between.
 /// The page is cached as the encoded response, so a hit is served as it was
 /// built.
+///
+/// Announcements appear on the first read of the inbox after they start
+/// (materialized into the user's items). A page is stored only by a read
+/// whose materialization succeeded, under the epoch read before it, and
+/// every announcement that starts bumps the epoch: so a hit under the
+/// current epoch was built with every live announcement in place, and needs
+/// no materialization check.
 #[instrument(skip_all, fields(user_id = user_id.get()))]
 pub async fn list(
     ctx: &Context,
     user_id: UserId,
     query: &InboxQuery<'_>,
 ) -> Result<v1::ListInboxResponse> {
-    // Announcements appear on the first read of the inbox after they start.
-    if let Err(e) = announce::materialize(ctx, user_id.get()).await {
-        warn!(error = %e, user_id = user_id.get(), "could not materialize announcements");
-    }
     let ttl_ms = ctx.settings.inbox.page_cache_ttl_secs * 1000;
     if ttl_ms == 0 {
+        materialize(ctx, user_id).await;
         return Ok(read_page(ctx, user_id, query).await?.0);
     }
     let field = page_field(query);
     let now_ms = Utc::now().timestamp_millis();
-    // The epoch first: a page is stored under the epoch read before it.
     let looked = async {
         let (epoch, _) = ctx.cache.cached_announcements().await?;
         Ok::<_, Error>((epoch, ctx.cache.cached_page(user_id.get(), &field, epoch, now_ms).await?))
     }
     .await;
-    let lease = match looked {
-        Ok((_, PageLookup::Hit(cached))) => match v1::ListInboxResponse::decode(cached.payload()) {
+    let epoch = match looked {
+        Ok((_, Some(cached))) => match v1::ListInboxResponse::decode(cached.payload()) {
             Ok(page) => {
                 crate::hot_counter!("notify_inbox_page_cache_hits_total").increment(1);
                 return Ok(page);
@@ -97,7 +100,7 @@ pub async fn list(
                 None
             }
         },
-        Ok((epoch, PageLookup::Miss { token })) => Some((epoch, token)),
+        Ok((epoch, None)) => Some(epoch),
         Err(e) => {
             metrics::counter!("notify_inbox_page_cache_errors_total").increment(1);
             tracing::debug!(error = %e, "inbox page cache unavailable, reading mysql");
@@ -105,6 +108,19 @@ pub async fn list(
         }
     };
     crate::hot_counter!("notify_inbox_page_cache_misses_total").increment(1);
+    // The lease after materializing: materializing invalidates the user's
+    // pages (it writes items), leases included.
+    let materialized = materialize(ctx, user_id).await;
+    let lease = match epoch.filter(|_| materialized) {
+        Some(epoch) => match ctx.cache.lease_page(user_id.get(), &field).await {
+            Ok(token) => Some((epoch, token)),
+            Err(e) => {
+                tracing::debug!(error = %e, "could not lease an inbox page");
+                None
+            }
+        },
+        None => None,
+    };
     let (page, earliest_expiry_ms) = read_page(ctx, user_id, query).await?;
     if let Some((epoch, token)) = lease {
         let deadline_ms =
@@ -125,6 +141,18 @@ pub async fn list(
         }
     }
     Ok(page)
+}
+
+/// Materializes the user's live announcements; false (logged) when some
+/// could not be: the read goes on without them, and its page is not cached.
+async fn materialize(ctx: &Context, user_id: UserId) -> bool {
+    match announce::materialize(ctx, user_id.get()).await {
+        Ok(complete) => complete,
+        Err(e) => {
+            warn!(error = %e, user_id = user_id.get(), "could not materialize announcements");
+            false
+        }
+    }
 }
 
 /// Reads an inbox page in one query on the user's shard; returns it with

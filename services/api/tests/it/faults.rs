@@ -561,3 +561,47 @@ async fn a_replica_cut_off_from_the_directory_writes_nothing_once_its_lease_laps
     assert_eq!(badge(&app, user).await, 0);
     app.cleanup().await;
 }
+
+/// With an announcement live, a user's cached inbox page needs no database
+/// at all: it is served while the user's shard is black-holed. (A read that
+/// checked the announcement was materialized, as every read did before the
+/// page cache, would wait on the shard past its deadline, as an uncached
+/// page does.)
+#[tokio::test]
+async fn a_cached_inbox_page_is_served_while_the_users_shard_is_black_holed() {
+    let mut settings = test_settings();
+    settings.api.max_deadline_secs = 3;
+    let (app, proxies, _) = spawn_behind_proxies_with(settings).await;
+    let map = app.settings.shard_map().unwrap();
+    // Not on the first shard, which holds the id leases.
+    let first = app.settings.database.shards[0].id;
+    let user = (1..).find(|user| map.shard_for_user(*user) != first).unwrap();
+    let sent = send(&app, vec![user]).await;
+    wait_for_status(&app, sent, v1::MessageStatus::Completed).await;
+    let mut request = crate::helpers::send_request(Vec::new());
+    request.audience = Some(v1::send_message_request::Audience::AllUsers(v1::AllUsersAudience {}));
+    let announced = app.messages().send_message(request).await.unwrap().into_inner().message_id;
+    let list = |page_size| {
+        let mut inbox = app.inbox();
+        async move {
+            let request = v1::ListInboxRequest { user_id: user, page_size, ..Default::default() };
+            let listed = tokio::time::timeout(Duration::from_secs(15), inbox.list_inbox(request));
+            let listed = listed.await.expect("ListInbox hung on a black-holed shard");
+            listed.map(|reply| reply.into_inner().items.iter().map(|i| i.message_id).collect())
+        }
+    };
+    let ids: Vec<u64> = list(10).await.unwrap();
+    assert_eq!(ids, [announced, sent]);
+
+    let shard = map.shard_for_user(user);
+    let index = app.settings.database.shards.iter().position(|s| s.id == shard).unwrap();
+    proxies.shards[index].black_hole().await;
+    let served: Result<Vec<u64>, _> = list(10).await;
+    assert_eq!(served.expect("the cached page was not served"), [announced, sent]);
+    let uncached: Result<Vec<u64>, _> = list(5).await;
+    assert!(uncached.is_err(), "an uncached page was read from a black-holed shard");
+
+    proxies.shards[index].heal().await;
+    proxies.shards[index].reset_connections().await;
+    app.cleanup().await;
+}

@@ -3,7 +3,7 @@
 //! that a cached page is what ListInbox serves until a write to the user's
 //! items (a delivery, a mark-read, an announcement) retires it.
 
-use notify_core::cache::{Cache, PageLookup, PageToStore};
+use notify_core::cache::{Cache, PageToStore};
 use notify_proto::v1;
 use notify_testkit::{TestApp, spawn_app, test_settings};
 use prost::Message as _;
@@ -26,20 +26,16 @@ fn page<'a>(user_id: u64, token: u64, payload: &'a [u8]) -> PageToStore<'a> {
     }
 }
 
-/// The payload of a hit, `None` on a miss.
-fn hit(lookup: PageLookup) -> Option<Vec<u8>> {
-    match lookup {
-        PageLookup::Hit(page) => Some(page.payload().to_vec()),
-        PageLookup::Miss { .. } => None,
-    }
+/// The payload cached for query "q" under epoch 3, if any.
+async fn cached(cache: &Cache, user_id: u64) -> Option<Vec<u8>> {
+    let page = cache.cached_page(user_id, "q", 3, NOW_MS).await.unwrap();
+    page.map(|page| page.payload().to_vec())
 }
 
-/// Takes the lease of query "q" under epoch 3; panics on a hit.
+/// Takes the lease of query "q" after finding it not cached.
 async fn lease(cache: &Cache, user_id: u64) -> u64 {
-    match cache.cached_page(user_id, "q", 3, NOW_MS).await.unwrap() {
-        PageLookup::Miss { token } => token,
-        PageLookup::Hit(page) => panic!("expected a miss, the cache held {:?}", page.payload()),
-    }
+    assert_eq!(cached(cache, user_id).await, None, "expected a miss");
+    cache.lease_page(user_id, "q").await.unwrap()
 }
 
 #[tokio::test]
@@ -49,15 +45,14 @@ async fn a_stored_page_is_served_only_for_its_query_epoch_and_until_its_deadline
     let token = lease(&cache, user).await;
     assert!(cache.store_page(&page(user, token, b"page one")).await.unwrap());
 
-    let cached = hit(cache.cached_page(user, "q", 3, NOW_MS).await.unwrap());
-    assert_eq!(cached.as_deref(), Some(&b"page one"[..]));
+    assert_eq!(cached(&cache, user).await.as_deref(), Some(&b"page one"[..]));
     for (query, epoch, now, why) in [
         ("q2", 3, NOW_MS, "another query"),
         ("q", 4, NOW_MS, "another epoch"),
         ("q", 3, NOW_MS + 1_000, "its deadline"),
     ] {
         let looked = cache.cached_page(user, query, epoch, now).await.unwrap();
-        assert!(matches!(looked, PageLookup::Miss { .. }), "{why}: {looked:?}");
+        assert!(looked.is_none(), "{why}: {looked:?}");
     }
     // The user's hash lives the ttl of its last store.
     let mut conn = cache.connection();
@@ -91,15 +86,11 @@ async fn a_page_read_across_an_invalidation_or_a_writer_is_not_stored() {
     let (first, second) = (lease(&cache, user).await, lease(&cache, user).await);
     assert!(!cache.store_page(&page(user, first, b"the first reader's")).await.unwrap());
     assert!(cache.store_page(&page(user, second, b"the second reader's")).await.unwrap());
-    let cached = hit(cache.cached_page(user, "q", 3, NOW_MS).await.unwrap());
-    assert_eq!(cached.as_deref(), Some(&b"the second reader's"[..]));
+    assert_eq!(cached(&cache, user).await.as_deref(), Some(&b"the second reader's"[..]));
 
     // Every writer's invalidation retires the stored page.
     cache.begin_count_change(user).await.unwrap();
-    assert!(matches!(
-        cache.cached_page(user, "q", 3, NOW_MS).await.unwrap(),
-        PageLookup::Miss { .. }
-    ));
+    assert_eq!(cached(&cache, user).await, None);
     cache.end_count_change(user).await.unwrap();
 }
 
@@ -108,10 +99,9 @@ async fn a_store_into_a_full_hash_starts_it_over() {
     let cache = Cache::connect(&test_settings().redis).await.unwrap();
     let user = 4_100_003;
     let store = async |query: &str, payload: &[u8]| {
-        let PageLookup::Miss { token } = cache.cached_page(user, query, 3, NOW_MS).await.unwrap()
-        else {
-            panic!("{query} was cached already");
-        };
+        let looked = cache.cached_page(user, query, 3, NOW_MS).await.unwrap();
+        assert!(looked.is_none(), "{query} was cached already");
+        let token = cache.lease_page(user, query).await.unwrap();
         let entry = PageToStore { query, max_fields: 2, ..page(user, token, payload) };
         assert!(cache.store_page(&entry).await.unwrap(), "{query} not stored");
     };
@@ -121,8 +111,8 @@ async fn a_store_into_a_full_hash_starts_it_over() {
     let mut conn = cache.connection();
     let fields: Vec<String> = conn.hkeys(cache.keys().inbox_pages(user)).await.unwrap();
     assert_eq!(fields, ["p:c"], "a full hash was not started over");
-    let hit = cache.cached_page(user, "b", 3, NOW_MS).await.unwrap();
-    assert!(matches!(hit, PageLookup::Miss { .. }), "{hit:?}");
+    let gone = cache.cached_page(user, "b", 3, NOW_MS).await.unwrap();
+    assert!(gone.is_none(), "{gone:?}");
 }
 
 async fn first_page(app: &TestApp, user_id: u64) -> Vec<v1::InboxItem> {

@@ -28,7 +28,7 @@ pub mod quota;
 
 pub use badge::{CachedCounts, RebuiltCount};
 pub use groups::{CachedGroup, CachedUserState};
-pub use pages::{CachedPage, PageLookup, PageToStore};
+pub use pages::{CachedPage, PageToStore};
 
 use std::collections::HashMap;
 use std::time::Duration;

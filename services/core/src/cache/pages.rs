@@ -75,18 +75,6 @@ impl Scripts {
     }
 }
 
-/// What the cache held for a page query.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum PageLookup {
-    /// The page, cached under the epoch asked for and still fresh.
-    Hit(CachedPage),
-    /// Not cached (or stale): the lease taken to store it once read.
-    Miss {
-        /// The lease token.
-        token: u64,
-    },
-}
-
 /// A stored `epoch:deadline_ms:payload`, as Redis returned it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct CachedPage {
@@ -120,7 +108,7 @@ pub struct PageToStore<'a> {
     pub user_id: u64,
     /// The page query (`inbox::page_field`).
     pub query: &'a str,
-    /// The lease token [`Cache::cached_page`] returned.
+    /// The lease token [`Cache::lease_page`] returned.
     pub token: u64,
     /// The announcement epoch the page was read under.
     pub epoch: u64,
@@ -135,9 +123,8 @@ pub struct PageToStore<'a> {
 }
 
 impl Cache {
-    /// The page cached for `query` under `epoch` and fresh at `now_ms`, or
-    /// else a lease taken to store it (a plain `HGET` on a hit; a miss,
-    /// which reads MySQL next, adds a script call).
+    /// The page cached for `query` under `epoch` and fresh at `now_ms`, if
+    /// any (one `HGET`).
     #[instrument(level = "debug", skip_all, fields(db.system = "redis"))]
     pub async fn cached_page(
         &self,
@@ -145,26 +132,30 @@ impl Cache {
         query: &str,
         epoch: u64,
         now_ms: i64,
-    ) -> Result<PageLookup> {
-        let key = self.keys.inbox_pages(user_id);
+    ) -> Result<Option<CachedPage>> {
         let mut conn = self.conn.clone();
-        let stored: Option<Vec<u8>> = conn.hget(&key, format!("p:{query}")).await?;
-        if let Some((at, deadline_ms, page)) = stored.and_then(CachedPage::parse)
-            && at == epoch
-            && deadline_ms > now_ms
-        {
-            return Ok(PageLookup::Hit(page));
-        }
+        let key = self.keys.inbox_pages(user_id);
+        let stored: Option<Vec<u8>> = conn.hget(key, format!("p:{query}")).await?;
+        Ok(stored.and_then(CachedPage::parse).and_then(|(at, deadline_ms, page)| {
+            (at == epoch && deadline_ms > now_ms).then_some(page)
+        }))
+    }
+
+    /// Takes the lease of a page about to be read from MySQL; returns its
+    /// token, for [`Self::store_page`].
+    #[instrument(level = "debug", skip_all, fields(db.system = "redis"))]
+    pub async fn lease_page(&self, user_id: u64, query: &str) -> Result<u64> {
         let token = rand::random::<u64>() | 1;
+        let mut conn = self.conn.clone();
         self.pages
             .take_lease
-            .key(key)
+            .key(self.keys.inbox_pages(user_id))
             .arg(query)
             .arg(token)
             .arg(LEASE_MS)
             .invoke_async::<i64>(&mut conn)
             .await?;
-        Ok(PageLookup::Miss { token })
+        Ok(token)
     }
 
     /// Stores a page read from MySQL if its lease still holds and no writer
