@@ -146,7 +146,10 @@ pub async fn list(
 /// Materializes the user's live announcements; false (logged) when some
 /// could not be: the read goes on without them, and its page is not cached.
 async fn materialize(ctx: &Context, user_id: UserId) -> bool {
-    match announce::materialize(ctx, user_id.get()).await {
+    // Boxed: inlined, its future's nesting took the callers' (ListInbox, the
+    // event stream's snapshot) past the compiler's query depth in release
+    // builds.
+    match Box::pin(announce::materialize(ctx, user_id.get())).await {
         Ok(complete) => complete,
         Err(e) => {
             warn!(error = %e, user_id = user_id.get(), "could not materialize announcements");
