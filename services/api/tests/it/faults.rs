@@ -605,3 +605,75 @@ async fn a_cached_inbox_page_is_served_while_the_users_shard_is_black_holed() {
     proxies.shards[index].reset_connections().await;
     app.cleanup().await;
 }
+
+/// A shard that cannot be read leaves its live announcements out of the
+/// list: inbox reads go on without them, and a page read so is not cached
+/// (it was built without an announcement of the current epoch). Once the
+/// shard is back, the next read shows the announcement, with no new epoch to
+/// retire a page had one been stored.
+#[tokio::test]
+async fn a_page_read_while_an_announcements_shard_is_down_is_not_cached() {
+    let (app, proxies, _) = spawn_behind_proxies().await;
+    let map = app.settings.shard_map().unwrap();
+    let shards = &app.settings.database.shards;
+    let cache = notify_core::cache::Cache::connect(&app.settings.redis).await.unwrap();
+    let announce = || {
+        let mut messages = app.messages();
+        async move {
+            let mut request = crate::helpers::send_request(Vec::new());
+            request.audience =
+                Some(v1::send_message_request::Audience::AllUsers(v1::AllUsersAudience {}));
+            messages.send_message(request).await.unwrap().into_inner().message_id
+        }
+    };
+    // Homed off the first shard, which holds the id leases: announcements
+    // homed there are cancelled and sent again (a quarter of them are).
+    let first = shards[0].id;
+    let mut announced = announce().await;
+    for _ in 0..32 {
+        if map.home_shard_for_message(announced) != first {
+            break;
+        }
+        let cancel = v1::CancelMessageRequest { message_id: announced };
+        app.messages().cancel_message(cancel).await.unwrap();
+        announced = announce().await;
+    }
+    let home = map.home_shard_for_message(announced);
+    assert_ne!(home, first, "32 announcements in a row homed on the first shard");
+    let user = (1..).find(|user| map.shard_for_user(*user) != home).unwrap();
+    let sent = send(&app, vec![user]).await;
+    wait_for_status(&app, sent, v1::MessageStatus::Completed).await;
+    let list = || {
+        let mut inbox = app.inbox();
+        async move {
+            let request =
+                v1::ListInboxRequest { user_id: user, page_size: 10, ..Default::default() };
+            let reply = inbox.list_inbox(request).await.expect("ListInbox");
+            reply.into_inner().items.iter().map(|i| i.message_id).collect::<Vec<u64>>()
+        }
+    };
+    let pages_stored = || {
+        let mut conn = cache.connection();
+        let key = cache.keys().inbox_pages(user);
+        async move { redis::AsyncCommands::exists::<_, bool>(&mut conn, key).await.unwrap() }
+    };
+
+    let index = shards.iter().position(|s| s.id == home).unwrap();
+    proxies.shards[index].down().await;
+    assert_eq!(list().await, [sent], "the read goes on without the down shard's announcement");
+    assert!(!pages_stored().await, "a page without a live announcement was cached");
+
+    // A pooled connection that the outage broke fails its first query,
+    // which leaves the announcement out of that read (and its page out of
+    // the cache) once more; within 10 s, well inside the page ttl (60 s),
+    // a stored page would have kept it out.
+    proxies.shards[index].heal().await;
+    let shown =
+        eventually("the announcement once its shard is back", Duration::from_secs(10), || {
+            let list = list();
+            async move { Some(list.await).filter(|ids| ids.len() == 2) }
+        });
+    assert_eq!(shown.await, [sent, announced]);
+    assert!(pages_stored().await, "a complete read caches its page");
+    app.cleanup().await;
+}
