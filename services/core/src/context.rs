@@ -100,6 +100,9 @@ impl Context {
         crate::shard_map::adopt(&settings, &pools).await?;
         let pool_max = settings.database.pool_max as usize;
         let cache = Cache::connect(&settings.redis).await?;
+        for problem in cache.server_config_problems().await {
+            tracing::warn!(%problem, "redis is configured against its use as notify's cache");
+        }
         let publisher = Publisher::connect(&settings).await?;
         let ids = Arc::new(IdGenerator::with_instance(0));
         let (_, first) = pools.iter().next().ok_or_else(|| {

@@ -176,3 +176,26 @@ async fn badges_match_mysql_after_announcements_direct_sends_and_mark_reads() {
     }
     app.cleanup().await;
 }
+
+/// The epoch that retires cached badges never goes back, not even after it
+/// is lost (a `DEL` here; an `allkeys-*` eviction policy does the same):
+/// counting up again from nothing would reach the epoch a badge was cached
+/// under before the loss, and serve it without the announcements since.
+#[tokio::test]
+async fn a_lost_epoch_does_not_bring_back_badges_cached_before_it() {
+    use redis::AsyncCommands;
+
+    let app = spawn_app().await;
+    let cache = notify_core::cache::Cache::connect(&app.settings.redis).await.unwrap();
+    let mut conn = cache.connection();
+    let user = 31_337;
+    announce(&app, None).await;
+    assert_eq!(badge(&app, user).await, 1);
+    let cached: Option<String> = conn.get(cache.keys().unread(user)).await.unwrap();
+    assert!(cached.is_some(), "the badge was not cached");
+
+    let _: () = conn.del(cache.keys().epoch()).await.unwrap();
+    announce(&app, None).await;
+    assert_eq!(badge(&app, user).await, 2, "a badge cached before the epoch was lost was served");
+    app.cleanup().await;
+}

@@ -36,3 +36,48 @@ async fn invalidating_counts_drops_each_named_users_count_lease_and_pages_and_no
         let _: () = conn.del(&named).await.unwrap();
     }
 }
+
+/// A Redis that persists (a restart would reload badges and pages that later
+/// writes had invalidated), or that refuses writes once full, is reported:
+/// the api and the worker log each problem when they start. One run as a
+/// cache is not.
+#[tokio::test]
+async fn a_redis_configured_against_the_cache_is_reported() {
+    let server = notify_testkit::servers::RedisServer::start().await;
+    let mut settings = test_settings().redis;
+    settings.url = secrecy::SecretString::from(server.url());
+    settings.cluster = false;
+    let cache = Cache::connect(&settings).await.unwrap();
+    let conn = cache.connection();
+    let set = |name: &'static str, value: &'static str| {
+        let mut conn = conn.clone();
+        async move {
+            let _: () = redis::cmd("CONFIG")
+                .arg("SET")
+                .arg(name)
+                .arg(value)
+                .query_async(&mut conn)
+                .await
+                .unwrap();
+        }
+    };
+    // As the suite starts it: no persistence, no memory limit.
+    assert_eq!(cache.server_config_problems().await, Vec::<String>::new());
+
+    set("save", "3600 1").await;
+    set("maxmemory", "100mb").await;
+    let problems = cache.server_config_problems().await;
+    assert_eq!(problems.len(), 2, "{problems:?}");
+    assert!(problems[0].starts_with("persistence is on (save \"3600 1\""), "{}", problems[0]);
+    assert!(problems[1].starts_with("maxmemory 104857600 with maxmemory-policy noeviction"));
+
+    set("save", "").await;
+    set("appendonly", "yes").await;
+    set("maxmemory-policy", "allkeys-lru").await;
+    let problems = cache.server_config_problems().await;
+    assert_eq!(problems.len(), 1, "{problems:?}");
+    assert!(problems[0].contains("appendonly yes"), "{}", problems[0]);
+
+    set("appendonly", "no").await;
+    assert_eq!(cache.server_config_problems().await, Vec::<String>::new());
+}

@@ -11,9 +11,13 @@
 //! Keys (under `redis.key_prefix`, see [`super::Keys`]):
 //! - `{ann}:epoch`: bumped whenever an announcement starts or is cancelled,
 //!   and after retention drops a month of items (which changes inbox pages).
-//!   Cached counts carry the epoch they were counted under, so one INCR
+//!   Cached counts carry the epoch they were counted under, so one bump
 //!   retires every cached badge at once (each badge includes the
-//!   announcements): a count of another epoch reads as a miss.
+//!   announcements): a count of another epoch reads as a miss. A bump
+//!   never goes back, not even after the epoch itself is lost (an
+//!   `allkeys-*` eviction, or a `DEL`): it takes the larger of the epoch
+//!   plus one and the Redis server's clock in microseconds, so a lost epoch
+//!   cannot count up again to one that counts cached before the loss carry.
 //! - `{u:ID}:unread`: the cached count as `epoch:count`, with a TTL of at
 //!   most `inbox.counter_ttl_secs` and never past the earliest expiry among
 //!   what it counts (the count changes then).
@@ -87,6 +91,19 @@ redis.call('DEL', KEYS[2], KEYS[3], KEYS[4])
 return 1
 ";
 
+/// Moves the epoch past its current value and past every epoch it ever
+/// held: the server's clock in microseconds (below 2^53 for centuries, so
+/// exact in Lua's numbers) is larger than any epoch bumped before it, unless
+/// bumps came faster than one a microsecond, which `+ 1` covers.
+/// KEYS: the epoch. Returns the new epoch.
+const BUMP_EPOCH: &str = r"
+local time = redis.call('TIME')
+local now = tonumber(time[1]) * 1000000 + tonumber(time[2])
+local next = math.max(tonumber(redis.call('GET', KEYS[1]) or '0') + 1, now)
+redis.call('SET', KEYS[1], string.format('%.0f', next))
+return next
+";
+
 /// KEYS: the epoch. ARGV: what active-list keys start with. Returns the
 /// epoch and that epoch's cached active list or nil (same `{ann}` slot).
 const ACTIVE_LIST: &str = r"
@@ -106,6 +123,7 @@ pub(super) struct Scripts {
     store_if_leased: Script,
     change: Script,
     active_list: Script,
+    bump_epoch: Script,
 }
 
 impl Scripts {
@@ -114,6 +132,7 @@ impl Scripts {
             store_if_leased: Script::new(STORE_IF_LEASED),
             change: Script::new(CHANGE),
             active_list: Script::new(ACTIVE_LIST),
+            bump_epoch: Script::new(BUMP_EPOCH),
         }
     }
 }
@@ -295,7 +314,7 @@ impl Cache {
     #[instrument(level = "debug", skip_all, fields(db.system = "redis"))]
     pub async fn bump_announcement_epoch(&self) -> Result<u64> {
         let mut conn = self.conn.clone();
-        let epoch = conn.incr(self.keys.epoch(), 1).await?;
+        let epoch = self.badge.bump_epoch.key(self.keys.epoch()).invoke_async(&mut conn).await?;
         self.forget_near([Held::Epoch]);
         Ok(epoch)
     }

@@ -163,6 +163,30 @@ impl ConnectionLike for Connection {
     }
 }
 
+/// What in a Redis server's configuration works against Notify's cache:
+/// persistence (a restart reloads counts and pages that writes after the
+/// snapshot had invalidated, and serves them until they expire) and a memory
+/// limit that refuses writes instead of evicting (mark-reads then fail).
+/// Every key but the announcement epoch expires by itself and any of them
+/// may be evicted; so may the epoch, which never goes back (see [`badge`]).
+fn config_problems(save: &str, appendonly: &str, maxmemory: u64, policy: &str) -> Vec<String> {
+    let mut problems = Vec::new();
+    if !save.trim().is_empty() || appendonly == "yes" {
+        problems.push(format!(
+            "persistence is on (save \"{save}\", appendonly {appendonly}): a restart reloads \
+             badges and inbox pages that later writes had invalidated, and serves them until \
+             they expire; run this Redis without persistence (save \"\", appendonly no)"
+        ));
+    }
+    if maxmemory > 0 && policy == "noeviction" {
+        problems.push(format!(
+            "maxmemory {maxmemory} with maxmemory-policy noeviction: once full, Redis refuses \
+             writes and mark-reads fail with UNAVAILABLE; use allkeys-lru or volatile-lru"
+        ));
+    }
+    problems
+}
+
 /// The key names, each with its hash tag (see the module docs).
 #[derive(Debug, Clone)]
 pub struct Keys {
@@ -390,6 +414,34 @@ impl Cache {
         key: impl Fn(&T) -> String,
     ) -> Vec<Vec<T>> {
         group_by_slot(self.is_cluster(), items, most, key)
+    }
+
+    /// What in the Redis server's configuration works against a cache of
+    /// Notify's (see [`config_problems`]), one sentence each. Empty when the
+    /// server does not allow `CONFIG GET` (managed services often rename
+    /// it). On a cluster, one node answers.
+    pub async fn server_config_problems(&self) -> Vec<String> {
+        let mut conn = self.conn.clone();
+        let mut values = HashMap::new();
+        // One name per call: Redis before 7 takes one pattern.
+        for name in ["save", "appendonly", "maxmemory", "maxmemory-policy"] {
+            let got: redis::RedisResult<HashMap<String, String>> =
+                redis::cmd("CONFIG").arg("GET").arg(name).query_async(&mut conn).await;
+            match got {
+                Ok(got) => values.extend(got),
+                Err(e) => {
+                    tracing::debug!(error = %e, "CONFIG GET not allowed, configuration unchecked");
+                    return Vec::new();
+                }
+            }
+        }
+        let value = |name: &str| values.get(name).map_or("", String::as_str);
+        config_problems(
+            value("save"),
+            value("appendonly"),
+            value("maxmemory").parse().unwrap_or(0),
+            value("maxmemory-policy"),
+        )
     }
 
     /// Records that a send just made progress (a chunk was applied).
