@@ -80,6 +80,13 @@ impl Error {
         matches!(self, Self::Database(sqlx::Error::Database(e)) if e.code().as_deref() == Some("40001"))
     }
 
+    /// Returns true when the MySQL connection itself failed (closed or
+    /// reset under the statement): a read may be run again at once, on
+    /// another connection (the pool closes a broken one on its release).
+    pub fn is_broken_connection(&self) -> bool {
+        matches!(self, Self::Database(sqlx::Error::Io(_)))
+    }
+
     /// Returns true when retrying the same operation later may succeed.
     pub fn is_transient(&self) -> bool {
         match self {

@@ -27,6 +27,11 @@ pub const MAX_BATCH_IDS: usize = 1000;
 
 const CURSOR_VERSION: &str = "v1";
 
+/// How many more times an inbox read runs after its pooled connection
+/// turned out broken (each such failure is immediate; a shard that is down
+/// fails its reconnects as fast).
+const BROKEN_CONNECTION_RETRIES: usize = 3;
+
 /// Encodes an opaque page token for "ids below `message_id`".
 pub fn encode_cursor(message_id: u64) -> String {
     URL_SAFE_NO_PAD.encode(format!("{CURSOR_VERSION}:{message_id}"))
@@ -180,7 +185,20 @@ async fn read_page(
             lent.give_back();
             rows
         }
-        None => items::list(&*pool, user_id.get(), &fetch).await?,
+        None => {
+            // Pooled connections used within the last second (so not
+            // pinged, see `db::connect`) may have broken since.
+            let mut rows = items::list(&*pool, user_id.get(), &fetch).await;
+            for _ in 0..BROKEN_CONNECTION_RETRIES {
+                match &rows {
+                    Err(e) if e.is_broken_connection() => {
+                        rows = items::list(&*pool, user_id.get(), &fetch).await;
+                    }
+                    _ => break,
+                }
+            }
+            rows?
+        }
     };
     let earliest_expiry_ms =
         rows.iter().filter_map(|row| row.expire_at).map(|at| at.and_utc().timestamp_millis()).min();

@@ -677,3 +677,51 @@ async fn a_page_read_while_an_announcements_shard_is_down_is_not_cached() {
     assert!(pages_stored().await, "a complete read caches its page");
     app.cleanup().await;
 }
+
+/// Pooled connections that broke while idle (the shard restarted, a network
+/// cut) fail no call: one idle for a second or more is pinged before it is
+/// handed out, and a broken one is replaced. (Busy connections are not
+/// pinged: the chunk path would pay a round trip per statement.)
+#[tokio::test]
+async fn pooled_connections_broken_while_idle_fail_no_call() {
+    let mut settings = test_settings();
+    // Inbox pages read from MySQL on the pool's own connections.
+    settings.inbox.page_cache_ttl_secs = 0;
+    settings.database.read_connections = 0;
+    let (app, proxies, _) = spawn_behind_proxies_with(settings).await;
+    let map = app.settings.shard_map().unwrap();
+    let users: Vec<u64> = (1..=200).collect();
+    let sent = send(&app, users.clone()).await;
+    wait_for_status(&app, sent, v1::MessageStatus::Completed).await;
+    let list = |user_id| {
+        let mut inbox = app.inbox();
+        async move {
+            let request = v1::ListInboxRequest { user_id, page_size: 10, ..Default::default() };
+            inbox.list_inbox(request).await.map(|reply| reply.into_inner().items.len())
+        }
+    };
+    // Several connections of every shard in the pools, all idle.
+    let reads = users.iter().map(|user| list(*user));
+    for read in futures::future::join_all(reads).await {
+        assert_eq!(read.expect("ListInbox before the cut"), 1);
+    }
+    // Idle for longer than the ping threshold (the condition under test,
+    // not a wait for an event), then every shard connection is cut.
+    tokio::time::sleep(Duration::from_millis(1_500)).await;
+    for proxy in &proxies.shards {
+        proxy.reset_connections().await;
+    }
+
+    let reads = users.iter().map(|user| list(*user));
+    let failed: Vec<String> = futures::future::join_all(reads)
+        .await
+        .into_iter()
+        .zip(&users)
+        .filter_map(|(read, user)| {
+            let shard = map.shard_for_user(*user).0;
+            read.err().map(|status| format!("user {user} (shard {shard}): {}", status.message()))
+        })
+        .collect();
+    assert!(failed.is_empty(), "{} calls failed on broken connections: {failed:?}", failed.len());
+    app.cleanup().await;
+}

@@ -77,6 +77,10 @@ pub(crate) fn shard_options(
         .log_slow_statements(tracing::log::LevelFilter::Warn, Duration::from_millis(500)))
 }
 
+/// How long a pooled connection may sit idle before it is pinged on its
+/// way out of the pool.
+const IDLE_PING_AFTER: Duration = Duration::from_secs(1);
+
 /// Connects a pool to every shard and checks that each one answers.
 ///
 /// The error names the shard's setting, so an unreachable MySQL fails the
@@ -109,6 +113,18 @@ pub async fn connect(settings: &Settings) -> Result<ShardPools> {
             // A broken connection fails its query, which is retried; pinging
             // on every acquire doubled the round trips of the chunk path.
             .test_before_acquire(false)
+            // Except one idle for a while: after an outage (a restart, a
+            // network cut) each idle connection would fail one call, so one
+            // idle for IDLE_PING_AFTER is pinged first, and a broken one is
+            // replaced. Busy connections come back within milliseconds.
+            .before_acquire(|conn, meta| {
+                Box::pin(async move {
+                    if meta.idle_for >= IDLE_PING_AFTER {
+                        conn.ping().await?;
+                    }
+                    Ok(true)
+                })
+            })
             .acquire_timeout(Duration::from_secs(settings.database.connect_timeout_secs))
             .connect_with(options)
             .await
