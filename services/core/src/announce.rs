@@ -153,7 +153,11 @@ async fn active_list(ctx: &Context) -> Result<(Vec<Active>, bool)> {
     let routes = ctx.pools.snapshot();
     for (shard, pool) in ctx.pools.iter() {
         // A shard that accepts and never answers counts as unreachable.
-        let reading = tokio::time::timeout(SHARD_READ_TIMEOUT, messages::live_announcements(pool));
+        let read = || messages::live_announcements(pool);
+        let reading = tokio::time::timeout(
+            SHARD_READ_TIMEOUT,
+            crate::db::retry_read_on_broken_connection(read),
+        );
         let read = reading.await.unwrap_or_else(|_| {
             Err(Error::Unavailable(format!("shard {} did not answer in time", shard.0)))
         });

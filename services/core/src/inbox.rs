@@ -27,11 +27,6 @@ pub const MAX_BATCH_IDS: usize = 1000;
 
 const CURSOR_VERSION: &str = "v1";
 
-/// How many more times an inbox read runs after its pooled connection
-/// turned out broken (each such failure is immediate; a shard that is down
-/// fails its reconnects as fast).
-const BROKEN_CONNECTION_RETRIES: usize = 3;
-
 /// Encodes an opaque page token for "ids below `message_id`".
 pub fn encode_cursor(message_id: u64) -> String {
     URL_SAFE_NO_PAD.encode(format!("{CURSOR_VERSION}:{message_id}"))
@@ -186,18 +181,8 @@ async fn read_page(
             rows
         }
         None => {
-            // Pooled connections used within the last second (so not
-            // pinged, see `db::connect`) may have broken since.
-            let mut rows = items::list(&*pool, user_id.get(), &fetch).await;
-            for _ in 0..BROKEN_CONNECTION_RETRIES {
-                match &rows {
-                    Err(e) if e.is_broken_connection() => {
-                        rows = items::list(&*pool, user_id.get(), &fetch).await;
-                    }
-                    _ => break,
-                }
-            }
-            rows?
+            let read = || items::list(&*pool, user_id.get(), &fetch);
+            crate::db::retry_read_on_broken_connection(read).await?
         }
     };
     let earliest_expiry_ms =

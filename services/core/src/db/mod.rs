@@ -230,6 +230,27 @@ async fn applied_versions(conn: &mut MySqlConnection) -> Vec<i64> {
         .unwrap_or_default()
 }
 
+/// Runs `attempt`, a read, again (up to eight more times) when its pooled
+/// connection turned out broken: one used within the last second is handed
+/// out without a ping (see [`connect`]) and may have broken since (a shard
+/// restart, a network cut), and after a cut several may have. Each such
+/// failure is immediate, on the dead socket; any other error (a shard that
+/// is down times out its connects) ends the retries.
+pub async fn retry_read_on_broken_connection<T, F, Fut>(mut attempt: F) -> Result<T>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Result<T>>,
+{
+    let mut result = attempt().await;
+    for _ in 0..8 {
+        match &result {
+            Err(e) if e.is_broken_connection() => result = attempt().await,
+            _ => break,
+        }
+    }
+    result
+}
+
 /// Runs `attempt`, a whole transaction, again (up to three more times) when
 /// InnoDB picks it as a deadlock victim: concurrent transactions inserting
 /// next to each other in an index can deadlock, one is rolled back with
