@@ -236,37 +236,48 @@ async fn applied_versions(conn: &mut MySqlConnection) -> Vec<i64> {
 /// restart, a network cut), and after a cut several may have. Each such
 /// failure is immediate, on the dead socket; any other error (a shard that
 /// is down times out its connects) ends the retries.
-pub async fn retry_read_on_broken_connection<T, F, Fut>(mut attempt: F) -> Result<T>
+pub async fn retry_read_on_broken_connection<T, F, Fut>(attempt: F) -> Result<T>
 where
     F: FnMut() -> Fut,
     Fut: Future<Output = Result<T>>,
 {
-    let mut result = attempt().await;
-    for _ in 0..8 {
-        match &result {
-            Err(e) if e.is_broken_connection() => result = attempt().await,
-            _ => break,
-        }
-    }
-    result
+    retry_while(attempt, 8, Error::is_broken_connection).await
 }
 
 /// Runs `attempt`, a whole transaction, again (up to three more times) when
 /// InnoDB picks it as a deadlock victim: concurrent transactions inserting
 /// next to each other in an index can deadlock, one is rolled back with
 /// nothing written, and trying it again is the documented remedy.
-pub async fn retry_on_deadlock<T, F, Fut>(mut attempt: F) -> Result<T>
+pub async fn retry_on_deadlock<T, F, Fut>(attempt: F) -> Result<T>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Result<T>>,
+{
+    retry_while(attempt, 3, |e| {
+        let again = e.is_deadlock();
+        if again {
+            metrics::counter!("notify_deadlock_retries_total").increment(1);
+        }
+        again
+    })
+    .await
+}
+
+/// Runs `attempt`, and again (up to `more` more times) while it fails with
+/// an error `again` accepts.
+async fn retry_while<T, F, Fut>(
+    mut attempt: F,
+    more: usize,
+    again: impl Fn(&Error) -> bool,
+) -> Result<T>
 where
     F: FnMut() -> Fut,
     Fut: Future<Output = Result<T>>,
 {
     let mut result = attempt().await;
-    for _ in 0..3 {
+    for _ in 0..more {
         match &result {
-            Err(e) if e.is_deadlock() => {
-                metrics::counter!("notify_deadlock_retries_total").increment(1);
-                result = attempt().await;
-            }
+            Err(e) if again(e) => result = attempt().await,
             _ => break,
         }
     }
