@@ -2,14 +2,59 @@
 //! field on the way in.
 
 use chrono::{DateTime, NaiveDateTime, Utc};
-use notify_core::auth::Client;
-use notify_core::domain::{self, AudienceKind, Content, Priority, SendStatus};
+use notify_core::inbox::{InboxPage, PageFormat};
 use notify_core::send::{MessageView, Progress};
-use notify_core::{Error, Result};
+use notify_domain::auth::Client;
+use notify_domain::domain::{self, AudienceKind, Content, Priority, SendStatus};
+use notify_domain::{Error, Result};
 use notify_proto::v1;
+use notify_store::db::items::InboxRow;
 
 /// Converts a stored UTC time to a proto timestamp.
-pub use notify_core::domain::proto_timestamp as timestamp;
+pub fn timestamp(at: NaiveDateTime) -> prost_types::Timestamp {
+    let utc = at.and_utc();
+    prost_types::Timestamp { seconds: utc.timestamp(), nanos: utc.timestamp_subsec_nanos() as i32 }
+}
+
+/// Inbox pages as `ListInboxResponse`, the encoding the page cache stores:
+/// a cached page is decoded once and sent, never built again.
+pub struct WirePages;
+
+impl PageFormat for WirePages {
+    type Page = v1::ListInboxResponse;
+
+    fn build(page: InboxPage) -> Self::Page {
+        v1::ListInboxResponse {
+            items: page.items.into_iter().map(inbox_item).collect(),
+            next_page_token: page.next_page_token,
+        }
+    }
+
+    fn encode(page: &Self::Page) -> Vec<u8> {
+        prost::Message::encode_to_vec(page)
+    }
+
+    fn decode(bytes: &[u8]) -> std::result::Result<Self::Page, String> {
+        prost::Message::decode(bytes).map_err(|e| e.to_string())
+    }
+}
+
+/// Converts an inbox row to its proto item.
+pub fn inbox_item(row: InboxRow) -> v1::InboxItem {
+    v1::InboxItem {
+        message_id: row.message_id,
+        content: Some(v1::Content {
+            data: Content::data_from_json(&row.data).into_iter().collect(),
+            title: row.title,
+            body: row.body,
+            category: row.category,
+        }),
+        created_at: Some(timestamp(row.created_at)),
+        read: row.is_read,
+        read_at: row.read_at.map(timestamp),
+        expire_at: row.expire_at.map(timestamp),
+    }
+}
 
 /// Converts an optional stored time.
 pub fn opt_timestamp(at: Option<NaiveDateTime>) -> Option<prost_types::Timestamp> {

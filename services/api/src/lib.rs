@@ -18,9 +18,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures::StreamExt as _;
+use notify_core::Context;
 use notify_core::health::{self, BackendStatus, Heartbeats, Probes};
-use notify_core::settings::{ApiSettings, ReflectionMode};
-use notify_core::{Context, Settings};
+use notify_domain::Settings;
+use notify_domain::settings::{ApiSettings, ReflectionMode};
 use notify_proto::v1::admin_service_server::AdminServiceServer;
 use notify_proto::v1::event_service_server::EventServiceServer;
 use notify_proto::v1::group_service_server::GroupServiceServer;
@@ -64,7 +65,7 @@ pub struct Application {
     listener: TcpListener,
     metrics_listener: TcpListener,
     tls: Option<Arc<ServerTls>>,
-    replica: notify_core::shard_map::Replica,
+    replica: notify_store::shard_map::Replica,
 }
 
 impl Application {
@@ -74,7 +75,7 @@ impl Application {
         // Install the metrics recorder before anything resolves a metric
         // handle (the cache's badge reader does so when it starts).
         notify_core::telemetry::metrics_handle();
-        let listen = notify_core::settings::parse_addr("api.listen", &settings.api.listen)?;
+        let listen = notify_domain::settings::parse_addr("api.listen", &settings.api.listen)?;
         settings.auth.check_listener(listen)?;
         let tls =
             settings.api.tls.enabled().then(|| ServerTls::load(&settings.api.tls)).transpose()?;
@@ -90,8 +91,8 @@ impl Application {
             })?;
         let ctx = Context::connect(settings).await?;
         // Reported before serving anything (see shard_map::join).
-        let replica = notify_core::shard_map::Replica::new("api");
-        notify_core::shard_map::join(&ctx, &replica).await?;
+        let replica = notify_store::shard_map::Replica::new("api");
+        notify_store::shard_map::join(&ctx.pools, &ctx.settings.database, &replica).await?;
         Ok(Self { ctx, listener, metrics_listener, tls, replica })
     }
 
@@ -135,8 +136,9 @@ impl Application {
         // that stops reporting counts as gone for a bucket move.
         // (Also when this returns early with an error.)
         let drained = CancellationToken::new();
-        let shard_map = tokio::spawn(notify_core::shard_map::follow(
-            self.ctx.clone(),
+        let shard_map = tokio::spawn(notify_store::shard_map::follow(
+            self.ctx.pools.clone(),
+            self.ctx.settings.database.clone(),
             self.replica,
             drained.clone(),
         ));

@@ -1,6 +1,7 @@
 //! `notify-api` binary: config, runtime, telemetry, build, run.
 
-use notify_core::{Settings, telemetry};
+use notify_core::telemetry;
+use notify_domain::Settings;
 use tokio_util::sync::CancellationToken;
 
 // Small, short-lived allocations (HTTP/2 frames, requests, replies) are most

@@ -1,7 +1,7 @@
 //! The one place where domain errors become gRPC statuses. Client mistakes
 //! are explained; internal details are logged and never sent.
 
-use notify_core::Error;
+use notify_domain::Error;
 use tonic::{Code, Status};
 use tonic_types::{ErrorDetails, StatusExt};
 use tracing::{error, warn};

@@ -6,8 +6,8 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
-use notify_core::Error;
-use notify_core::auth::{Client, LOCAL_CLIENT};
+use notify_domain::Error;
+use notify_domain::auth::{Client, LOCAL_CLIENT};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 /// Per-client stream slots of one kind.

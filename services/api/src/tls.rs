@@ -15,7 +15,7 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use anyhow::Context as _;
-use notify_core::settings::{ApiTlsSettings, ClientAuth};
+use notify_domain::settings::{ApiTlsSettings, ClientAuth};
 use rustls::RootCertStore;
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};

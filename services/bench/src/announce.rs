@@ -6,7 +6,7 @@ use std::time::Instant;
 
 use anyhow::ensure;
 use hdrhistogram::Histogram;
-use notify_core::Settings;
+use notify_domain::Settings;
 use notify_proto::v1;
 use notify_proto::v1::inbox_service_client::InboxServiceClient;
 use notify_proto::v1::message_service_client::MessageServiceClient;

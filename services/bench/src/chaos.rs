@@ -35,8 +35,8 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, anyhow, bail};
-use notify_core::Settings;
-use notify_core::domain::SendStatus;
+use notify_domain::Settings;
+use notify_domain::domain::SendStatus;
 use notify_proto::v1;
 use notify_proto::v1::group_service_client::GroupServiceClient;
 use notify_proto::v1::inbox_service_client::InboxServiceClient;
@@ -841,14 +841,14 @@ async fn badges(
     let mut checked = 0;
     for user in users {
         let pool = ctx.pools.for_user(user).value();
-        let (truth, present) = notify_core::db::items::badge_truth(pool, user, &live_ids)
+        let (truth, present) = notify_store::db::items::badge_truth(pool, user, &live_ids)
             .await
             .map_err(|e| anyhow!("{e}"))?;
         let unread =
             truth.unread + live_ids.iter().filter(|id| !present.contains(id)).count() as u64;
         let mut group_unread = 0;
         let memberships =
-            notify_core::db::groups::memberships(pool, user).await.map_err(|e| anyhow!("{e}"))?;
+            notify_store::db::groups::memberships(pool, user).await.map_err(|e| anyhow!("{e}"))?;
         for (group_id, last_ack_seq) in memberships {
             let home = ctx.pools.for_group(group_id).value();
             let max_seq: u64 =
@@ -889,7 +889,7 @@ async fn first_pages(
         let served = inbox.list_inbox(request).await?.into_inner();
         let served_items: Vec<(u64, bool)> =
             served.items.iter().map(|item| (item.message_id, item.read)).collect();
-        let query = notify_core::db::items::InboxQuery {
+        let query = notify_store::db::items::InboxQuery {
             before: u64::MAX,
             limit: 21,
             unread_only: false,
@@ -897,7 +897,7 @@ async fn first_pages(
         };
         let pool = ctx.pools.for_user(user).value();
         let rows =
-            notify_core::db::items::list(pool, user, &query).await.map_err(|e| anyhow!("{e}"))?;
+            notify_store::db::items::list(pool, user, &query).await.map_err(|e| anyhow!("{e}"))?;
         let truth: Vec<(u64, bool)> =
             rows.iter().take(20).map(|row| (row.message_id, row.is_read)).collect();
         if served_items != truth || served.next_page_token.is_empty() == (rows.len() > 20) {

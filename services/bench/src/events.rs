@@ -13,7 +13,7 @@ use std::time::{Duration, Instant, SystemTime};
 use anyhow::{Context as _, bail, ensure};
 use futures::StreamExt as _;
 use hdrhistogram::Histogram;
-use notify_core::Settings;
+use notify_domain::Settings;
 use notify_proto::v1;
 use notify_proto::v1::event_service_client::EventServiceClient;
 use notify_proto::v1::subscribe_response::Event;

@@ -8,9 +8,9 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, bail, ensure};
 use chrono::{NaiveDateTime, Utc};
-use notify_core::Settings;
-use notify_core::ids::IdGenerator;
 use notify_core::send::plan::plan_batch;
+use notify_domain::Settings;
+use notify_domain::ids::IdGenerator;
 use notify_proto::v1;
 use notify_proto::v1::message_service_client::MessageServiceClient;
 use sqlx::MySqlConnection;

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context as _, ensure};
 use futures::{StreamExt, TryStreamExt};
 use hdrhistogram::Histogram;
-use notify_core::Settings;
+use notify_domain::Settings;
 use notify_proto::v1;
 use notify_proto::v1::group_service_client::GroupServiceClient;
 use tonic::transport::Channel;

@@ -10,9 +10,9 @@ use std::str::FromStr;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, anyhow, bail};
-use notify_core::Settings;
 use notify_core::queue::{self, Topology};
-use notify_core::settings::ShardSettings;
+use notify_domain::Settings;
+use notify_domain::settings::ShardSettings;
 use redis::AsyncCommands;
 use secrecy::ExposeSecret;
 use shard_router::ShardId;

@@ -11,9 +11,10 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, ensure};
 use futures::TryStreamExt as _;
-use notify_core::shard_move::{self, Ended, MoveRequest};
-use notify_core::{Settings, shard_map};
+use notify_domain::Settings;
 use notify_proto::v1;
+use notify_store::shard_map;
+use notify_store::shard_move::{self, Ended, MoveRequest};
 use shard_router::{ShardId, bucket_of};
 use sqlx::MySqlPool;
 
@@ -92,7 +93,7 @@ async fn body(env: &mut Env, args: &MoveArgs) -> anyhow::Result<String> {
     );
 
     let settings = env.settings.clone();
-    let pools = notify_core::db::connect(&settings).await.map_err(|e| anyhow::anyhow!("{e}"))?;
+    let pools = notify_store::db::connect(&settings).await.map_err(|e| anyhow::anyhow!("{e}"))?;
     shard_map::adopt(&settings, &pools).await.map_err(|e| anyhow::anyhow!("{e}"))?;
     let map = pools.map();
     let target = ShardId(args.target);

@@ -20,11 +20,11 @@ use sqlx::MySqlPool;
 use tracing::{instrument, warn};
 
 use crate::context::Context;
-use crate::db::{chunks, items, messages};
-use crate::domain::{Lane, MessageId, SendStatus};
-use crate::error::{Error, Result};
 use crate::events::{self, BusEvent};
 use crate::send::{self, Created, NewSend};
+use notify_domain::domain::{Lane, MessageId, SendStatus};
+use notify_domain::error::{Error, Result};
+use notify_store::db::{chunks, items, messages};
 
 /// How long the active list stays cached (it is also refreshed on change).
 const ACTIVE_LIST_TTL_SECS: u64 = 30;
@@ -156,7 +156,7 @@ async fn active_list(ctx: &Context) -> Result<(Vec<Active>, bool)> {
         let read = || messages::live_announcements(pool);
         let reading = tokio::time::timeout(
             SHARD_READ_TIMEOUT,
-            crate::db::retry_read_on_broken_connection(read),
+            notify_store::db::retry_read_on_broken_connection(read),
         );
         let read = reading.await.unwrap_or_else(|_| {
             Err(Error::Unavailable(format!("shard {} did not answer in time", shard.0)))
@@ -226,7 +226,8 @@ pub async fn materialize(ctx: &Context, user_id: u64) -> Result<bool> {
     let ids: Vec<u64> = missing.iter().map(|a| a.message_id).collect();
     ctx.cache.begin_count_change(user_id).await?;
     // Concurrent first reads of a new user can deadlock creating its state row.
-    let written = crate::db::retry_on_deadlock(|| items::materialize(&pool, user_id, &ids)).await;
+    let written =
+        notify_store::db::retry_on_deadlock(|| items::materialize(&pool, user_id, &ids)).await;
     if let Err(e) = ctx.cache.end_count_change(user_id).await {
         warn!(error = %e, user_id, "could not clear a badge change marker");
     }
@@ -235,7 +236,7 @@ pub async fn materialize(ctx: &Context, user_id: u64) -> Result<bool> {
 
 /// Rejects operations that do not apply to announcements.
 pub fn reject_for_announcement(audience: u8, verb: &str, message_id: MessageId) -> Result<()> {
-    if audience == crate::domain::AudienceKind::AllUsers as u8 {
+    if audience == notify_domain::domain::AudienceKind::AllUsers as u8 {
         return Err(Error::FailedPrecondition(format!(
             "cannot {verb} message {message_id}: announcements can only be cancelled"
         )));

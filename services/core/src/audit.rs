@@ -12,8 +12,8 @@ use shard_router::Key;
 use tracing::{info, warn};
 
 use crate::context::Context;
-use crate::db::audit::{self, AuditRow};
-use crate::error::{Error, Result};
+use notify_domain::error::{Error, Result};
+use notify_store::db::audit::{self, AuditRow};
 
 /// What an action was done to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

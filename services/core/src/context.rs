@@ -8,12 +8,13 @@ use shard_router::{Key, Routed, Snapshot};
 use sqlx::MySqlPool;
 use tokio::sync::Semaphore;
 
-use crate::cache::Cache;
-use crate::db::{self, ShardPools};
-use crate::error::{Error, Result};
-use crate::ids::{self, IdGenerator, InstanceLease};
 use crate::queue::Publisher;
-use crate::settings::Settings;
+use notify_cache::Cache;
+use notify_domain::error::{Error, Result};
+use notify_domain::ids::IdGenerator;
+use notify_domain::settings::Settings;
+use notify_store::db::{self, ShardPools};
+use notify_store::instance_lease::{self, InstanceLease};
 
 /// Connected dependencies of a Notify process.
 #[derive(Clone)]
@@ -97,7 +98,7 @@ impl Context {
     /// the setting of whatever is unreachable.
     pub async fn connect(settings: Settings) -> Result<Self> {
         let pools = db::connect(&settings).await?;
-        crate::shard_map::adopt(&settings, &pools).await?;
+        notify_store::shard_map::adopt(&settings, &pools).await?;
         let pool_max = settings.database.pool_max as usize;
         let cache = Cache::connect(&settings.redis).await?;
         for problem in cache.server_config_problems().await {
@@ -108,7 +109,9 @@ impl Context {
         let (_, first) = pools.iter().next().ok_or_else(|| {
             Error::Internal("database.shards: no shard to lease an id instance on".to_owned())
         })?;
-        InstanceLease::acquire(first.clone(), &ids, ids::LEASE).await?.spawn_renewals(&ids);
+        InstanceLease::acquire(first.clone(), &ids, instance_lease::LEASE)
+            .await?
+            .spawn_renewals(&ids);
         let reads = db::connect_reads(&settings)?.map(Arc::new);
         Ok(Self {
             settings: Arc::new(settings),

@@ -23,13 +23,13 @@ use sqlx::MySqlPool;
 use tracing::{debug, instrument, warn};
 
 use crate::context::Context;
-use crate::db::chunks::{self, ApplyOutcome, ChunkPlan, ContentSummary};
-use crate::db::messages;
-use crate::domain::{Lane, MessageId, SendStatus};
-use crate::error::{Error, Result};
 use crate::events::{self, BusEvent};
 use crate::queue::ChunkTask;
 use crate::send;
+use notify_domain::domain::{Lane, MessageId, SendStatus};
+use notify_domain::error::{Error, Result};
+use notify_store::db::chunks::{self, ApplyOutcome, ChunkPlan, ContentSummary};
+use notify_store::db::messages;
 
 /// What handling a task did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

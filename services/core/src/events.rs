@@ -19,8 +19,8 @@ use serde::{Deserialize, Serialize};
 use tracing::warn;
 
 use crate::context::Context;
-use crate::db::chunks::ContentSummary;
-use crate::error::{Error, Result};
+use notify_domain::error::{Error, Result};
+use notify_store::db::chunks::ContentSummary;
 
 /// One change, as carried on the bus (JSON, short field names).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

@@ -19,7 +19,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
 use crate::context::Context;
-use crate::settings::HealthSettings;
+use notify_domain::settings::HealthSettings;
 
 /// Longest one check of one backend may take before it counts as failed.
 const CHECK_TIMEOUT: Duration = Duration::from_secs(2);

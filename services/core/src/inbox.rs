@@ -1,24 +1,22 @@
 //! The read side: inbox pages, mark-read and unread badges, with the counter
-//! protocol of [`crate::cache`] (MySQL is the truth, Redis a leased copy).
+//! protocol of [`notify_cache`] (MySQL is the truth, Redis a leased copy).
 
 use std::collections::HashMap;
 
 use base64::Engine;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use chrono::Utc;
-use notify_proto::v1;
-use prost::Message as _;
 use shard_router::Key;
 use tracing::{instrument, warn};
 
 use crate::announce;
-use crate::cache::{CachedCounts, PageToStore, RebuiltCount};
 use crate::context::Context;
-use crate::db::items::{self, InboxQuery, InboxRow};
-use crate::domain::{Content, UserId, proto_timestamp as timestamp};
-use crate::error::{Error, Result};
 use crate::events::{self, BusEvent};
 use crate::groups;
+use notify_cache::{CachedCounts, PageToStore, RebuiltCount};
+use notify_domain::domain::UserId;
+use notify_domain::error::{Error, Result};
+use notify_store::db::items::{self, InboxQuery, InboxRow};
 
 /// Largest inbox page.
 pub const MAX_PAGE_SIZE: u32 = 100;
@@ -47,6 +45,32 @@ pub fn decode_cursor(token: &str, field: &str) -> Result<u64> {
     id.parse().map_err(|_| malformed())
 }
 
+/// One inbox page as read from the user's shard.
+#[derive(Debug, Clone, Default)]
+pub struct InboxPage {
+    /// The items, newest first.
+    pub items: Vec<InboxRow>,
+    /// The token of the next page; empty on the last page.
+    pub next_page_token: String,
+}
+
+/// How the caller (the api) turns an inbox page into what it sends, and
+/// back from the bytes the page cache holds: a page is cached as its
+/// encoding, so that a hit is decoded once and not built again.
+pub trait PageFormat {
+    /// The page as the caller sends it.
+    type Page;
+
+    /// Builds the page from what the shard returned.
+    fn build(page: InboxPage) -> Self::Page;
+
+    /// Encodes the page for the cache.
+    fn encode(page: &Self::Page) -> Vec<u8>;
+
+    /// Decodes a cached page; an error (logged) reads as a miss.
+    fn decode(bytes: &[u8]) -> std::result::Result<Self::Page, String>;
+}
+
 /// The page cache's name of a page query: everything that selects its rows.
 /// The leading version retires every cached page when the encoding changes.
 fn page_field(query: &InboxQuery<'_>) -> String {
@@ -59,7 +83,7 @@ fn page_field(query: &InboxQuery<'_>) -> String {
     )
 }
 
-/// Lists a user's inbox page: from the page cache (see [`crate::cache`]'s
+/// Lists a user's inbox page: from the page cache (see [`notify_cache`]'s
 /// `pages`) when it holds the page, else in one query on the user's shard,
 /// stored for the next read if no write to the user's items came between.
 /// The page is cached as the encoded response, so a hit is served as it was
@@ -72,15 +96,15 @@ fn page_field(query: &InboxQuery<'_>) -> String {
 /// current epoch was built with every live announcement in place, and needs
 /// no materialization check.
 #[instrument(skip_all, fields(user_id = user_id.get()))]
-pub async fn list(
+pub async fn list<F: PageFormat>(
     ctx: &Context,
     user_id: UserId,
     query: &InboxQuery<'_>,
-) -> Result<v1::ListInboxResponse> {
+) -> Result<F::Page> {
     let ttl_ms = ctx.settings.inbox.page_cache_ttl_secs * 1000;
     if ttl_ms == 0 {
         materialize(ctx, user_id).await;
-        return Ok(read_page(ctx, user_id, query).await?.0);
+        return Ok(F::build(read_page(ctx, user_id, query).await?.0));
     }
     let field = page_field(query);
     let now_ms = Utc::now().timestamp_millis();
@@ -90,9 +114,9 @@ pub async fn list(
     }
     .await;
     let epoch = match looked {
-        Ok((_, Some(cached))) => match v1::ListInboxResponse::decode(cached.payload()) {
+        Ok((_, Some(cached))) => match F::decode(cached.payload()) {
             Ok(page) => {
-                crate::hot_counter!("notify_inbox_page_cache_hits_total").increment(1);
+                notify_domain::hot_counter!("notify_inbox_page_cache_hits_total").increment(1);
                 return Ok(page);
             }
             Err(e) => {
@@ -107,7 +131,7 @@ pub async fn list(
             None
         }
     };
-    crate::hot_counter!("notify_inbox_page_cache_misses_total").increment(1);
+    notify_domain::hot_counter!("notify_inbox_page_cache_misses_total").increment(1);
     // The lease after materializing: materializing invalidates the user's
     // pages (it writes items), leases included.
     let materialized = materialize(ctx, user_id).await;
@@ -122,10 +146,11 @@ pub async fn list(
         None => None,
     };
     let (page, earliest_expiry_ms) = read_page(ctx, user_id, query).await?;
+    let page = F::build(page);
     if let Some((epoch, token)) = lease {
         let deadline_ms =
             earliest_expiry_ms.map_or(now_ms + ttl_ms as i64, |at| at.min(now_ms + ttl_ms as i64));
-        let payload = page.encode_to_vec();
+        let payload = F::encode(&page);
         let entry = PageToStore {
             user_id: user_id.get(),
             query: &field,
@@ -165,7 +190,7 @@ async fn read_page(
     ctx: &Context,
     user_id: UserId,
     query: &InboxQuery<'_>,
-) -> Result<(v1::ListInboxResponse, Option<i64>)> {
+) -> Result<(InboxPage, Option<i64>)> {
     let pool = ctx.pools.for_user(user_id.get());
     let fetch = InboxQuery { limit: query.limit + 1, ..query.clone() };
     let mut rows = match ctx.reads.as_ref().and_then(|reads| reads.get(pool.shard())) {
@@ -182,7 +207,7 @@ async fn read_page(
         }
         None => {
             let read = || items::list(&*pool, user_id.get(), &fetch);
-            crate::db::retry_read_on_broken_connection(read).await?
+            notify_store::db::retry_read_on_broken_connection(read).await?
         }
     };
     let earliest_expiry_ms =
@@ -193,27 +218,8 @@ async fn read_page(
     } else {
         None
     };
-    let page = v1::ListInboxResponse {
-        items: rows.into_iter().map(item_to_proto).collect(),
-        next_page_token: next_page_token.unwrap_or_default(),
-    };
+    let page = InboxPage { items: rows, next_page_token: next_page_token.unwrap_or_default() };
     Ok((page, earliest_expiry_ms))
-}
-
-fn item_to_proto(row: InboxRow) -> v1::InboxItem {
-    v1::InboxItem {
-        message_id: row.message_id,
-        content: Some(v1::Content {
-            data: Content::data_from_json(&row.data).into_iter().collect(),
-            title: row.title,
-            body: row.body,
-            category: row.category,
-        }),
-        created_at: Some(timestamp(row.created_at)),
-        read: row.is_read,
-        read_at: row.read_at.map(timestamp),
-        expire_at: row.expire_at.map(timestamp),
-    }
 }
 
 /// Marks messages read; returns (ids changed, ids unknown).
@@ -326,10 +332,11 @@ async fn counts_from(
     let missing: Vec<u64> =
         user_ids.iter().zip(&counts).filter(|(_, c)| c.is_none()).map(|(u, _)| *u).collect();
     if missing.is_empty() {
-        crate::hot_counter!("notify_badge_cache_hits_total").increment(user_ids.len() as u64);
+        notify_domain::hot_counter!("notify_badge_cache_hits_total")
+            .increment(user_ids.len() as u64);
         return Ok(counts.into_iter().map(|c| c.unwrap_or(0)).collect());
     }
-    crate::hot_counter!("notify_badge_cache_misses_total").increment(missing.len() as u64);
+    notify_domain::hot_counter!("notify_badge_cache_misses_total").increment(missing.len() as u64);
     let rebuilt = rebuild(ctx, epoch, &missing).await?;
     Ok(user_ids
         .iter()

@@ -1,31 +1,26 @@
-//! Notify's domain and storage: settings, ids, the shard schema and its
-//! repositories, the RabbitMQ topology, the Redis cache, and the send,
-//! delivery and inbox logic shared by `notify-api`, `notify-worker` and
-//! `notifyctl`.
+//! Notify's engine: what happens to a message. Sending to user lists (plan,
+//! chunks, lifecycle, progress), delivering chunks in the worker, platform
+//! announcements, the inbox read side with its badges and page cache
+//! protocol, group messages, the event bus that feeds gateway streams, the
+//! RabbitMQ topology and publisher, audit, retention, and the runtime every
+//! service shares (the [`Context`] of connected backends, health, telemetry).
+//!
+//! It builds on `notify-domain` (types and settings), `notify-store` (the
+//! MySQL shards) and `notify-cache` (Redis); it must not depend on the wire
+//! format (`notify-proto`) nor on the services that serve it: the api, the
+//! worker and `notifyctl` depend on it, never the other way round.
 
 pub mod announce;
 pub mod audit;
-pub mod auth;
-pub mod cache;
 pub mod context;
-pub mod db;
 pub mod deliver;
-pub mod domain;
-pub mod error;
 pub mod events;
 pub mod groups;
 pub mod health;
-pub mod ids;
 pub mod inbox;
 pub mod queue;
-pub mod quota;
 pub mod retention;
 pub mod send;
-pub mod settings;
-pub mod shard_map;
-pub mod shard_move;
 pub mod telemetry;
 
 pub use context::Context;
-pub use error::{Error, Result};
-pub use settings::Settings;

@@ -31,9 +31,9 @@ use serde::{Deserialize, Serialize};
 use tokio::sync::Mutex;
 use tracing::{info, warn};
 
-use crate::domain::Lane;
-use crate::error::{Error, Result};
-use crate::settings::{RabbitSettings, Settings};
+use notify_domain::domain::Lane;
+use notify_domain::error::{Error, Result};
+use notify_domain::settings::{RabbitSettings, Settings};
 
 /// Longest wait for a broker connection or for one task's confirm.
 const BROKER_TIMEOUT: Duration = Duration::from_secs(10);

@@ -4,7 +4,7 @@
 use std::io::Read;
 
 use clap::{ArgGroup, Args, Subcommand};
-use notify_core::auth::{Scope, new_token, token_sha256_hex};
+use notify_domain::auth::{Scope, new_token, token_sha256_hex};
 use notify_proto::v1;
 use notify_proto::v1::admin_service_client::AdminServiceClient;
 use notify_proto::v1::list_audit_records_request::Filter;
@@ -35,7 +35,7 @@ pub fn token(command: TokenCommand) -> anyhow::Result<()> {
     match command {
         TokenCommand::New { name, scopes } => {
             anyhow::ensure!(
-                notify_core::settings::valid_client_name(&name),
+                notify_domain::settings::valid_client_name(&name),
                 "NAME must be 1..=64 of [a-z0-9_.-]"
             );
             for scope in &scopes {

@@ -169,10 +169,10 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
 }
 
 async fn retention() -> anyhow::Result<()> {
-    let settings = notify_core::Settings::load()?;
-    let pools = notify_core::db::connect(&settings).await?;
-    notify_core::shard_map::adopt(&settings, &pools).await?;
-    let cache = notify_core::cache::Cache::connect(&settings.redis).await?;
+    let settings = notify_domain::Settings::load()?;
+    let pools = notify_store::db::connect(&settings).await?;
+    notify_store::shard_map::adopt(&settings, &pools).await?;
+    let cache = notify_cache::Cache::connect(&settings.redis).await?;
     let report =
         notify_core::retention::run_once(&pools, &cache, &settings.retention, chrono::Utc::now())
             .await?;
@@ -194,8 +194,8 @@ async fn retention() -> anyhow::Result<()> {
 }
 
 async fn migrate() -> anyhow::Result<()> {
-    let settings = notify_core::Settings::load()?;
-    let reports = notify_core::db::migrate_all(&settings).await?;
+    let settings = notify_domain::Settings::load()?;
+    let reports = notify_store::db::migrate_all(&settings).await?;
     for report in reports {
         let created = if report.created_database { " (database created)" } else { "" };
         if report.applied.is_empty() {

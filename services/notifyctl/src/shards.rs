@@ -3,8 +3,8 @@
 
 use clap::{Args, Subcommand};
 use indicatif::{ProgressBar, ProgressStyle};
-use notify_core::shard_map;
-use notify_core::shard_move::{self, Ended, MoveRequest};
+use notify_store::shard_map;
+use notify_store::shard_move::{self, Ended, MoveRequest};
 use shard_router::ShardId;
 
 /// A replica that has not reported for this long is shown as gone.
@@ -79,11 +79,11 @@ fn parse_buckets(text: &str) -> anyhow::Result<(u32, u32)> {
 
 /// Runs a shard command.
 pub async fn run(command: ShardCommand) -> anyhow::Result<()> {
-    let settings = notify_core::Settings::load()?;
+    let settings = notify_domain::Settings::load()?;
     if let ShardCommand::Add { .. } = command {
-        notify_core::db::migrate_all(&settings).await?;
+        notify_store::db::migrate_all(&settings).await?;
     }
-    let pools = notify_core::db::connect(&settings).await?;
+    let pools = notify_store::db::connect(&settings).await?;
     shard_map::adopt(&settings, &pools).await?;
     match command {
         ShardCommand::Map => show(&pools).await,
@@ -97,8 +97,8 @@ pub async fn run(command: ShardCommand) -> anyhow::Result<()> {
 }
 
 async fn move_buckets(
-    settings: &notify_core::Settings,
-    pools: &notify_core::db::ShardPools,
+    settings: &notify_domain::Settings,
+    pools: &notify_store::db::ShardPools,
     args: MoveArgs,
 ) -> anyhow::Result<()> {
     let active = shard_move::active(pools).await?;
@@ -178,7 +178,7 @@ fn print_move(state: &shard_move::Move) {
     );
 }
 
-async fn show(pools: &notify_core::db::ShardPools) -> anyhow::Result<()> {
+async fn show(pools: &notify_store::db::ShardPools) -> anyhow::Result<()> {
     let directory = shard_map::directory(pools)?;
     let stored = shard_map::latest(directory)
         .await?

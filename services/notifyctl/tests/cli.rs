@@ -65,7 +65,7 @@ async fn token_health_send_and_audit_against_an_api_with_tls_and_tokens() {
     let token = made.lines().nth(1).expect("token line").trim().to_owned();
     let digest_line = made.lines().find(|l| l.starts_with("token_sha256 = ")).expect("digest line");
     let digest = digest_line.split('"').nth(1).expect("quoted digest").to_owned();
-    assert_eq!(digest, notify_core::auth::token_sha256_hex(&token));
+    assert_eq!(digest, notify_domain::auth::token_sha256_hex(&token));
 
     let pki = notify_testkit::pki::TestPki::new("cli");
     let server = pki.server("api");
@@ -73,7 +73,7 @@ async fn token_health_send_and_audit_against_an_api_with_tls_and_tokens() {
     settings.api.tls.cert_file = server.cert.display().to_string();
     settings.api.tls.key_file = server.key.display().to_string();
     settings.auth.enabled = true;
-    settings.auth.clients.push(notify_core::settings::ClientSettings {
+    settings.auth.clients.push(notify_domain::settings::ClientSettings {
         name: "ops".into(),
         token_sha256: vec![digest],
         cert_names: Vec::new(),
@@ -152,7 +152,7 @@ async fn shard_map_shows_the_stored_map_and_shard_add_registers_a_configured_sha
     // A fifth shard in the config: an even split over five would move most
     // buckets; the stored map moves none, and `shard add` registers it empty.
     let fifth = format!("{}_extra", app.settings.database.shards[0].database);
-    app.settings.database.shards.push(notify_core::settings::ShardSettings {
+    app.settings.database.shards.push(notify_domain::settings::ShardSettings {
         id: shard_router::ShardId(4),
         database: fifth.clone(),
         url: None,

@@ -16,8 +16,9 @@ use std::time::Duration;
 
 use notify_api::Application;
 use notify_core::queue::{self, Topology};
-use notify_core::settings::ClientSettings;
-use notify_core::{Context, Settings, telemetry};
+use notify_core::{Context, telemetry};
+use notify_domain::Settings;
+use notify_domain::settings::ClientSettings;
 use notify_proto::v1;
 use notify_proto::v1::group_service_client::GroupServiceClient;
 use notify_proto::v1::inbox_service_client::InboxServiceClient;
@@ -173,10 +174,10 @@ pub fn with_clients(
     settings.auth.enabled = true;
     let mut tokens = std::collections::HashMap::new();
     for (name, scopes) in clients {
-        let token = notify_core::auth::new_token();
+        let token = notify_domain::auth::new_token();
         settings.auth.clients.push(ClientSettings {
             name: (*name).to_owned(),
-            token_sha256: vec![notify_core::auth::token_sha256_hex(&token)],
+            token_sha256: vec![notify_domain::auth::token_sha256_hex(&token)],
             cert_names: Vec::new(),
             scopes: scopes.iter().map(|s| (*s).to_owned()).collect(),
             senders: Vec::new(),
@@ -201,7 +202,7 @@ pub async fn spawn_app_with(settings: Settings, with_worker: bool) -> TestApp {
     let _ = telemetry::init_tracing(&settings.log, &settings.trace, "notify-test");
     static REAPED: tokio::sync::OnceCell<()> = tokio::sync::OnceCell::const_new();
     REAPED.get_or_init(|| reap_stale_leftovers(&settings)).await;
-    notify_core::db::migrate_all(&settings).await.expect("shards migrate");
+    notify_store::db::migrate_all(&settings).await.expect("shards migrate");
     let app = Application::build(settings.clone()).await.expect("api builds");
     let addr = app.local_addr().expect("api bound");
     let metrics_addr = app.metrics_addr().expect("metrics bound");
@@ -429,7 +430,7 @@ impl TestApp {
     /// Unread, unexpired items of a user, counted in MySQL (the truth).
     pub async fn unread_truth(&self, user_id: u64) -> u64 {
         let pool = self.ctx.pools.for_user(user_id).value();
-        notify_core::db::items::count_unread(pool, user_id).await.expect("count unread").unread
+        notify_store::db::items::count_unread(pool, user_id).await.expect("count unread").unread
     }
 
     /// Stops everything and removes the test's databases, queues and keys.
@@ -440,7 +441,7 @@ impl TestApp {
         for (_, pool) in self.ctx.pools.iter() {
             pool.close().await;
         }
-        notify_core::db::drop_all(&self.settings).await.expect("drop test databases");
+        notify_store::db::drop_all(&self.settings).await.expect("drop test databases");
         if let Ok(connection) = queue::connect(&self.settings.rabbitmq, "notify-test-cleanup").await
         {
             if let Ok(channel) = connection.create_channel().await {
@@ -499,7 +500,7 @@ async fn reap_stale_leftovers(settings: &Settings) {
 
 async fn delete_keys(settings: &Settings) {
     // KEYS asks every master of a cluster; DEL goes to each key's slot.
-    if let Ok(mut conn) = notify_core::cache::Connection::open(&settings.redis).await {
+    if let Ok(mut conn) = notify_cache::Connection::open(&settings.redis).await {
         let pattern = format!("{}*", settings.redis.key_prefix);
         let keys: Vec<String> = conn.keys(pattern).await.unwrap_or_default();
         if !keys.is_empty() {

@@ -8,11 +8,12 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use notify_core::db::{chunks, messages};
-use notify_core::domain::{Lane, MessageId, SendStatus};
 use notify_core::health::Heartbeats;
 use notify_core::queue::ChunkTask;
-use notify_core::{Context, Result, send};
+use notify_core::{Context, send};
+use notify_domain::Result;
+use notify_domain::domain::{Lane, MessageId, SendStatus};
+use notify_store::db::{chunks, messages};
 use shard_router::ShardId;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
@@ -169,7 +170,7 @@ pub async fn settle_once(ctx: &Context) -> Result<()> {
     for (shard, pool) in ctx.pools.iter() {
         match within(limit, notify_core::deliver::settle(ctx, pool, BATCH)).await {
             Ok(_) => {}
-            Err(notify_core::Error::Cache(e)) => return Err(e.into()),
+            Err(notify_domain::Error::Cache(e)) => return Err(e.into()),
             Err(e) => warn!(error = %e, shard = %shard, "settler passed over a shard"),
         }
     }
@@ -179,7 +180,7 @@ pub async fn settle_once(ctx: &Context) -> Result<()> {
 /// `work`, or an error once it has taken longer than `limit`.
 async fn within<T>(limit: Duration, work: impl Future<Output = Result<T>>) -> Result<T> {
     tokio::time::timeout(limit, work).await.unwrap_or_else(|_| {
-        Err(notify_core::Error::Unavailable(format!(
+        Err(notify_domain::Error::Unavailable(format!(
             "no answer within worker.operation_timeout_secs ({} s)",
             limit.as_secs()
         )))

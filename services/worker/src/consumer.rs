@@ -17,13 +17,14 @@ use lapin::Connection;
 use lapin::message::Delivery;
 use lapin::options::{BasicAckOptions, BasicConsumeOptions, BasicNackOptions, BasicQosOptions};
 use lapin::types::FieldTable;
+use notify_core::Context;
 use notify_core::deliver::{self, TaskOutcome};
-use notify_core::domain::Lane;
 use notify_core::health::Heartbeats;
 use notify_core::queue::{self, ChunkTask, Topology};
-use notify_core::settings::RabbitSettings;
 use notify_core::telemetry::trace;
-use notify_core::{Context, Error};
+use notify_domain::Error;
+use notify_domain::domain::Lane;
+use notify_domain::settings::RabbitSettings;
 use shard_router::ShardId;
 use tokio_stream::wrappers::IntervalStream;
 use tokio_util::sync::CancellationToken;
@@ -366,7 +367,7 @@ async fn apply_group(
     let applying = AssertUnwindSafe(deliver::apply_group(
         ctx,
         shard,
-        notify_core::domain::MessageId::from_raw(message_id),
+        notify_domain::domain::MessageId::from_raw(message_id),
         &chunk_ids,
     ))
     .catch_unwind();

@@ -11,9 +11,10 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use notify_core::domain::Lane;
+use notify_core::Context;
 use notify_core::health::{self, Heartbeats, Probes};
-use notify_core::{Context, Settings};
+use notify_domain::Settings;
+use notify_domain::domain::Lane;
 use tokio::net::TcpListener;
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
@@ -29,7 +30,7 @@ const SETTLE_INTERVAL: Duration = Duration::from_millis(500);
 pub struct Worker {
     ctx: Context,
     metrics_listener: TcpListener,
-    replica: notify_core::shard_map::Replica,
+    replica: notify_store::shard_map::Replica,
 }
 
 impl Worker {
@@ -44,8 +45,8 @@ impl Worker {
             })?;
         let ctx = Context::connect(settings).await?;
         // Reported before any consumer runs (see shard_map::join).
-        let replica = notify_core::shard_map::Replica::new("worker");
-        notify_core::shard_map::join(&ctx, &replica).await?;
+        let replica = notify_store::shard_map::Replica::new("worker");
+        notify_store::shard_map::join(&ctx.pools, &ctx.settings.database, &replica).await?;
         Ok(Self { ctx, metrics_listener, replica })
     }
 
@@ -147,8 +148,12 @@ impl Worker {
         // replica that stops reporting counts as gone for a bucket move.
         // (Also when this returns early with an error.)
         let drained = CancellationToken::new();
-        let shard_map =
-            tokio::spawn(notify_core::shard_map::follow(ctx.clone(), replica, drained.clone()));
+        let shard_map = tokio::spawn(notify_store::shard_map::follow(
+            ctx.pools.clone(),
+            ctx.settings.database.clone(),
+            replica,
+            drained.clone(),
+        ));
         let drained = drained.drop_guard();
         if ctx.settings.retention.interval_secs > 0 {
             // Not a heartbeat loop: a run may take long (a month's drop, or

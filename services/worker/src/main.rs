@@ -1,6 +1,7 @@
 //! `notify-worker` binary: telemetry, config, build, run.
 
-use notify_core::{Settings, telemetry};
+use notify_core::telemetry;
+use notify_domain::Settings;
 use tokio_util::sync::CancellationToken;
 
 #[tokio::main]

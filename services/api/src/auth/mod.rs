@@ -20,10 +20,10 @@ use std::task::{Context, Poll};
 
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full, Limited};
+use notify_cache::quota::Quotas;
 use notify_core::audit::{self, Entry, Target};
-use notify_core::auth::{Caller, Registry, Scope};
-use notify_core::quota::Quotas;
-use notify_core::settings::ReflectionMode;
+use notify_domain::auth::{Caller, Registry, Scope};
+use notify_domain::settings::ReflectionMode;
 use notify_proto::v1;
 use prost::Message as _;
 use tonic::Status;

@@ -6,7 +6,7 @@
 use std::collections::HashMap;
 use std::sync::LazyLock;
 
-use notify_core::auth::Scope;
+use notify_domain::auth::Scope;
 
 /// What a call to one method needs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

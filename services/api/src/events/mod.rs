@@ -24,11 +24,13 @@ use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
 use futures::StreamExt as _;
-use notify_core::db::chunks::ContentSummary;
-use notify_core::db::items::InboxQuery;
-use notify_core::domain::UserId;
 use notify_core::events::BusEvent;
 use notify_core::{Context, groups, inbox};
+use notify_domain::domain::UserId;
+use notify_store::db::chunks::ContentSummary;
+use notify_store::db::items::InboxQuery;
+
+use crate::convert::WirePages;
 use notify_proto::v1::{self, subscribe_response::Event};
 use tokio::sync::{Notify, mpsc};
 use tokio_util::sync::CancellationToken;
@@ -608,7 +610,7 @@ impl Hub {
         let (counts, groups, page) = futures::future::join3(
             inbox::unread_counts(ctx, &[user_id]),
             groups::unread(ctx, user),
-            inbox::list(ctx, user, &query),
+            inbox::list::<WirePages>(ctx, user, &query),
         )
         .await;
         let unread = counts.map_err(crate::status::to_status)?.first().copied().unwrap_or(0);

@@ -1,8 +1,9 @@
 //! `notify.v1.AdminService`: the audit log, for operators (scope `admin`).
 
 use notify_core::audit::{self, Filter, Target};
-use notify_core::settings::valid_client_name;
-use notify_core::{Context, Error, inbox};
+use notify_core::{Context, inbox};
+use notify_domain::Error;
+use notify_domain::settings::valid_client_name;
 use notify_proto::v1;
 use notify_proto::v1::admin_service_server::AdminService;
 use notify_proto::v1::list_audit_records_request::Filter as RequestFilter;

@@ -3,8 +3,8 @@
 
 use notify_core::Context;
 use notify_core::audit::Target;
-use notify_core::domain::{self, UserId};
 use notify_core::groups::{self, MAX_MEMBER_BATCH, MAX_PULL_LIMIT};
+use notify_domain::domain::{self, UserId};
 use notify_proto::v1;
 use notify_proto::v1::group_service_server::GroupService;
 use tonic::{Request, Response, Status};
@@ -41,7 +41,7 @@ fn member_ids(raw: &[u64]) -> Result<Vec<u64>, Status> {
         .into_status()
 }
 
-fn group_message(row: notify_core::db::groups::GroupMessageRow) -> v1::GroupMessage {
+fn group_message(row: notify_store::db::groups::GroupMessageRow) -> v1::GroupMessage {
     v1::GroupMessage {
         message_id: row.message_id,
         seq: row.seq,

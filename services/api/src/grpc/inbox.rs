@@ -1,9 +1,12 @@
 //! `notify.v1.InboxService`: a user's inbox, mark-read and unread badges.
 
-use notify_core::db::items::InboxQuery;
-use notify_core::domain::{self, UserId};
+use notify_core::Context;
 use notify_core::inbox::{self, MAX_BATCH_IDS, MAX_PAGE_SIZE};
-use notify_core::{Context, Error};
+use notify_domain::domain::{self, UserId};
+use notify_store::db::items::InboxQuery;
+
+use crate::convert::WirePages;
+use notify_domain::Error;
 use notify_proto::v1;
 use notify_proto::v1::inbox_service_server::InboxService;
 use tonic::{Request, Response, Status};
@@ -70,7 +73,7 @@ impl InboxService for InboxApi {
             unread_only: req.unread_only,
             category: (!req.category.is_empty()).then_some(req.category.as_str()),
         };
-        Ok(Response::new(inbox::list(&self.ctx, user, &query).await.into_status()?))
+        Ok(Response::new(inbox::list::<WirePages>(&self.ctx, user, &query).await.into_status()?))
     }
 
     #[instrument(skip_all, fields(user_id = request.get_ref().user_id))]

@@ -5,12 +5,13 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures::Stream;
+use notify_cache::quota::Quotas;
+use notify_core::Context;
 use notify_core::audit::Target;
-use notify_core::auth::Caller;
-use notify_core::domain::{self, AudienceKind, MessageId};
-use notify_core::quota::Quotas;
 use notify_core::send::{self, MessageView};
-use notify_core::{Context, Error};
+use notify_domain::Error;
+use notify_domain::auth::Caller;
+use notify_domain::domain::{self, AudienceKind, MessageId};
 use notify_proto::v1;
 use notify_proto::v1::message_service_server::MessageService;
 use tokio_stream::wrappers::ReceiverStream;
@@ -60,7 +61,7 @@ impl MessageApi {
     ) -> Result<Response<v1::Message>, Status>
     where
         F: FnOnce(MessageId, Option<String>) -> Fut,
-        Fut: Future<Output = notify_core::Result<MessageView>>,
+        Fut: Future<Output = notify_domain::Result<MessageView>>,
     {
         let id = message_id(raw_id)?;
         let owner = caller.sends_owner_filter().map(str::to_owned);
@@ -74,7 +75,7 @@ fn message_id(raw: u64) -> Result<MessageId, Status> {
     MessageId::parse(raw, "message_id").into_status()
 }
 
-fn reply(view: notify_core::Result<MessageView>) -> Result<Response<v1::Message>, Status> {
+fn reply(view: notify_domain::Result<MessageView>) -> Result<Response<v1::Message>, Status> {
     view.and_then(convert::message_to_proto).map(Response::new).into_status()
 }
 

@@ -8,7 +8,7 @@ pub mod message;
 
 use notify_core::Context;
 use notify_core::audit::{self, Entry, Target};
-use notify_core::auth::Caller;
+use notify_domain::auth::Caller;
 
 /// Writes the audit record of a lifecycle action with its outcome.
 pub(crate) async fn audit<T>(
@@ -16,7 +16,7 @@ pub(crate) async fn audit<T>(
     caller: &Caller,
     action: &str,
     target: Target,
-    result: &notify_core::Result<T>,
+    result: &notify_domain::Result<T>,
     detail: String,
 ) {
     let entry =

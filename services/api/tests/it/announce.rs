@@ -186,7 +186,7 @@ async fn a_lost_epoch_does_not_bring_back_badges_cached_before_it() {
     use redis::AsyncCommands;
 
     let app = spawn_app().await;
-    let cache = notify_core::cache::Cache::connect(&app.settings.redis).await.unwrap();
+    let cache = notify_cache::Cache::connect(&app.settings.redis).await.unwrap();
     let mut conn = cache.connection();
     let user = 31_337;
     announce(&app, None).await;

@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use bytes::{Buf, BufMut};
 use notify_api::auth::policy::{self, Requirement};
-use notify_core::auth::Scope;
+use notify_domain::auth::Scope;
 use notify_proto::v1;
 use notify_proto::v1::admin_service_client::AdminServiceClient;
 use notify_proto::v1::group_service_client::GroupServiceClient;
@@ -216,8 +216,8 @@ fn messages(app: &TestApp, token: &str) -> MessageServiceClient<AuthedChannel> {
 async fn both_tokens_of_a_rotation_work_and_wrong_ones_are_refused() {
     let mut settings = test_settings();
     let tokens = with_clients(&mut settings, &[("billing", &["inbox.read"])]);
-    let next = notify_core::auth::new_token();
-    settings.auth.clients[0].token_sha256.push(notify_core::auth::token_sha256_hex(&next));
+    let next = notify_domain::auth::new_token();
+    settings.auth.clients[0].token_sha256.push(notify_domain::auth::token_sha256_hex(&next));
     let app = spawn_app_with(settings, false).await;
     let badge = |token: &str| {
         let mut inbox = InboxServiceClient::new(authed(app.channel(), token));
@@ -225,7 +225,7 @@ async fn both_tokens_of_a_rotation_work_and_wrong_ones_are_refused() {
     };
     assert_eq!(badge(&tokens["billing"]).await.unwrap().into_inner().user_id, 7);
     assert_eq!(badge(&next).await.unwrap().into_inner().user_id, 7);
-    let wrong = badge(&notify_core::auth::new_token()).await.unwrap_err();
+    let wrong = badge(&notify_domain::auth::new_token()).await.unwrap_err();
     assert_eq!(wrong.code(), Code::Unauthenticated);
     assert_eq!(wrong.message(), "the bearer token is not valid");
     let mut request = tonic::Request::new(v1::GetUnreadCountRequest { user_id: 7 });
@@ -574,9 +574,9 @@ async fn reflection_is_authenticated_open_or_off_as_configured() {
         let mut settings = test_settings();
         let tokens = with_clients(&mut settings, &[("gateway", &["inbox.read"])]);
         settings.api.reflection = match mode {
-            "open" => notify_core::settings::ReflectionMode::Open,
-            "off" => notify_core::settings::ReflectionMode::Off,
-            _ => notify_core::settings::ReflectionMode::Authenticated,
+            "open" => notify_domain::settings::ReflectionMode::Open,
+            "off" => notify_domain::settings::ReflectionMode::Off,
+            _ => notify_domain::settings::ReflectionMode::Authenticated,
         };
         let app = spawn_app_with(settings, false).await;
         let anonymous =
@@ -597,7 +597,7 @@ async fn reflection_is_authenticated_open_or_off_as_configured() {
 async fn the_api_refuses_to_listen_beyond_loopback_without_authentication() {
     let mut settings = test_settings();
     settings.api.listen = "0.0.0.0:0".into();
-    notify_core::db::migrate_all(&settings).await.unwrap();
+    notify_store::db::migrate_all(&settings).await.unwrap();
     let refused = notify_api::Application::build(settings.clone()).await.err().expect("refused");
     let line = refused.to_string();
     assert!(
@@ -610,7 +610,7 @@ async fn the_api_refuses_to_listen_beyond_loopback_without_authentication() {
     settings.auth.insecure_allow_unauthenticated = false;
     with_clients(&mut settings, &[("billing", &["send"])]);
     assert!(notify_api::Application::build(settings.clone()).await.is_ok());
-    notify_core::db::drop_all(&settings).await.unwrap();
+    notify_store::db::drop_all(&settings).await.unwrap();
 }
 
 #[tokio::test]

@@ -1,7 +1,7 @@
 //! The badge cache's writes that delivery depends on, against the real
 //! Redis (a single node, or the cluster of the suite's cluster pass).
 
-use notify_core::cache::Cache;
+use notify_cache::Cache;
 use notify_testkit::test_settings;
 use redis::AsyncCommands;
 

@@ -5,7 +5,7 @@
 
 use std::time::Duration;
 
-use notify_core::Settings;
+use notify_domain::Settings;
 use notify_proto::v1;
 use notify_testkit::faults::{Proxies, route_through_proxies};
 use notify_testkit::{TestApp, eventually, spawn_app_with, test_settings};
@@ -27,7 +27,7 @@ async fn spawn_behind_proxies_with(mut settings: Settings) -> (TestApp, Proxies,
 }
 
 /// Items of `message_id` on one shard, read directly.
-async fn items_on(direct: &notify_core::db::ShardPools, shard: ShardId, message_id: u64) -> u64 {
+async fn items_on(direct: &notify_store::db::ShardPools, shard: ShardId, message_id: u64) -> u64 {
     let pool = direct.get(shard).expect("shard");
     let n: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM message_items WHERE message_id = ?")
         .bind(message_id)
@@ -40,7 +40,7 @@ async fn items_on(direct: &notify_core::db::ShardPools, shard: ShardId, message_
 /// Waits (60 s at most) until every shard but `except` holds all of its
 /// recipients' items of `message_id`, read directly.
 async fn all_items_but_on(
-    direct: &notify_core::db::ShardPools,
+    direct: &notify_store::db::ShardPools,
     parts: &[(ShardId, Vec<u64>)],
     except: ShardId,
     message_id: u64,
@@ -67,7 +67,7 @@ async fn assert_exactly_once(app: &TestApp, message_id: u64, users: &[u64]) {
 #[tokio::test]
 async fn a_shard_down_mid_send_holds_back_only_its_own_chunks() {
     let (app, proxies, direct) = spawn_behind_proxies().await;
-    let direct_pools = notify_core::db::connect(&direct).await.unwrap();
+    let direct_pools = notify_store::db::connect(&direct).await.unwrap();
     let users: Vec<u64> = (1..=20_000).collect();
     let map = app.settings.shard_map().unwrap();
     // The recipients are stored with every shard up; the shard answers
@@ -120,7 +120,7 @@ async fn a_shard_down_mid_send_holds_back_only_its_own_chunks() {
 #[tokio::test]
 async fn a_slow_shard_does_not_hold_back_the_other_shards() {
     let (app, proxies, direct) = spawn_behind_proxies().await;
-    let direct_pools = notify_core::db::connect(&direct).await.unwrap();
+    let direct_pools = notify_store::db::connect(&direct).await.unwrap();
     let users: Vec<u64> = (1..=20_000).collect();
     let map = app.settings.shard_map().unwrap();
     let parts = map.partition_users(&users);
@@ -160,7 +160,7 @@ async fn a_black_holed_shard_hangs_nothing_fails_nothing_and_heals() {
     settings.worker.operation_timeout_secs = 3;
     settings.api.max_deadline_secs = 3;
     let (app, proxies, direct) = spawn_behind_proxies_with(settings).await;
-    let direct_pools = notify_core::db::connect(&direct).await.unwrap();
+    let direct_pools = notify_store::db::connect(&direct).await.unwrap();
     let users: Vec<u64> = (1..=20_000).collect();
     let map = app.settings.shard_map().unwrap();
     let parts = map.partition_users(&users);
@@ -280,7 +280,7 @@ async fn rabbitmq_connections_reset_during_the_starts_publishes_lose_and_double_
 #[tokio::test]
 async fn redis_down_mid_send_delivery_goes_on_and_no_stale_badge_is_served_after() {
     let (app, proxies, direct) = spawn_behind_proxies().await;
-    let direct_pools = notify_core::db::connect(&direct).await.unwrap();
+    let direct_pools = notify_store::db::connect(&direct).await.unwrap();
     let first = send(&app, vec![1, 2, 3, 2_500, 5_000]).await;
     wait_for_status(&app, first, v1::MessageStatus::Completed).await;
     for user in [1, 2, 3, 2_500, 5_000] {
@@ -347,7 +347,7 @@ async fn redis_down_mid_send_delivery_goes_on_and_no_stale_badge_is_served_after
 }
 
 /// Chunks of `message_id` applied but not settled, over every shard.
-async fn unsettled_chunks(direct: &notify_core::db::ShardPools, message_id: u64) -> i64 {
+async fn unsettled_chunks(direct: &notify_store::db::ShardPools, message_id: u64) -> i64 {
     let mut total = 0;
     for (_, pool) in direct.iter() {
         let n: i64 = sqlx::query_scalar(
@@ -364,7 +364,7 @@ async fn unsettled_chunks(direct: &notify_core::db::ShardPools, message_id: u64)
 
 #[tokio::test]
 async fn a_task_with_no_queue_comes_back_and_is_published_again_after_redeclaring() {
-    use notify_core::domain::Lane;
+    use notify_domain::domain::Lane;
     let mut app = spawn_app_with(test_settings(), false).await;
     // The high lane's queues disappear under the running api (an operator's
     // mistake, a broker that lost its definitions).
@@ -482,7 +482,7 @@ async fn the_api_killed_between_batches_and_after_the_starts_commit_loses_and_do
             .fetch_one(home)
             .await
             .unwrap();
-        (status == notify_core::domain::SendStatus::Sending as u8).then_some(())
+        (status == notify_domain::domain::SendStatus::Sending as u8).then_some(())
     })
     .await;
     second.kill().await;
@@ -508,9 +508,13 @@ async fn a_black_holed_directory_shard_does_not_hold_the_map_follower_at_shutdow
     let (app, proxies, _) = spawn_behind_proxies_with(settings).await;
     proxies.shards[0].black_hole().await;
     let stop = tokio_util::sync::CancellationToken::new();
-    let replica = notify_core::shard_map::Replica::new("test");
-    let follower =
-        tokio::spawn(notify_core::shard_map::follow(app.ctx.clone(), replica, stop.clone()));
+    let replica = notify_store::shard_map::Replica::new("test");
+    let follower = tokio::spawn(notify_store::shard_map::follow(
+        app.ctx.pools.clone(),
+        app.ctx.settings.database.clone(),
+        replica,
+        stop.clone(),
+    ));
     // This runtime has one thread: the follower runs until its first look
     // waits on the black hole.
     for _ in 0..10 {
@@ -624,7 +628,7 @@ async fn a_page_read_while_an_announcements_shard_is_down_is_not_cached() {
     let (app, proxies, _) = spawn_behind_proxies().await;
     let map = app.settings.shard_map().unwrap();
     let shards = &app.settings.database.shards;
-    let cache = notify_core::cache::Cache::connect(&app.settings.redis).await.unwrap();
+    let cache = notify_cache::Cache::connect(&app.settings.redis).await.unwrap();
     let announce = || {
         let mut messages = app.messages();
         async move {

@@ -4,9 +4,9 @@
 use std::collections::{BTreeMap, HashSet};
 
 use futures::StreamExt;
-use notify_core::db::groups as store;
 use notify_proto::v1;
 use notify_proto::v1::group_service_client::GroupServiceClient;
+use notify_store::db::groups as store;
 use notify_testkit::{TestApp, content, spawn_app_with, test_settings};
 use tonic::Code;
 use tonic::transport::Channel;
@@ -517,7 +517,7 @@ async fn messages_past_retention_go_and_members_behind_them_move_past_them() {
     let home = app.ctx.pools.for_group(group_id).value();
     let long_ago = chrono::Utc::now() - chrono::Duration::days(200);
     for seq in 1..=3u64 {
-        let id = notify_core::ids::first_id_at(long_ago.timestamp_millis() as u64) + seq;
+        let id = notify_domain::ids::first_id_at(long_ago.timestamp_millis() as u64) + seq;
         sqlx::query("UPDATE group_messages SET message_id = ? WHERE group_id = ? AND seq = ?")
             .bind(id)
             .bind(group_id)

@@ -5,7 +5,8 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use notify_core::ids::{IdGenerator, InstanceLease};
+use notify_domain::ids::IdGenerator;
+use notify_store::instance_lease::InstanceLease;
 use notify_testkit::{eventually, spawn_app};
 
 /// The instance an id was issued under.
@@ -44,7 +45,7 @@ async fn live_processes_hold_distinct_instances_and_their_ids_carry_them() {
 async fn a_taken_instance_is_left_for_a_free_one_and_a_lapsed_lease_issues_no_ids() {
     let app = spawn_app().await;
     // A pool of its own, closed below as if the shard went away.
-    let pools = notify_core::db::connect(&app.settings).await.unwrap();
+    let pools = notify_store::db::connect(&app.settings).await.unwrap();
     let pool = pools.iter().next().unwrap().1.clone();
     let generator = Arc::new(IdGenerator::with_instance(0));
     let lease =

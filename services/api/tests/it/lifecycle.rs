@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use notify_core::domain::Lane;
+use notify_domain::domain::Lane;
 use notify_proto::v1;
 use notify_testkit::{TestApp, eventually, spawn_app_with, test_settings};
 

@@ -5,8 +5,8 @@
 
 use std::time::Duration;
 
-use notify_core::Settings;
-use notify_core::cache::Cache;
+use notify_cache::Cache;
+use notify_domain::Settings;
 use notify_testkit::faults::route_through_proxies;
 use notify_testkit::{TestApp, eventually, spawn_app_with, test_settings};
 

@@ -3,7 +3,7 @@
 //! that a cached page is what ListInbox serves until a write to the user's
 //! items (a delivery, a mark-read, an announcement) retires it.
 
-use notify_core::cache::{Cache, PageToStore};
+use notify_cache::{Cache, PageToStore};
 use notify_proto::v1;
 use notify_testkit::{TestApp, spawn_app, test_settings};
 use prost::Message as _;

@@ -5,9 +5,9 @@
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
-use notify_core::ids;
 use notify_core::retention::{self, partitions};
-use notify_core::settings::RetentionSettings;
+use notify_domain::ids;
+use notify_domain::settings::RetentionSettings;
 use notify_proto::v1;
 use notify_testkit::{TestApp, eventually, spawn_app_with, test_settings};
 

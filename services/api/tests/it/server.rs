@@ -132,12 +132,12 @@ async fn graceful_shutdown_reports_not_serving_then_stops() {
 #[tokio::test]
 async fn migrate_twice_changes_nothing_the_second_time() {
     let settings = test_settings();
-    let first = notify_core::db::migrate_all(&settings).await.unwrap();
+    let first = notify_store::db::migrate_all(&settings).await.unwrap();
     assert!(first.iter().all(|r| r.created_database && !r.applied.is_empty()));
-    let second = notify_core::db::migrate_all(&settings).await.unwrap();
+    let second = notify_store::db::migrate_all(&settings).await.unwrap();
     assert_eq!(second.len(), 4);
     assert!(second.iter().all(|r| !r.created_database && r.applied.is_empty()), "{second:?}");
-    notify_core::db::drop_all(&settings).await.unwrap();
+    notify_store::db::drop_all(&settings).await.unwrap();
 }
 
 /// Picks a free loopback port for a child process to bind.

@@ -3,14 +3,14 @@
 
 use std::time::Duration;
 
-use notify_core::shard_map;
 use notify_proto::v1;
+use notify_store::shard_map;
 use notify_testkit::{TestApp, eventually, spawn_app_with, test_settings};
 
 use crate::helpers::{badge, create_draft};
 use shard_router::{BUCKETS, BucketSet, ShardId, ShardMap, bucket_of};
 
-fn fast_settings() -> notify_core::Settings {
+fn fast_settings() -> notify_domain::Settings {
     let mut settings = test_settings();
     settings.database.shard_map_refresh_ms = 100;
     settings
@@ -92,7 +92,7 @@ async fn a_version_naming_an_unconfigured_shard_is_refused_and_reported() {
 async fn the_stored_map_wins_over_the_config_and_shard_add_registers_a_configured_shard() {
     let settings = fast_settings();
     // A store written while the config had three shards...
-    notify_core::db::migrate_all(&settings).await.unwrap();
+    notify_store::db::migrate_all(&settings).await.unwrap();
     let three = ShardMap::even(&[ShardId(0), ShardId(1), ShardId(2)]).unwrap();
     let directory = sqlx::MySqlPool::connect(&format!(
         "{}/{}",

@@ -7,9 +7,10 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use notify_core::shard_move::{self, Ended, MoveRequest, TABLES};
-use notify_core::{Settings, shard_map};
+use notify_domain::Settings;
 use notify_proto::v1;
+use notify_store::shard_map;
+use notify_store::shard_move::{self, Ended, MoveRequest, TABLES};
 use notify_testkit::{TestApp, content, eventually, send_request, spawn_app_with, test_settings};
 use shard_router::{BucketSet, ShardId, bucket_of};
 use tokio::sync::watch;

@@ -5,7 +5,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use notify_core::settings::ClientAuth;
+use notify_domain::settings::ClientAuth;
 use notify_proto::v1;
 use notify_proto::v1::inbox_service_client::InboxServiceClient;
 use notify_testkit::pki::{CertFiles, TestPki};
@@ -18,7 +18,7 @@ use tonic::transport::{Certificate, Channel, ClientTlsConfig, Identity};
 
 /// Settings with TLS on the api listener, a server certificate from `pki`,
 /// and client certificates checked against it as `client_auth` says.
-fn tls_settings(pki: &TestPki, client_auth: ClientAuth) -> notify_core::Settings {
+fn tls_settings(pki: &TestPki, client_auth: ClientAuth) -> notify_domain::Settings {
     let server = pki.server("api");
     let mut settings = test_settings();
     settings.api.tls.cert_file = server.cert.display().to_string();
@@ -215,7 +215,7 @@ async fn mysql_redis_and_rabbitmq_over_tls_carry_a_whole_send() {
     let ca = pki.ca.display().to_string();
     let mut settings = test_settings();
     settings.database.url = secrecy::SecretString::from(mariadb.url());
-    settings.database.tls_mode = notify_core::settings::MySqlTlsMode::VerifyIdentity;
+    settings.database.tls_mode = notify_domain::settings::MySqlTlsMode::VerifyIdentity;
     settings.database.tls_ca_file = ca.clone();
     settings.redis.url = secrecy::SecretString::from(redis.url());
     settings.redis.tls_ca_file = ca.clone();
@@ -247,8 +247,7 @@ async fn mysql_redis_and_rabbitmq_over_tls_carry_a_whole_send() {
     assert!(error.to_string().contains("database.shards[0]"), "{error}");
     untrusted.database.tls_ca_file = pki.ca.display().to_string();
     untrusted.redis.tls_ca_file = other.ca.display().to_string();
-    let error =
-        notify_core::cache::Cache::connect(&untrusted.redis).await.err().expect("redis refused");
+    let error = notify_cache::Cache::connect(&untrusted.redis).await.err().expect("redis refused");
     assert!(error.to_string().contains("redis.url"), "{error}");
     untrusted.rabbitmq.tls_ca_file = other.ca.display().to_string();
     let Err(error) = notify_core::queue::connect(&untrusted.rabbitmq, "tls-test").await else {

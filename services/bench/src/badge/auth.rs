@@ -8,7 +8,7 @@
 use std::fmt::Write as _;
 use std::time::Duration;
 
-use notify_core::auth::{new_token, token_sha256_hex};
+use notify_domain::auth::{new_token, token_sha256_hex};
 
 use super::{BadgeArgs, GET_UNREAD_COUNT, Load, run_wire};
 use crate::harness::{Env, thousands, verdict};

@@ -9,10 +9,10 @@ use std::time::Instant;
 use anyhow::{Context as _, bail, ensure};
 use chrono::Utc;
 use hdrhistogram::Histogram;
-use notify_core::db::items::{self, InboxQuery, InboxRow};
-use notify_core::ids::IdGenerator;
+use notify_domain::ids::IdGenerator;
 use notify_proto::v1;
 use notify_proto::v1::inbox_service_client::InboxServiceClient;
+use notify_store::db::items::{self, InboxQuery, InboxRow};
 use sqlx::QueryBuilder;
 use sqlx::mysql::MySqlPool;
 use tonic::transport::Channel;
@@ -191,13 +191,13 @@ async fn read_pages(
     Ok(hist)
 }
 
-/// The api's inbox query (`notify_core::db::items::list`, page_size + 1
+/// The api's inbox query (`notify_store::db::items::list`, page_size + 1
 /// rows) run `calls` times (after 20 unmeasured) by `run`, with the same
 /// page pattern: the database's share of a ListInbox call.
 async fn inbox_sql(
     args: &BadgeArgs,
     calls: u64,
-    mut run: impl AsyncFnMut(InboxQuery<'static>) -> notify_core::Result<Vec<InboxRow>>,
+    mut run: impl AsyncFnMut(InboxQuery<'static>) -> notify_domain::Result<Vec<InboxRow>>,
 ) -> anyhow::Result<Histogram<u64>> {
     let mut hist = new_hist();
     let mut before = u64::MAX;

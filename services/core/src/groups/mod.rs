@@ -1,7 +1,7 @@
 //! Group messages, pull model: a message is stored once on the group's home
 //! shard under the group's next seq; each member keeps a cursor on their own
 //! shard; unread = max seq - cursor, answered from Redis (see
-//! [`crate::cache`]'s group protocol) without scanning messages.
+//! [`notify_cache`]'s group protocol) without scanning messages.
 
 mod unread;
 
@@ -13,12 +13,12 @@ use shard_router::{Key, Snapshot};
 use tracing::{instrument, warn};
 
 use crate::context::Context;
-use crate::db::groups::{
+use crate::events::{self, BusEvent};
+use notify_domain::domain::{Content, UserId};
+use notify_domain::error::{Error, Result};
+use notify_store::db::groups::{
     self as store, CreatedGroup, GroupMessageRow, Membership, NewGroupMessage,
 };
-use crate::domain::{Content, UserId};
-use crate::error::{Error, Result};
-use crate::events::{self, BusEvent};
 
 /// Most users in one AddGroupMembers or RemoveGroupMembers call.
 pub const MAX_MEMBER_BATCH: usize = 10_000;

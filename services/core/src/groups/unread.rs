@@ -7,11 +7,11 @@ use futures::future::try_join_all;
 use tracing::{instrument, warn};
 
 use super::{raise_cached_seqs, shard_pool};
-use crate::cache::CachedGroup;
 use crate::context::Context;
-use crate::db::groups as store;
-use crate::domain::UserId;
-use crate::error::Result;
+use notify_cache::CachedGroup;
+use notify_domain::domain::UserId;
+use notify_domain::error::Result;
+use notify_store::db::groups as store;
 
 /// Unread messages of one group for one member.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -53,11 +53,11 @@ pub async fn unread_from(
 ) -> Result<UnreadSummary> {
     let cursors: Vec<(u64, u64, Option<u64>)> = match cached {
         Ok(Some(cached)) => {
-            crate::hot_counter!("notify_group_cursor_cache_hits_total").increment(1);
+            notify_domain::hot_counter!("notify_group_cursor_cache_hits_total").increment(1);
             cached.into_iter().map(|g| (g.group_id, g.last_ack_seq, g.max_seq)).collect()
         }
         Ok(None) => {
-            crate::hot_counter!("notify_group_cursor_cache_misses_total").increment(1);
+            notify_domain::hot_counter!("notify_group_cursor_cache_misses_total").increment(1);
             rebuild_cursors(ctx, user_id, true).await?
         }
         Err(e) => {

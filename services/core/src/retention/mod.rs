@@ -23,12 +23,12 @@ use chrono::{DateTime, Utc};
 use sqlx::MySqlPool;
 use tracing::{info, instrument, warn};
 
-use crate::Result;
-use crate::cache::Cache;
-use crate::db::ShardPools;
-use crate::db::chunks::{decode_user_ids, state};
-use crate::ids;
-use crate::settings::RetentionSettings;
+use notify_cache::Cache;
+use notify_domain::Result;
+use notify_domain::ids;
+use notify_domain::settings::RetentionSettings;
+use notify_store::db::ShardPools;
+use notify_store::db::chunks::{decode_user_ids, state};
 
 /// Rows deleted per statement: short transactions, short lock waits.
 const DELETE_BATCH: u32 = 1000;
@@ -439,7 +439,9 @@ async fn advance_cursors(
     let routes = tokio::time::timeout(FREEZE_WAIT, pools.writable_snapshot(&buckets))
         .await
         .map_err(|_| {
-            crate::Error::Unavailable("group cursors: a shard move's freeze did not end".into())
+            notify_domain::Error::Unavailable(
+                "group cursors: a shard move's freeze did not end".into(),
+            )
         })?;
     cache.begin_membership_change(users).await?;
     let mut advanced = 0;
@@ -451,7 +453,7 @@ async fn advance_cursors(
         );
         update.push_bind(seq).push(") WHERE group_id = ").push_bind(group_id);
         update.push(" AND user_id IN (");
-        crate::db::push_ids(&mut update, &owned);
+        notify_store::db::push_ids(&mut update, &owned);
         update.push(")");
         match update.build().execute(pool).await {
             Ok(done) => advanced += done.rows_affected(),

@@ -2,7 +2,7 @@
 //! ahead of time and which to drop past the horizon (pure planning, tested
 //! without a database), and the DDL that does it.
 //!
-//! Message ids are time-ordered ([`crate::ids::first_id_at`]), so the
+//! Message ids are time-ordered ([`notify_domain::ids::first_id_at`]), so the
 //! partition `p202611` holds the items of sends made in November 2026 (UTC)
 //! and ends below the first id of December. The migration leaves one
 //! catch-all partition, `p_future`; maintenance splits months off it before
@@ -14,8 +14,8 @@ use chrono::{DateTime, Datelike, NaiveDate, Utc};
 use sqlx::MySqlPool;
 use tracing::instrument;
 
-use crate::ids;
-use crate::{Error, Result};
+use notify_domain::ids;
+use notify_domain::{Error, Result};
 
 /// The catch-all partition above every month.
 pub const FUTURE: &str = "p_future";
@@ -181,7 +181,7 @@ pub async fn pending_badges(pool: &MySqlPool, limit: usize) -> Result<Vec<u64>> 
 pub async fn forget_pending_badges(pool: &MySqlPool, users: &[u64]) -> Result<()> {
     let mut query =
         sqlx::QueryBuilder::new("DELETE FROM retention_pending_badges WHERE user_id IN (");
-    crate::db::push_ids(&mut query, users);
+    notify_store::db::push_ids(&mut query, users);
     query.push(")");
     query.build().execute(pool).await?;
     Ok(())

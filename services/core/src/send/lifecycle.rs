@@ -13,10 +13,10 @@ use tracing::{info, instrument, warn};
 
 use super::{MessageView, fetch_visible, get};
 use crate::context::Context;
-use crate::db::{chunks, messages};
-use crate::domain::{AudienceKind, Lane, MessageId, Priority, SendStatus};
-use crate::error::{Error, Result};
 use crate::queue::ChunkTask;
+use notify_domain::domain::{AudienceKind, Lane, MessageId, Priority, SendStatus};
+use notify_domain::error::{Error, Result};
+use notify_store::db::{chunks, messages};
 
 /// Returns a send's status: from the cache, else from its home shard (then
 /// cached). `None` when the send does not exist.

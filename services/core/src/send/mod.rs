@@ -11,10 +11,10 @@ use shard_router::Key;
 use tracing::{info, instrument};
 
 use crate::context::Context;
-use crate::db::chunks::{self, ContentCopy};
-use crate::db::messages::{self, MessageRow, NewMessage};
-use crate::domain::{AudienceKind, Content, MessageId, Priority, SendStatus};
-use crate::error::{Error, Result};
+use notify_domain::domain::{AudienceKind, Content, MessageId, Priority, SendStatus};
+use notify_domain::error::{Error, Result};
+use notify_store::db::chunks::{self, ContentCopy};
+use notify_store::db::messages::{self, MessageRow, NewMessage};
 
 pub(crate) use lifecycle::refresh_status_best_effort;
 pub use lifecycle::{complete_if_done, publish_pending, start_due, status_of};
@@ -201,8 +201,10 @@ pub async fn append(
                 .ok_or_else(|| Error::Internal(format!("no pool for shard {shard}")))?;
             // Stores of concurrent sends next to each other in the chunk and
             // stats indexes can deadlock; a store is idempotent.
-            crate::db::retry_on_deadlock(|| chunks::store(pool, message_id, copy, chunk_plans))
-                .await
+            notify_store::db::retry_on_deadlock(|| {
+                chunks::store(pool, message_id, copy, chunk_plans)
+            })
+            .await
         }
     });
     futures::future::try_join_all(stores).await?;

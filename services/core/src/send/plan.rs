@@ -3,8 +3,8 @@
 
 use shard_router::{ShardId, ShardMap};
 
-use crate::db::chunks::ChunkPlan;
-use crate::error::{Error, Result};
+use notify_domain::error::{Error, Result};
+use notify_store::db::chunks::ChunkPlan;
 
 /// Bits of a chunk id that number the chunks of one batch.
 pub const SEQUENCE_BITS: u32 = 20;

@@ -2,9 +2,9 @@
 //! over items.
 
 use crate::context::Context;
-use crate::db::messages::{self, ShardStats};
-use crate::domain::MessageId;
-use crate::error::Result;
+use notify_domain::domain::MessageId;
+use notify_domain::error::Result;
+use notify_store::db::messages::{self, ShardStats};
 
 /// Counters of a send.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -45,7 +45,7 @@ impl Progress {
     /// For an announcement, recipients are the users who have it
     /// materialized so far: `total` and `delivered` both count them.
     pub fn for_audience(mut self, audience: u8) -> Self {
-        if audience == crate::domain::AudienceKind::AllUsers as u8 {
+        if audience == notify_domain::domain::AudienceKind::AllUsers as u8 {
             self.total = self.delivered;
             self.pending = 0;
         }

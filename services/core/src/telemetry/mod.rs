@@ -17,22 +17,9 @@ use tracing_subscriber::util::SubscriberInitExt as _;
 use tracing_subscriber::{EnvFilter, Layer as _};
 
 use crate::health::Probes;
-use crate::settings::{LogSettings, TraceSettings};
+use notify_domain::settings::{LogSettings, TraceSettings};
 
 pub use trace::TraceExport;
-
-/// A label-less counter resolved once per call site, for paths every call
-/// takes: `metrics::counter!` looks its name up in the registry each time
-/// (hashing and comparing the key), which a badge read paid twice per call.
-/// Resolve only after the recorder is installed (a handle taken before it
-/// counts nowhere); the services install it before serving.
-#[macro_export]
-macro_rules! hot_counter {
-    ($name:literal) => {{
-        static COUNTER: std::sync::OnceLock<metrics::Counter> = std::sync::OnceLock::new();
-        COUNTER.get_or_init(|| metrics::counter!($name))
-    }};
-}
 
 /// Installs the global tracing subscriber: log lines filtered by
 /// `log.filter` (or `RUST_LOG`), and spans exported over OTLP when

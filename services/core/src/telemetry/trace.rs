@@ -18,7 +18,7 @@ use opentelemetry_sdk::trace::{Sampler, SdkTracerProvider};
 use tracing_opentelemetry::OpenTelemetrySpanExt;
 use tracing_subscriber::filter::{LevelFilter, Targets};
 
-use crate::settings::TraceSettings;
+use notify_domain::settings::TraceSettings;
 
 /// The W3C trace context headers (`traceparent`, `tracestate`).
 const CONTEXT_HEADERS: [&str; 2] = ["traceparent", "tracestate"];
@@ -69,6 +69,8 @@ impl TraceExport {
         use tracing_subscriber::Layer as _;
         let targets = Targets::new()
             .with_default(LevelFilter::INFO)
+            .with_target("notify_store", LevelFilter::DEBUG)
+            .with_target("notify_cache", LevelFilter::DEBUG)
             .with_target("notify_core", LevelFilter::DEBUG)
             .with_target("notify_api", LevelFilter::DEBUG)
             .with_target("notify_worker", LevelFilter::DEBUG);

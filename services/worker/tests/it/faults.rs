@@ -3,11 +3,11 @@
 use std::process::Stdio;
 use std::time::Duration;
 
-use notify_core::db::chunks;
 use notify_core::deliver::{self, TaskOutcome};
-use notify_core::domain::Lane;
 use notify_core::queue::ChunkTask;
+use notify_domain::domain::Lane;
 use notify_proto::v1;
+use notify_store::db::chunks;
 use notify_testkit::{TestApp, eventually, spawn_app, spawn_app_with, test_settings};
 
 async fn send(app: &TestApp, user_ids: Vec<u64>) -> u64 {

@@ -1,0 +1,328 @@
+//! Domain types: ids with parsing constructors, statuses, lanes and content
+//! limits. Everything that crosses the gRPC boundary is validated here.
+
+use std::collections::BTreeMap;
+use std::fmt;
+
+use crate::error::{Error, Result};
+
+/// Longest title, in characters.
+pub const MAX_TITLE_CHARS: usize = 200;
+/// Longest body, in bytes of UTF-8.
+pub const MAX_BODY_BYTES: usize = 16 * 1024;
+/// Longest category, in bytes.
+pub const MAX_CATEGORY_BYTES: usize = 64;
+/// Most entries in `content.data`.
+pub const MAX_DATA_ENTRIES: usize = 32;
+/// Largest `content.data`, keys and values together, in bytes.
+pub const MAX_DATA_BYTES: usize = 8 * 1024;
+/// Longest sender name, in bytes.
+pub const MAX_SENDER_BYTES: usize = 64;
+/// Longest idempotency key, in bytes.
+pub const MAX_IDEMPOTENCY_KEY_BYTES: usize = 128;
+
+/// A user id: any non-zero 64-bit integer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct UserId(u64);
+
+impl UserId {
+    /// Accepts any id but zero; `field` names the request field in the error.
+    pub fn parse(raw: u64, field: &str) -> Result<Self> {
+        if raw == 0 {
+            return Err(Error::invalid(field, "user id must not be 0"));
+        }
+        Ok(Self(raw))
+    }
+
+    /// Returns the raw id.
+    pub fn get(self) -> u64 {
+        self.0
+    }
+}
+
+/// A message id: a non-zero, time-ordered 64-bit integer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct MessageId(u64);
+
+impl MessageId {
+    /// Accepts any id but zero; `field` names the request field in the error.
+    pub fn parse(raw: u64, field: &str) -> Result<Self> {
+        if raw == 0 {
+            return Err(Error::invalid(field, "message id must not be 0"));
+        }
+        Ok(Self(raw))
+    }
+
+    /// Wraps an id read from storage or generated here.
+    pub const fn from_raw(raw: u64) -> Self {
+        Self(raw)
+    }
+
+    /// Returns the raw id.
+    pub fn get(self) -> u64 {
+        self.0
+    }
+}
+
+impl fmt::Display for MessageId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}", self.0)
+    }
+}
+
+/// Lifecycle of a send; the discriminants are the stored column values.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
+pub enum SendStatus {
+    /// Draft or scheduled.
+    NotStarted = 0,
+    /// Chunks are being delivered.
+    Sending = 1,
+    /// Delivery stopped; pending chunks wait for a resume.
+    Paused = 2,
+    /// Every chunk is done.
+    Completed = 3,
+    /// Stopped for good before completing.
+    Cancelled = 4,
+}
+
+impl SendStatus {
+    /// Decodes a stored column value.
+    pub fn from_db(value: u8) -> Result<Self> {
+        Ok(match value {
+            0 => Self::NotStarted,
+            1 => Self::Sending,
+            2 => Self::Paused,
+            3 => Self::Completed,
+            4 => Self::Cancelled,
+            other => return Err(Error::Internal(format!("unknown stored message status {other}"))),
+        })
+    }
+
+    /// Returns the stored column value.
+    pub fn to_db(self) -> u8 {
+        self as u8
+    }
+
+    /// Returns the lowercase name used in errors and logs.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::NotStarted => "not_started",
+            Self::Sending => "sending",
+            Self::Paused => "paused",
+            Self::Completed => "completed",
+            Self::Cancelled => "cancelled",
+        }
+    }
+}
+/// Who a message goes to; the discriminants are the stored column values.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
+pub enum AudienceKind {
+    /// An explicit user list (write diffusion).
+    Users = 1,
+    /// Every user (read diffusion).
+    AllUsers = 2,
+}
+/// Delivery lane: high never waits behind bulk.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[repr(u8)]
+pub enum Lane {
+    /// Large sends.
+    Bulk = 0,
+    /// Small or high-priority sends.
+    High = 1,
+}
+impl Lane {
+    /// Decodes a stored column value.
+    pub fn from_db(value: u8) -> Self {
+        if value == 1 { Self::High } else { Self::Bulk }
+    }
+    /// Returns the routing key and queue suffix.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Bulk => "bulk",
+            Self::High => "high",
+        }
+    }
+}
+
+/// Requested priority of a send.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
+pub enum Priority {
+    /// Lane chosen by size.
+    Normal = 1,
+    /// Always the high lane.
+    High = 2,
+}
+
+/// What a recipient sees.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Content {
+    /// Headline.
+    pub title: String,
+    /// Body text.
+    pub body: String,
+    /// Category for inbox filters; may be empty.
+    pub category: String,
+    /// Application data.
+    pub data: BTreeMap<String, String>,
+}
+
+impl Content {
+    /// Validates every field against the limits; `field` prefixes error names.
+    pub fn validate(&self, field: &str) -> Result<()> {
+        if self.title.trim().is_empty() {
+            return Err(Error::invalid(&format!("{field}.title"), "must not be empty"));
+        }
+        if self.title.chars().count() > MAX_TITLE_CHARS {
+            return Err(Error::invalid(
+                &format!("{field}.title"),
+                &format!("must be at most {MAX_TITLE_CHARS} characters"),
+            ));
+        }
+        if self.body.len() > MAX_BODY_BYTES {
+            return Err(Error::invalid(
+                &format!("{field}.body"),
+                &format!("is {} bytes, the limit is {MAX_BODY_BYTES}", self.body.len()),
+            ));
+        }
+        validate_category(&self.category, &format!("{field}.category"))?;
+        if self.data.len() > MAX_DATA_ENTRIES {
+            return Err(Error::invalid(
+                &format!("{field}.data"),
+                &format!("has {} entries, the limit is {MAX_DATA_ENTRIES}", self.data.len()),
+            ));
+        }
+        let data_bytes: usize = self.data.iter().map(|(k, v)| k.len() + v.len()).sum();
+        if data_bytes > MAX_DATA_BYTES {
+            return Err(Error::invalid(
+                &format!("{field}.data"),
+                &format!("is {data_bytes} bytes, the limit is {MAX_DATA_BYTES}"),
+            ));
+        }
+        Ok(())
+    }
+
+    /// Encodes `data` as the JSON object stored in the database.
+    pub fn data_json(&self) -> String {
+        serde_json::to_string(&self.data).unwrap_or_else(|_| "{}".to_owned())
+    }
+
+    /// Decodes `data` stored as a JSON object.
+    pub fn data_from_json(json: &str) -> BTreeMap<String, String> {
+        serde_json::from_str(json).unwrap_or_default()
+    }
+}
+
+/// Checks a category: empty, or up to 64 bytes of `[a-z0-9_.-]`.
+pub fn validate_category(category: &str, field: &str) -> Result<()> {
+    if category.len() > MAX_CATEGORY_BYTES {
+        return Err(Error::invalid(field, &format!("must be at most {MAX_CATEGORY_BYTES} bytes")));
+    }
+    let allowed = |b: u8| b.is_ascii_lowercase() || b.is_ascii_digit() || b"_.-".contains(&b);
+    if !category.bytes().all(allowed) {
+        return Err(Error::invalid(field, "may only contain a-z, 0-9, '_', '.' and '-'"));
+    }
+    Ok(())
+}
+
+/// Checks a sender name: 1..=64 printable ASCII bytes.
+pub fn validate_sender(sender: &str, field: &str) -> Result<()> {
+    if sender.is_empty() {
+        return Err(Error::invalid(field, "must not be empty"));
+    }
+    if sender.len() > MAX_SENDER_BYTES {
+        return Err(Error::invalid(field, &format!("must be at most {MAX_SENDER_BYTES} bytes")));
+    }
+    if !sender.bytes().all(|b| b.is_ascii_graphic()) {
+        return Err(Error::invalid(field, "must be printable ASCII without spaces"));
+    }
+    Ok(())
+}
+
+/// Checks an optional idempotency key: up to 128 printable ASCII bytes.
+pub fn validate_idempotency_key(key: &str, field: &str) -> Result<()> {
+    if key.len() > MAX_IDEMPOTENCY_KEY_BYTES {
+        return Err(Error::invalid(
+            field,
+            &format!("must be at most {MAX_IDEMPOTENCY_KEY_BYTES} bytes"),
+        ));
+    }
+    if !key.bytes().all(|b| b.is_ascii_graphic()) {
+        return Err(Error::invalid(field, "must be printable ASCII without spaces"));
+    }
+    Ok(())
+}
+
+/// Validates a list of user ids: non-empty, at most `max`, none zero.
+/// Returns them sorted with duplicates removed.
+pub fn validate_user_ids(raw: &[u64], max: usize, field: &str, hint: &str) -> Result<Vec<u64>> {
+    if raw.is_empty() {
+        return Err(Error::invalid(field, "must contain at least one user id"));
+    }
+    if raw.len() > max {
+        return Err(Error::invalid(
+            field,
+            &format!("has {} ids, the limit is {max}{hint}", raw.len()),
+        ));
+    }
+    if let Some(index) = raw.iter().position(|id| *id == 0) {
+        return Err(Error::invalid(&format!("{field}[{index}]"), "user id must not be 0"));
+    }
+    let mut ids = raw.to_vec();
+    ids.sort_unstable();
+    ids.dedup();
+    Ok(ids)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn content(title: &str, body: &str) -> Content {
+        Content {
+            title: title.into(),
+            body: body.into(),
+            category: String::new(),
+            data: BTreeMap::new(),
+        }
+    }
+
+    #[test]
+    fn empty_title_is_rejected_with_the_field_name() {
+        let err = content(" ", "b").validate("content").unwrap_err();
+        assert_eq!(err.to_string(), "content.title: must not be empty");
+    }
+
+    #[test]
+    fn oversized_body_is_rejected() {
+        let err = content("t", &"x".repeat(MAX_BODY_BYTES + 1)).validate("content").unwrap_err();
+        assert!(err.to_string().starts_with("content.body: is 16385 bytes"), "{err}");
+    }
+
+    #[test]
+    fn bad_category_is_rejected() {
+        assert!(validate_category("Billing", "content.category").is_err());
+        assert!(validate_category("billing.v2-x_y", "content.category").is_ok());
+    }
+
+    #[test]
+    fn user_ids_are_sorted_deduplicated_and_checked() {
+        assert_eq!(validate_user_ids(&[3, 1, 3, 2], 10, "ids", "").unwrap(), vec![1, 2, 3]);
+        let zero = validate_user_ids(&[5, 0], 10, "audience.users.user_ids", "").unwrap_err();
+        assert_eq!(zero.to_string(), "audience.users.user_ids[1]: user id must not be 0");
+        let many = validate_user_ids(&[1, 2, 3], 2, "ids", "; use the draft flow").unwrap_err();
+        assert_eq!(many.to_string(), "ids: has 3 ids, the limit is 2; use the draft flow");
+        assert!(validate_user_ids(&[], 2, "ids", "").is_err());
+    }
+
+    #[test]
+    fn status_round_trips_through_the_database_value() {
+        for value in 0..=4 {
+            assert_eq!(SendStatus::from_db(value).unwrap().to_db(), value);
+        }
+        assert!(SendStatus::from_db(9).is_err());
+    }
+}

@@ -1,0 +1,962 @@
+//! Chunks on their target shard: storing them with the shard's content copy,
+//! applying one in a single transaction (the exactly-once guard), and the
+//! queries the scheduler, sweeper, resume and cancel need.
+
+use chrono::NaiveDateTime;
+use sqlx::{MySqlPool, QueryBuilder};
+use tracing::instrument;
+
+use super::push_ids;
+use notify_domain::domain::{Content, MessageId};
+use notify_domain::error::{Error, Result};
+
+/// Chunk states as stored.
+pub mod state {
+    /// Waiting to be applied.
+    pub const PENDING: u8 = 0;
+    /// Applied: its items exist.
+    pub const DONE: u8 = 1;
+    /// Dead-lettered after too many failed attempts.
+    pub const FAILED: u8 = 2;
+    /// Left undelivered by a cancel.
+    pub const CANCELLED: u8 = 3;
+    /// Applied, its recipients' cached badges not yet invalidated: the
+    /// apply transaction leaves a chunk here, and the worker moves it to
+    /// done once Redis has confirmed the invalidation. If Redis does not
+    /// answer, it stays here, and completion waits for it like for a
+    /// pending chunk until a settler has invalidated them (see
+    /// `deliver::settle`): a send never shows as completed while a badge
+    /// cached before its items can still be served.
+    pub const UNSETTLED: u8 = 4;
+}
+
+/// Stats rows per message and shard; chunks spread their updates over them.
+pub const STATS_SLOTS: u64 = 8;
+
+/// One chunk about to be stored.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ChunkPlan {
+    /// `batch_number << 16 | sequence`: unique within the message.
+    pub chunk_id: u64,
+    /// Sorted, distinct recipients on one shard.
+    pub user_ids: Vec<u64>,
+}
+
+/// The content copy stored once per shard with recipients.
+#[derive(Debug, Clone)]
+pub struct ContentCopy<'a> {
+    /// What recipients see.
+    pub content: &'a Content,
+    /// Expiry of the message.
+    pub expire_at: Option<NaiveDateTime>,
+    /// Creation time of the message.
+    pub created_at: NaiveDateTime,
+}
+
+/// Packs user ids as little-endian u64s.
+pub fn encode_user_ids(user_ids: &[u64]) -> Vec<u8> {
+    user_ids.iter().flat_map(|id| id.to_le_bytes()).collect()
+}
+
+/// Unpacks user ids stored by [`encode_user_ids`].
+pub fn decode_user_ids(bytes: &[u8]) -> Result<Vec<u64>> {
+    if !bytes.len().is_multiple_of(8) {
+        return Err(Error::Internal(format!("chunk user_ids has {} bytes", bytes.len())));
+    }
+    Ok(bytes
+        .chunks_exact(8)
+        .map(|b| u64::from_le_bytes([b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7]]))
+        .collect())
+}
+
+/// Stores one batch's chunks for one shard, with the shard's content copy and
+/// totals, in one transaction. Idempotent: storing the same chunks again adds
+/// nothing. Returns the recipients newly stored.
+#[instrument(level = "debug", skip_all, fields(db.system = "mysql"))]
+pub async fn store(
+    pool: &MySqlPool,
+    message_id: MessageId,
+    copy: &ContentCopy<'_>,
+    chunks: &[ChunkPlan],
+) -> Result<u64> {
+    if chunks.is_empty() {
+        return Ok(0);
+    }
+    let mut tx = pool.begin().await?;
+    store_content(&mut *tx, message_id, copy).await?;
+    let recipients = insert_chunks(&mut tx, message_id, chunks).await?;
+    if recipients == 0 {
+        // The whole batch was stored by an earlier attempt.
+        tx.rollback().await?;
+        return Ok(0);
+    }
+    tx.commit().await?;
+    Ok(recipients)
+}
+
+/// Inserts chunks (pending) and adds them to the shard's totals; returns
+/// their recipients, or 0 when every one of them existed already.
+async fn insert_chunks(
+    tx: &mut sqlx::Transaction<'_, sqlx::MySql>,
+    message_id: MessageId,
+    chunks: &[ChunkPlan],
+) -> Result<u64> {
+    let mut insert = QueryBuilder::new(
+        "INSERT IGNORE INTO message_chunks (message_id, chunk_id, recipients, user_ids) ",
+    );
+    insert.push_values(chunks, |mut row, chunk| {
+        row.push_bind(message_id.get())
+            .push_bind(chunk.chunk_id)
+            .push_bind(chunk.user_ids.len() as u16)
+            .push_bind(encode_user_ids(&chunk.user_ids));
+    });
+    let inserted = insert.build().execute(&mut **tx).await?.rows_affected();
+    if inserted == 0 {
+        return Ok(0);
+    }
+    if inserted != chunks.len() as u64 {
+        return Err(Error::Internal(format!(
+            "message {message_id}: {inserted} of {} chunks of one batch already existed",
+            chunks.len()
+        )));
+    }
+    let recipients: u64 = chunks.iter().map(|c| c.user_ids.len() as u64).sum();
+    sqlx::query(
+        "INSERT INTO message_shard_stats (message_id, slot, total, chunks) VALUES (?, 0, ?, ?) \
+         ON DUPLICATE KEY UPDATE total = total + VALUES(total), chunks = chunks + VALUES(chunks)",
+    )
+    .bind(message_id.get())
+    .bind(recipients)
+    .bind(inserted)
+    .execute(&mut **tx)
+    .await?;
+    Ok(recipients)
+}
+
+/// A shard's content copy of a message as stored, to copy it to another
+/// shard unchanged.
+#[derive(Debug, Clone, sqlx::FromRow)]
+pub struct StoredContent {
+    title: String,
+    body: String,
+    category: String,
+    data: String,
+    expire_at: Option<NaiveDateTime>,
+    created_at: NaiveDateTime,
+    revoked: bool,
+    revoked_at: Option<NaiveDateTime>,
+}
+
+/// Reads a shard's content copy of a message as stored.
+#[instrument(level = "debug", skip_all, fields(db.system = "mysql"))]
+pub async fn stored_content(
+    pool: &MySqlPool,
+    message_id: MessageId,
+) -> Result<Option<StoredContent>> {
+    Ok(sqlx::query_as(
+        "SELECT title, body, category, data, expire_at, created_at, revoked <> 0 AS revoked, \
+         revoked_at FROM message_contents WHERE message_id = ?",
+    )
+    .bind(message_id.get())
+    .fetch_optional(pool)
+    .await?)
+}
+
+/// Stores, in one transaction on the shard that now owns their users, a
+/// chunk split off a chunk of another shard (see [`shrink`]), with that
+/// shard's content copy and this shard's totals. Idempotent by chunk id: a
+/// second call adds nothing.
+#[instrument(level = "debug", skip_all, fields(db.system = "mysql"))]
+pub async fn store_split(
+    pool: &MySqlPool,
+    message_id: MessageId,
+    content: &StoredContent,
+    chunk: &ChunkPlan,
+) -> Result<()> {
+    let mut tx = pool.begin().await?;
+    sqlx::query(
+        "INSERT IGNORE INTO message_contents \
+         (message_id, title, body, category, data, expire_at, created_at, revoked, revoked_at) \
+         VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+    )
+    .bind(message_id.get())
+    .bind(&content.title)
+    .bind(&content.body)
+    .bind(&content.category)
+    .bind(&content.data)
+    .bind(content.expire_at)
+    .bind(content.created_at)
+    .bind(content.revoked)
+    .bind(content.revoked_at)
+    .execute(&mut *tx)
+    .await?;
+    insert_chunks(&mut tx, message_id, std::slice::from_ref(chunk)).await?;
+    tx.commit().await?;
+    Ok(())
+}
+
+/// Keeps only `keep` of a pending chunk's recipients, whose other ones were
+/// stored on the shards that now own them ([`store_split`]), and takes those
+/// off this shard's totals. Returns false, changing nothing, when the chunk
+/// is no longer pending with exactly `expected` recipients (another worker
+/// got there first).
+#[instrument(level = "debug", skip_all, fields(db.system = "mysql"))]
+pub async fn shrink(
+    pool: &MySqlPool,
+    message_id: MessageId,
+    chunk_id: u64,
+    expected: &[u64],
+    keep: &[u64],
+) -> Result<bool> {
+    let mut tx = pool.begin().await?;
+    let chunk = lock_chunk(&mut tx, message_id, chunk_id).await?;
+    let unchanged = match chunk {
+        Some((chunk_state, packed)) => {
+            chunk_state == state::PENDING && decode_user_ids(&packed)? == expected
+        }
+        None => false,
+    };
+    if !unchanged {
+        tx.rollback().await?;
+        return Ok(false);
+    }
+    sqlx::query(
+        "UPDATE message_chunks SET user_ids = ?, recipients = ?, updated_at = UTC_TIMESTAMP(3) \
+         WHERE message_id = ? AND chunk_id = ?",
+    )
+    .bind(encode_user_ids(keep))
+    .bind(keep.len() as u16)
+    .bind(message_id.get())
+    .bind(chunk_id)
+    .execute(&mut *tx)
+    .await?;
+    sqlx::query(
+        "UPDATE message_shard_stats SET total = total - ? WHERE message_id = ? AND slot = 0",
+    )
+    .bind((expected.len() - keep.len()) as u64)
+    .bind(message_id.get())
+    .execute(&mut *tx)
+    .await?;
+    tx.commit().await?;
+    Ok(true)
+}
+
+/// Stores the shard's content copy of a message (a no-op if it exists).
+#[instrument(level = "debug", skip_all, fields(db.system = "mysql"))]
+pub async fn store_content<'e>(
+    executor: impl sqlx::MySqlExecutor<'e>,
+    message_id: MessageId,
+    copy: &ContentCopy<'_>,
+) -> Result<()> {
+    sqlx::query(
+        "INSERT IGNORE INTO message_contents (message_id, title, body, category, data, expire_at, created_at) \
+         VALUES (?, ?, ?, ?, ?, ?, ?)",
+    )
+    .bind(message_id.get())
+    .bind(&copy.content.title)
+    .bind(&copy.content.body)
+    .bind(&copy.content.category)
+    .bind(copy.content.data_json())
+    .bind(copy.expire_at)
+    .bind(copy.created_at)
+    .execute(executor)
+    .await?;
+    Ok(())
+}
+
+/// Revokes the shard's content copy: its items vanish from inboxes and badges.
+#[instrument(level = "debug", skip_all, fields(db.system = "mysql"))]
+pub async fn revoke_content(pool: &MySqlPool, message_id: MessageId) -> Result<()> {
+    sqlx::query("UPDATE message_contents SET revoked = 1, revoked_at = UTC_TIMESTAMP(3) WHERE message_id = ?")
+        .bind(message_id.get())
+        .execute(pool)
+        .await?;
+    Ok(())
+}
+
+/// What applying a chunk did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ApplyOutcome {
+    /// The chunk was pending and is now done.
+    Applied {
+        /// Its recipients.
+        user_ids: Vec<u64>,
+        /// Items written (recipients minus those that already had the item).
+        delivered: u64,
+        /// What the items show.
+        summary: ContentSummary,
+    },
+    /// An earlier attempt already applied (or failed, or cancelled) it.
+    AlreadyFinished {
+        /// Its recipients, so their counters can be invalidated again.
+        user_ids: Vec<u64>,
+        /// True when that attempt delivered it (not failed or cancelled).
+        delivered: bool,
+        /// True when it is [`state::UNSETTLED`].
+        unsettled: bool,
+        /// What the items show.
+        summary: ContentSummary,
+    },
+    /// No such chunk on this shard (a draft that never committed, say).
+    Missing,
+    /// Pending, but some recipients are no longer routed to this shard, or
+    /// their bucket is frozen by a move: nothing was written.
+    Misplaced {
+        /// Its recipients.
+        user_ids: Vec<u64>,
+    },
+}
+
+/// Applies a pending chunk in ONE transaction: the chunk row is locked and
+/// moved pending -> unsettled (the guard; [`settle`] makes it done once the
+/// badges are invalidated), the recipients' items are inserted and
+/// the shard stats are bumped. A redelivered task finds the chunk done and
+/// changes nothing. `placed` says whether recipients may be written here
+/// (routed to this shard, not frozen); when it says no, nothing is written.
+#[instrument(level = "debug", skip_all, fields(db.system = "mysql"))]
+pub async fn apply(
+    pool: &MySqlPool,
+    message_id: MessageId,
+    chunk_id: u64,
+    placed: impl Fn(&[u64]) -> bool,
+) -> Result<ApplyOutcome> {
+    let Some((title, category, expire_at, created_at)) = content_row(pool, message_id).await?
+    else {
+        return Ok(ApplyOutcome::Missing);
+    };
+    let summary = ContentSummary::new(title, category.clone(), created_at, expire_at);
+
+    let mut tx = pool.begin().await?;
+    let chunk = lock_chunk(&mut tx, message_id, chunk_id).await?;
+    let Some((chunk_state, packed)) = chunk else {
+        return Ok(ApplyOutcome::Missing);
+    };
+    let user_ids = decode_user_ids(&packed)?;
+    if chunk_state != state::PENDING {
+        tx.rollback().await?;
+        let unsettled = chunk_state == state::UNSETTLED;
+        let delivered = chunk_state == state::DONE || unsettled;
+        return Ok(ApplyOutcome::AlreadyFinished { user_ids, delivered, unsettled, summary });
+    }
+    if !placed(&user_ids) {
+        tx.rollback().await?;
+        return Ok(ApplyOutcome::Misplaced { user_ids });
+    }
+
+    let delivered =
+        insert_items(&mut tx, message_id, &category, expire_at, user_ids.iter().copied()).await?;
+    let duplicates = user_ids.len() as u64 - delivered;
+
+    sqlx::query(
+        "UPDATE message_chunks SET state = 4, updated_at = UTC_TIMESTAMP(3) \
+         WHERE message_id = ? AND chunk_id = ?",
+    )
+    .bind(message_id.get())
+    .bind(chunk_id)
+    .execute(&mut *tx)
+    .await?;
+    bump_stats_by(&mut tx, message_id, chunk_id, "delivered", delivered, duplicates, 1).await?;
+    tx.commit().await?;
+    Ok(ApplyOutcome::Applied { user_ids, delivered, summary })
+}
+
+/// Locks a chunk's row for the transaction; returns its state and packed
+/// recipients.
+async fn lock_chunk(
+    tx: &mut sqlx::Transaction<'_, sqlx::MySql>,
+    message_id: MessageId,
+    chunk_id: u64,
+) -> Result<Option<(u8, Vec<u8>)>> {
+    Ok(sqlx::query_as(
+        "SELECT state, user_ids FROM message_chunks WHERE message_id = ? AND chunk_id = ? FOR UPDATE",
+    )
+    .bind(message_id.get())
+    .bind(chunk_id)
+    .fetch_optional(&mut **tx)
+    .await?)
+}
+
+/// One chunk of a group applied by [`apply_many`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GroupChunk {
+    /// The chunk.
+    pub chunk_id: u64,
+    /// Its recipients.
+    pub user_ids: Vec<u64>,
+    /// True when this transaction applied it; false when an earlier one did
+    /// (or failed or cancelled it), which changed nothing now.
+    pub applied_now: bool,
+    /// True when its items exist (applied now or before).
+    pub delivered: bool,
+    /// True when it is left [`state::UNSETTLED`] (its badges to invalidate).
+    pub unsettled: bool,
+}
+
+/// What [`apply_many`] did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GroupApplied {
+    /// Every chunk of the group, in chunk id order.
+    pub chunks: Vec<GroupChunk>,
+    /// Items written by this transaction.
+    pub delivered: u64,
+    /// What the items show.
+    pub summary: ContentSummary,
+}
+
+/// Applies several chunks of ONE send on this shard in one transaction, with
+/// [`apply`]'s guard on each: the rows are locked (in primary-key order, so
+/// two groups cannot deadlock each other), only the pending ones are applied
+/// and moved to unsettled, their items go in one `INSERT` and the shard stats
+/// get one bump. Returns `None` (nothing written) when the send's content or
+/// one of the chunks is missing, or `placed` says no to a pending chunk's
+/// recipients: the caller applies them one by one, which handles each case.
+#[instrument(level = "debug", skip_all, fields(db.system = "mysql", chunks = chunk_ids.len()))]
+pub async fn apply_many(
+    pool: &MySqlPool,
+    message_id: MessageId,
+    chunk_ids: &[u64],
+    placed: impl Fn(&[u64]) -> bool,
+) -> Result<Option<GroupApplied>> {
+    let Some((title, category, expire_at, created_at)) = content_row(pool, message_id).await?
+    else {
+        return Ok(None);
+    };
+    let summary = ContentSummary::new(title, category.clone(), created_at, expire_at);
+    let mut tx = pool.begin().await?;
+    let mut select = QueryBuilder::new(
+        "SELECT chunk_id, state, user_ids FROM message_chunks WHERE message_id = ",
+    );
+    select.push_bind(message_id.get()).push(" AND chunk_id IN (");
+    let mut ids = select.separated(", ");
+    for chunk_id in chunk_ids {
+        ids.push_bind(*chunk_id);
+    }
+    select.push(") ORDER BY chunk_id FOR UPDATE");
+    let rows: Vec<(u64, u8, Vec<u8>)> = select.build_query_as().fetch_all(&mut *tx).await?;
+    if rows.len() != chunk_ids.len() {
+        tx.rollback().await?;
+        return Ok(None);
+    }
+    let mut chunks = Vec::with_capacity(rows.len());
+    for (chunk_id, chunk_state, packed) in rows {
+        let pending = chunk_state == state::PENDING;
+        chunks.push(GroupChunk {
+            chunk_id,
+            user_ids: decode_user_ids(&packed)?,
+            applied_now: pending,
+            delivered: pending || chunk_state == state::DONE || chunk_state == state::UNSETTLED,
+            unsettled: pending || chunk_state == state::UNSETTLED,
+        });
+    }
+    let pending: Vec<&GroupChunk> = chunks.iter().filter(|c| c.applied_now).collect();
+    if pending.iter().any(|c| !placed(&c.user_ids)) {
+        tx.rollback().await?;
+        return Ok(None);
+    }
+    if pending.is_empty() {
+        tx.rollback().await?;
+        return Ok(Some(GroupApplied { chunks, delivered: 0, summary }));
+    }
+    let all = pending.iter().flat_map(|c| c.user_ids.iter().copied());
+    let delivered = insert_items(&mut tx, message_id, &category, expire_at, all).await?;
+    let recipients: u64 = pending.iter().map(|c| c.user_ids.len() as u64).sum();
+    let mut update = QueryBuilder::new(
+        "UPDATE message_chunks SET state = 4, updated_at = UTC_TIMESTAMP(3) WHERE message_id = ",
+    );
+    update.push_bind(message_id.get()).push(" AND chunk_id IN (");
+    let mut ids = update.separated(", ");
+    for chunk in &pending {
+        ids.push_bind(chunk.chunk_id);
+    }
+    update.push(")");
+    update.build().execute(&mut *tx).await?;
+    let first = pending[0].chunk_id;
+    let done = pending.len() as u64;
+    bump_stats_by(&mut tx, message_id, first, "delivered", delivered, recipients - delivered, done)
+        .await?;
+    tx.commit().await?;
+    Ok(Some(GroupApplied { chunks, delivered, summary }))
+}
+
+/// What a gateway shows of a message (bodies stay behind `ListInbox`).
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct ContentSummary {
+    /// Headline.
+    #[serde(rename = "t")]
+    pub title: String,
+    /// Category.
+    #[serde(rename = "c", default)]
+    pub category: String,
+    /// When the message was created, ms since the epoch.
+    #[serde(rename = "at")]
+    pub created_at_ms: i64,
+    /// When its items expire, ms since the epoch.
+    #[serde(rename = "x", default, skip_serializing_if = "Option::is_none")]
+    pub expire_at_ms: Option<i64>,
+}
+
+impl ContentSummary {
+    fn new(
+        title: String,
+        category: String,
+        created_at: NaiveDateTime,
+        expire_at: Option<NaiveDateTime>,
+    ) -> Self {
+        Self {
+            title,
+            category,
+            created_at_ms: created_at.and_utc().timestamp_millis(),
+            expire_at_ms: expire_at.map(|at| at.and_utc().timestamp_millis()),
+        }
+    }
+}
+
+/// Reads a message's summary from its content copy on `pool`.
+#[instrument(level = "debug", skip_all, fields(db.system = "mysql"))]
+pub async fn content_summary(
+    pool: &MySqlPool,
+    message_id: MessageId,
+) -> Result<Option<ContentSummary>> {
+    Ok(content_row(pool, message_id).await?.map(|(title, category, expire_at, created_at)| {
+        ContentSummary::new(title, category, created_at, expire_at)
+    }))
+}
+
+type ContentRow = (String, String, Option<NaiveDateTime>, NaiveDateTime);
+
+async fn content_row(pool: &MySqlPool, message_id: MessageId) -> Result<Option<ContentRow>> {
+    Ok(sqlx::query_as(
+        "SELECT title, category, expire_at, created_at FROM message_contents WHERE message_id = ?",
+    )
+    .bind(message_id.get())
+    .fetch_optional(pool)
+    .await?)
+}
+
+/// Inserts one item per recipient (none twice); returns how many were new.
+///
+/// The recipients go as one JSON array that the server expands, so every
+/// chunk and group has the same statement text. A multi-row `VALUES` list
+/// differs with the row count (up to 4,000 rows of placeholders, 56 KB for a
+/// group), and each pooled connection caching every size made the worker
+/// grow with the length of a send (49 MB after 10M recipients); not caching
+/// them cost MariaDB a parse of each (fan-out 0.72 of raw INSERT, not 0.86).
+async fn insert_items(
+    tx: &mut sqlx::Transaction<'_, sqlx::MySql>,
+    message_id: MessageId,
+    category: &str,
+    expire_at: Option<NaiveDateTime>,
+    user_ids: impl Iterator<Item = u64>,
+) -> Result<u64> {
+    let user_ids: Vec<u64> = user_ids.collect();
+    let user_ids = serde_json::to_string(&user_ids).map_err(|e| Error::Internal(e.to_string()))?;
+    Ok(sqlx::query(
+        "INSERT IGNORE INTO message_items (user_id, message_id, category, expire_at) \
+         SELECT j.user_id, ?, ?, ? FROM JSON_TABLE(?, '$[*]' \
+         COLUMNS (user_id BIGINT UNSIGNED PATH '$')) AS j",
+    )
+    .bind(message_id.get())
+    .bind(category)
+    .bind(expire_at)
+    .bind(user_ids)
+    .execute(&mut **tx)
+    .await?
+    .rows_affected())
+}
+
+/// Adds `recipients` to `column`, `duplicates` and `done` chunks to the
+/// stats slot of `chunk_id`.
+async fn bump_stats_by(
+    tx: &mut sqlx::Transaction<'_, sqlx::MySql>,
+    message_id: MessageId,
+    chunk_id: u64,
+    column: &'static str,
+    recipients: u64,
+    duplicates: u64,
+    done: u64,
+) -> Result<()> {
+    // `column` is one of a fixed set of names chosen by this module.
+    let sql = format!(
+        "INSERT INTO message_shard_stats (message_id, slot, {column}, duplicates, done_chunks) \
+         VALUES (?, ?, ?, ?, ?) ON DUPLICATE KEY UPDATE {column} = {column} + VALUES({column}), \
+         duplicates = duplicates + VALUES(duplicates), done_chunks = done_chunks + VALUES(done_chunks)"
+    );
+    sqlx::query(sqlx::AssertSqlSafe(sql))
+        .bind(message_id.get())
+        .bind(1 + chunk_id % (STATS_SLOTS - 1))
+        .bind(recipients)
+        .bind(duplicates)
+        .bind(done)
+        .execute(&mut **tx)
+        .await?;
+    Ok(())
+}
+
+/// Counts one more attempt at a pending chunk, committed on its own before
+/// the attempt, so a chunk that kills its workers is noticed. Returns the
+/// attempts so far (0 if the chunk is no longer pending).
+#[instrument(level = "debug", skip_all, fields(db.system = "mysql"))]
+pub async fn count_attempt(pool: &MySqlPool, message_id: MessageId, chunk_id: u64) -> Result<u32> {
+    sqlx::query(
+        "UPDATE message_chunks SET attempts = attempts + 1 WHERE message_id = ? AND chunk_id = ? AND state = 0",
+    )
+    .bind(message_id.get())
+    .bind(chunk_id)
+    .execute(pool)
+    .await?;
+    let attempts: Option<u32> = sqlx::query_scalar(
+        "SELECT attempts FROM message_chunks WHERE message_id = ? AND chunk_id = ? AND state = 0",
+    )
+    .bind(message_id.get())
+    .bind(chunk_id)
+    .fetch_optional(pool)
+    .await?;
+    Ok(attempts.unwrap_or(0))
+}
+
+/// Returns a chunk's recipients, and whether it is [`state::UNSETTLED`], if
+/// it is no longer pending.
+#[instrument(level = "debug", skip_all, fields(db.system = "mysql"))]
+pub async fn finished_recipients(
+    pool: &MySqlPool,
+    message_id: MessageId,
+    chunk_id: u64,
+) -> Result<Option<(Vec<u64>, bool)>> {
+    let row: Option<(Vec<u8>, u8)> = sqlx::query_as(
+        "SELECT user_ids, state FROM message_chunks WHERE message_id = ? AND chunk_id = ? AND state <> 0",
+    )
+    .bind(message_id.get())
+    .bind(chunk_id)
+    .fetch_optional(pool)
+    .await?;
+    row.map(|(bytes, chunk_state)| Ok((decode_user_ids(&bytes)?, chunk_state == state::UNSETTLED)))
+        .transpose()
+}
+
+/// Records a pending chunk as failed after its last attempt: its recipients
+/// count as failed in progress. Returns false if it was no longer pending.
+#[instrument(level = "debug", skip_all, fields(db.system = "mysql"))]
+pub async fn mark_failed(pool: &MySqlPool, message_id: MessageId, chunk_id: u64) -> Result<bool> {
+    finish_pending(pool, message_id, chunk_id, state::FAILED, "failed").await
+}
+
+async fn finish_pending(
+    pool: &MySqlPool,
+    message_id: MessageId,
+    chunk_id: u64,
+    new_state: u8,
+    column: &'static str,
+) -> Result<bool> {
+    let mut tx = pool.begin().await?;
+    let chunk: Option<(u16, Vec<u8>)> = sqlx::query_as(
+        "SELECT recipients, user_ids FROM message_chunks \
+         WHERE message_id = ? AND chunk_id = ? AND state = 0 FOR UPDATE",
+    )
+    .bind(message_id.get())
+    .bind(chunk_id)
+    .fetch_optional(&mut *tx)
+    .await?;
+    let Some((recipients, packed)) = chunk else {
+        tx.rollback().await?;
+        return Ok(false);
+    };
+    // Recipients who got the item from another batch's chunk are
+    // duplicates, not undelivered: counting them as failed or cancelled
+    // would count them twice in the send's total.
+    // A chunk whose recipient list cannot be read (the poison chunk that
+    // is being failed) counts every recipient as undelivered.
+    let user_ids = decode_user_ids(&packed).unwrap_or_default();
+    let already = if user_ids.is_empty() {
+        0
+    } else {
+        let mut delivered =
+            QueryBuilder::new("SELECT COUNT(*) FROM message_items WHERE message_id = ");
+        delivered.push_bind(message_id.get()).push(" AND user_id IN (");
+        push_ids(&mut delivered, &user_ids);
+        delivered.push(")");
+        let already: i64 = delivered.build_query_scalar().fetch_one(&mut *tx).await?;
+        (already.max(0) as u64).min(u64::from(recipients))
+    };
+    sqlx::query(
+        "UPDATE message_chunks SET state = ?, updated_at = UTC_TIMESTAMP(3) WHERE message_id = ? AND chunk_id = ?",
+    )
+    .bind(new_state)
+    .bind(message_id.get())
+    .bind(chunk_id)
+    .execute(&mut *tx)
+    .await?;
+    let undelivered = u64::from(recipients) - already;
+    bump_stats_by(&mut tx, message_id, chunk_id, column, undelivered, already, 1).await?;
+    tx.commit().await?;
+    Ok(true)
+}
+
+/// Cancels every pending chunk of a message on this shard, reading their
+/// ids `page` at a time. Returns how many.
+#[instrument(level = "debug", skip_all, fields(db.system = "mysql"))]
+pub async fn cancel_pending(pool: &MySqlPool, message_id: MessageId, page: u32) -> Result<u64> {
+    let mut cancelled = 0;
+    let mut from = Some(0);
+    while let Some(start) = from {
+        let ids = pending_page(pool, message_id, start, page).await?;
+        from = next_page_from(&ids);
+        for chunk_id in ids {
+            if finish_pending(pool, message_id, chunk_id, state::CANCELLED, "cancelled").await? {
+                cancelled += 1;
+            }
+        }
+    }
+    Ok(cancelled)
+}
+
+/// Where the page after `ids` (a page of [`pending_page`]) starts; `None`
+/// when it was the last (empty, or it ended at the highest possible id).
+pub fn next_page_from(ids: &[u64]) -> Option<u64> {
+    ids.last().and_then(|last| last.checked_add(1))
+}
+
+/// Moves failed chunks back to pending (re-drive) and returns their ids.
+#[instrument(level = "debug", skip_all, fields(db.system = "mysql"))]
+pub async fn reset_failed(pool: &MySqlPool, message_id: MessageId) -> Result<Vec<u64>> {
+    let mut tx = pool.begin().await?;
+    let failed: Vec<(u64, u16)> = sqlx::query_as(
+        "SELECT chunk_id, recipients FROM message_chunks WHERE message_id = ? AND state = 2 FOR UPDATE",
+    )
+    .bind(message_id.get())
+    .fetch_all(&mut *tx)
+    .await?;
+    if failed.is_empty() {
+        tx.rollback().await?;
+        return Ok(Vec::new());
+    }
+    let recipients: u64 = failed.iter().map(|(_, r)| u64::from(*r)).sum();
+    sqlx::query(
+        "UPDATE message_chunks SET state = 0, attempts = 0, updated_at = UTC_TIMESTAMP(3) \
+         WHERE message_id = ? AND state = 2",
+    )
+    .bind(message_id.get())
+    .execute(&mut *tx)
+    .await?;
+    // Failed counts are spread over slots; subtracting in slot 0 keeps
+    // every sum exact (stats columns are signed for this reason).
+    sqlx::query(
+        "INSERT INTO message_shard_stats (message_id, slot, failed, done_chunks) VALUES (?, 0, ?, ?) \
+         ON DUPLICATE KEY UPDATE failed = failed + VALUES(failed), done_chunks = done_chunks + VALUES(done_chunks)",
+    )
+    .bind(message_id.get())
+    .bind(-(recipients as i64))
+    .bind(-(failed.len() as i64))
+    .execute(&mut *tx)
+    .await?;
+    tx.commit().await?;
+    Ok(failed.into_iter().map(|(id, _)| id).collect())
+}
+
+/// Returns the ids of up to `limit` of a message's pending chunks on this
+/// shard, the lowest from `from` on (0 for the first page: 0 is a chunk
+/// id), in id order: callers walk a send of any size a page at a time.
+#[instrument(level = "debug", skip_all, fields(db.system = "mysql"))]
+pub async fn pending_page(
+    pool: &MySqlPool,
+    message_id: MessageId,
+    from: u64,
+    limit: u32,
+) -> Result<Vec<u64>> {
+    // The index holds (message_id, state) and then the primary key, so the
+    // page is a range read in chunk id order.
+    Ok(sqlx::query_scalar(
+        "SELECT chunk_id FROM message_chunks FORCE INDEX (idx_chunks_message_state) \
+         WHERE message_id = ? AND state = 0 AND chunk_id >= ? ORDER BY chunk_id LIMIT ?",
+    )
+    .bind(message_id.get())
+    .bind(from)
+    .bind(limit)
+    .fetch_all(pool)
+    .await?)
+}
+
+/// Marks a message's pending chunks on this shard as just published, so the
+/// sweeper does not re-publish them before the timeout.
+#[instrument(level = "debug", skip_all, fields(db.system = "mysql"))]
+pub async fn touch_pending(pool: &MySqlPool, message_id: MessageId) -> Result<()> {
+    sqlx::query(
+        "UPDATE message_chunks SET updated_at = UTC_TIMESTAMP(3) WHERE message_id = ? AND state = 0",
+    )
+    .bind(message_id.get())
+    .execute(pool)
+    .await?;
+    Ok(())
+}
+
+/// Returns true if the message has a chunk on this shard that is pending or
+/// not settled yet (either keeps the send from completing).
+#[instrument(level = "debug", skip_all, fields(db.system = "mysql"))]
+pub async fn has_pending(pool: &MySqlPool, message_id: MessageId) -> Result<bool> {
+    let found: Option<u64> = sqlx::query_scalar(
+        // Forced: on young tables the optimizer prefers the primary key and
+        // scans every finished chunk of the send, after every chunk.
+        "SELECT chunk_id FROM message_chunks FORCE INDEX (idx_chunks_message_state) \
+         WHERE message_id = ? AND state IN (0, 4) LIMIT 1",
+    )
+    .bind(message_id.get())
+    .fetch_optional(pool)
+    .await?;
+    Ok(found.is_some())
+}
+
+/// Claims up to `limit` chunks left pending for longer than
+/// `older_than_secs`: they are locked (`SKIP LOCKED`: chunks another
+/// sweeper is claiming are passed over) and marked as just handled in one
+/// transaction, so several workers' sweepers never republish the same chunk
+/// in the same round. Returns (message id, chunk id) pairs.
+#[instrument(level = "debug", skip_all, fields(db.system = "mysql"))]
+pub async fn claim_stale(
+    pool: &MySqlPool,
+    older_than_secs: u64,
+    limit: u32,
+) -> Result<Vec<(u64, u64)>> {
+    // Two claims moving the same index range can deadlock (the victim
+    // claimed nothing).
+    super::retry_on_deadlock(|| claim_stale_once(pool, older_than_secs, limit)).await
+}
+
+async fn claim_stale_once(
+    pool: &MySqlPool,
+    older_than_secs: u64,
+    limit: u32,
+) -> Result<Vec<(u64, u64)>> {
+    let mut tx = pool.begin().await?;
+    let stale: Vec<(u64, u64)> = sqlx::query_as(
+        "SELECT message_id, chunk_id FROM message_chunks WHERE state = 0 \
+         AND updated_at < UTC_TIMESTAMP(3) - INTERVAL ? SECOND ORDER BY updated_at LIMIT ? \
+         FOR UPDATE SKIP LOCKED",
+    )
+    .bind(older_than_secs)
+    .bind(limit)
+    .fetch_all(&mut *tx)
+    .await?;
+    if stale.is_empty() {
+        tx.rollback().await?;
+        return Ok(stale);
+    }
+    let mut update = QueryBuilder::new(
+        "UPDATE message_chunks SET updated_at = UTC_TIMESTAMP(3) WHERE state = 0 AND (message_id, chunk_id) IN (",
+    );
+    let mut pairs = update.separated(", ");
+    for (message_id, chunk_id) in &stale {
+        pairs.push("(").push_bind_unseparated(*message_id).push_unseparated(", ");
+        pairs.push_bind_unseparated(*chunk_id).push_unseparated(")");
+    }
+    update.push(")");
+    update.build().execute(&mut *tx).await?;
+    tx.commit().await?;
+    Ok(stale)
+}
+
+/// Moves an [`state::UNSETTLED`] chunk to done, once its recipients' cached
+/// badges have been invalidated.
+#[instrument(level = "debug", skip_all, fields(db.system = "mysql"))]
+pub async fn settle(pool: &MySqlPool, message_id: MessageId, chunk_id: u64) -> Result<()> {
+    sqlx::query(
+        "UPDATE message_chunks SET state = 1, updated_at = UTC_TIMESTAMP(3) \
+         WHERE message_id = ? AND chunk_id = ? AND state = 4",
+    )
+    .bind(message_id.get())
+    .bind(chunk_id)
+    .execute(pool)
+    .await?;
+    Ok(())
+}
+
+/// Moves several [`state::UNSETTLED`] chunks of one send to done (see
+/// [`settle`]).
+#[instrument(level = "debug", skip_all, fields(db.system = "mysql"))]
+pub async fn settle_many(pool: &MySqlPool, message_id: MessageId, chunk_ids: &[u64]) -> Result<()> {
+    if chunk_ids.is_empty() {
+        return Ok(());
+    }
+    let mut update = QueryBuilder::new(
+        "UPDATE message_chunks SET state = 1, updated_at = UTC_TIMESTAMP(3) WHERE state = 4 \
+         AND message_id = ",
+    );
+    update.push_bind(message_id.get()).push(" AND chunk_id IN (");
+    let mut ids = update.separated(", ");
+    for chunk_id in chunk_ids {
+        ids.push_bind(*chunk_id);
+    }
+    update.push(")");
+    update.build().execute(pool).await?;
+    Ok(())
+}
+
+/// An applied chunk whose recipients' badges still need invalidating.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Unsettled {
+    /// The send.
+    pub message_id: MessageId,
+    /// The chunk.
+    pub chunk_id: u64,
+    /// Its recipients.
+    pub user_ids: Vec<u64>,
+}
+
+/// Up to `limit` chunks of this shard left [`state::UNSETTLED`] for longer
+/// than `older_than_ms` (younger ones are in the hands of their worker).
+#[instrument(level = "debug", skip_all, fields(db.system = "mysql"))]
+pub async fn unsettled(pool: &MySqlPool, older_than_ms: u64, limit: u32) -> Result<Vec<Unsettled>> {
+    let rows: Vec<(u64, u64, Vec<u8>)> = sqlx::query_as(
+        "SELECT message_id, chunk_id, user_ids FROM message_chunks FORCE INDEX (idx_chunks_state) \
+         WHERE state = 4 AND updated_at < UTC_TIMESTAMP(3) - INTERVAL ? MICROSECOND \
+         ORDER BY updated_at LIMIT ?",
+    )
+    .bind(older_than_ms * 1000)
+    .bind(limit)
+    .fetch_all(pool)
+    .await?;
+    rows.into_iter()
+        .map(|(message_id, chunk_id, packed)| {
+            Ok(Unsettled {
+                message_id: MessageId::from_raw(message_id),
+                chunk_id,
+                user_ids: decode_user_ids(&packed)?,
+            })
+        })
+        .collect()
+}
+
+/// Marks chunks as just re-published.
+#[instrument(level = "debug", skip_all, fields(db.system = "mysql"))]
+pub async fn touch(pool: &MySqlPool, message_id: MessageId, chunk_ids: &[u64]) -> Result<()> {
+    if chunk_ids.is_empty() {
+        return Ok(());
+    }
+    let mut update = QueryBuilder::new(
+        "UPDATE message_chunks SET updated_at = UTC_TIMESTAMP(3) WHERE state = 0 AND message_id = ",
+    );
+    update.push_bind(message_id.get()).push(" AND chunk_id IN (");
+    push_ids(&mut update, chunk_ids);
+    update.push(")");
+    update.build().execute(pool).await?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn user_ids_round_trip_through_their_packed_form() {
+        let ids = vec![1, 42, u64::MAX];
+        assert_eq!(decode_user_ids(&encode_user_ids(&ids)).unwrap(), ids);
+        assert!(decode_user_ids(&[1, 2, 3]).is_err());
+    }
+
+    #[test]
+    fn the_next_page_starts_past_the_last_id_and_ends_at_the_top() {
+        assert_eq!(next_page_from(&[]), None);
+        // 0 is a chunk id (batch 0, chunk 0): the first page starts at it.
+        assert_eq!(next_page_from(&[0]), Some(1));
+        assert_eq!(next_page_from(&[3, 7, 9]), Some(10));
+        assert_eq!(next_page_from(&[u64::MAX - 1, u64::MAX]), None);
+    }
+}

@@ -1,0 +1,403 @@
+//! Groups in MySQL: the group row, seq counter and messages on the group's
+//! home shard; each member's cursor on the member's shard.
+
+use chrono::NaiveDateTime;
+use sqlx::{FromRow, MySqlConnection, MySqlPool, QueryBuilder};
+use tracing::instrument;
+
+use super::push_ids;
+use notify_domain::domain::Content;
+use notify_domain::error::{Error, Result};
+
+/// Rows (or ids) per statement when adding or removing members, or reading
+/// max seqs.
+const MEMBER_ROWS_PER_STATEMENT: usize = 1000;
+
+/// Outcome of creating a group row.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum CreatedGroup {
+    /// The group was created.
+    Created,
+    /// A group with this id exists already, under this name.
+    Exists(String),
+}
+
+/// Creates a group and its seq counter (at 0) in one transaction.
+#[instrument(level = "debug", skip_all, fields(db.system = "mysql"))]
+pub async fn create_group(pool: &MySqlPool, group_id: u64, name: &str) -> Result<CreatedGroup> {
+    let mut tx = pool.begin().await?;
+    let inserted = sqlx::query(
+        "INSERT IGNORE INTO message_groups (group_id, name, created_at) \
+         VALUES (?, ?, UTC_TIMESTAMP(3))",
+    )
+    .bind(group_id)
+    .bind(name)
+    .execute(&mut *tx)
+    .await?;
+    if inserted.rows_affected() == 0 {
+        let name: String = sqlx::query_scalar("SELECT name FROM message_groups WHERE group_id = ?")
+            .bind(group_id)
+            .fetch_one(&mut *tx)
+            .await?;
+        tx.rollback().await?;
+        return Ok(CreatedGroup::Exists(name));
+    }
+    sqlx::query("INSERT INTO group_seqs (group_id, max_seq) VALUES (?, 0)")
+        .bind(group_id)
+        .execute(&mut *tx)
+        .await?;
+    tx.commit().await?;
+    Ok(CreatedGroup::Created)
+}
+
+/// Returns true when the group exists.
+#[instrument(level = "debug", skip_all, fields(db.system = "mysql"))]
+pub async fn group_exists(pool: &MySqlPool, group_id: u64) -> Result<bool> {
+    let found: Option<u64> =
+        sqlx::query_scalar("SELECT group_id FROM message_groups WHERE group_id = ?")
+            .bind(group_id)
+            .fetch_optional(pool)
+            .await?;
+    Ok(found.is_some())
+}
+
+/// Locks the group row for a member change (member changes of one group
+/// queue behind each other; sends do not wait). Returns false when the
+/// group does not exist.
+#[instrument(level = "debug", skip_all, fields(db.system = "mysql"))]
+pub async fn lock_group(conn: &mut MySqlConnection, group_id: u64) -> Result<bool> {
+    let found: Option<u64> =
+        sqlx::query_scalar("SELECT group_id FROM message_groups WHERE group_id = ? FOR UPDATE")
+            .bind(group_id)
+            .fetch_optional(conn)
+            .await?;
+    Ok(found.is_some())
+}
+
+/// Reads a group's max seq, `None` when the group does not exist.
+#[instrument(level = "debug", skip_all, fields(db.system = "mysql"))]
+pub async fn max_seq<'e>(
+    executor: impl sqlx::MySqlExecutor<'e>,
+    group_id: u64,
+) -> Result<Option<u64>> {
+    Ok(sqlx::query_scalar("SELECT max_seq FROM group_seqs WHERE group_id = ?")
+        .bind(group_id)
+        .fetch_optional(executor)
+        .await?)
+}
+
+/// The seq before the group's oldest kept message (older ones went with
+/// retention), or `None` when it keeps none.
+pub async fn before_oldest_kept<'e>(
+    executor: impl sqlx::MySqlExecutor<'e>,
+    group_id: u64,
+) -> Result<Option<u64>> {
+    let oldest: Option<u64> =
+        sqlx::query_scalar("SELECT MIN(seq) FROM group_messages WHERE group_id = ?")
+            .bind(group_id)
+            .fetch_one(executor)
+            .await?;
+    Ok(oldest.map(|seq| seq - 1))
+}
+
+/// Reads the max seqs of groups on one shard (unknown groups are left out).
+#[instrument(level = "debug", skip_all, fields(db.system = "mysql"))]
+pub async fn max_seqs(pool: &MySqlPool, group_ids: &[u64]) -> Result<Vec<(u64, u64)>> {
+    let mut found = Vec::with_capacity(group_ids.len());
+    for batch in group_ids.chunks(MEMBER_ROWS_PER_STATEMENT) {
+        let mut select =
+            QueryBuilder::new("SELECT group_id, max_seq FROM group_seqs WHERE group_id IN (");
+        push_ids(&mut select, batch);
+        select.push(")");
+        found.extend(select.build_query_as::<(u64, u64)>().fetch_all(pool).await?);
+    }
+    Ok(found)
+}
+
+/// A group message to store.
+#[derive(Debug, Clone)]
+pub struct NewGroupMessage<'a> {
+    /// The group.
+    pub group_id: u64,
+    /// The id this message gets, unless the idempotency key is taken.
+    pub message_id: u64,
+    /// The calling service.
+    pub sender: &'a str,
+    /// Optional idempotency key, unique per group and sender.
+    pub idempotency_key: Option<&'a str>,
+    /// What members see.
+    pub content: &'a Content,
+}
+
+/// A stored group message's id and seq.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Appended {
+    /// The message id.
+    pub message_id: u64,
+    /// Its seq in the group.
+    pub seq: u64,
+    /// True when the idempotency key matched an earlier message.
+    pub deduplicated: bool,
+}
+
+/// Stores a message under the group's next seq, in one transaction on the
+/// home shard. Taking the seq locks the group's counter row until commit, so
+/// concurrent senders (on any api replica) queue, and a rolled-back send
+/// gives its seq back: seqs are strictly increasing without gaps.
+#[instrument(level = "debug", skip_all, fields(db.system = "mysql"))]
+pub async fn append_message(pool: &MySqlPool, message: &NewGroupMessage<'_>) -> Result<Appended> {
+    let mut tx = pool.begin().await?;
+    // LAST_INSERT_ID(expr) hands the new value back in the OK packet.
+    let bumped = sqlx::query(
+        "UPDATE group_seqs SET max_seq = LAST_INSERT_ID(max_seq + 1) WHERE group_id = ?",
+    )
+    .bind(message.group_id)
+    .execute(&mut *tx)
+    .await?;
+    if bumped.rows_affected() == 0 {
+        tx.rollback().await?;
+        return Err(Error::NotFound(format!("group {}", message.group_id)));
+    }
+    let seq = bumped.last_insert_id();
+    if seq == 0 {
+        // A proxy that drops LAST_INSERT_ID from the reply would break seqs.
+        return Err(Error::Internal("the seq update returned no LAST_INSERT_ID".to_owned()));
+    }
+    if let Some(earlier) = find_by_key(&mut tx, message).await? {
+        tx.rollback().await?;
+        return Ok(earlier);
+    }
+    let content = message.content;
+    let inserted = sqlx::query(
+        "INSERT INTO group_messages (group_id, seq, message_id, sender, idempotency_key, \
+         title, body, category, data, created_at) \
+         VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, UTC_TIMESTAMP(3))",
+    )
+    .bind(message.group_id)
+    .bind(seq)
+    .bind(message.message_id)
+    .bind(message.sender)
+    .bind(message.idempotency_key)
+    .bind(&content.title)
+    .bind(&content.body)
+    .bind(&content.category)
+    .bind(content.data_json())
+    .execute(&mut *tx)
+    .await;
+    match inserted {
+        Ok(_) => {
+            tx.commit().await?;
+            Ok(Appended { message_id: message.message_id, seq, deduplicated: false })
+        }
+        // The counter lock serializes senders, so the key check above sees
+        // every committed duplicate; this only guards that reasoning.
+        Err(sqlx::Error::Database(e)) if e.is_unique_violation() => {
+            tx.rollback().await?;
+            let mut conn = pool.acquire().await?;
+            find_by_key(&mut conn, message)
+                .await?
+                .ok_or_else(|| Error::Internal("duplicate group message vanished".to_owned()))
+        }
+        Err(e) => Err(e.into()),
+    }
+}
+
+async fn find_by_key(
+    conn: &mut MySqlConnection,
+    message: &NewGroupMessage<'_>,
+) -> Result<Option<Appended>> {
+    let Some(key) = message.idempotency_key else {
+        return Ok(None);
+    };
+    let found: Option<(u64, u64)> = sqlx::query_as(
+        "SELECT message_id, seq FROM group_messages \
+         WHERE group_id = ? AND sender = ? AND idempotency_key = ?",
+    )
+    .bind(message.group_id)
+    .bind(message.sender)
+    .bind(key)
+    .fetch_optional(conn)
+    .await?;
+    Ok(found.map(|(message_id, seq)| Appended { message_id, seq, deduplicated: true }))
+}
+
+/// A stored group message.
+#[derive(Debug, Clone, FromRow)]
+pub struct GroupMessageRow {
+    /// Seq in the group.
+    pub seq: u64,
+    /// Message id (what clients dedup by).
+    pub message_id: u64,
+    /// The calling service that sent it.
+    pub sender: String,
+    /// Title.
+    pub title: String,
+    /// Body.
+    pub body: String,
+    /// Category.
+    pub category: String,
+    /// Data as a JSON object.
+    pub data: String,
+    /// When it was sent.
+    pub created_at: NaiveDateTime,
+}
+
+/// Reads up to `limit` messages with seq above `after`, ascending (a range
+/// of the primary key).
+#[instrument(level = "debug", skip_all, fields(db.system = "mysql"))]
+pub async fn messages_after(
+    pool: &MySqlPool,
+    group_id: u64,
+    after: u64,
+    limit: u32,
+) -> Result<Vec<GroupMessageRow>> {
+    Ok(sqlx::query_as(
+        "SELECT seq, message_id, sender, title, body, category, data, created_at \
+         FROM group_messages WHERE group_id = ? AND seq > ? ORDER BY seq LIMIT ?",
+    )
+    .bind(group_id)
+    .bind(after)
+    .bind(limit)
+    .fetch_all(pool)
+    .await?)
+}
+
+/// A member's cursor.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, FromRow)]
+pub struct Membership {
+    /// Seqs up to this one predate the membership.
+    pub joined_seq: u64,
+    /// The member's acknowledged seq.
+    pub last_ack_seq: u64,
+}
+
+/// Reads a user's membership of a group (on the user's shard).
+#[instrument(level = "debug", skip_all, fields(db.system = "mysql"))]
+pub async fn membership(
+    pool: &MySqlPool,
+    user_id: u64,
+    group_id: u64,
+) -> Result<Option<Membership>> {
+    Ok(sqlx::query_as(
+        "SELECT joined_seq, last_ack_seq FROM group_members WHERE user_id = ? AND group_id = ?",
+    )
+    .bind(user_id)
+    .bind(group_id)
+    .fetch_optional(pool)
+    .await?)
+}
+
+/// Reads all of a user's groups and acknowledged seqs, by group id.
+#[instrument(level = "debug", skip_all, fields(db.system = "mysql"))]
+pub async fn memberships(pool: &MySqlPool, user_id: u64) -> Result<Vec<(u64, u64)>> {
+    Ok(sqlx::query_as(
+        "SELECT group_id, last_ack_seq FROM group_members WHERE user_id = ? ORDER BY group_id",
+    )
+    .bind(user_id)
+    .fetch_all(pool)
+    .await?)
+}
+
+/// Moves a member's cursor forward to `seq` (never back); returns the cursor
+/// after the update, `None` when the user is not a member.
+#[instrument(level = "debug", skip_all, fields(db.system = "mysql"))]
+pub async fn advance_ack(
+    pool: &MySqlPool,
+    user_id: u64,
+    group_id: u64,
+    seq: u64,
+) -> Result<Option<u64>> {
+    sqlx::query(
+        "UPDATE group_members SET last_ack_seq = GREATEST(last_ack_seq, ?) \
+         WHERE user_id = ? AND group_id = ?",
+    )
+    .bind(seq)
+    .bind(user_id)
+    .bind(group_id)
+    .execute(pool)
+    .await?;
+    Ok(membership(pool, user_id, group_id).await?.map(|m| m.last_ack_seq))
+}
+
+/// Counts a group's members on one shard whose bucket `owned` says this shard
+/// owns (a range of the group index).
+#[instrument(level = "debug", skip_all, fields(db.system = "mysql"))]
+pub async fn count_members(
+    pool: &MySqlPool,
+    group_id: u64,
+    owned: impl Fn(u32) -> bool,
+) -> Result<u64> {
+    let counts: Vec<(u16, i64)> = sqlx::query_as(
+        "SELECT bucket, COUNT(*) FROM group_members WHERE group_id = ? GROUP BY bucket",
+    )
+    .bind(group_id)
+    .fetch_all(pool)
+    .await?;
+    Ok(counts
+        .into_iter()
+        .filter(|(bucket, _)| owned(u32::from(*bucket)))
+        .map(|(_, count)| count.max(0) as u64)
+        .sum())
+}
+
+/// Counts which of `user_ids` (all on this shard) are members already.
+#[instrument(level = "debug", skip_all, fields(db.system = "mysql"))]
+pub async fn count_present(pool: &MySqlPool, group_id: u64, user_ids: &[u64]) -> Result<u64> {
+    let mut present = 0;
+    for batch in user_ids.chunks(MEMBER_ROWS_PER_STATEMENT) {
+        let mut select = QueryBuilder::new("SELECT COUNT(*) FROM group_members WHERE group_id = ");
+        select.push_bind(group_id).push(" AND user_id IN (");
+        push_ids(&mut select, batch);
+        select.push(")");
+        let count: i64 = select.build_query_scalar().fetch_one(pool).await?;
+        present += count.max(0) as u64;
+    }
+    Ok(present)
+}
+
+/// Adds members (all on this shard) starting at `joined_seq`, in one
+/// transaction; existing members keep their cursor. Returns how many were
+/// added.
+#[instrument(level = "debug", skip_all, fields(db.system = "mysql"))]
+pub async fn add_members(
+    pool: &MySqlPool,
+    group_id: u64,
+    user_ids: &[u64],
+    joined_seq: u64,
+) -> Result<u64> {
+    let mut tx = pool.begin().await?;
+    let mut added = 0;
+    for batch in user_ids.chunks(MEMBER_ROWS_PER_STATEMENT) {
+        let mut insert = QueryBuilder::new(
+            "INSERT IGNORE INTO group_members \
+             (user_id, group_id, joined_seq, last_ack_seq, joined_at) ",
+        );
+        insert.push_values(batch, |mut row, user_id| {
+            row.push_bind(*user_id)
+                .push_bind(group_id)
+                .push_bind(joined_seq)
+                .push_bind(joined_seq)
+                .push("UTC_TIMESTAMP(3)");
+        });
+        added += insert.build().execute(&mut *tx).await?.rows_affected();
+    }
+    tx.commit().await?;
+    Ok(added)
+}
+
+/// Removes members (all on this shard) in one transaction; returns how many
+/// were members.
+#[instrument(level = "debug", skip_all, fields(db.system = "mysql"))]
+pub async fn remove_members(pool: &MySqlPool, group_id: u64, user_ids: &[u64]) -> Result<u64> {
+    let mut tx = pool.begin().await?;
+    let mut removed = 0;
+    for batch in user_ids.chunks(MEMBER_ROWS_PER_STATEMENT) {
+        let mut delete = QueryBuilder::new("DELETE FROM group_members WHERE group_id = ");
+        delete.push_bind(group_id).push(" AND user_id IN (");
+        push_ids(&mut delete, batch);
+        delete.push(")");
+        removed += delete.build().execute(&mut *tx).await?.rows_affected();
+    }
+    tx.commit().await?;
+    Ok(removed)
+}

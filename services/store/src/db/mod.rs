@@ -1,0 +1,285 @@
+//! MySQL shards: one pool per shard, database creation and migrations.
+
+pub mod audit;
+pub mod chunks;
+pub mod groups;
+pub mod items;
+pub mod messages;
+pub mod reads;
+
+use std::str::FromStr;
+use std::time::Duration;
+
+use shard_router::{ShardId, Shards};
+use sqlx::mysql::{MySqlConnectOptions, MySqlPool, MySqlPoolOptions, MySqlSslMode};
+use sqlx::{ConnectOptions, Connection, MySqlConnection};
+use tracing::{info, instrument};
+
+use notify_domain::error::{Error, Result};
+use notify_domain::settings::{MySqlTlsMode, Settings, ShardSettings};
+
+/// Binds `ids` as a comma-separated list (the inside of an `IN (...)`).
+pub fn push_ids(query: &mut sqlx::QueryBuilder<sqlx::MySql>, ids: &[u64]) {
+    let mut list = query.separated(", ");
+    for id in ids {
+        list.push_bind(*id);
+    }
+}
+
+/// Every shard's connection pool, routed by the shard map.
+pub type ShardPools = Shards<MySqlPool>;
+
+/// The shard schema, embedded from `migrations/` at build time.
+pub static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("../../migrations");
+
+/// What `migrate` did on one shard.
+#[derive(Debug, Clone)]
+pub struct MigrationReport {
+    /// The shard.
+    pub shard: ShardId,
+    /// Its database name.
+    pub database: String,
+    /// True when the database did not exist and was created.
+    pub created_database: bool,
+    /// Versions applied by this run (empty when already up to date).
+    pub applied: Vec<i64>,
+}
+
+/// Options of a shard's server (no database selected), with the TLS settings.
+fn server_options(settings: &Settings, shard: &ShardSettings) -> Result<MySqlConnectOptions> {
+    let url = settings.shard_server_url(shard);
+    let options = MySqlConnectOptions::from_str(&url).map_err(|e| {
+        Error::Internal(format!("database.shards[{}].url: not a mysql url ({e})", shard.id))
+    })?;
+    let database = &settings.database;
+    let options = options.ssl_mode(match database.tls_mode {
+        MySqlTlsMode::Disabled => MySqlSslMode::Disabled,
+        MySqlTlsMode::Preferred => MySqlSslMode::Preferred,
+        MySqlTlsMode::Required => MySqlSslMode::Required,
+        MySqlTlsMode::VerifyCa => MySqlSslMode::VerifyCa,
+        MySqlTlsMode::VerifyIdentity => MySqlSslMode::VerifyIdentity,
+    });
+    Ok(if database.tls_ca_file.is_empty() {
+        options
+    } else {
+        options.ssl_ca(&database.tls_ca_file)
+    })
+}
+
+pub(crate) fn shard_options(
+    settings: &Settings,
+    shard: &ShardSettings,
+) -> Result<MySqlConnectOptions> {
+    Ok(server_options(settings, shard)?
+        .database(&shard.database)
+        .charset("utf8mb4")
+        .log_statements(tracing::log::LevelFilter::Trace)
+        .log_slow_statements(tracing::log::LevelFilter::Warn, Duration::from_millis(500)))
+}
+
+/// How long a pooled connection may sit idle before it is pinged on its
+/// way out of the pool.
+const IDLE_PING_AFTER: Duration = Duration::from_secs(1);
+
+/// Connects a pool to every shard and checks that each one answers.
+///
+/// The error names the shard's setting, so an unreachable MySQL fails the
+/// process at start with one clear line.
+#[instrument(level = "debug", skip_all, fields(db.system = "mysql"))]
+pub async fn connect(settings: &Settings) -> Result<ShardPools> {
+    let map = settings.shard_map().map_err(|e| Error::Internal(e.to_string()))?;
+    let mut pools = Vec::new();
+    for (index, shard) in settings.database.shards.iter().enumerate() {
+        let options = shard_options(settings, shard)?;
+        let idle_transaction_timeout = settings.database.idle_transaction_timeout_secs;
+        let pool = MySqlPoolOptions::new()
+            .after_connect(move |conn, _| {
+                Box::pin(async move {
+                    if idle_transaction_timeout > 0 {
+                        // MariaDB only; a server without the variable keeps
+                        // its own behaviour.
+                        let set = format!(
+                            "SET SESSION idle_transaction_timeout = {idle_transaction_timeout}"
+                        );
+                        if let Err(e) = sqlx::query(sqlx::AssertSqlSafe(set)).execute(conn).await {
+                            tracing::debug!(error = %e, "idle_transaction_timeout not set");
+                        }
+                    }
+                    Ok(())
+                })
+            })
+            .max_connections(settings.database.pool_max)
+            .min_connections(1)
+            // A broken connection fails its query, which is retried; pinging
+            // on every acquire doubled the round trips of the chunk path.
+            .test_before_acquire(false)
+            // Except one idle for a while: after an outage (a restart, a
+            // network cut) each idle connection would fail one call, so one
+            // idle for IDLE_PING_AFTER is pinged first, and a broken one is
+            // replaced. Busy connections come back within milliseconds.
+            .before_acquire(|conn, meta| {
+                Box::pin(async move {
+                    if meta.idle_for >= IDLE_PING_AFTER {
+                        conn.ping().await?;
+                    }
+                    Ok(true)
+                })
+            })
+            .acquire_timeout(Duration::from_secs(settings.database.connect_timeout_secs))
+            .connect_with(options)
+            .await
+            .map_err(|e| {
+                Error::Unavailable(format!(
+                    "database.shards[{index}] (shard {}, database {}): cannot connect: {e}",
+                    shard.id, shard.database
+                ))
+            })?;
+        pools.push((shard.id, pool));
+    }
+    // Version 0 until [`crate::shard_map::adopt`] installs the stored map.
+    Shards::with_members(pools, map, 0).map_err(|e| Error::Internal(e.to_string()))
+}
+
+/// Read connections per shard for inbox pages (`database.read_connections`;
+/// none when 0: those reads then take the pool's connections).
+pub fn connect_reads(settings: &Settings) -> Result<Option<reads::ShardReads>> {
+    let max = settings.database.read_connections;
+    if max == 0 {
+        return Ok(None);
+    }
+    let timeout = Duration::from_secs(settings.database.connect_timeout_secs);
+    let mut shards = Vec::new();
+    for shard in &settings.database.shards {
+        let options = shard_options(settings, shard)?;
+        shards.push(reads::ReadConnections::new(shard.id, options, max, timeout));
+    }
+    Ok(Some(reads::ShardReads::new(shards)))
+}
+
+/// Creates every shard database that does not exist and applies pending
+/// migrations to each. Idempotent: a second run applies nothing.
+#[instrument(level = "debug", skip_all, fields(db.system = "mysql"))]
+pub async fn migrate_all(settings: &Settings) -> Result<Vec<MigrationReport>> {
+    let mut reports = Vec::new();
+    for (index, shard) in settings.database.shards.iter().enumerate() {
+        let created_database = create_database(settings, shard, index).await?;
+        let options = shard_options(settings, shard)?;
+        let mut conn = MySqlConnection::connect_with(&options).await?;
+        let before = applied_versions(&mut conn).await;
+        MIGRATOR
+            .run(&mut conn)
+            .await
+            .map_err(|e| Error::Internal(format!("shard {} migration failed: {e}", shard.id)))?;
+        let after = applied_versions(&mut conn).await;
+        conn.close().await?;
+        let applied = after.into_iter().filter(|v| !before.contains(v)).collect();
+        let report = MigrationReport {
+            shard: shard.id,
+            database: shard.database.clone(),
+            created_database,
+            applied,
+        };
+        info!(shard = %report.shard, database = %report.database, created = report.created_database, applied = ?report.applied, "shard migrated");
+        reports.push(report);
+    }
+    Ok(reports)
+}
+
+async fn create_database(settings: &Settings, shard: &ShardSettings, index: usize) -> Result<bool> {
+    let options = server_options(settings, shard)?;
+    let mut conn = MySqlConnection::connect_with(&options).await.map_err(|e| {
+        Error::Unavailable(format!(
+            "database.shards[{index}] (shard {}): cannot connect: {e}",
+            shard.id
+        ))
+    })?;
+    let exists: Option<(String,)> =
+        sqlx::query_as("SELECT SCHEMA_NAME FROM information_schema.SCHEMATA WHERE SCHEMA_NAME = ?")
+            .bind(&shard.database)
+            .fetch_optional(&mut conn)
+            .await?;
+    if exists.is_none() {
+        // The name was validated as [A-Za-z0-9_] with the settings.
+        let statement = format!(
+            "CREATE DATABASE IF NOT EXISTS `{}` CHARACTER SET utf8mb4 COLLATE utf8mb4_bin",
+            shard.database
+        );
+        sqlx::raw_sql(sqlx::AssertSqlSafe(statement)).execute(&mut conn).await?;
+    }
+    conn.close().await?;
+    Ok(exists.is_none())
+}
+
+/// Drops every shard database. Used by tests and benchmarks to clean up.
+#[instrument(level = "debug", skip_all, fields(db.system = "mysql"))]
+pub async fn drop_all(settings: &Settings) -> Result<()> {
+    for shard in &settings.database.shards {
+        let options = server_options(settings, shard)?;
+        let mut conn = MySqlConnection::connect_with(&options).await?;
+        let statement = format!("DROP DATABASE IF EXISTS `{}`", shard.database);
+        sqlx::raw_sql(sqlx::AssertSqlSafe(statement)).execute(&mut conn).await?;
+        conn.close().await?;
+    }
+    Ok(())
+}
+
+async fn applied_versions(conn: &mut MySqlConnection) -> Vec<i64> {
+    sqlx::query_scalar("SELECT version FROM _sqlx_migrations WHERE success = TRUE")
+        .fetch_all(conn)
+        .await
+        .unwrap_or_default()
+}
+
+/// Runs `attempt`, a read, again (up to eight more times) when its pooled
+/// connection turned out broken: one used within the last second is handed
+/// out without a ping (see [`connect`]) and may have broken since (a shard
+/// restart, a network cut), and after a cut several may have. Each such
+/// failure is immediate, on the dead socket; any other error (a shard that
+/// is down times out its connects) ends the retries.
+pub async fn retry_read_on_broken_connection<T, F, Fut>(attempt: F) -> Result<T>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Result<T>>,
+{
+    retry_while(attempt, 8, Error::is_broken_connection).await
+}
+
+/// Runs `attempt`, a whole transaction, again (up to three more times) when
+/// InnoDB picks it as a deadlock victim: concurrent transactions inserting
+/// next to each other in an index can deadlock, one is rolled back with
+/// nothing written, and trying it again is the documented remedy.
+pub async fn retry_on_deadlock<T, F, Fut>(attempt: F) -> Result<T>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Result<T>>,
+{
+    retry_while(attempt, 3, |e| {
+        let again = e.is_deadlock();
+        if again {
+            metrics::counter!("notify_deadlock_retries_total").increment(1);
+        }
+        again
+    })
+    .await
+}
+
+/// Runs `attempt`, and again (up to `more` more times) while it fails with
+/// an error `again` accepts.
+async fn retry_while<T, F, Fut>(
+    mut attempt: F,
+    more: usize,
+    again: impl Fn(&Error) -> bool,
+) -> Result<T>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Result<T>>,
+{
+    let mut result = attempt().await;
+    for _ in 0..more {
+        match &result {
+            Err(e) if again(e) => result = attempt().await,
+            _ => break,
+        }
+    }
+    result
+}
