@@ -12,6 +12,13 @@ NOTIFY_ROOT="$(cd "$(dirname "$(readlink -f "${BASH_SOURCE[0]}")")/.." && pwd)"
 # .run/ is gitignored; noisy output (apt, daemons) goes there, not the terminal.
 NOTIFY_DEPS_LOG="$NOTIFY_ROOT/.run/deps.log"
 
+# The release build of what ./scripts/run runs and the image ships: the three
+# binaries' packages only (not the benchmark or the test kit). scripts/test
+# runs the very same command, so that both share one build (another package
+# selection could unify features differently and rebuild).
+# shellcheck disable=SC2034 # used by the scripts that source this file
+NOTIFY_RELEASE_BUILD=(cargo build --release -p notify-api -p notify-worker -p notifyctl)
+
 notify_say() { printf '%s\n' "$*"; }
 
 notify_die() {
