@@ -99,15 +99,22 @@ notify_require_cargo() {
     notify_die "cargo not found: install Rust with rustup (https://rustup.rs), open a new shell and re-run"
 }
 
-# notify_apt_install PKG...: one apt-get update, then a non-interactive install.
+# notify_apt_install [--no-install-recommends] PKG...: one apt-get update,
+# then a non-interactive install.
 notify_apt_install() {
+  local opts=()
+  if [ "${1:-}" = --no-install-recommends ]; then
+    opts+=("$1")
+    shift
+  fi
   command -v apt-get >/dev/null 2>&1 ||
     notify_die "missing packages ($*) and apt-get is unavailable: install them with your package manager"
+  mkdir -p "$(dirname "$NOTIFY_DEPS_LOG")"
   notify_say "apt: installing $* (log: $NOTIFY_DEPS_LOG)"
   notify_as_root apt-get update >>"$NOTIFY_DEPS_LOG" 2>&1 ||
     notify_die_with_log "apt-get update failed"
-  notify_as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y "$@" >>"$NOTIFY_DEPS_LOG" 2>&1 ||
-    notify_die_with_log "apt-get install $* failed"
+  notify_as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y "${opts[@]}" "$@" \
+    >>"$NOTIFY_DEPS_LOG" 2>&1 || notify_die_with_log "apt-get install $* failed"
 }
 
 notify_start_mariadb() {
