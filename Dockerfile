@@ -35,13 +35,15 @@ WORKDIR /src
 COPY . .
 # The cargo registry and target/ live in BuildKit cache mounts, so a rebuild
 # after a source change recompiles only the workspace crates, not every
-# dependency. target/ is a cache mount, hence the copy out to /out. The
-# release profile keeps line tables (debug = "line-tables-only"); they move
-# to /debug/<name>.debug, linked from the binary by --add-gnu-debuglink.
+# dependency. Only the shipped binaries' packages are built (not the
+# benchmark or the test kit), as by scripts/run. target/ is a cache mount,
+# hence the copy out to /out. The release profile keeps line tables (debug =
+# "line-tables-only"); they move to /debug/<name>.debug, linked from the
+# binary by --add-gnu-debuglink.
 RUN --mount=type=cache,id=notify-cargo-registry,target=/usr/local/cargo/registry,sharing=locked \
     --mount=type=cache,id=notify-cargo-git,target=/usr/local/cargo/git,sharing=locked \
     --mount=type=cache,id=notify-target,target=/src/target,sharing=locked \
-    cargo build --release --bins --locked \
+    cargo build --release --locked -p notify-api -p notify-worker -p notifyctl \
  && mkdir -p /out /debug \
  && for bin in notify-api notify-worker notifyctl; do \
       cp "target/release/$bin" /out/ \

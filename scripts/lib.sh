@@ -12,6 +12,13 @@ NOTIFY_ROOT="$(cd "$(dirname "$(readlink -f "${BASH_SOURCE[0]}")")/.." && pwd)"
 # .run/ is gitignored; noisy output (apt, daemons) goes there, not the terminal.
 NOTIFY_DEPS_LOG="$NOTIFY_ROOT/.run/deps.log"
 
+# The release build of what ./scripts/run runs and the image ships: the three
+# binaries' packages only (not the benchmark or the test kit). scripts/test
+# runs the very same command, so that both share one build (another package
+# selection could unify features differently and rebuild).
+# shellcheck disable=SC2034 # used by the scripts that source this file
+NOTIFY_RELEASE_BUILD=(cargo build --release -p notify-api -p notify-worker -p notifyctl)
+
 notify_say() { printf '%s\n' "$*"; }
 
 notify_die() {
@@ -92,15 +99,22 @@ notify_require_cargo() {
     notify_die "cargo not found: install Rust with rustup (https://rustup.rs), open a new shell and re-run"
 }
 
-# notify_apt_install PKG...: one apt-get update, then a non-interactive install.
+# notify_apt_install [--no-install-recommends] PKG...: one apt-get update,
+# then a non-interactive install.
 notify_apt_install() {
+  local opts=()
+  if [ "${1:-}" = --no-install-recommends ]; then
+    opts+=("$1")
+    shift
+  fi
   command -v apt-get >/dev/null 2>&1 ||
     notify_die "missing packages ($*) and apt-get is unavailable: install them with your package manager"
+  mkdir -p "$(dirname "$NOTIFY_DEPS_LOG")"
   notify_say "apt: installing $* (log: $NOTIFY_DEPS_LOG)"
   notify_as_root apt-get update >>"$NOTIFY_DEPS_LOG" 2>&1 ||
     notify_die_with_log "apt-get update failed"
-  notify_as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y "$@" >>"$NOTIFY_DEPS_LOG" 2>&1 ||
-    notify_die_with_log "apt-get install $* failed"
+  notify_as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y "${opts[@]}" "$@" \
+    >>"$NOTIFY_DEPS_LOG" 2>&1 || notify_die_with_log "apt-get install $* failed"
 }
 
 notify_start_mariadb() {
