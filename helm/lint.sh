@@ -18,7 +18,7 @@
 #     --set combinations, against --kube-version 1.27.0, the chart's floor
 #   - every rendered document parses as YAML and has apiVersion/kind/name;
 #     every Notify config file in a Secret parses as TOML and names only
-#     settings that exist in services/core/default.toml; every alert of the
+#     settings that exist in services/domain/default.toml; every alert of the
 #     PrometheusRule parses as PromQL (promql-parser, PyPI) and names only
 #     metrics that the services' sources record; so does every query of the
 #     Grafana dashboard in a ConfigMap; every pod (api, worker, migration
@@ -66,8 +66,8 @@ shopt -s inherit_errexit
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 chart="$here/notify"
 source_root=${NOTIFY_SOURCE_ROOT:-$here/..}
-[[ -f $source_root/services/core/default.toml ]] || {
-  echo "no Notify checkout at $source_root (services/core/default.toml)" >&2
+[[ -f $source_root/services/domain/default.toml ]] || {
+  echo "no Notify checkout at $source_root (services/domain/default.toml)" >&2
   exit 1
 }
 tools=${NOTIFY_HELM_TOOLS:-${TMPDIR:-/tmp}/notify-helm-tools}

@@ -5,7 +5,7 @@ SOURCE_ROOT is a Notify checkout (the chart's own, ..).
 
   lint_checks.py config-values SOURCE_ROOT VALUES_YAML [--allow-defaults]
       Fails when `config` in VALUES_YAML names a setting that does not exist
-      in services/core/default.toml, or, unless --allow-defaults, restates a
+      in services/domain/default.toml, or, unless --allow-defaults, restates a
       built-in default: values.yaml overrides only what a cluster needs, so
       that changing a default in Notify reaches every deploy.
   lint_checks.py rendered SOURCE_ROOT MANIFESTS_YAML
@@ -43,9 +43,9 @@ import yaml
 # example (its lists are empty or carry only some fields): the Rust struct of
 # one item, and where it is defined.
 ITEM_STRUCTS = {
-    "database.shards": ("services/core/src/**/*.rs", "ShardSettings"),
+    "database.shards": ("services/domain/src/**/*.rs", "ShardSettings"),
     "database.bucket_ranges": ("shard-router/src/**/*.rs", "BucketRange"),
-    "auth.clients": ("services/core/src/**/*.rs", "ClientSettings"),
+    "auth.clients": ("services/domain/src/**/*.rs", "ClientSettings"),
 }
 
 # Keys of the chart's Secrets that hold a Notify config file.
@@ -103,13 +103,13 @@ def item_fields(source_root):
 
 
 def scope_names(source_root):
-    path = pathlib.Path(source_root) / "services/core/src/auth.rs"
+    path = pathlib.Path(source_root) / "services/domain/src/auth.rs"
     text = path.read_text() if path.exists() else ""
     return set(re.findall(r'Scope::\w+ => "([a-z._]+)"', text))
 
 
 def load_defaults(source_root):
-    with open(pathlib.Path(source_root) / "services/core/default.toml", "rb") as f:
+    with open(pathlib.Path(source_root) / "services/domain/default.toml", "rb") as f:
         return tomllib.load(f)
 
 
@@ -424,7 +424,7 @@ def schema(source_root, schema_json):
     want = item_fields(source_root)["auth.clients"]
     have = set(client["properties"])
     if want is None:
-        errors.append("auth.clients fields: no struct ClientSettings in services/core/src")
+        errors.append("auth.clients fields: no struct ClientSettings in services/domain/src")
     elif have != want:
         errors.append(
             f"auth.clients fields: schema {sorted(have)}, ClientSettings {sorted(want)}"
