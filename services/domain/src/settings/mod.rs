@@ -590,6 +590,38 @@ pub fn parse_addr(setting: &'static str, value: &str) -> Result<SocketAddr, Sett
 mod tests {
     use super::*;
 
+    /// Every setting's dotted name in the defaults: nested tables give
+    /// `section.table.key`, lists of tables their own name.
+    fn setting_names(prefix: &str, table: config::Map<String, config::Value>) -> Vec<String> {
+        let mut names = Vec::new();
+        for (key, value) in table {
+            let name = if prefix.is_empty() { key } else { format!("{prefix}.{key}") };
+            match value.kind {
+                config::ValueKind::Table(inner) => names.extend(setting_names(&name, inner)),
+                _ => names.push(name),
+            }
+        }
+        names
+    }
+
+    /// The configuration reference is written by hand beside the defaults:
+    /// a setting added to `default.toml` and not to `docs/configuration.md`
+    /// fails here, naming it.
+    #[test]
+    fn every_default_setting_is_in_the_configuration_reference() {
+        const REFERENCE: &str = include_str!("../../../../docs/configuration.md");
+        let defaults = Config::builder()
+            .add_source(File::from_str(DEFAULT_CONFIG, FileFormat::Toml))
+            .build()
+            .unwrap();
+        let table: config::Map<String, config::Value> = defaults.try_deserialize().unwrap();
+        let names = setting_names("", table);
+        assert!(names.len() > 80, "read only {} settings", names.len());
+        let missing: Vec<&String> =
+            names.iter().filter(|name| !REFERENCE.contains(&format!("`{name}`"))).collect();
+        assert!(missing.is_empty(), "docs/configuration.md lacks {missing:?}");
+    }
+
     #[test]
     fn defaults_are_valid_and_split_four_shards_evenly() {
         let settings = Settings::defaults().unwrap();
