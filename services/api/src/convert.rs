@@ -4,11 +4,13 @@
 use chrono::{DateTime, NaiveDateTime, Utc};
 use notify_core::inbox::{InboxPage, PageFormat};
 use notify_core::send::{MessageView, Progress};
-use notify_domain::auth::Client;
+use notify_domain::auth::{Client, Scope};
 use notify_domain::domain::{self, AudienceKind, Content, Priority, SendStatus};
 use notify_domain::{Error, Result};
 use notify_proto::v1;
+use notify_store::db::item_updates::Action;
 use notify_store::db::items::InboxRow;
+use notify_store::db::items::{ItemFilter, View};
 
 /// Converts a stored UTC time to a proto timestamp.
 pub fn timestamp(at: NaiveDateTime) -> prost_types::Timestamp {
@@ -53,7 +55,85 @@ pub fn inbox_item(row: InboxRow) -> v1::InboxItem {
         read: row.is_read,
         read_at: row.read_at.map(timestamp),
         expire_at: row.expire_at.map(timestamp),
+        seen: row.is_seen,
+        seen_at: row.seen_at.map(timestamp),
+        archived: row.is_archived,
+        archived_at: row.archived_at.map(timestamp),
     }
+}
+
+/// Reads an `InboxView`, naming `field` when it is not one.
+pub fn view(raw: i32, field: &str) -> Result<View> {
+    match v1::InboxView::try_from(raw) {
+        Ok(v1::InboxView::Unspecified | v1::InboxView::Inbox) => Ok(View::Inbox),
+        Ok(v1::InboxView::Archive) => Ok(View::Archive),
+        Ok(v1::InboxView::All) => Ok(View::All),
+        Err(_) => Err(Error::invalid(field, &format!("unknown view {raw}"))),
+    }
+}
+
+/// The proto view of a view.
+pub fn view_to_proto(view: View) -> v1::InboxView {
+    match view {
+        View::Inbox => v1::InboxView::Inbox,
+        View::Archive => v1::InboxView::Archive,
+        View::All => v1::InboxView::All,
+    }
+}
+
+/// Reads an `ItemAction`, naming `field` when it is missing or unknown.
+pub fn action(raw: i32, field: &str) -> Result<Action> {
+    match v1::ItemAction::try_from(raw) {
+        Ok(v1::ItemAction::MarkSeen) => Ok(Action::MarkSeen),
+        Ok(v1::ItemAction::MarkRead) => Ok(Action::MarkRead),
+        Ok(v1::ItemAction::MarkUnread) => Ok(Action::MarkUnread),
+        Ok(v1::ItemAction::Archive) => Ok(Action::Archive),
+        Ok(v1::ItemAction::Unarchive) => Ok(Action::Unarchive),
+        Ok(v1::ItemAction::Delete) => Ok(Action::Delete),
+        Ok(v1::ItemAction::Unspecified) => Err(Error::invalid(field, "is required")),
+        Err(_) => Err(Error::invalid(field, &format!("unknown action {raw}"))),
+    }
+}
+
+/// The proto action of an action.
+pub fn action_to_proto(action: Action) -> v1::ItemAction {
+    match action {
+        Action::MarkSeen => v1::ItemAction::MarkSeen,
+        Action::MarkRead => v1::ItemAction::MarkRead,
+        Action::MarkUnread => v1::ItemAction::MarkUnread,
+        Action::Archive => v1::ItemAction::Archive,
+        Action::Unarchive => v1::ItemAction::Unarchive,
+        Action::Delete => v1::ItemAction::Delete,
+    }
+}
+
+/// The list filters shared by `ListInbox` and `ItemFilter`, validated:
+/// `prefix` names the fields (`""` or `"all."`).
+pub fn item_filter<'a>(
+    view_raw: i32,
+    category: &'a str,
+    unread_only: bool,
+    read_only: bool,
+    up_to: u64,
+    prefix: &str,
+) -> Result<ItemFilter<'a>> {
+    let view = view(view_raw, &format!("{prefix}view"))?;
+    if !category.is_empty() {
+        domain::validate_category(category, &format!("{prefix}category"))?;
+    }
+    if unread_only && read_only {
+        return Err(Error::invalid(
+            &format!("{prefix}read_only"),
+            &format!("cannot be combined with {prefix}unread_only"),
+        ));
+    }
+    Ok(ItemFilter {
+        view,
+        unread_only,
+        read_only,
+        category: (!category.is_empty()).then_some(category),
+        up_to: (up_to != 0).then_some(up_to),
+    })
 }
 
 /// Converts an optional stored time.
@@ -174,6 +254,8 @@ pub struct SendFields {
     pub send_at: Option<prost_types::Timestamp>,
     /// `expire_at`.
     pub expire_at: Option<prost_types::Timestamp>,
+    /// `critical` (the caller's scope is checked by the handler).
+    pub critical: bool,
 }
 
 /// Validates the fields shared by SendMessage and CreateMessage.
@@ -184,6 +266,12 @@ pub fn new_send(
     past_tolerance_secs: i64,
 ) -> Result<notify_core::send::NewSend> {
     let sender = sender(caller, fields.sender, "sender")?;
+    if fields.critical && !caller.allows(Scope::SendCritical) {
+        return Err(Error::PermissionDenied(format!(
+            "critical: client {} lacks the scope send.critical (a critical send ignores mutes)",
+            caller.name()
+        )));
+    }
     domain::validate_idempotency_key(&fields.idempotency_key, "idempotency_key")?;
     let content = content(fields.content, "content")?;
     let priority = priority(fields.priority)?;
@@ -199,6 +287,7 @@ pub fn new_send(
         priority,
         send_at,
         expire_at,
+        critical: fields.critical,
     })
 }
 
@@ -223,6 +312,7 @@ pub fn progress_to_proto(progress: &Progress) -> v1::Progress {
         pending: progress.pending,
         cancelled: progress.cancelled,
         pending_chunks: progress.pending_chunks,
+        suppressed: progress.suppressed,
     }
 }
 
@@ -253,6 +343,7 @@ pub fn message_to_proto(view: MessageView) -> Result<v1::Message> {
         created_at: Some(timestamp(row.created_at)),
         started_at: opt_timestamp(row.started_at),
         finished_at: opt_timestamp(row.finished_at),
+        critical: row.critical,
     })
 }
 

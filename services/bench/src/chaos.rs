@@ -841,30 +841,36 @@ async fn badges(
     let mut checked = 0;
     for user in users {
         let pool = ctx.pools.for_user(user).value();
-        let (truth, present) = notify_store::db::items::badge_truth(pool, user, &live_ids)
+        let state = notify_store::db::items::badge_state(pool, user, &live_ids)
             .await
             .map_err(|e| anyhow!("{e}"))?;
-        let unread =
-            truth.unread + live_ids.iter().filter(|id| !present.contains(id)).count() as u64;
+        let pending = live
+            .iter()
+            .filter(|a| !state.present.contains(&a.message_id))
+            .filter(|a| !state.suppression.holds_back(a.message_id, &a.category, a.critical))
+            .count() as u64;
+        let (unread, unseen) = (state.truth.unread + pending, state.truth.unseen + pending);
         let mut group_unread = 0;
         let memberships =
             notify_store::db::groups::memberships(pool, user).await.map_err(|e| anyhow!("{e}"))?;
-        for (group_id, last_ack_seq) in memberships {
-            let home = ctx.pools.for_group(group_id).value();
+        for membership in memberships.iter().filter(|m| !m.muted) {
+            let home = ctx.pools.for_group(membership.group_id).value();
             let max_seq: u64 =
                 sqlx::query_scalar("SELECT max_seq FROM group_seqs WHERE group_id = ?")
-                    .bind(group_id)
+                    .bind(membership.group_id)
                     .fetch_optional(home)
                     .await?
                     .unwrap_or(0);
-            group_unread += max_seq.saturating_sub(last_ack_seq);
+            group_unread += max_seq.saturating_sub(membership.last_ack_seq);
         }
         let served = inbox.get_unread_count(v1::GetUnreadCountRequest { user_id: user }).await?;
         let served = served.into_inner();
-        if (served.unread, served.group_unread) != (unread, group_unread) {
+        if (served.unread, served.unseen, served.group_unread) != (unread, unseen, group_unread) {
             bail!(
-                "user {user}: served {}/{} (inbox/group), MySQL {unread}/{group_unread}",
+                "user {user}: served {}/{}/{} (unread/unseen/group), MySQL \
+                 {unread}/{unseen}/{group_unread}",
                 served.unread,
+                served.unseen,
                 served.group_unread
             );
         }
@@ -887,19 +893,24 @@ async fn first_pages(
     for user in sampled_users(shared, sample) {
         let request = v1::ListInboxRequest { user_id: user, page_size: 20, ..Default::default() };
         let served = inbox.list_inbox(request).await?.into_inner();
-        let served_items: Vec<(u64, bool)> =
-            served.items.iter().map(|item| (item.message_id, item.read)).collect();
+        let served_items: Vec<(u64, bool, bool, bool)> = served
+            .items
+            .iter()
+            .map(|item| (item.message_id, item.read, item.seen, item.archived))
+            .collect();
         let query = notify_store::db::items::InboxQuery {
             before: u64::MAX,
             limit: 21,
-            unread_only: false,
-            category: None,
+            filter: Default::default(),
         };
         let pool = ctx.pools.for_user(user).value();
         let rows =
             notify_store::db::items::list(pool, user, &query).await.map_err(|e| anyhow!("{e}"))?;
-        let truth: Vec<(u64, bool)> =
-            rows.iter().take(20).map(|row| (row.message_id, row.is_read)).collect();
+        let truth: Vec<(u64, bool, bool, bool)> = rows
+            .iter()
+            .take(20)
+            .map(|row| (row.message_id, row.is_read, row.is_seen, row.is_archived))
+            .collect();
         if served_items != truth || served.next_page_token.is_empty() == (rows.len() > 20) {
             bail!(
                 "user {user}: served {served_items:?} (next page: {}), MySQL {truth:?} ({} rows)",

@@ -379,6 +379,7 @@ async fn run_notify(
             send_at: None,
             expire_at: Some(expire),
             priority: v1::Priority::Normal as i32,
+            critical: false,
         })
         .await
         .context("CreateMessage")?

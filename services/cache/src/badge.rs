@@ -3,9 +3,10 @@
 //!
 //! # Counter protocol
 //!
-//! MySQL is the truth: a badge is the number of the user's unread, unexpired,
-//! unrevoked `message_items` rows, plus the active announcements the user has
-//! not materialized yet. Redis only ever holds a copy of that number, never a
+//! MySQL is the truth: a badge is two numbers, the user's unread and unseen
+//! inbox items (unexpired, unrevoked, not archived, not deleted
+//! `message_items` rows), each plus the active announcements the user has
+//! not materialized yet and does not mute. Redis only ever holds a copy of that number, never a
 //! value built from increments, so it cannot drift or go negative.
 //!
 //! Keys (under `redis.key_prefix`, see [`super::Keys`]):
@@ -18,7 +19,7 @@
 //!   `allkeys-*` eviction, or a `DEL`): it takes the larger of the epoch
 //!   plus one and the Redis server's clock in microseconds, so a lost epoch
 //!   cannot count up again to one that counts cached before the loss carry.
-//! - `{u:ID}:unread`: the cached count as `epoch:count`, with a TTL of at
+//! - `{u:ID}:unread`: the cached counts as `epoch:unread:unseen`, with a TTL of at
 //!   most `inbox.counter_ttl_secs` and never past the earliest expiry among
 //!   what it counts (the count changes then).
 //! - `{u:ID}:unread:lease`: a random token held by a reader rebuilding.
@@ -27,7 +28,7 @@
 //!
 //! Reader (badge): reads the epoch and the counts in one round trip (a count
 //! of another epoch is a miss). On a miss: take a lease (`SET lease token PX
-//! 5000`), count in MySQL, then a script stores `epoch:count` only if the
+//! 5000`), count in MySQL, then a script stores `epoch:unread:unseen` only if the
 //! lease still holds the token and the user is not dirty. Any invalidation
 //! between the lease and the store deletes the lease, so a count read before
 //! a concurrent commit is never cached. The epoch and the counts are not
@@ -58,7 +59,7 @@ use redis::{AsyncCommands, Script};
 use tracing::instrument;
 
 use super::near::Held;
-use super::values::{CachedCounts, count_at};
+use super::values::{CachedCounts, Counts, count_at};
 use super::{Cache, DIRTY_MS, LEASE_MS, waves};
 use notify_domain::error::Result;
 
@@ -66,7 +67,7 @@ use notify_domain::error::Result;
 const USERS_PER_CALL: usize = 1000;
 
 /// Stores a rebuilt count only if the lease is still ours and no writer is
-/// mid-transaction. KEYS: count, lease, dirty. ARGV: token, `epoch:count`,
+/// mid-transaction. KEYS: count, lease, dirty. ARGV: token, `epoch:unread:unseen`,
 /// ttl ms.
 const STORE_IF_LEASED: &str = r"
 if redis.call('GET', KEYS[2]) == ARGV[1] then
@@ -132,15 +133,15 @@ impl Scripts {
     }
 }
 
-/// A rebuilt count to store: user, lease token, count, TTL in ms.
+/// Rebuilt counts to store: user, lease token, counts, TTL in ms.
 #[derive(Debug, Clone, Copy)]
 pub struct RebuiltCount {
     /// The user.
     pub user_id: u64,
     /// The lease token taken before counting.
     pub token: u64,
-    /// The count read from MySQL.
-    pub count: u64,
+    /// The counts read from MySQL.
+    pub counts: Counts,
     /// How long it may be cached.
     pub ttl_ms: u64,
 }
@@ -212,7 +213,7 @@ impl Cache {
                 .key(self.keys.unread_lease(entry.user_id))
                 .key(self.keys.unread_dirty(entry.user_id))
                 .arg(entry.token)
-                .arg(format!("{epoch}:{}", entry.count))
+                .arg(entry.counts.stored_at(epoch))
                 .arg(entry.ttl_ms.max(1));
             let mut conn = self.conn.clone();
             async move { invocation.invoke_async::<i64>(&mut conn).await }

@@ -37,8 +37,12 @@ use tracing::instrument;
 use futures::future::try_join_all;
 use redis::{AsyncCommands, Script};
 
+use notify_domain::domain::GroupCursor;
+
 use super::near::Held;
-use super::values::{CachedCounts, CachedGroup, CachedUserState, count_at};
+use super::values::{
+    CachedCounts, CachedGroup, CachedUserState, count_at, cursor_value, parse_cursor,
+};
 use super::{Cache, DIRTY_MS, Keys, LEASE_MS};
 use notify_domain::error::{Error, Result};
 
@@ -191,7 +195,7 @@ impl Cache {
         &self,
         user_id: u64,
         token: u64,
-        memberships: &[(u64, u64)],
+        memberships: &[GroupCursor],
         ttl_secs: u64,
     ) -> Result<bool> {
         let mut conn = self.conn.clone();
@@ -202,8 +206,10 @@ impl Cache {
             .key(self.keys.memberships_dirty(user_id))
             .arg(token)
             .arg(ttl_secs.max(1) * 1000);
-        for (group_id, ack) in memberships {
-            invocation.arg(*group_id).arg(*ack);
+        for membership in memberships {
+            invocation
+                .arg(membership.group_id)
+                .arg(cursor_value(membership.last_ack_seq, membership.muted));
         }
         let stored: i64 = invocation.invoke_async(&mut conn).await?;
         self.forget_near([Held::Cursors(user_id)]);
@@ -374,8 +380,9 @@ fn parse_user_states(
             let (Some(group), Some(ack), Some(seq)) = (group, ack, seq) else {
                 return Err(malformed());
             };
-            if let (Ok(group_id), Ok(last_ack_seq)) = (group.parse(), ack.parse()) {
-                groups.push(CachedGroup { group_id, last_ack_seq, max_seq: seq.parse().ok() });
+            if let Some((group_id, last_ack_seq, muted)) = parse_cursor(group, ack) {
+                let max_seq = seq.parse().ok();
+                groups.push(CachedGroup { group_id, last_ack_seq, max_seq, muted });
             }
         }
         states.push(CachedUserState {
@@ -396,16 +403,17 @@ mod tests {
 
     #[test]
     fn user_states_split_per_user_in_order() {
-        let flat = strings(&["7", "7:3", "1", "2", "10", "4", "9", "11", "5", "", "6:8", "0", "0"]);
+        let flat =
+            strings(&["7", "7:3:2", "1", "2", "10", "4", "9", "11", "5:m", "", "6:8:8", "0", "0"]);
         let states = parse_user_states(&flat, 2, None).unwrap();
         assert_eq!(states.len(), 2);
         assert_eq!(states[0].badge.epoch, 7);
-        assert_eq!(states[0].badge.counts, vec![Some(3)]);
+        assert_eq!(states[0].badge.counts, vec![Some(crate::Counts { unread: 3, unseen: 2 })]);
         assert_eq!(
             states[0].groups,
             Some(vec![
-                CachedGroup { group_id: 10, last_ack_seq: 4, max_seq: Some(9) },
-                CachedGroup { group_id: 11, last_ack_seq: 5, max_seq: None },
+                CachedGroup { group_id: 10, last_ack_seq: 4, max_seq: Some(9), muted: false },
+                CachedGroup { group_id: 11, last_ack_seq: 5, max_seq: None, muted: true },
             ])
         );
         assert_eq!(states[1].badge.counts, vec![None]);

@@ -34,7 +34,7 @@ mod values;
 
 pub use badge::RebuiltCount;
 pub use pages::{CachedPage, PageToStore};
-pub use values::{CachedCounts, CachedGroup, CachedUserState};
+pub use values::{CachedCounts, CachedGroup, CachedUserState, Counts};
 
 use std::collections::HashMap;
 use std::time::Duration;
@@ -215,9 +215,12 @@ impl Keys {
         format!("{}{{ann}}:epoch", self.prefix)
     }
 
-    /// What every active-list key starts with (the epoch follows).
+    /// What every active-list key starts with (the epoch follows). The
+    /// `2`: the lists carry each announcement's category and whether it is
+    /// critical (mutes apply to announcements); the lists of replicas from
+    /// before, under `active:`, lack them and are never read.
     fn active_list_prefix(&self) -> String {
-        format!("{}{{ann}}:active:", self.prefix)
+        format!("{}{{ann}}:active2:", self.prefix)
     }
 
     /// The active-announcement list cached for `epoch`.
@@ -225,7 +228,7 @@ impl Keys {
         format!("{}{epoch}", self.active_list_prefix())
     }
 
-    /// A user's cached badge (`epoch:count`).
+    /// A user's cached badge (`epoch:unread:unseen`).
     pub fn unread(&self, user_id: u64) -> String {
         format!("{}{{u:{user_id}}}:unread", self.prefix)
     }

@@ -24,7 +24,7 @@ use crate::events::{self, BusEvent};
 use crate::send::{self, Created, NewSend};
 use notify_domain::domain::{Lane, MessageId, SendStatus};
 use notify_domain::error::{Error, Result};
-use notify_store::db::{chunks, items, messages};
+use notify_store::db::{chunks, items, messages, preferences};
 
 /// How long the active list stays cached (it is also refreshed on change).
 const ACTIVE_LIST_TTL_SECS: u64 = 30;
@@ -33,12 +33,18 @@ const ACTIVE_LIST_TTL_SECS: u64 = 30;
 const SHARD_READ_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(2);
 
 /// An announcement that is live now.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Active {
     /// Its id.
     pub message_id: u64,
     /// When it ends, in ms since the epoch.
     pub expire_at_ms: Option<i64>,
+    /// Its category: users who mute it neither see nor count it.
+    #[serde(default)]
+    pub category: String,
+    /// A critical announcement ignores mutes.
+    #[serde(default)]
+    pub critical: bool,
 }
 
 impl Active {
@@ -61,6 +67,7 @@ pub async fn send(ctx: &Context, new_send: &NewSend) -> Result<(Created, SendSta
         content: &new_send.content,
         expire_at: row.expire_at,
         created_at: row.created_at,
+        critical: new_send.critical,
     };
     let copies = ctx.pools.iter().map(|(_, pool)| chunks::store_content(pool, id, &copy));
     futures::future::try_join_all(copies).await?;
@@ -166,10 +173,12 @@ async fn active_list(ctx: &Context) -> Result<(Vec<Active>, bool)> {
                 reached += 1;
                 let homed = live
                     .into_iter()
-                    .filter(|(message_id, _)| routes.of(Key::Message(*message_id)).0 == shard);
-                list.extend(homed.map(|(message_id, expire_at)| Active {
-                    message_id,
-                    expire_at_ms: expire_at.map(to_ms),
+                    .filter(|live| routes.of(Key::Message(live.message_id)).0 == shard);
+                list.extend(homed.map(|live| Active {
+                    message_id: live.message_id,
+                    expire_at_ms: live.expire_at.map(to_ms),
+                    category: live.category,
+                    critical: live.critical,
                 }));
             }
             // One shard down must not take every badge with it: the list
@@ -201,7 +210,9 @@ fn to_ms(at: NaiveDateTime) -> i64 {
     at.and_utc().timestamp_millis()
 }
 
-/// Live announcements the user has no item for yet.
+/// Live announcements the user has no item for yet and that the user's
+/// preferences let through (a muted category, unless critical, or sent
+/// before the user was erased: never materialized, never counted).
 pub async fn unmaterialized(ctx: &Context, user_id: u64, live: &[Active]) -> Result<Vec<Active>> {
     if live.is_empty() {
         return Ok(Vec::new());
@@ -209,7 +220,16 @@ pub async fn unmaterialized(ctx: &Context, user_id: u64, live: &[Active]) -> Res
     let pool = ctx.pools.for_user(user_id);
     let ids: Vec<u64> = live.iter().map(|a| a.message_id).collect();
     let present = items::present(&*pool, user_id, &ids).await?;
-    Ok(live.iter().filter(|a| !present.contains(&a.message_id)).copied().collect())
+    let missing: Vec<&Active> = live.iter().filter(|a| !present.contains(&a.message_id)).collect();
+    if missing.is_empty() {
+        return Ok(Vec::new());
+    }
+    let suppression = preferences::suppression(&*pool, user_id).await?;
+    Ok(missing
+        .into_iter()
+        .filter(|a| !suppression.holds_back(a.message_id, &a.category, a.critical))
+        .cloned()
+        .collect())
 }
 
 /// Materializes the user's missing live announcements (one transaction on the

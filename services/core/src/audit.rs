@@ -24,6 +24,8 @@ pub enum Target {
     Message(u64),
     /// A group.
     Group(u64),
+    /// A user (their erasure: the record keeps the id and nothing else).
+    User(u64),
 }
 
 impl Target {
@@ -33,6 +35,7 @@ impl Target {
             Target::None => ("", 0),
             Target::Message(id) => ("message", id),
             Target::Group(id) => ("group", id),
+            Target::User(id) => ("user", id),
         }
     }
 }
@@ -76,6 +79,7 @@ pub async fn record(ctx: &Context, entry: Entry<'_>) {
     let key = match entry.target {
         Target::Message(id) => Key::Message(id),
         Target::Group(id) => Key::Group(id),
+        Target::User(id) => Key::User(id),
         Target::None => Key::Str(entry.client),
     };
     let pool = match ctx.writable(key).await {
@@ -137,12 +141,13 @@ pub async fn list(
     let before = if before == 0 { u64::MAX } else { before };
     match filter {
         Filter::Target(Target::None) => {
-            Err(Error::invalid("target", "must name a message or a group"))
+            Err(Error::invalid("target", "must name a message, a group or a user"))
         }
         Filter::Target(target) => {
             let (kind, id) = target.parts();
             let pool = match target {
                 Target::Group(id) => ctx.pools.for_group(id),
+                Target::User(id) => ctx.pools.for_user(id),
                 _ => ctx.pools.for_message(id),
             };
             audit::by_target(&pool, kind, id, before, limit).await

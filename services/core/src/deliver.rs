@@ -109,7 +109,7 @@ pub async fn apply_task(ctx: &Context, task: &ChunkTask, redelivered: bool) -> R
         }
     };
     match applied {
-        ApplyOutcome::Applied { user_ids, delivered, summary } => {
+        ApplyOutcome::Applied { user_ids, delivered, held_back, summary } => {
             let committed_at_ms = Some(chrono::Utc::now().timestamp_millis());
             match ctx.cache.invalidate_counts(&user_ids).await {
                 Ok(()) => chunks::settle(pool, message_id, task.chunk_id).await?,
@@ -120,7 +120,8 @@ pub async fn apply_task(ctx: &Context, task: &ChunkTask, redelivered: bool) -> R
                     metrics::counter!("notify_chunks_unsettled_total").increment(1);
                 }
             }
-            announce_items(ctx, message_id, user_ids, summary, committed_at_ms).await?;
+            let with_item = without(user_ids, &held_back);
+            announce_items(ctx, message_id, with_item, summary, committed_at_ms).await?;
             // Tells the sweeper this send is moving; losing it only costs a
             // harmless re-publish.
             let _ =
@@ -137,8 +138,10 @@ pub async fn apply_task(ctx: &Context, task: &ChunkTask, redelivered: bool) -> R
                 chunks::settle(pool, message_id, task.chunk_id).await?;
             }
             if delivered {
-                // The earlier attempt may have died before its event.
-                announce_items(ctx, message_id, user_ids, summary, None).await?;
+                // The earlier attempt may have died before its event; it
+                // was about the recipients that got the item.
+                let with_item = chunks::recipients_with_item(pool, message_id, &user_ids).await?;
+                announce_items(ctx, message_id, with_item, summary, None).await?;
             }
             if status == SendStatus::Sending && !chunks::has_pending(pool, message_id).await? {
                 send::complete_if_done(ctx, message_id).await?;
@@ -281,8 +284,15 @@ pub async fn apply_group(
         }
     }
     for chunk in group.chunks.iter().filter(|c| c.delivered) {
-        let at = if chunk.applied_now { committed_at_ms } else { None };
-        announce_items(ctx, message_id, chunk.user_ids.clone(), group.summary.clone(), at).await?;
+        // Events are about the recipients that got the item: not those
+        // their preferences held back now, and for a chunk applied before
+        // (a duplicate task), those that have it.
+        let (with_item, at) = if chunk.applied_now {
+            (without(chunk.user_ids.clone(), &group.held_back), committed_at_ms)
+        } else {
+            (chunks::recipients_with_item(pool, message_id, &chunk.user_ids).await?, None)
+        };
+        announce_items(ctx, message_id, with_item, group.summary.clone(), at).await?;
     }
     let _ = ctx.cache.heartbeat(message_id.get(), ctx.settings.worker.sweep_timeout_secs).await;
     metrics::counter!("notify_items_delivered_total").increment(group.delivered);
@@ -326,6 +336,14 @@ pub async fn settle(ctx: &Context, pool: &MySqlPool, limit: u32) -> Result<u64> 
         metrics::counter!("notify_chunks_settled_total").increment(settled);
     }
     Ok(settled)
+}
+
+/// `user_ids` without the `held_back` ones (few, usually none).
+fn without(mut user_ids: Vec<u64>, held_back: &[u64]) -> Vec<u64> {
+    if !held_back.is_empty() {
+        user_ids.retain(|user_id| !held_back.contains(user_id));
+    }
+    user_ids
 }
 
 /// Publishes the chunk's [`BusEvent::ItemsDelivered`]. Before the ack: a

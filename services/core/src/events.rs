@@ -21,6 +21,8 @@ use tracing::warn;
 use crate::context::Context;
 use notify_domain::error::{Error, Result};
 use notify_store::db::chunks::ContentSummary;
+use notify_store::db::item_updates::Action;
+use notify_store::db::items::{ItemFilter, View};
 
 /// One change, as carried on the bus (JSON, short field names).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -93,6 +95,56 @@ pub enum BusEvent {
         #[serde(rename = "m")]
         message_id: u64,
     },
+    /// A user changed items (seen, read, archived, deleted...): one event
+    /// per call, naming the ids that changed or the filter that selected
+    /// them. Their badge changed with it.
+    #[serde(rename = "updated")]
+    ItemsUpdated {
+        /// The user.
+        #[serde(rename = "u")]
+        user_id: u64,
+        /// What was done.
+        #[serde(rename = "a")]
+        action: Action,
+        /// The items that changed, for a call that named ids.
+        #[serde(rename = "m", default, skip_serializing_if = "Vec::is_empty")]
+        message_ids: Vec<u64>,
+        /// The filter whose items changed, for a call over a filter.
+        #[serde(rename = "f", default, skip_serializing_if = "Option::is_none")]
+        filter: Option<BusFilter>,
+    },
+}
+
+/// A list filter as an event carries it.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BusFilter {
+    /// Inbox, archive or both.
+    #[serde(rename = "v", default)]
+    pub view: View,
+    /// Only this category.
+    #[serde(rename = "c", default, skip_serializing_if = "Option::is_none")]
+    pub category: Option<String>,
+    /// Only unread items.
+    #[serde(rename = "ur", default, skip_serializing_if = "std::ops::Not::not")]
+    pub unread_only: bool,
+    /// Only read items.
+    #[serde(rename = "rd", default, skip_serializing_if = "std::ops::Not::not")]
+    pub read_only: bool,
+    /// Only ids up to this one.
+    #[serde(rename = "to", default, skip_serializing_if = "Option::is_none")]
+    pub up_to: Option<u64>,
+}
+
+impl From<&ItemFilter<'_>> for BusFilter {
+    fn from(filter: &ItemFilter<'_>) -> Self {
+        Self {
+            view: filter.view,
+            category: filter.category.map(str::to_owned),
+            unread_only: filter.unread_only,
+            read_only: filter.read_only,
+            up_to: filter.up_to,
+        }
+    }
 }
 
 impl BusEvent {
@@ -105,6 +157,7 @@ impl BusEvent {
             Self::MembersChanged { .. } => "members",
             Self::Announced { .. } => "announced",
             Self::Revoked { .. } => "revoked",
+            Self::ItemsUpdated { .. } => "updated",
         }
     }
 
@@ -117,6 +170,11 @@ impl BusEvent {
     pub fn decode(bytes: &[u8]) -> Result<Self> {
         serde_json::from_slice(bytes).map_err(|e| Error::Internal(format!("malformed event: {e}")))
     }
+}
+
+/// Tells gateway streams that users' badges changed (best effort).
+pub async fn badges_changed(ctx: &Context, user_ids: Vec<u64>) {
+    publish_best_effort(ctx, &BusEvent::BadgesChanged { user_ids }).await;
 }
 
 /// Publishes `event`, waiting for the broker's confirm.
@@ -161,5 +219,34 @@ mod tests {
             BusEvent::MembersChanged { group_id: 3, added: vec![4], removed: vec![] }
         );
         assert!(BusEvent::decode(b"{}").is_err());
+    }
+
+    #[test]
+    fn item_updates_name_their_ids_or_their_filter() {
+        let by_ids = BusEvent::ItemsUpdated {
+            user_id: 42,
+            action: Action::MarkSeen,
+            message_ids: vec![7, 9],
+            filter: None,
+        };
+        let text = String::from_utf8(by_ids.encode()).unwrap();
+        assert_eq!(text, r#"{"t":"updated","u":42,"a":"mark_seen","m":[7,9]}"#);
+        assert_eq!(BusEvent::decode(text.as_bytes()).unwrap(), by_ids);
+        let by_filter = BusEvent::ItemsUpdated {
+            user_id: 42,
+            action: Action::Archive,
+            message_ids: Vec::new(),
+            filter: Some(BusFilter {
+                category: Some("billing".to_owned()),
+                read_only: true,
+                ..BusFilter::default()
+            }),
+        };
+        let text = String::from_utf8(by_filter.encode()).unwrap();
+        assert_eq!(
+            text,
+            r#"{"t":"updated","u":42,"a":"archive","f":{"v":"inbox","c":"billing","rd":true}}"#
+        );
+        assert_eq!(BusEvent::decode(text.as_bytes()).unwrap(), by_filter);
     }
 }

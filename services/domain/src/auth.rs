@@ -39,29 +39,33 @@ pub enum Scope {
     Send,
     /// Send to every user (an announcement): reaches everyone, so separate.
     SendAllUsers,
+    /// Mark a send critical: it ignores the recipients' mutes.
+    SendCritical,
     /// Pause, resume, cancel and redrive sends.
     SendsManage,
     /// Read and watch sends.
     SendsRead,
     /// Read and manage every client's sends, not only its own.
     SendsAll,
-    /// Read inboxes, badges and group messages.
+    /// Read inboxes, badges, preferences and group messages.
     InboxRead,
-    /// Mark inbox items read and acknowledge group messages.
+    /// Change inbox items (seen, read, archived, deleted) and preferences,
+    /// and acknowledge group messages.
     InboxWrite,
     /// Create groups and change their members.
     GroupsManage,
     /// Subscribe to users' live events (gateways).
     EventsSubscribe,
-    /// Everything, including the audit log.
+    /// Everything, including the audit log and erasing users.
     Admin,
 }
 
 impl Scope {
     /// Every scope, in documentation order.
-    pub const ALL: [Scope; 10] = [
+    pub const ALL: [Scope; 11] = [
         Scope::Send,
         Scope::SendAllUsers,
+        Scope::SendCritical,
         Scope::SendsManage,
         Scope::SendsRead,
         Scope::SendsAll,
@@ -77,6 +81,7 @@ impl Scope {
         match self {
             Scope::Send => "send",
             Scope::SendAllUsers => "send.all_users",
+            Scope::SendCritical => "send.critical",
             Scope::SendsManage => "sends.manage",
             Scope::SendsRead => "sends.read",
             Scope::SendsAll => "sends.all",

@@ -216,6 +216,18 @@ impl Content {
     }
 }
 
+/// A user's membership of a group, as the badge reads it: the cursor, and
+/// whether the user mutes the group (its unread stays out of the total).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, sqlx::FromRow)]
+pub struct GroupCursor {
+    /// The group.
+    pub group_id: u64,
+    /// The last seq the member acknowledged.
+    pub last_ack_seq: u64,
+    /// The member mutes the group.
+    pub muted: bool,
+}
+
 /// Checks a category: empty, or up to 64 bytes of `[a-z0-9_.-]`.
 pub fn validate_category(category: &str, field: &str) -> Result<()> {
     if category.len() > MAX_CATEGORY_BYTES {

@@ -12,6 +12,7 @@ pub mod auth;
 pub mod domain;
 pub mod error;
 pub mod ids;
+pub mod preferences;
 pub mod settings;
 
 pub use error::{Error, Result};

@@ -69,7 +69,7 @@ pub fn token(command: TokenCommand) -> anyhow::Result<()> {
 
 /// Arguments of `notifyctl audit`.
 #[derive(Debug, Args)]
-#[command(group(ArgGroup::new("filter").required(true).args(["message", "group", "client"])))]
+#[command(group(ArgGroup::new("filter").required(true).args(["message", "group", "client", "user"])))]
 pub struct AuditArgs {
     /// The history of one send.
     #[arg(long)]
@@ -80,6 +80,9 @@ pub struct AuditArgs {
     /// Everything one client did.
     #[arg(long)]
     client: Option<String>,
+    /// A user's erasure.
+    #[arg(long)]
+    user: Option<u64>,
     /// Records per page (1..=1000).
     #[arg(long, default_value_t = 100)]
     limit: u32,
@@ -90,11 +93,12 @@ pub struct AuditArgs {
 
 /// Prints audit records, newest first (needs the admin scope).
 pub async fn audit(api: Api, args: AuditArgs) -> anyhow::Result<()> {
-    let filter = match (args.message, args.group, args.client) {
-        (Some(id), _, _) => Filter::MessageId(id),
-        (_, Some(id), _) => Filter::GroupId(id),
-        (_, _, Some(client)) => Filter::Client(client),
-        _ => anyhow::bail!("give --message, --group or --client"),
+    let filter = match (args.message, args.group, args.client, args.user) {
+        (Some(id), _, _, _) => Filter::MessageId(id),
+        (_, Some(id), _, _) => Filter::GroupId(id),
+        (_, _, Some(client), _) => Filter::Client(client),
+        (_, _, _, Some(id)) => Filter::UserId(id),
+        _ => anyhow::bail!("give --message, --group, --client or --user"),
     };
     let page = AdminServiceClient::new(api)
         .list_audit_records(v1::ListAuditRecordsRequest {
@@ -137,4 +141,32 @@ pub async fn health(api: Api, service: String) -> anyhow::Result<bool> {
     let what = if service.is_empty() { "notify-api".to_owned() } else { service };
     println!("{what}: {name}");
     Ok(status == ServingStatus::Serving as i32)
+}
+
+/// `notifyctl user ...`.
+#[derive(Debug, Subcommand)]
+pub enum UserCommand {
+    /// Erases a user everywhere (admin scope): items, preferences, group
+    /// memberships, cached counts; sends already queued skip them.
+    Erase {
+        /// User id.
+        user_id: u64,
+    },
+}
+
+/// Runs a `user` command.
+pub async fn user(api: Api, command: UserCommand) -> anyhow::Result<()> {
+    match command {
+        UserCommand::Erase { user_id } => {
+            let erased = AdminServiceClient::new(api)
+                .erase_user(v1::EraseUserRequest { user_id })
+                .await?
+                .into_inner();
+            println!(
+                "user {user_id} erased: {} items, {} group memberships",
+                erased.items, erased.memberships
+            );
+            Ok(())
+        }
+    }
 }

@@ -157,11 +157,15 @@ pub async fn run(channel: Api, command: GroupCommand) -> anyhow::Result<()> {
             let unread = client.get_group_unread(request).await?.into_inner();
             for group in &unread.groups {
                 println!(
-                    "group {} unread {} (max_seq {}, last_ack_seq {})",
-                    group.group_id, group.unread, group.max_seq, group.last_ack_seq
+                    "group {} unread {} (max_seq {}, last_ack_seq {}){}",
+                    group.group_id,
+                    group.unread,
+                    group.max_seq,
+                    group.last_ack_seq,
+                    if group.muted { " muted" } else { "" }
                 );
             }
-            println!("total {}", unread.total);
+            println!("total {} (muted groups left out)", unread.total);
         }
     }
     Ok(())

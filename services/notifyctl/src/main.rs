@@ -76,12 +76,21 @@ enum Command {
         #[arg(long, default_value_t = 20)]
         limit: u32,
     },
-    /// Shows a user's inbox, newest first.
+    /// Shows a user's inbox (or archive), newest first: `*` unread, `+`
+    /// unseen, `A` archived.
     Inbox(inbox::InboxArgs),
+    /// Marks a user's items seen, read or unread, archives, unarchives or
+    /// deletes them: listed ids, or --all with the inbox's filters.
+    Items(inbox::ItemsArgs),
+    /// Shows a user's preferences, muting or unmuting categories and groups.
+    Prefs(inbox::PrefsArgs),
+    /// Users: erase one everywhere (admin scope).
+    #[command(subcommand)]
+    User(admin::UserCommand),
     /// Group messages: create, add/remove members, send, pull, ack, unread.
     #[command(subcommand)]
     Group(groups::GroupCommand),
-    /// Shows users' unread badge counts.
+    /// Shows users' unread and unseen badge counts.
     Badge {
         /// User ids.
         #[arg(required = true)]
@@ -100,7 +109,8 @@ enum Command {
     /// shard, with the services' configuration).
     #[command(subcommand)]
     Shard(shards::ShardCommand),
-    /// Shows audit records of a send, a group or a client (admin scope).
+    /// Shows audit records of a send, a group, a user or a client (admin
+    /// scope).
     Audit(admin::AuditArgs),
     /// Checks the api's health: exit code 0 when SERVING, 1 when not, 2
     /// when it cannot be asked.
@@ -162,6 +172,9 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Redrive { message_id } => sends::redrive(channel, message_id).await,
         Command::List { sender, limit } => sends::list(channel, sender, limit).await,
         Command::Inbox(args) => inbox::inbox(channel, args).await,
+        Command::Items(args) => inbox::items(channel, args).await,
+        Command::Prefs(args) => inbox::prefs(channel, args).await,
+        Command::User(command) => admin::user(channel, command).await,
         Command::Badge { user_ids } => inbox::badge(channel, user_ids).await,
         Command::Tail { users } => tail::tail(channel, users).await,
         Command::Group(command) => groups::run(channel, command).await,

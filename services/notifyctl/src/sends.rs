@@ -54,6 +54,10 @@ pub struct MessageArgs {
     /// Start time (RFC 3339, e.g. 2026-12-01T09:00:00Z); default now.
     #[arg(long)]
     at: Option<DateTime<Utc>>,
+    /// Critical: ignores the recipients' muted categories (needs the
+    /// send.critical scope).
+    #[arg(long)]
+    critical: bool,
 }
 
 /// Arguments of `notifyctl send`.
@@ -96,6 +100,7 @@ pub async fn announce(channel: Api, args: AnnounceArgs) -> anyhow::Result<()> {
             send_at: args.message.at.map(timestamp),
             expire_at: args.until.map(timestamp),
             priority: 0,
+            critical: args.message.critical,
         })
         .await?
         .into_inner();
@@ -125,6 +130,7 @@ pub async fn send(channel: Api, args: SendArgs) -> anyhow::Result<()> {
                 send_at: args.message.at.map(timestamp),
                 expire_at: args.expire.map(timestamp),
                 priority,
+                critical: args.message.critical,
             })
             .await?
             .into_inner();
@@ -138,6 +144,7 @@ pub async fn send(channel: Api, args: SendArgs) -> anyhow::Result<()> {
                 send_at: args.message.at.map(timestamp),
                 expire_at: args.expire.map(timestamp),
                 priority,
+                critical: args.message.critical,
             })
             .await?
             .into_inner();
@@ -188,7 +195,7 @@ fn status_name(status: i32) -> &'static str {
 fn print_message(message: &v1::Message) {
     let p = message.progress.unwrap_or_default();
     println!(
-        "message {} [{}] total={} delivered={} failed={} read={} pending={} cancelled={} pending_chunks={}",
+        "message {} [{}] total={} delivered={} failed={} read={} pending={} cancelled={} suppressed={} pending_chunks={}{}",
         message.message_id,
         status_name(message.status),
         p.total,
@@ -197,7 +204,9 @@ fn print_message(message: &v1::Message) {
         p.read,
         p.pending,
         p.cancelled,
-        p.pending_chunks
+        p.suppressed,
+        p.pending_chunks,
+        if message.critical { " critical" } else { "" }
     );
 }
 
@@ -213,7 +222,7 @@ async fn watch(channel: Api, message_id: u64) -> anyhow::Result<()> {
         let message = message?;
         let p = message.progress.unwrap_or_default();
         bar.set_length(p.total);
-        bar.set_position(p.delivered + p.failed + p.cancelled);
+        bar.set_position(p.delivered + p.failed + p.suppressed + p.cancelled);
         bar.set_message(status_name(message.status).to_owned());
         last = Some(message);
     }

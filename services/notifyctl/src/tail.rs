@@ -47,8 +47,8 @@ pub fn line(event: &Event) -> String {
                 })
                 .unwrap_or_default();
             format!(
-                "snapshot  user {} unread {} group_unread {}{latest}",
-                s.user_id, s.unread, s.group_unread
+                "snapshot  user {} unread {} unseen {} group_unread {}{latest}",
+                s.user_id, s.unread, s.unseen, s.group_unread
             )
         }
         Event::ItemDelivered(i) => format!(
@@ -61,8 +61,8 @@ pub fn line(event: &Event) -> String {
         ),
         Event::BadgeChanged(b) => {
             format!(
-                "badge     user {} unread {} group_unread {}",
-                b.user_id, b.unread, b.group_unread
+                "badge     user {} unread {} unseen {} group_unread {}",
+                b.user_id, b.unread, b.unseen, b.group_unread
             )
         }
         Event::GroupMessage(g) => format!(
@@ -71,5 +71,22 @@ pub fn line(event: &Event) -> String {
         ),
         Event::ItemRevoked(r) => format!("revoked   message {}", r.message_id),
         Event::Heartbeat(h) => format!("heartbeat {}", rfc3339(h.at)),
+        Event::ItemUpdated(u) => {
+            let target = match (&u.all, u.message_id) {
+                (Some(all), _) => format!("all {all:?}"),
+                (None, 0) => format!("messages {:?}", u.message_ids),
+                (None, id) => format!("message {id}"),
+            };
+            let states: Vec<String> = [
+                ("seen", u.seen),
+                ("read", u.read),
+                ("archived", u.archived),
+                ("deleted", u.deleted),
+            ]
+            .into_iter()
+            .filter_map(|(name, state)| state.map(|state| format!("{name}={state}")))
+            .collect();
+            format!("updated   user {} {target} {}", u.user_id, states.join(" "))
+        }
     }
 }

@@ -61,7 +61,7 @@ pub struct MovedTable {
 /// Every table with a `bucket` column, in the order they are copied (a
 /// message home before the items that show it is not needed: reads join
 /// only content copies, which go first).
-pub const TABLES: [MovedTable; 10] = [
+pub const TABLES: [MovedTable; 11] = [
     MovedTable { name: "messages", key: &["message_id"] },
     MovedTable { name: "message_batches", key: &["message_id", "batch_number"] },
     MovedTable { name: "idempotency_keys", key: &["client", "sender", "idempotency_key"] },
@@ -70,6 +70,7 @@ pub const TABLES: [MovedTable; 10] = [
     MovedTable { name: "group_messages", key: &["group_id", "seq"] },
     MovedTable { name: "audit_log", key: &["audit_id"] },
     MovedTable { name: "user_inbox_state", key: &["user_id"] },
+    MovedTable { name: "user_preferences", key: &["user_id"] },
     MovedTable { name: "group_members", key: &["user_id", "group_id"] },
     MovedTable { name: "message_items", key: &["user_id", "message_id"] },
 ];

@@ -529,6 +529,7 @@ pub fn send_request(user_ids: Vec<u64>) -> v1::SendMessageRequest {
         send_at: None,
         expire_at: None,
         priority: 0,
+        critical: false,
     }
 }
 

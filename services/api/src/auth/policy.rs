@@ -59,6 +59,9 @@ pub const RULES: &[Rule] = &[
     rule("/notify.v1.InboxService/ListInbox", Scope::InboxRead, false),
     rule("/notify.v1.InboxService/MarkRead", Scope::InboxWrite, false),
     rule("/notify.v1.InboxService/MarkAllRead", Scope::InboxWrite, false),
+    rule("/notify.v1.InboxService/UpdateItems", Scope::InboxWrite, false),
+    rule("/notify.v1.InboxService/SetPreferences", Scope::InboxWrite, false),
+    rule("/notify.v1.InboxService/GetPreferences", Scope::InboxRead, false),
     rule("/notify.v1.InboxService/GetUnreadCount", Scope::InboxRead, false),
     rule("/notify.v1.InboxService/BatchGetUnreadCounts", Scope::InboxRead, false),
     rule("/notify.v1.GroupService/CreateGroup", Scope::GroupsManage, true),
@@ -69,6 +72,7 @@ pub const RULES: &[Rule] = &[
     rule("/notify.v1.GroupService/AckGroupMessages", Scope::InboxWrite, false),
     rule("/notify.v1.GroupService/GetGroupUnread", Scope::InboxRead, false),
     rule("/notify.v1.AdminService/ListAuditRecords", Scope::Admin, false),
+    rule("/notify.v1.AdminService/EraseUser", Scope::Admin, true),
 ];
 
 /// Health, open to everyone.

@@ -24,11 +24,12 @@ use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
 use futures::StreamExt as _;
-use notify_core::events::BusEvent;
+use notify_core::events::{BusEvent, BusFilter};
 use notify_core::{Context, groups, inbox};
 use notify_domain::domain::UserId;
 use notify_store::db::chunks::ContentSummary;
-use notify_store::db::items::InboxQuery;
+use notify_store::db::item_updates::Action;
+use notify_store::db::items::{InboxQuery, ItemFilter};
 
 use crate::convert::WirePages;
 use notify_proto::v1::{self, subscribe_response::Event};
@@ -168,7 +169,46 @@ fn event_kind(event: &Event) -> &'static str {
         Event::GroupMessage(_) => "group_message",
         Event::ItemRevoked(_) => "item_revoked",
         Event::Heartbeat(_) => "heartbeat",
+        Event::ItemUpdated(_) => "item_updated",
     }
+}
+
+/// The gateway's `ItemUpdated` of one update call: the item, the items or
+/// the filter, and the states the action set (the others unset).
+fn item_updated(
+    user_id: u64,
+    action: Action,
+    message_ids: Vec<u64>,
+    filter: Option<BusFilter>,
+) -> v1::ItemUpdated {
+    let (message_id, message_ids) = match message_ids.as_slice() {
+        [one] => (*one, Vec::new()),
+        _ => (0, message_ids),
+    };
+    let all = filter.map(|filter| v1::ItemFilter {
+        view: crate::convert::view_to_proto(filter.view) as i32,
+        category: filter.category.unwrap_or_default(),
+        unread_only: filter.unread_only,
+        read_only: filter.read_only,
+        up_to_message_id: filter.up_to.unwrap_or(0),
+    });
+    let mut event = v1::ItemUpdated {
+        user_id,
+        message_id,
+        message_ids,
+        all,
+        action: crate::convert::action_to_proto(action) as i32,
+        ..v1::ItemUpdated::default()
+    };
+    match action {
+        Action::MarkSeen => event.seen = Some(true),
+        Action::MarkRead => (event.seen, event.read) = (Some(true), Some(true)),
+        Action::MarkUnread => event.read = Some(false),
+        Action::Archive => event.archived = Some(true),
+        Action::Unarchive => event.archived = Some(false),
+        Action::Delete => event.deleted = Some(true),
+    }
+    event
 }
 
 /// Why a subscription change was refused.
@@ -386,6 +426,22 @@ impl Hub {
                 self.badges_changed(followed);
             }
             BusEvent::Revoked { message_id } => self.revoke(message_id),
+            BusEvent::ItemsUpdated { user_id, action, message_ids, filter } => {
+                let followed = {
+                    let tables = self.read();
+                    let streams = streams_of(&tables, user_id);
+                    if !streams.is_empty() {
+                        let event = item_updated(user_id, action, message_ids, filter);
+                        for stream in streams {
+                            stream.offer_for(user_id, Event::ItemUpdated(event.clone()));
+                        }
+                    }
+                    tables.users.contains_key(&user_id)
+                };
+                if followed {
+                    self.badges_changed(vec![user_id]);
+                }
+            }
         }
     }
 
@@ -517,6 +573,7 @@ impl Hub {
                                     user_id,
                                     unread: badge.unread,
                                     group_unread: badge.group_unread,
+                                    unseen: badge.unseen,
                                 };
                                 stream.offer_for(user_id, Event::BadgeChanged(event));
                             }
@@ -604,16 +661,16 @@ impl Hub {
         let ctx = &self.inner.ctx;
         let user = UserId::parse(user_id, "add_user_ids").map_err(crate::status::to_status)?;
         let version = self.read().users.get(&user_id).map(|f| f.version);
-        let query = InboxQuery { before: u64::MAX, limit: 1, unread_only: false, category: None };
+        let query = InboxQuery { before: u64::MAX, limit: 1, filter: ItemFilter::default() };
         // A snapshot must not predate an event the stream already routed.
         ctx.cache.sync_near_cache().await;
         let (counts, groups, page) = futures::future::join3(
-            inbox::unread_counts(ctx, &[user_id]),
+            inbox::counts(ctx, &[user_id]),
             groups::unread(ctx, user),
             inbox::list::<WirePages>(ctx, user, &query),
         )
         .await;
-        let unread = counts.map_err(crate::status::to_status)?.first().copied().unwrap_or(0);
+        let counts = counts.map_err(crate::status::to_status)?.first().copied().unwrap_or_default();
         let page = page.map_err(crate::status::to_status)?;
         let group_unread = match groups {
             Ok(summary) => {
@@ -637,7 +694,13 @@ impl Hub {
                 created_at: item.created_at,
             }
         });
-        Ok(v1::Snapshot { user_id, unread, group_unread, latest })
+        Ok(v1::Snapshot {
+            user_id,
+            unread: counts.unread,
+            group_unread,
+            latest,
+            unseen: counts.unseen,
+        })
     }
 
     /// Replaces a followed user's groups with what a snapshot read, unless a

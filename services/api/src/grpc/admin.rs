@@ -1,8 +1,10 @@
-//! `notify.v1.AdminService`: the audit log, for operators (scope `admin`).
+//! `notify.v1.AdminService`: the audit log and user erasure, for operators
+//! (scope `admin`).
 
 use notify_core::audit::{self, Filter, Target};
-use notify_core::{Context, inbox};
+use notify_core::{Context, erase, inbox};
 use notify_domain::Error;
+use notify_domain::domain::UserId;
 use notify_domain::settings::valid_client_name;
 use notify_proto::v1;
 use notify_proto::v1::admin_service_server::AdminService;
@@ -10,6 +12,8 @@ use notify_proto::v1::list_audit_records_request::Filter as RequestFilter;
 use tonic::{Request, Response, Status};
 use tracing::instrument;
 
+use super::audit as record;
+use crate::auth::caller;
 use crate::convert;
 use crate::status::IntoStatus;
 
@@ -44,16 +48,23 @@ impl AdminService for AdminApi {
             Some(RequestFilter::GroupId(0)) => {
                 return Err(Error::invalid("group_id", "group id must not be 0")).into_status();
             }
+            Some(RequestFilter::UserId(0)) => {
+                return Err(Error::invalid("user_id", "user id must not be 0")).into_status();
+            }
             Some(RequestFilter::MessageId(id)) => Filter::Target(Target::Message(*id)),
             Some(RequestFilter::GroupId(id)) => Filter::Target(Target::Group(*id)),
+            Some(RequestFilter::UserId(id)) => Filter::Target(Target::User(*id)),
             Some(RequestFilter::Client(name)) if valid_client_name(name) => Filter::Client(name),
             Some(RequestFilter::Client(_)) => {
                 return Err(Error::invalid("client", "must be 1..=64 of [a-z0-9_.-]"))
                     .into_status();
             }
             None => {
-                return Err(Error::invalid("filter", "set message_id, group_id or client"))
-                    .into_status();
+                return Err(Error::invalid(
+                    "filter",
+                    "set message_id, group_id, user_id or client",
+                ))
+                .into_status();
             }
         };
         let page_size = match req.page_size {
@@ -83,5 +94,26 @@ impl AdminService for AdminApi {
             _ => String::new(),
         };
         Ok(Response::new(v1::ListAuditRecordsResponse { records, next_page_token }))
+    }
+
+    #[instrument(skip_all, fields(user_id = request.get_ref().user_id))]
+    async fn erase_user(
+        &self,
+        request: Request<v1::EraseUserRequest>,
+    ) -> Result<Response<v1::EraseUserResponse>, Status> {
+        let caller = caller(&request)?;
+        let user = UserId::parse(request.get_ref().user_id, "user_id").into_status()?;
+        let result = erase::erase_user(&self.ctx, user).await;
+        // The record names the user by id and holds nothing else of theirs.
+        let detail = result.as_ref().map_or_else(
+            |_| String::new(),
+            |erased| format!("items={} memberships={}", erased.items, erased.memberships),
+        );
+        record(&self.ctx, &caller, "user.erase", Target::User(user.get()), &result, detail).await;
+        let erased = result.into_status()?;
+        Ok(Response::new(v1::EraseUserResponse {
+            items: erased.items,
+            memberships: erased.memberships,
+        }))
     }
 }

@@ -179,6 +179,7 @@ impl GroupService for GroupApi {
                     unread: g.unread,
                     max_seq: g.max_seq,
                     last_ack_seq: g.last_ack_seq,
+                    muted: g.muted,
                 })
                 .collect(),
             total: summary.total,

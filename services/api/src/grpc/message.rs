@@ -115,6 +115,7 @@ impl MessageService for MessageApi {
             priority: req.priority,
             send_at: req.send_at,
             expire_at: req.expire_at,
+            critical: req.critical,
         };
         let new_send =
             convert::new_send(&caller, fields, audience, limits.send_at_past_tolerance_secs)
@@ -162,6 +163,7 @@ impl MessageService for MessageApi {
             priority: req.priority,
             send_at: req.send_at,
             expire_at: req.expire_at,
+            critical: req.critical,
         };
         let tolerance = self.ctx.settings.send.send_at_past_tolerance_secs;
         let new_send =

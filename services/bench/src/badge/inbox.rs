@@ -203,7 +203,7 @@ async fn inbox_sql(
     let mut before = u64::MAX;
     let mut page = 0;
     for call in 0..20 + calls {
-        let query = InboxQuery { before, limit: 21, unread_only: false, category: None };
+        let query = InboxQuery { before, limit: 21, filter: Default::default() };
         let started = Instant::now();
         let rows = run(query).await?;
         if call >= 20 {

@@ -59,7 +59,7 @@ pub(super) use self::tables::Held;
 use self::tables::{Slot, Tables};
 use self::tracking::{Inner, maintain};
 use super::Keys;
-use super::values::{CachedCounts, CachedGroup, CachedUserState, count_at};
+use super::values::{CachedCounts, CachedGroup, CachedUserState, count_at, parse_cursor};
 use notify_domain::error::{Error, Result};
 use notify_domain::settings::RedisSettings;
 
@@ -234,10 +234,11 @@ impl Near {
                 let groups = user.cursors.map(|cursors| {
                     cursors
                         .into_iter()
-                        .map(|(group_id, last_ack_seq)| CachedGroup {
+                        .map(|(group_id, last_ack_seq, muted)| CachedGroup {
                             group_id,
                             last_ack_seq,
                             max_seq: seqs.get(&group_id).copied().flatten(),
+                            muted,
                         })
                         .collect()
                 });
@@ -381,7 +382,7 @@ struct Reads {
 struct UserRead {
     unread: Option<String>,
     unread_pttl: i64,
-    cursors: Option<Vec<(u64, u64)>>,
+    cursors: Option<Vec<(u64, u64, bool)>>,
     cursors_pttl: i64,
 }
 
@@ -413,9 +414,7 @@ fn parse_reads(replies: &[Value], users: usize) -> Result<Reads> {
             let hash: Vec<(String, String)> = from_value(reply[2].clone())?;
             let cursors_pttl: i64 = from_value(reply[3].clone())?;
             let cursors = (!hash.is_empty()).then(|| {
-                hash.iter()
-                    .filter_map(|(group, ack)| Some((group.parse().ok()?, ack.parse().ok()?)))
-                    .collect()
+                hash.iter().filter_map(|(group, value)| parse_cursor(group, value)).collect()
             });
             Ok(UserRead { unread, unread_pttl, cursors, cursors_pttl })
         })

@@ -4,6 +4,8 @@
 use std::collections::HashMap;
 use std::time::Instant;
 
+#[cfg(test)]
+use crate::values::Counts;
 use crate::values::{CachedCounts, CachedGroup, CachedUserState, count_at};
 
 /// A copy of one key: being read (by the read holding the token), or read.
@@ -37,16 +39,16 @@ impl<T> Slot<T> {
     }
 }
 
-/// A user's group cursors as cached: `(group, last_ack_seq)`, or `None`
-/// when the hash is absent.
-pub(super) type Cursors = Option<Vec<(u64, u64)>>;
+/// A user's group cursors as cached: `(group, last_ack_seq, muted)`, or
+/// `None` when the hash is absent.
+pub(super) type Cursors = Option<Vec<(u64, u64, bool)>>;
 
 /// A user's two keys.
 #[derive(Debug, Default)]
 pub(super) struct UserSlots {
-    /// `{u:ID}:unread`: the cached `epoch:count`, `None` when absent.
+    /// `{u:ID}:unread`: the cached `epoch:unread:unseen`, `None` when absent.
     pub(super) unread: Option<Slot<Option<String>>>,
-    /// `{u:ID}:gmem`: the cursors (`group, ack`), `None` when absent.
+    /// `{u:ID}:gmem`: the cursors (`group, ack, muted`), `None` when absent.
     pub(super) cursors: Option<Slot<Cursors>>,
 }
 
@@ -54,7 +56,7 @@ pub(super) struct UserSlots {
 #[derive(Debug, Default)]
 pub(super) struct Tables {
     pub(super) epoch: Option<Slot<u64>>,
-    /// `{ann}:active:EPOCH` of the epoch read last ([`Self::active_slot`]):
+    /// `{ann}:active2:EPOCH` of the epoch read last ([`Self::active_slot`]):
     /// the cached active-announcement list, `None` when absent.
     active: Option<Slot<Option<String>>>,
     active_epoch: u64,
@@ -139,12 +141,13 @@ impl Tables {
             None => None,
             Some(cursors) => {
                 let mut groups = Vec::with_capacity(cursors.len());
-                for (group_id, last_ack_seq) in cursors {
+                for (group_id, last_ack_seq, muted) in cursors {
                     let max_seq = *self.seqs.get(group_id)?.as_ref()?.fresh(now)?;
                     groups.push(CachedGroup {
                         group_id: *group_id,
                         last_ack_seq: *last_ack_seq,
                         max_seq,
+                        muted: *muted,
                     });
                 }
                 Some(groups)
@@ -172,7 +175,7 @@ impl Held {
         if rest == "{ann}:epoch" {
             return Some(Self::Epoch);
         }
-        if let Some(epoch) = rest.strip_prefix("{ann}:active:") {
+        if let Some(epoch) = rest.strip_prefix("{ann}:active2:") {
             return epoch.parse().ok().map(Self::Active);
         }
         let id = |tagged: &str, suffix: &str| tagged.strip_suffix(suffix)?.parse::<u64>().ok();
@@ -284,15 +287,18 @@ mod tests {
         let mut tables = Tables { epoch: ready(3), ..Tables::default() };
         tables.users.insert(
             1,
-            UserSlots { unread: ready(Some("3:4".to_owned())), cursors: ready(Some(vec![(9, 2)])) },
+            UserSlots {
+                unread: ready(Some("3:4:1".to_owned())),
+                cursors: ready(Some(vec![(9, 2, true)])),
+            },
         );
         assert!(tables.user_state(1, now).is_none(), "group 9's seq is not held");
         tables.seqs.insert(9, ready(Some(5)));
         let state = tables.user_state(1, now).unwrap();
-        assert_eq!(state.badge.counts, vec![Some(4)]);
+        assert_eq!(state.badge.counts, vec![Some(Counts { unread: 4, unseen: 1 })]);
         assert_eq!(
             state.groups,
-            Some(vec![CachedGroup { group_id: 9, last_ack_seq: 2, max_seq: Some(5) }])
+            Some(vec![CachedGroup { group_id: 9, last_ack_seq: 2, max_seq: Some(5), muted: true }])
         );
         forget(&mut tables, Held::Epoch);
         assert!(tables.user_state(1, now).is_none());

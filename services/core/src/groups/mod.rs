@@ -360,7 +360,7 @@ pub async fn ack(ctx: &Context, user_id: UserId, group_id: u64, seq: u64) -> Res
     let advanced = store::advance_ack(&pool, user_id.get(), group_id, seq).await;
     finish_membership_change(ctx, &users).await;
     if advanced.as_ref().is_ok_and(Option::is_some) {
-        crate::inbox::badges_changed(ctx, user_id).await;
+        events::badges_changed(ctx, vec![user_id.get()]).await;
     }
     advanced?.ok_or_else(|| {
         Error::PermissionDenied(format!(

@@ -9,7 +9,7 @@ use tracing::{instrument, warn};
 use super::{raise_cached_seqs, shard_pool};
 use crate::context::Context;
 use notify_cache::CachedGroup;
-use notify_domain::domain::UserId;
+use notify_domain::domain::{GroupCursor, UserId};
 use notify_domain::error::Result;
 use notify_store::db::groups as store;
 
@@ -24,6 +24,8 @@ pub struct GroupUnread {
     pub max_seq: u64,
     /// The member's cursor.
     pub last_ack_seq: u64,
+    /// The member mutes the group: its unread stays out of the total.
+    pub muted: bool,
 }
 
 /// A user's unread counts over all their groups.
@@ -31,7 +33,7 @@ pub struct GroupUnread {
 pub struct UnreadSummary {
     /// Per group, by group id.
     pub groups: Vec<GroupUnread>,
-    /// Sum over the groups.
+    /// Sum over the groups the user does not mute.
     pub total: u64,
 }
 
@@ -51,10 +53,20 @@ pub async fn unread_from(
     user_id: UserId,
     cached: Result<Option<Vec<CachedGroup>>>,
 ) -> Result<UnreadSummary> {
-    let cursors: Vec<(u64, u64, Option<u64>)> = match cached {
+    let cursors: Vec<(GroupCursor, Option<u64>)> = match cached {
         Ok(Some(cached)) => {
             notify_domain::hot_counter!("notify_group_cursor_cache_hits_total").increment(1);
-            cached.into_iter().map(|g| (g.group_id, g.last_ack_seq, g.max_seq)).collect()
+            cached
+                .into_iter()
+                .map(|g| {
+                    let cursor = GroupCursor {
+                        group_id: g.group_id,
+                        last_ack_seq: g.last_ack_seq,
+                        muted: g.muted,
+                    };
+                    (cursor, g.max_seq)
+                })
+                .collect()
         }
         Ok(None) => {
             notify_domain::hot_counter!("notify_group_cursor_cache_misses_total").increment(1);
@@ -66,22 +78,23 @@ pub async fn unread_from(
         }
     };
     let missing: Vec<u64> =
-        cursors.iter().filter(|(_, _, seq)| seq.is_none()).map(|(g, _, _)| *g).collect();
+        cursors.iter().filter(|(_, seq)| seq.is_none()).map(|(c, _)| c.group_id).collect();
     let loaded = load_max_seqs(ctx, &missing).await?;
     let mut groups: Vec<GroupUnread> = cursors
         .into_iter()
-        .map(|(group_id, last_ack_seq, cached)| {
-            let max_seq = cached.or_else(|| loaded.get(&group_id).copied()).unwrap_or(0);
+        .map(|(cursor, cached)| {
+            let max_seq = cached.or_else(|| loaded.get(&cursor.group_id).copied()).unwrap_or(0);
             GroupUnread {
-                group_id,
-                unread: max_seq.saturating_sub(last_ack_seq),
+                group_id: cursor.group_id,
+                unread: max_seq.saturating_sub(cursor.last_ack_seq),
                 max_seq,
-                last_ack_seq,
+                last_ack_seq: cursor.last_ack_seq,
+                muted: cursor.muted,
             }
         })
         .collect();
     groups.sort_unstable_by_key(|g| g.group_id);
-    let total = groups.iter().map(|g| g.unread).sum();
+    let total = groups.iter().filter(|g| !g.muted).map(|g| g.unread).sum();
     Ok(UnreadSummary { groups, total })
 }
 
@@ -90,7 +103,7 @@ async fn rebuild_cursors(
     ctx: &Context,
     user_id: UserId,
     cache: bool,
-) -> Result<Vec<(u64, u64, Option<u64>)>> {
+) -> Result<Vec<(GroupCursor, Option<u64>)>> {
     let lease =
         if cache { ctx.cache.take_membership_lease(user_id.get()).await.ok() } else { None };
     let pool = ctx.pools.for_user(user_id.get());
@@ -102,7 +115,7 @@ async fn rebuild_cursors(
             warn!(error = %e, "could not cache group cursors");
         }
     }
-    Ok(memberships.into_iter().map(|(group, ack)| (group, ack, None)).collect())
+    Ok(memberships.into_iter().map(|cursor| (cursor, None)).collect())
 }
 
 /// Reads groups' max seqs from their home shards (one query per shard) and

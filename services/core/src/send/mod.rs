@@ -43,6 +43,8 @@ pub struct NewSend {
     pub send_at: Option<NaiveDateTime>,
     /// Expiry.
     pub expire_at: Option<NaiveDateTime>,
+    /// Ignores the recipients' mutes (needs the `send.critical` scope).
+    pub critical: bool,
 }
 
 /// A send with its progress.
@@ -136,6 +138,7 @@ fn new_message(send: &NewSend, message_id: MessageId) -> NewMessage {
         content: send.content.clone(),
         send_at: send.send_at,
         expire_at: send.expire_at,
+        critical: send.critical,
     }
 }
 
@@ -185,11 +188,11 @@ pub async fn append(
     if messages::batch_exists(&mut *tx, message_id, batch_number).await? {
         return Ok(Appended { accepted: user_ids.len() as u64, duplicate_batch: true });
     }
-    let content = messages::fetch(&mut *tx, message_id)
+    let stored = messages::fetch(&mut *tx, message_id)
         .await?
-        .ok_or_else(|| Error::NotFound(format!("message {message_id}")))?
-        .content();
-    let copy = ContentCopy { content: &content, expire_at, created_at };
+        .ok_or_else(|| Error::NotFound(format!("message {message_id}")))?;
+    let content = stored.content();
+    let copy = ContentCopy { content: &content, expire_at, created_at, critical: stored.critical };
     let planned =
         plan::plan_batch(&ctx.pools.map(), batch_number, user_ids, ctx.settings.send.chunk_size)?;
     let stores = planned.iter().map(|(shard, chunk_plans)| {

@@ -21,21 +21,27 @@ pub struct Progress {
     pub pending: u64,
     /// Recipients left undelivered by a cancel.
     pub cancelled: u64,
+    /// Recipients their preferences held back (a muted category, or erased
+    /// after the send was queued): no item was written for them.
+    pub suppressed: u64,
     /// Chunks still pending.
     pub pending_chunks: u64,
 }
 
 impl Progress {
-    /// Derives the counters from summed shard stats.
+    /// Derives the counters from summed shard stats: always
+    /// `total = delivered + failed + suppressed + cancelled + pending`.
     pub fn from_stats(stats: &ShardStats) -> Self {
         let total = stats.total.saturating_sub(stats.duplicates);
+        let finished = stats.delivered + stats.failed + stats.suppressed + stats.cancelled;
         Self {
             total,
             delivered: stats.delivered,
             failed: stats.failed,
             read: stats.read_count,
-            pending: total.saturating_sub(stats.delivered + stats.failed + stats.cancelled),
+            pending: total.saturating_sub(finished),
             cancelled: stats.cancelled,
+            suppressed: stats.suppressed,
             pending_chunks: stats.chunks.saturating_sub(stats.done_chunks),
         }
     }
@@ -75,13 +81,17 @@ mod tests {
             duplicates: 100,
             failed: 50,
             cancelled: 0,
+            suppressed: 30,
             read_count: 7,
             chunks: 4,
             done_chunks: 3,
         };
         let progress = Progress::from_stats(&stats);
         assert_eq!(progress.total, 900);
-        assert_eq!(progress.pending, 150);
+        assert_eq!(progress.pending, 120);
+        assert_eq!(progress.suppressed, 30);
+        let p = progress;
+        assert_eq!(p.total, p.delivered + p.failed + p.suppressed + p.cancelled + p.pending);
         assert_eq!(progress.pending_chunks, 1);
         assert_eq!(progress.read, 7);
     }

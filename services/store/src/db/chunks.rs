@@ -51,6 +51,8 @@ pub struct ContentCopy<'a> {
     pub expire_at: Option<NaiveDateTime>,
     /// Creation time of the message.
     pub created_at: NaiveDateTime,
+    /// A critical send ignores its recipients' mutes.
+    pub critical: bool,
 }
 
 /// Packs user ids as little-endian u64s.
@@ -145,6 +147,7 @@ pub struct StoredContent {
     created_at: NaiveDateTime,
     revoked: bool,
     revoked_at: Option<NaiveDateTime>,
+    critical: bool,
 }
 
 /// Reads a shard's content copy of a message as stored.
@@ -155,7 +158,7 @@ pub async fn stored_content(
 ) -> Result<Option<StoredContent>> {
     Ok(sqlx::query_as(
         "SELECT title, body, category, data, expire_at, created_at, revoked <> 0 AS revoked, \
-         revoked_at FROM message_contents WHERE message_id = ?",
+         revoked_at, critical <> 0 AS critical FROM message_contents WHERE message_id = ?",
     )
     .bind(message_id.get())
     .fetch_optional(pool)
@@ -175,9 +178,8 @@ pub async fn store_split(
 ) -> Result<()> {
     let mut tx = pool.begin().await?;
     sqlx::query(
-        "INSERT IGNORE INTO message_contents \
-         (message_id, title, body, category, data, expire_at, created_at, revoked, revoked_at) \
-         VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+        "INSERT IGNORE INTO message_contents (message_id, title, body, category, data, \
+         expire_at, created_at, revoked, revoked_at, critical) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
     )
     .bind(message_id.get())
     .bind(&content.title)
@@ -188,6 +190,7 @@ pub async fn store_split(
     .bind(content.created_at)
     .bind(content.revoked)
     .bind(content.revoked_at)
+    .bind(content.critical)
     .execute(&mut *tx)
     .await?;
     insert_chunks(&mut tx, message_id, std::slice::from_ref(chunk)).await?;
@@ -249,8 +252,9 @@ pub async fn store_content<'e>(
     copy: &ContentCopy<'_>,
 ) -> Result<()> {
     sqlx::query(
-        "INSERT IGNORE INTO message_contents (message_id, title, body, category, data, expire_at, created_at) \
-         VALUES (?, ?, ?, ?, ?, ?, ?)",
+        "INSERT IGNORE INTO message_contents \
+         (message_id, title, body, category, data, expire_at, created_at, critical) \
+         VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
     )
     .bind(message_id.get())
     .bind(&copy.content.title)
@@ -259,6 +263,7 @@ pub async fn store_content<'e>(
     .bind(copy.content.data_json())
     .bind(copy.expire_at)
     .bind(copy.created_at)
+    .bind(copy.critical)
     .execute(executor)
     .await?;
     Ok(())
@@ -281,8 +286,11 @@ pub enum ApplyOutcome {
     Applied {
         /// Its recipients.
         user_ids: Vec<u64>,
-        /// Items written (recipients minus those that already had the item).
+        /// Items written (recipients minus those that already had the item,
+        /// and those held back).
         delivered: u64,
+        /// Recipients their preferences held back (no item was written).
+        held_back: Vec<u64>,
         /// What the items show.
         summary: ContentSummary,
     },
@@ -320,11 +328,10 @@ pub async fn apply(
     chunk_id: u64,
     placed: impl Fn(&[u64]) -> bool,
 ) -> Result<ApplyOutcome> {
-    let Some((title, category, expire_at, created_at)) = content_row(pool, message_id).await?
-    else {
+    let Some(content) = content_row(pool, message_id).await? else {
         return Ok(ApplyOutcome::Missing);
     };
-    let summary = ContentSummary::new(title, category.clone(), created_at, expire_at);
+    let summary = content.summary();
 
     let mut tx = pool.begin().await?;
     let chunk = lock_chunk(&mut tx, message_id, chunk_id).await?;
@@ -343,9 +350,8 @@ pub async fn apply(
         return Ok(ApplyOutcome::Misplaced { user_ids });
     }
 
-    let delivered =
-        insert_items(&mut tx, message_id, &category, expire_at, user_ids.iter().copied()).await?;
-    let duplicates = user_ids.len() as u64 - delivered;
+    let (delivered, held_back) =
+        write_items(&mut tx, message_id, &content, user_ids.iter().copied(), chunk_id, 1).await?;
 
     sqlx::query(
         "UPDATE message_chunks SET state = 4, updated_at = UTC_TIMESTAMP(3) \
@@ -355,9 +361,8 @@ pub async fn apply(
     .bind(chunk_id)
     .execute(&mut *tx)
     .await?;
-    bump_stats_by(&mut tx, message_id, chunk_id, "delivered", delivered, duplicates, 1).await?;
     tx.commit().await?;
-    Ok(ApplyOutcome::Applied { user_ids, delivered, summary })
+    Ok(ApplyOutcome::Applied { user_ids, delivered, held_back, summary })
 }
 
 /// Locks a chunk's row for the transaction; returns its state and packed
@@ -399,6 +404,9 @@ pub struct GroupApplied {
     pub chunks: Vec<GroupChunk>,
     /// Items written by this transaction.
     pub delivered: u64,
+    /// Recipients of the chunks applied now whom their preferences held
+    /// back (no item was written).
+    pub held_back: Vec<u64>,
     /// What the items show.
     pub summary: ContentSummary,
 }
@@ -417,11 +425,10 @@ pub async fn apply_many(
     chunk_ids: &[u64],
     placed: impl Fn(&[u64]) -> bool,
 ) -> Result<Option<GroupApplied>> {
-    let Some((title, category, expire_at, created_at)) = content_row(pool, message_id).await?
-    else {
+    let Some(content) = content_row(pool, message_id).await? else {
         return Ok(None);
     };
-    let summary = ContentSummary::new(title, category.clone(), created_at, expire_at);
+    let summary = content.summary();
     let mut tx = pool.begin().await?;
     let mut select = QueryBuilder::new(
         "SELECT chunk_id, state, user_ids FROM message_chunks WHERE message_id = ",
@@ -455,11 +462,12 @@ pub async fn apply_many(
     }
     if pending.is_empty() {
         tx.rollback().await?;
-        return Ok(Some(GroupApplied { chunks, delivered: 0, summary }));
+        return Ok(Some(GroupApplied { chunks, delivered: 0, held_back: Vec::new(), summary }));
     }
     let all = pending.iter().flat_map(|c| c.user_ids.iter().copied());
-    let delivered = insert_items(&mut tx, message_id, &category, expire_at, all).await?;
-    let recipients: u64 = pending.iter().map(|c| c.user_ids.len() as u64).sum();
+    let (delivered, held_back) =
+        write_items(&mut tx, message_id, &content, all, pending[0].chunk_id, pending.len() as u64)
+            .await?;
     let mut update = QueryBuilder::new(
         "UPDATE message_chunks SET state = 4, updated_at = UTC_TIMESTAMP(3) WHERE message_id = ",
     );
@@ -470,12 +478,9 @@ pub async fn apply_many(
     }
     update.push(")");
     update.build().execute(&mut *tx).await?;
-    let first = pending[0].chunk_id;
-    let done = pending.len() as u64;
-    bump_stats_by(&mut tx, message_id, first, "delivered", delivered, recipients - delivered, done)
-        .await?;
+
     tx.commit().await?;
-    Ok(Some(GroupApplied { chunks, delivered, summary }))
+    Ok(Some(GroupApplied { chunks, delivered, held_back, summary }))
 }
 
 /// What a gateway shows of a message (bodies stay behind `ListInbox`).
@@ -517,23 +522,72 @@ pub async fn content_summary(
     pool: &MySqlPool,
     message_id: MessageId,
 ) -> Result<Option<ContentSummary>> {
-    Ok(content_row(pool, message_id).await?.map(|(title, category, expire_at, created_at)| {
-        ContentSummary::new(title, category, created_at, expire_at)
-    }))
+    Ok(content_row(pool, message_id).await?.map(|content| content.summary()))
 }
 
-type ContentRow = (String, String, Option<NaiveDateTime>, NaiveDateTime);
+/// What a chunk's apply reads of the shard's content copy.
+#[derive(Debug, Clone, sqlx::FromRow)]
+struct ContentRow {
+    title: String,
+    category: String,
+    expire_at: Option<NaiveDateTime>,
+    created_at: NaiveDateTime,
+    critical: bool,
+}
+
+impl ContentRow {
+    fn summary(&self) -> ContentSummary {
+        ContentSummary::new(
+            self.title.clone(),
+            self.category.clone(),
+            self.created_at,
+            self.expire_at,
+        )
+    }
+
+    /// True when a recipient's muted categories can hold this send back.
+    fn mutable(&self) -> bool {
+        !self.critical && !self.category.is_empty()
+    }
+}
 
 async fn content_row(pool: &MySqlPool, message_id: MessageId) -> Result<Option<ContentRow>> {
     Ok(sqlx::query_as(
-        "SELECT title, category, expire_at, created_at FROM message_contents WHERE message_id = ?",
+        "SELECT title, category, expire_at, created_at, critical <> 0 AS critical \
+         FROM message_contents WHERE message_id = ?",
     )
     .bind(message_id.get())
     .fetch_optional(pool)
     .await?)
 }
 
-/// Inserts one item per recipient (none twice); returns how many were new.
+/// Recipients as the JSON array the server expands (`JSON_TABLE`), with
+/// their number.
+struct RecipientsJson {
+    json: String,
+    count: u64,
+}
+
+impl RecipientsJson {
+    fn of(user_ids: impl Iterator<Item = u64>) -> Result<Self> {
+        let user_ids: Vec<u64> = user_ids.collect();
+        let json = serde_json::to_string(&user_ids).map_err(|e| Error::Internal(e.to_string()))?;
+        Ok(Self { json, count: user_ids.len() as u64 })
+    }
+}
+
+/// The recipients as rows `j.user_id`.
+const RECIPIENT_ROWS: &str =
+    "JSON_TABLE(?, '$[*]' COLUMNS (user_id BIGINT UNSIGNED PATH '$')) AS j";
+
+/// SQL condition on a recipient's preferences `p` (joined on `j.user_id`):
+/// they hold the send back. Binds: message id, whether mutes apply (not
+/// critical, a category), the category.
+const HELD_BACK: &str = "(p.erased_before > ? OR (? AND FIND_IN_SET(?, p.muted_categories) > 0))";
+
+/// Inserts one item per recipient (none twice) whose preferences let the
+/// send through (`user_preferences`, checked in the same statement: one
+/// primary-key lookup per recipient); returns how many were new.
 ///
 /// The recipients go as one JSON array that the server expands, so every
 /// chunk and group has the same statement text. A multi-row `VALUES` list
@@ -544,24 +598,120 @@ async fn content_row(pool: &MySqlPool, message_id: MessageId) -> Result<Option<C
 async fn insert_items(
     tx: &mut sqlx::Transaction<'_, sqlx::MySql>,
     message_id: MessageId,
-    category: &str,
-    expire_at: Option<NaiveDateTime>,
-    user_ids: impl Iterator<Item = u64>,
+    content: &ContentRow,
+    recipients: &RecipientsJson,
 ) -> Result<u64> {
-    let user_ids: Vec<u64> = user_ids.collect();
-    let user_ids = serde_json::to_string(&user_ids).map_err(|e| Error::Internal(e.to_string()))?;
-    Ok(sqlx::query(
+    let sql = format!(
         "INSERT IGNORE INTO message_items (user_id, message_id, category, expire_at) \
-         SELECT j.user_id, ?, ?, ? FROM JSON_TABLE(?, '$[*]' \
-         COLUMNS (user_id BIGINT UNSIGNED PATH '$')) AS j",
+         SELECT j.user_id, ?, ?, ? FROM {RECIPIENT_ROWS} \
+         LEFT JOIN user_preferences p ON p.user_id = j.user_id \
+         WHERE p.user_id IS NULL OR NOT {HELD_BACK}"
+    );
+    Ok(sqlx::query(sqlx::AssertSqlSafe(sql))
+        .bind(message_id.get())
+        .bind(&content.category)
+        .bind(content.expire_at)
+        .bind(&recipients.json)
+        .bind(message_id.get())
+        .bind(content.mutable())
+        .bind(&content.category)
+        .execute(&mut **tx)
+        .await?
+        .rows_affected())
+}
+
+/// Recipients without a new item whom their preferences hold back: a
+/// recipient who had the item already (from another batch, before muting)
+/// is a duplicate, not suppressed. Asked only when an insert wrote fewer
+/// items than it had recipients.
+async fn held_back(
+    tx: &mut sqlx::Transaction<'_, sqlx::MySql>,
+    message_id: MessageId,
+    content: &ContentRow,
+    recipients: &RecipientsJson,
+) -> Result<Vec<u64>> {
+    let sql = format!(
+        "SELECT j.user_id FROM {RECIPIENT_ROWS} JOIN user_preferences p ON p.user_id = j.user_id \
+         WHERE {HELD_BACK} AND NOT EXISTS (SELECT 1 FROM message_items i \
+         WHERE i.user_id = j.user_id AND i.message_id = ?)"
+    );
+    Ok(sqlx::query_scalar(sqlx::AssertSqlSafe(sql))
+        .bind(&recipients.json)
+        .bind(message_id.get())
+        .bind(content.mutable())
+        .bind(&content.category)
+        .bind(message_id.get())
+        .fetch_all(&mut **tx)
+        .await?)
+}
+
+/// What one apply transaction wrote, for the shard's stats.
+struct Applied {
+    /// The first chunk (its stats slot).
+    chunk_id: u64,
+    /// Recipients of the applied chunks.
+    recipients: u64,
+    /// Items written.
+    delivered: u64,
+    /// Recipients held back by their preferences.
+    suppressed: u64,
+    /// Chunks applied.
+    done_chunks: u64,
+}
+
+/// Adds an apply's delivered, duplicate and suppressed recipients and its
+/// chunks to the stats slot of its first chunk.
+async fn bump_delivered(
+    tx: &mut sqlx::Transaction<'_, sqlx::MySql>,
+    message_id: MessageId,
+    applied: &Applied,
+) -> Result<()> {
+    let duplicates = applied.recipients.saturating_sub(applied.delivered + applied.suppressed);
+    sqlx::query(
+        "INSERT INTO message_shard_stats \
+         (message_id, slot, delivered, duplicates, suppressed, done_chunks) \
+         VALUES (?, ?, ?, ?, ?, ?) ON DUPLICATE KEY UPDATE \
+         delivered = delivered + VALUES(delivered), duplicates = duplicates + VALUES(duplicates), \
+         suppressed = suppressed + VALUES(suppressed), \
+         done_chunks = done_chunks + VALUES(done_chunks)",
     )
     .bind(message_id.get())
-    .bind(category)
-    .bind(expire_at)
-    .bind(user_ids)
+    .bind(1 + applied.chunk_id % (STATS_SLOTS - 1))
+    .bind(applied.delivered)
+    .bind(duplicates)
+    .bind(applied.suppressed)
+    .bind(applied.done_chunks)
     .execute(&mut **tx)
-    .await?
-    .rows_affected())
+    .await?;
+    Ok(())
+}
+
+/// Writes the items of an apply and its stats; returns the items written
+/// and the recipients held back by their preferences.
+async fn write_items(
+    tx: &mut sqlx::Transaction<'_, sqlx::MySql>,
+    message_id: MessageId,
+    content: &ContentRow,
+    user_ids: impl Iterator<Item = u64>,
+    first_chunk: u64,
+    done_chunks: u64,
+) -> Result<(u64, Vec<u64>)> {
+    let recipients = RecipientsJson::of(user_ids)?;
+    let delivered = insert_items(tx, message_id, content, &recipients).await?;
+    let held = if delivered < recipients.count {
+        held_back(tx, message_id, content, &recipients).await?
+    } else {
+        Vec::new()
+    };
+    let applied = Applied {
+        chunk_id: first_chunk,
+        recipients: recipients.count,
+        delivered,
+        suppressed: held.len() as u64,
+        done_chunks,
+    };
+    bump_delivered(tx, message_id, &applied).await?;
+    Ok((delivered, held))
 }
 
 /// Adds `recipients` to `column`, `duplicates` and `done` chunks to the
@@ -590,6 +740,27 @@ async fn bump_stats_by(
         .execute(&mut **tx)
         .await?;
     Ok(())
+}
+
+/// Returns which of `user_ids` have a visible (not deleted) item of
+/// `message_id`: the recipients a redelivered chunk's event is about (those
+/// held back by their preferences, or who deleted the item since, are not).
+#[instrument(level = "debug", skip_all, fields(db.system = "mysql"))]
+pub async fn recipients_with_item(
+    pool: &MySqlPool,
+    message_id: MessageId,
+    user_ids: &[u64],
+) -> Result<Vec<u64>> {
+    if user_ids.is_empty() {
+        return Ok(Vec::new());
+    }
+    let mut select = QueryBuilder::new(
+        "SELECT user_id FROM message_items WHERE deleted_at IS NULL AND message_id = ",
+    );
+    select.push_bind(message_id.get()).push(" AND user_id IN (");
+    push_ids(&mut select, user_ids);
+    select.push(")");
+    Ok(select.build_query_scalar().fetch_all(pool).await?)
 }
 
 /// Counts one more attempt at a pending chunk, committed on its own before

@@ -6,7 +6,7 @@ use sqlx::{FromRow, MySqlConnection, MySqlPool, QueryBuilder};
 use tracing::instrument;
 
 use super::push_ids;
-use notify_domain::domain::Content;
+use notify_domain::domain::{Content, GroupCursor};
 use notify_domain::error::{Error, Result};
 
 /// Rows (or ids) per statement when adding or removing members, or reading
@@ -287,11 +287,15 @@ pub async fn membership(
     .await?)
 }
 
-/// Reads all of a user's groups and acknowledged seqs, by group id.
+/// Reads all of a user's groups, acknowledged seqs and mutes (from the
+/// user's preferences, on the same shard), by group id.
 #[instrument(level = "debug", skip_all, fields(db.system = "mysql"))]
-pub async fn memberships(pool: &MySqlPool, user_id: u64) -> Result<Vec<(u64, u64)>> {
+pub async fn memberships(pool: &MySqlPool, user_id: u64) -> Result<Vec<GroupCursor>> {
     Ok(sqlx::query_as(
-        "SELECT group_id, last_ack_seq FROM group_members WHERE user_id = ? ORDER BY group_id",
+        "SELECT m.group_id, m.last_ack_seq, \
+         COALESCE(FIND_IN_SET(m.group_id, p.muted_group_ids) > 0, 0) AS muted \
+         FROM group_members m LEFT JOIN user_preferences p ON p.user_id = m.user_id \
+         WHERE m.user_id = ? ORDER BY m.group_id",
     )
     .bind(user_id)
     .fetch_all(pool)

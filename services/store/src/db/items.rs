@@ -1,9 +1,19 @@
-//! A user's items on the user's shard: inbox pages, unread counts, mark-read.
+//! A user's items on the user's shard: inbox pages by view and filter, the
+//! badge's two counts, and announcements materialized into items. Changes to
+//! items (seen, read, archived, deleted) are in [`super::item_updates`].
+//!
+//! An item is unseen -> seen -> read, and independently in the inbox or
+//! archived; a deleted item keeps its row as a tombstone (`deleted_at`), so
+//! that a redelivered chunk or an announcement's materialization never
+//! writes it again, and every read here leaves it out. Seen is
+//! `is_seen OR is_read`: reading implies seeing, and items read before
+//! seen existed need no backfill.
 
 use chrono::NaiveDateTime;
 use sqlx::{FromRow, MySqlPool, QueryBuilder};
 use tracing::instrument;
 
+use super::preferences::{self, Suppression};
 use super::push_ids;
 use notify_domain::error::Result;
 
@@ -12,10 +22,18 @@ use notify_domain::error::Result;
 pub struct InboxRow {
     /// Message id (also the cursor).
     pub message_id: u64,
+    /// Seen (read items are seen).
+    pub is_seen: bool,
+    /// When it was seen (or read, for items read before seen existed).
+    pub seen_at: Option<NaiveDateTime>,
     /// Read state.
     pub is_read: bool,
     /// When it was read.
     pub read_at: Option<NaiveDateTime>,
+    /// Archived (out of the inbox view, in the archive's).
+    pub is_archived: bool,
+    /// When it was archived.
+    pub archived_at: Option<NaiveDateTime>,
     /// Title.
     pub title: String,
     /// Body.
@@ -30,21 +48,98 @@ pub struct InboxRow {
     pub expire_at: Option<NaiveDateTime>,
 }
 
-/// Filters of an inbox page.
+/// Which of a user's items a list (or a bulk update) covers.
+#[derive(
+    Debug, Clone, Copy, Default, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize,
+)]
+#[serde(rename_all = "snake_case")]
+pub enum View {
+    /// Items not archived (the default).
+    #[default]
+    Inbox,
+    /// Archived items only.
+    Archive,
+    /// Both.
+    All,
+}
+
+impl View {
+    /// A short stable name (page cache keys, logs).
+    pub fn name(self) -> &'static str {
+        match self {
+            View::Inbox => "inbox",
+            View::Archive => "archive",
+            View::All => "all",
+        }
+    }
+}
+
+/// The filter a list shows and a bulk update applies to: the same filter
+/// selects the same items in both, so "all" means exactly what was shown.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ItemFilter<'a> {
+    /// Inbox, archive or both.
+    pub view: View,
+    /// Only unread items.
+    pub unread_only: bool,
+    /// Only read items.
+    pub read_only: bool,
+    /// Only this category, when set.
+    pub category: Option<&'a str>,
+    /// Only ids up to this one, when set (what the client has seen).
+    pub up_to: Option<u64>,
+}
+
+impl ItemFilter<'_> {
+    /// Appends the filter's conditions on the items `i` to a `WHERE` that
+    /// has named the user: items of the view and filters that are neither
+    /// deleted nor expired. Whether the content copy was revoked (a
+    /// cancelled announcement) is the caller's to add: a list joins the copy
+    /// `c` anyway ([`CONTENT_VISIBLE`]), an update asks for it by id.
+    pub(crate) fn push_item_conditions(&self, sql: &mut QueryBuilder<sqlx::MySql>) {
+        sql.push(" AND i.deleted_at IS NULL");
+        match self.view {
+            View::Inbox => sql.push(" AND i.is_archived = 0"),
+            View::Archive => sql.push(" AND i.is_archived = 1"),
+            View::All => sql,
+        };
+        if self.unread_only {
+            sql.push(" AND i.is_read = 0");
+        }
+        if self.read_only {
+            sql.push(" AND i.is_read = 1");
+        }
+        if let Some(category) = self.category {
+            sql.push(" AND i.category = ").push_bind(category.to_owned());
+        }
+        if let Some(up_to) = self.up_to {
+            sql.push(" AND i.message_id <= ").push_bind(up_to);
+        }
+        sql.push(" AND (i.expire_at IS NULL OR i.expire_at > UTC_TIMESTAMP(3))");
+    }
+}
+
+/// SQL condition on a joined content copy `c`: its send was not withdrawn.
+pub(crate) const CONTENT_VISIBLE: &str = " AND c.revoked = 0";
+
+/// One inbox page's query.
 #[derive(Debug, Clone, Default)]
 pub struct InboxQuery<'a> {
     /// Only ids below this one (the cursor); `u64::MAX` for the first page.
     pub before: u64,
     /// Rows to return.
     pub limit: u32,
-    /// Only unread items.
-    pub unread_only: bool,
-    /// Only this category, when set.
-    pub category: Option<&'a str>,
+    /// Which items.
+    pub filter: ItemFilter<'a>,
 }
 
+/// The columns of an [`InboxRow`], selected from `i` and `c`.
+const ROW_COLUMNS: &str = "i.message_id, (i.is_seen OR i.is_read) AS is_seen, \
+     COALESCE(i.seen_at, i.read_at) AS seen_at, i.is_read, i.read_at, i.is_archived, \
+     i.archived_at, c.title, c.body, c.category, c.data, c.created_at, c.expire_at";
+
 /// Reads one inbox page, newest first, in one query on the user's shard.
-/// Expired items are skipped.
+/// Expired, revoked and deleted items are skipped.
 #[instrument(level = "debug", skip_all, fields(db.system = "mysql"))]
 pub async fn list<'e>(
     db: impl sqlx::MySqlExecutor<'e>,
@@ -55,77 +150,91 @@ pub async fn list<'e>(
     // the join order fixed: the plan is the same for every page, and
     // MariaDB skips weighing the other indexes on each execution (about a
     // tenth of a page's cost).
-    let index = match (query.category, query.unread_only) {
+    let index = match (query.filter.category, query.filter.unread_only) {
         (Some(_), _) => "idx_items_category",
         (None, true) => "idx_items_unread",
         (None, false) => "PRIMARY",
     };
     let mut sql = QueryBuilder::new(format!(
-        "SELECT STRAIGHT_JOIN i.message_id, i.is_read, i.read_at, c.title, c.body, c.category, \
-         c.data, c.created_at, c.expire_at FROM message_items i FORCE INDEX ({index}) \
+        "SELECT STRAIGHT_JOIN {ROW_COLUMNS} FROM message_items i FORCE INDEX ({index}) \
          JOIN message_contents c ON c.message_id = i.message_id WHERE i.user_id = "
     ));
     sql.push_bind(user_id).push(" AND i.message_id < ").push_bind(query.before);
-    if query.unread_only {
-        sql.push(" AND i.is_read = 0");
-    }
-    if let Some(category) = query.category {
-        sql.push(" AND i.category = ").push_bind(category.to_owned());
-    }
-    sql.push(" AND c.revoked = 0 AND (i.expire_at IS NULL OR i.expire_at > UTC_TIMESTAMP(3))")
-        .push(" ORDER BY i.message_id DESC LIMIT ")
-        .push_bind(query.limit);
+    query.filter.push_item_conditions(&mut sql);
+    sql.push(CONTENT_VISIBLE).push(" ORDER BY i.message_id DESC LIMIT ").push_bind(query.limit);
     Ok(sql.build_query_as().fetch_all(db).await?)
 }
 
 /// The database truth of a badge.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct UnreadTruth {
-    /// Unread, unexpired items.
+    /// Unread items in the inbox (not archived, not deleted, unexpired).
     pub unread: u64,
-    /// Earliest expiry among them: the count changes then.
+    /// Of those, the ones not seen either (read implies seen).
+    pub unseen: u64,
+    /// Earliest expiry among them: the counts change then.
     pub next_expiry: Option<NaiveDateTime>,
 }
 
-/// Counts a user's unread items and finds which of `announcement_ids` the
-/// user has materialized, both in ONE snapshot (a read-only transaction), so
-/// a materialization committing in between cannot be counted zero or two times.
+/// What a badge rebuild reads in one snapshot of the user's shard: the
+/// counts of the user's items, which of the live announcements the user has
+/// an item for, and what the user's preferences hold back.
+#[derive(Debug, Clone)]
+pub struct BadgeState {
+    /// The items' counts.
+    pub truth: UnreadTruth,
+    /// Announcements among those asked for that the user has an item for.
+    pub present: Vec<u64>,
+    /// What the user mutes, or was erased before.
+    pub suppression: Suppression,
+}
+
+/// Counts a user's unread and unseen items and finds which of
+/// `announcement_ids` the user has materialized, with the user's
+/// preferences, all in ONE snapshot (a read-only transaction), so a
+/// materialization committing in between cannot be counted zero or two
+/// times.
 #[instrument(level = "debug", skip_all, fields(db.system = "mysql"))]
-pub async fn badge_truth(
+pub async fn badge_state(
     pool: &MySqlPool,
     user_id: u64,
     announcement_ids: &[u64],
-) -> Result<(UnreadTruth, Vec<u64>)> {
+) -> Result<BadgeState> {
     if announcement_ids.is_empty() {
-        return Ok((count_unread(pool, user_id).await?, Vec::new()));
+        let truth = count_unread(pool, user_id).await?;
+        return Ok(BadgeState { truth, present: Vec::new(), suppression: Suppression::default() });
     }
     let mut tx = pool.begin().await?;
     let truth = count_unread(&mut *tx, user_id).await?;
     let present = present(&mut *tx, user_id, announcement_ids).await?;
+    let suppression = preferences::suppression(&mut *tx, user_id).await?;
     tx.commit().await?;
-    Ok((truth, present))
+    Ok(BadgeState { truth, present, suppression })
 }
 
-/// Counts a user's unread, unexpired, unrevoked items (an index range scan
-/// on one shard, joined to the shard's content copies by primary key).
+/// Counts a user's unread and unseen inbox items: unexpired, unrevoked, not
+/// archived, not deleted (one index range scan on one shard over the unread
+/// items, joined to the shard's content copies by primary key).
 #[instrument(level = "debug", skip_all, fields(db.system = "mysql"))]
 pub async fn count_unread<'e>(
     pool: impl sqlx::MySqlExecutor<'e>,
     user_id: u64,
 ) -> Result<UnreadTruth> {
-    let (unread, next_expiry): (i64, Option<NaiveDateTime>) = sqlx::query_as(
-        "SELECT COUNT(*), MIN(i.expire_at) FROM message_items i \
+    let (unread, unseen, next_expiry): (i64, i64, Option<NaiveDateTime>) = sqlx::query_as(
+        "SELECT COUNT(*), CAST(COALESCE(SUM(i.is_seen = 0), 0) AS SIGNED), MIN(i.expire_at) \
+         FROM message_items i FORCE INDEX (idx_items_unread) \
          JOIN message_contents c ON c.message_id = i.message_id \
-         WHERE i.user_id = ? AND i.is_read = 0 AND c.revoked = 0 \
-         AND (i.expire_at IS NULL OR i.expire_at > UTC_TIMESTAMP(3))",
+         WHERE i.user_id = ? AND i.is_read = 0 AND i.is_archived = 0 AND i.deleted_at IS NULL \
+         AND c.revoked = 0 AND (i.expire_at IS NULL OR i.expire_at > UTC_TIMESTAMP(3))",
     )
     .bind(user_id)
     .fetch_one(pool)
     .await?;
-    Ok(UnreadTruth { unread: unread.max(0) as u64, next_expiry })
+    Ok(UnreadTruth { unread: unread.max(0) as u64, unseen: unseen.max(0) as u64, next_expiry })
 }
 
-/// Returns which of `message_ids` the user has an item for.
+/// Returns which of `message_ids` the user has an item for (deleted ones
+/// included: a deleted announcement stays deleted).
 #[instrument(level = "debug", skip_all, fields(db.system = "mysql"))]
 pub async fn present<'e>(
     pool: impl sqlx::MySqlExecutor<'e>,
@@ -144,8 +253,10 @@ pub async fn present<'e>(
 
 /// Materializes announcements for a user in one transaction: locks the
 /// user's inbox-state row (so concurrent materializations queue), writes the
-/// items still missing, bumps their stats and the user's watermark. Returns
-/// how many items were written.
+/// items still missing that the user's preferences let through (an
+/// announcement in a muted category, unless critical, is neither shown nor
+/// counted; one sent before the user was erased never comes back), bumps
+/// their stats and the user's watermark. Returns how many items were written.
 #[instrument(level = "debug", skip_all, fields(db.system = "mysql"))]
 pub async fn materialize(pool: &MySqlPool, user_id: u64, message_ids: &[u64]) -> Result<u64> {
     let mut tx = pool.begin().await?;
@@ -164,23 +275,34 @@ pub async fn materialize(pool: &MySqlPool, user_id: u64, message_ids: &[u64]) ->
         tx.rollback().await?;
         return Ok(0);
     }
-    let mut insert = QueryBuilder::new(
-        "INSERT INTO message_items (user_id, message_id, category, expire_at) \
-         SELECT ",
+    // Which of them the user's preferences let through, read under the
+    // state row's lock (a preference change locks the preferences row, and
+    // applies to what materializes after it).
+    let mut allowed = QueryBuilder::new(
+        "SELECT c.message_id FROM message_contents c LEFT JOIN user_preferences p \
+         ON p.user_id = ",
     );
-    insert.push_bind(user_id).push(
-        ", message_id, category, expire_at FROM message_contents WHERE revoked = 0 AND message_id IN (",
-    );
-    push_ids(&mut insert, &missing);
-    insert.push(")");
-    let written = insert.build().execute(&mut *tx).await?.rows_affected();
-    let mut stats =
-        QueryBuilder::new("INSERT INTO message_shard_stats (message_id, slot, delivered) ");
-    stats.push_values(&missing, |mut row, id| {
-        row.push_bind(*id).push_bind(0u8).push_bind(1i64);
-    });
-    stats.push(" ON DUPLICATE KEY UPDATE delivered = delivered + VALUES(delivered)");
-    if written == missing.len() as u64 {
+    allowed.push_bind(user_id).push(" WHERE c.revoked = 0 AND c.message_id IN (");
+    push_ids(&mut allowed, &missing);
+    allowed.push(") AND ").push(preferences::LETS_THROUGH);
+    let allowed: Vec<u64> = allowed.build_query_scalar().fetch_all(&mut *tx).await?;
+    let mut written = 0;
+    if !allowed.is_empty() {
+        let mut insert = QueryBuilder::new(
+            "INSERT INTO message_items (user_id, message_id, category, expire_at) SELECT ",
+        );
+        insert
+            .push_bind(user_id)
+            .push(", message_id, category, expire_at FROM message_contents WHERE message_id IN (");
+        push_ids(&mut insert, &allowed);
+        insert.push(")");
+        written = insert.build().execute(&mut *tx).await?.rows_affected();
+        let mut stats =
+            QueryBuilder::new("INSERT INTO message_shard_stats (message_id, slot, delivered) ");
+        stats.push_values(&allowed, |mut row, id| {
+            row.push_bind(*id).push_bind(0u8).push_bind(1i64);
+        });
+        stats.push(" ON DUPLICATE KEY UPDATE delivered = delivered + VALUES(delivered)");
         stats.build().execute(&mut *tx).await?;
     }
     let newest = missing.iter().copied().max().unwrap_or(0);
@@ -194,80 +316,4 @@ pub async fn materialize(pool: &MySqlPool, user_id: u64, message_ids: &[u64]) ->
     .await?;
     tx.commit().await?;
     Ok(written)
-}
-
-/// Marks the given messages read for a user. Returns the ids that changed and
-/// the ids the user has no item for. Read stats follow in the same transaction.
-#[instrument(level = "debug", skip_all, fields(db.system = "mysql"))]
-pub async fn mark_read(
-    pool: &MySqlPool,
-    user_id: u64,
-    message_ids: &[u64],
-) -> Result<(Vec<u64>, Vec<u64>)> {
-    let mut tx = pool.begin().await?;
-    let mut select =
-        QueryBuilder::new("SELECT message_id, is_read FROM message_items WHERE user_id = ");
-    select.push_bind(user_id).push(" AND message_id IN (");
-    push_ids(&mut select, message_ids);
-    select.push(") FOR UPDATE");
-    let found: Vec<(u64, bool)> = select.build_query_as().fetch_all(&mut *tx).await?;
-    let unknown: Vec<u64> =
-        message_ids.iter().copied().filter(|id| !found.iter().any(|(f, _)| f == id)).collect();
-    let to_mark: Vec<u64> = found.iter().filter(|(_, read)| !read).map(|(id, _)| *id).collect();
-    mark_ids(&mut tx, user_id, &to_mark).await?;
-    tx.commit().await?;
-    Ok((to_mark, unknown))
-}
-
-/// Marks every unread item read, optionally only one category and only ids
-/// up to `up_to`. Returns how many changed.
-#[instrument(level = "debug", skip_all, fields(db.system = "mysql"))]
-pub async fn mark_all_read(
-    pool: &MySqlPool,
-    user_id: u64,
-    category: Option<&str>,
-    up_to: Option<u64>,
-) -> Result<u64> {
-    let mut tx = pool.begin().await?;
-    let mut select =
-        QueryBuilder::new("SELECT message_id FROM message_items WHERE is_read = 0 AND user_id = ");
-    select.push_bind(user_id);
-    if let Some(category) = category {
-        select.push(" AND category = ").push_bind(category.to_owned());
-    }
-    if let Some(up_to) = up_to {
-        select.push(" AND message_id <= ").push_bind(up_to);
-    }
-    select.push(" FOR UPDATE");
-    let to_mark: Vec<u64> = select.build_query_scalar().fetch_all(&mut *tx).await?;
-    mark_ids(&mut tx, user_id, &to_mark).await?;
-    tx.commit().await?;
-    Ok(to_mark.len() as u64)
-}
-
-async fn mark_ids(
-    tx: &mut sqlx::Transaction<'_, sqlx::MySql>,
-    user_id: u64,
-    message_ids: &[u64],
-) -> Result<()> {
-    if message_ids.is_empty() {
-        return Ok(());
-    }
-    let mut update = QueryBuilder::new(
-        "UPDATE message_items SET is_read = 1, read_at = UTC_TIMESTAMP(3) WHERE is_read = 0 AND user_id = ",
-    );
-    update.push_bind(user_id).push(" AND message_id IN (");
-    push_ids(&mut update, message_ids);
-    update.push(")");
-    update.build().execute(&mut **tx).await?;
-
-    // One read per message; slot 0 holds read counts.
-    let mut stats =
-        QueryBuilder::new("INSERT INTO message_shard_stats (message_id, slot, read_count) ");
-    stats.push_values(message_ids, |mut row, id| {
-        row.push_bind(*id).push_bind(0u8).push_bind(1i64);
-    });
-    stats.push(" ON DUPLICATE KEY UPDATE read_count = read_count + VALUES(read_count)");
-    stats.build().execute(&mut **tx).await?;
-    Ok(())
 }

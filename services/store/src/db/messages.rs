@@ -37,6 +37,8 @@ pub struct NewMessage {
     pub send_at: Option<NaiveDateTime>,
     /// When it leaves inboxes.
     pub expire_at: Option<NaiveDateTime>,
+    /// A critical send ignores its recipients' mutes.
+    pub critical: bool,
 }
 
 /// A control record as stored.
@@ -60,6 +62,8 @@ pub struct MessageRow {
     pub priority: u8,
     /// Lane chosen at start.
     pub lane: u8,
+    /// A critical send ignores its recipients' mutes.
+    pub critical: bool,
     /// Title.
     pub title: String,
     /// Body.
@@ -110,15 +114,15 @@ impl MessageRow {
 }
 
 const MESSAGE_COLUMNS: &str = "message_id, client, sender, idempotency_key, audience, status, start_requested, priority, lane, \
-    title, body, category, data, send_at, expire_at, created_at, started_at, finished_at";
+    critical <> 0 AS critical, title, body, category, data, send_at, expire_at, created_at, started_at, finished_at";
 
 /// Inserts a control record in NOT_STARTED. Returns false when the id is taken.
 #[instrument(level = "debug", skip_all, fields(db.system = "mysql"))]
 pub async fn insert(pool: &MySqlPool, message: &NewMessage) -> Result<bool> {
     let result = sqlx::query(
         "INSERT INTO messages (message_id, client, sender, idempotency_key, audience, status, \
-         priority, title, body, category, data, send_at, expire_at) \
-         VALUES (?, ?, ?, ?, ?, 0, ?, ?, ?, ?, ?, ?, ?)",
+         priority, critical, title, body, category, data, send_at, expire_at) \
+         VALUES (?, ?, ?, ?, ?, 0, ?, ?, ?, ?, ?, ?, ?, ?)",
     )
     .bind(message.message_id.get())
     .bind(&message.client)
@@ -126,6 +130,7 @@ pub async fn insert(pool: &MySqlPool, message: &NewMessage) -> Result<bool> {
     .bind(&message.idempotency_key)
     .bind(message.audience as u8)
     .bind(message.priority)
+    .bind(message.critical)
     .bind(&message.content.title)
     .bind(&message.content.body)
     .bind(&message.content.category)
@@ -335,13 +340,26 @@ pub async fn start_scheduled(pool: &MySqlPool, message_id: MessageId) -> Result<
 /// Returns this home shard's live announcements: started, not cancelled,
 /// not expired.
 #[instrument(level = "debug", skip_all, fields(db.system = "mysql"))]
-pub async fn live_announcements(pool: &MySqlPool) -> Result<Vec<(u64, Option<NaiveDateTime>)>> {
+pub async fn live_announcements(pool: &MySqlPool) -> Result<Vec<LiveAnnouncement>> {
     Ok(sqlx::query_as(
-        "SELECT message_id, expire_at FROM messages WHERE audience = 2 AND status = 1 \
-         AND (expire_at IS NULL OR expire_at > UTC_TIMESTAMP(3))",
+        "SELECT message_id, expire_at, category, critical <> 0 AS critical FROM messages \
+         WHERE audience = 2 AND status = 1 AND (expire_at IS NULL OR expire_at > UTC_TIMESTAMP(3))",
     )
     .fetch_all(pool)
     .await?)
+}
+
+/// A live announcement, as badges and materialization need it.
+#[derive(Debug, Clone, FromRow)]
+pub struct LiveAnnouncement {
+    /// Its id.
+    pub message_id: u64,
+    /// When it ends.
+    pub expire_at: Option<NaiveDateTime>,
+    /// Its category (a user muting it neither sees nor counts it).
+    pub category: String,
+    /// A critical announcement ignores mutes.
+    pub critical: bool,
 }
 
 /// Bumps a sending send's status version without changing its status: a
@@ -492,6 +510,9 @@ pub struct ShardStats {
     pub failed: u64,
     /// Recipients of chunks cancelled before delivery.
     pub cancelled: u64,
+    /// Recipients held back by their preferences (a muted category, an
+    /// erasure).
+    pub suppressed: u64,
     /// Items read.
     pub read_count: u64,
     /// Chunks stored.
@@ -508,6 +529,7 @@ impl ShardStats {
         self.duplicates += other.duplicates;
         self.failed += other.failed;
         self.cancelled += other.cancelled;
+        self.suppressed += other.suppressed;
         self.read_count += other.read_count;
         self.chunks += other.chunks;
         self.done_chunks += other.done_chunks;
@@ -523,6 +545,7 @@ pub async fn shard_stats(pool: &MySqlPool, message_id: MessageId) -> Result<Shar
          CAST(COALESCE(SUM(duplicates), 0) AS UNSIGNED) AS duplicates, \
          CAST(COALESCE(SUM(failed), 0) AS UNSIGNED) AS failed, \
          CAST(COALESCE(SUM(cancelled), 0) AS UNSIGNED) AS cancelled, \
+         CAST(COALESCE(SUM(suppressed), 0) AS UNSIGNED) AS suppressed, \
          CAST(COALESCE(SUM(read_count), 0) AS UNSIGNED) AS read_count, \
          CAST(COALESCE(SUM(chunks), 0) AS UNSIGNED) AS chunks, \
          CAST(COALESCE(SUM(done_chunks), 0) AS UNSIGNED) AS done_chunks \

@@ -2,9 +2,12 @@
 
 pub mod audit;
 pub mod chunks;
+pub mod erasure;
 pub mod groups;
+pub mod item_updates;
 pub mod items;
 pub mod messages;
+pub mod preferences;
 pub mod reads;
 
 use std::str::FromStr;

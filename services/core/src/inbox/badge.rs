@@ -1,0 +1,153 @@
+//! The badge: a user's unread and unseen counts (the list shows unread, the
+//! bell unseen), answered from Redis and rebuilt from the user's shard on a
+//! miss, under the counter protocol of `notify_cache` (leases and dirty
+//! markers, so a count read before a concurrent commit is never cached).
+
+use std::collections::HashMap;
+
+use chrono::Utc;
+use tracing::{instrument, warn};
+
+use crate::announce;
+use crate::context::Context;
+use crate::groups;
+use notify_cache::{CachedCounts, Counts, RebuiltCount};
+use notify_domain::domain::UserId;
+use notify_domain::error::{Error, Result};
+use notify_store::db::items;
+
+/// A user's whole badge: the inbox counts and the group total.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Badge {
+    /// Unread inbox items (including live announcements not muted).
+    pub unread: u64,
+    /// Of those, the ones not seen either.
+    pub unseen: u64,
+    /// Unread group messages over the user's groups it does not mute.
+    pub group_unread: u64,
+}
+
+/// Returns users' inbox counts, in input order, from Redis where cached,
+/// rebuilt from each user's shard where not.
+#[instrument(skip_all, fields(users = user_ids.len()))]
+pub async fn counts(ctx: &Context, user_ids: &[u64]) -> Result<Vec<Counts>> {
+    let cached = ctx.cache.cached_counts(user_ids).await;
+    counts_from(ctx, user_ids, cached).await
+}
+
+/// Returns a user's inbox and group unread counts, reading everything the
+/// cache holds for them in ONE Redis round trip.
+#[instrument(skip_all, fields(user_id = user_id.get()))]
+pub async fn badge(ctx: &Context, user_id: UserId) -> Result<Badge> {
+    let users = [user_id.get()];
+    let (counts, groups) = match ctx.cache.cached_user_state(user_id.get()).await {
+        Ok(state) => (Ok(state.badge), Ok(state.groups)),
+        Err(e) => {
+            let unavailable = || Error::Unavailable(e.to_string());
+            (Err(unavailable()), Err(unavailable()))
+        }
+    };
+    let (counts, groups) = futures::future::join(
+        counts_from(ctx, &users, counts),
+        groups::unread_from(ctx, user_id, groups),
+    )
+    .await;
+    // The group total may need the home shards of the user's groups; one of
+    // them being down must not take the inbox badge with it.
+    let group_unread = groups.map(|summary| summary.total).unwrap_or_else(|e| {
+        metrics::counter!("notify_badge_group_errors_total").increment(1);
+        warn!(error = %e, user_id = user_id.get(), "group unread unavailable, badge shows 0");
+        0
+    });
+    let inbox = counts?.first().copied().unwrap_or_default();
+    Ok(Badge { unread: inbox.unread, unseen: inbox.unseen, group_unread })
+}
+
+/// [`counts`] given what the cache held.
+async fn counts_from(
+    ctx: &Context,
+    user_ids: &[u64],
+    cached: Result<CachedCounts>,
+) -> Result<Vec<Counts>> {
+    let cached = match cached {
+        Ok(cached) => Some(cached),
+        Err(e) => {
+            warn!(error = %e, "badge cache unavailable, counting in mysql");
+            None
+        }
+    };
+    let epoch = cached.as_ref().map(|c| c.epoch);
+    let counts = cached.map_or_else(|| vec![None; user_ids.len()], |c| c.counts);
+    let missing: Vec<u64> =
+        user_ids.iter().zip(&counts).filter(|(_, c)| c.is_none()).map(|(u, _)| *u).collect();
+    if missing.is_empty() {
+        notify_domain::hot_counter!("notify_badge_cache_hits_total")
+            .increment(user_ids.len() as u64);
+        return Ok(counts.into_iter().map(Option::unwrap_or_default).collect());
+    }
+    notify_domain::hot_counter!("notify_badge_cache_misses_total").increment(missing.len() as u64);
+    let rebuilt = rebuild(ctx, epoch, &missing).await?;
+    Ok(user_ids
+        .iter()
+        .zip(counts)
+        .map(|(user, cached)| cached.or_else(|| rebuilt.get(user).copied()).unwrap_or_default())
+        .collect())
+}
+
+/// Counts badges in MySQL (items plus the live announcements the user has
+/// not materialized and does not mute: both unread and unseen) and caches
+/// them under leases taken before counting.
+async fn rebuild(
+    ctx: &Context,
+    epoch: Option<u64>,
+    user_ids: &[u64],
+) -> Result<HashMap<u64, Counts>> {
+    // No epoch: the cache read failed, so count without caching.
+    let leases = if epoch.is_some() { ctx.cache.take_leases(user_ids).await.ok() } else { None };
+    let live = announce::active(ctx).await?;
+    let counts = user_ids.iter().map(|user_id| {
+        let live = &live;
+        async move {
+            let pool = ctx.pools.for_user(*user_id);
+            let ids: Vec<u64> = live.iter().map(|a| a.message_id).collect();
+            let state = items::badge_state(&pool, *user_id, &ids).await?;
+            let pending: Vec<_> = live
+                .iter()
+                .filter(|a| !state.present.contains(&a.message_id))
+                .filter(|a| !state.suppression.holds_back(a.message_id, &a.category, a.critical))
+                .collect();
+            let expiries = pending.iter().filter_map(|a| a.expire_at_ms);
+            let next_expiry_ms = state
+                .truth
+                .next_expiry
+                .map(|at| at.and_utc().timestamp_millis())
+                .into_iter()
+                .chain(expiries)
+                .min();
+            let counts = Counts {
+                unread: state.truth.unread + pending.len() as u64,
+                unseen: state.truth.unseen + pending.len() as u64,
+            };
+            Ok::<_, Error>((*user_id, counts, next_expiry_ms))
+        }
+    });
+    let truths = futures::future::try_join_all(counts).await?;
+    if let (Some(epoch), Some(tokens)) = (epoch, leases) {
+        let max_ttl_ms = ctx.settings.inbox.counter_ttl_secs * 1000;
+        let now_ms = Utc::now().timestamp_millis();
+        let entries: Vec<RebuiltCount> = truths
+            .iter()
+            .zip(tokens)
+            .map(|((user_id, counts, next_expiry_ms), token)| {
+                let ttl_ms = next_expiry_ms
+                    .map(|at| (at - now_ms).max(1) as u64)
+                    .map_or(max_ttl_ms, |until_expiry| until_expiry.min(max_ttl_ms));
+                RebuiltCount { user_id: *user_id, token, counts: *counts, ttl_ms }
+            })
+            .collect();
+        if let Err(e) = ctx.cache.store_counts(epoch, &entries).await {
+            warn!(error = %e, "could not cache rebuilt badges");
+        }
+    }
+    Ok(truths.into_iter().map(|(user, counts, _)| (user, counts)).collect())
+}

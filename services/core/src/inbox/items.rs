@@ -1,0 +1,90 @@
+//! Changes to a user's items: seen, read, unread, archived, unarchived,
+//! deleted, for a list of ids or for everything a list filter selects. Each
+//! is one transaction on the user's shard between the badge's "before" and
+//! "after commit" invalidations, publishes one event for gateways (never one
+//! per item) and answers the user's new counts.
+
+use shard_router::Key;
+use tracing::{instrument, warn};
+
+use super::badge::counts;
+use crate::announce;
+use crate::context::Context;
+use crate::events::{self, BusEvent, BusFilter};
+use notify_cache::Counts;
+use notify_domain::domain::UserId;
+use notify_domain::error::Result;
+use notify_store::db::item_updates::{self, Action, Target};
+use notify_store::db::items::{ItemFilter, View};
+
+/// What an update changed, and the user's counts after it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Changed {
+    /// Items that changed.
+    pub changed: u64,
+    /// Ids the user has no item for (for a list of ids).
+    pub unknown: Vec<u64>,
+    /// The user's unread and unseen counts after the change.
+    pub counts: Counts,
+}
+
+/// Applies `action` to a user's items: `target` names ids (up to
+/// [`super::MAX_BATCH_IDS`]) or a list filter, whose scope is exactly what
+/// [`super::list`] shows with it. Live announcements the user has not seen
+/// yet are materialized first, so that "all" covers them as the list does.
+#[instrument(skip_all, fields(user_id = user_id.get(), action = action.name()))]
+pub async fn update_items(
+    ctx: &Context,
+    user_id: UserId,
+    action: Action,
+    target: Target<'_>,
+) -> Result<Changed> {
+    let user = user_id.get();
+    if let Err(e) = Box::pin(announce::materialize(ctx, user)).await {
+        warn!(error = %e, user_id = user, "could not materialize announcements before an update");
+    }
+    let pool = ctx.writable(Key::User(user)).await?;
+    ctx.cache.begin_count_change(user).await?;
+    let result =
+        notify_store::db::retry_on_deadlock(|| item_updates::update(&pool, user, action, target))
+            .await;
+    finish_count_change(ctx, user).await;
+    drop(pool);
+    let updated = result?;
+    if updated.changed > 0 {
+        let (message_ids, filter) = match target {
+            Target::Ids(_) => (updated.changed_ids.clone(), None),
+            Target::All(filter) => (Vec::new(), Some(BusFilter::from(&filter))),
+        };
+        let event = BusEvent::ItemsUpdated { user_id: user, action, message_ids, filter };
+        events::publish_best_effort(ctx, &event).await;
+    }
+    let counts = counts(ctx, &[user]).await?.first().copied().unwrap_or_default();
+    Ok(Changed { changed: updated.changed, unknown: updated.unknown, counts })
+}
+
+/// Marks messages read; returns how many changed and the ids the user has
+/// no item for. The same as `update_items` with `MarkRead` and the ids.
+pub async fn mark_read(ctx: &Context, user_id: UserId, message_ids: &[u64]) -> Result<Changed> {
+    update_items(ctx, user_id, Action::MarkRead, Target::Ids(message_ids)).await
+}
+
+/// Marks every unread item read (optionally one category's, up to an id),
+/// archived or not. The same as `update_items` with `MarkRead` over every
+/// item of the view `All`.
+pub async fn mark_all_read(
+    ctx: &Context,
+    user_id: UserId,
+    category: Option<&str>,
+    up_to: Option<u64>,
+) -> Result<Changed> {
+    let filter = ItemFilter { view: View::All, category, up_to, ..ItemFilter::default() };
+    update_items(ctx, user_id, Action::MarkRead, Target::All(filter)).await
+}
+
+async fn finish_count_change(ctx: &Context, user_id: u64) {
+    // On failure the dirty marker expires by itself and caching resumes.
+    if let Err(e) = ctx.cache.end_count_change(user_id).await {
+        warn!(error = %e, user_id, "could not clear a badge change marker");
+    }
+}

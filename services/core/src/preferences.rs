@@ -1,0 +1,53 @@
+//! A user's preferences: the categories and groups they mute. A change
+//! applies to what is delivered after it (items already delivered stay as
+//! they are): the fan-out and the materialization of announcements read the
+//! preferences in the statement that writes the items, and the badge (which
+//! counts live announcements not yet materialized, and the groups not
+//! muted) is invalidated around the change like any other write.
+
+use shard_router::Key;
+use tracing::{instrument, warn};
+
+use crate::context::Context;
+use crate::events;
+use notify_domain::domain::UserId;
+use notify_domain::error::Result;
+use notify_domain::preferences::Preferences;
+use notify_store::db::preferences as store;
+
+/// Reads a user's preferences (empty when they have none).
+#[instrument(skip_all, fields(user_id = user_id.get()))]
+pub async fn get(ctx: &Context, user_id: UserId) -> Result<Preferences> {
+    let pool = ctx.pools.for_user(user_id.get());
+    store::get(&*pool, user_id.get()).await
+}
+
+/// Replaces a user's mutes; returns them as stored.
+#[instrument(skip_all, fields(user_id = user_id.get()))]
+pub async fn set(ctx: &Context, user_id: UserId, preferences: &Preferences) -> Result<Preferences> {
+    let user = user_id.get();
+    let pool = ctx.writable(Key::User(user)).await?;
+    // Both caches show what preferences decide: the badge counts the live
+    // announcements not muted, the group total the groups not muted.
+    ctx.cache.begin_count_change(user).await?;
+    if let Err(e) = ctx.cache.begin_membership_change(&[user]).await {
+        end_changes(ctx, user).await;
+        return Err(e);
+    }
+    let stored = store::set(&pool, user, preferences).await;
+    end_changes(ctx, user).await;
+    drop(pool);
+    stored?;
+    events::badges_changed(ctx, vec![user]).await;
+    Ok(preferences.clone())
+}
+
+async fn end_changes(ctx: &Context, user_id: u64) {
+    // On failure the dirty markers expire by themselves and caching resumes.
+    if let Err(e) = ctx.cache.end_membership_change(&[user_id]).await {
+        warn!(error = %e, user_id, "could not clear a group cursor change marker");
+    }
+    if let Err(e) = ctx.cache.end_count_change(user_id).await {
+        warn!(error = %e, user_id, "could not clear a badge change marker");
+    }
+}

@@ -1,0 +1,104 @@
+//! A user's preferences row (`user_preferences`, on the user's shard): what
+//! they mute, and since when they are erased. The fan-out checks it in the
+//! same statement that writes the items ([`LETS_THROUGH`]), so a preference
+//! costs one primary-key lookup per recipient, and nothing for users who
+//! have none.
+
+use notify_domain::error::Result;
+use notify_domain::preferences::{Preferences, join_list, split_list};
+use sqlx::MySqlPool;
+use tracing::instrument;
+
+/// SQL condition: the preferences `p` (LEFT JOINed on the recipient, so NULL
+/// when there are none) let through an item of the content copy `c`
+/// (`message_id`, `category`, `critical`). Held back: sends in a muted
+/// category unless critical, and sends queued before the user was erased.
+pub const LETS_THROUGH: &str = "(p.user_id IS NULL OR NOT (p.erased_before > c.message_id \
+     OR (c.critical = 0 AND c.category <> '' AND FIND_IN_SET(c.category, p.muted_categories) > 0)))";
+
+/// What a user's preferences hold back, as a badge rebuild needs it.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Suppression {
+    /// Muted categories.
+    pub muted_categories: Vec<String>,
+    /// Sends with a smaller id are never delivered (0: not erased).
+    pub erased_before: u64,
+}
+
+impl Suppression {
+    /// True when an item of `message_id` in `category` is held back.
+    pub fn holds_back(&self, message_id: u64, category: &str, critical: bool) -> bool {
+        self.erased_before > message_id
+            || (!critical
+                && !category.is_empty()
+                && self.muted_categories.iter().any(|c| c == category))
+    }
+}
+
+/// Reads a user's preferences (empty when the user has none).
+#[instrument(level = "debug", skip_all, fields(db.system = "mysql"))]
+pub async fn get<'e>(db: impl sqlx::MySqlExecutor<'e>, user_id: u64) -> Result<Preferences> {
+    let row: Option<(String, String)> = sqlx::query_as(
+        "SELECT muted_categories, muted_group_ids FROM user_preferences WHERE user_id = ?",
+    )
+    .bind(user_id)
+    .fetch_optional(db)
+    .await?;
+    Ok(row.map_or_else(Preferences::default, |(categories, groups)| Preferences {
+        muted_categories: split_list(&categories),
+        muted_group_ids: split_list(&groups),
+    }))
+}
+
+/// Replaces a user's mutes (an erasure marker stays as it is).
+#[instrument(level = "debug", skip_all, fields(db.system = "mysql"))]
+pub async fn set(pool: &MySqlPool, user_id: u64, preferences: &Preferences) -> Result<()> {
+    sqlx::query(
+        "INSERT INTO user_preferences (user_id, muted_categories, muted_group_ids) \
+         VALUES (?, ?, ?) ON DUPLICATE KEY UPDATE \
+         muted_categories = VALUES(muted_categories), muted_group_ids = VALUES(muted_group_ids)",
+    )
+    .bind(user_id)
+    .bind(join_list(&preferences.muted_categories))
+    .bind(join_list(&preferences.muted_group_ids))
+    .execute(pool)
+    .await?;
+    Ok(())
+}
+
+/// Reads what a user's preferences hold back.
+#[instrument(level = "debug", skip_all, fields(db.system = "mysql"))]
+pub async fn suppression<'e>(
+    db: impl sqlx::MySqlExecutor<'e>,
+    user_id: u64,
+) -> Result<Suppression> {
+    let row: Option<(String, u64)> = sqlx::query_as(
+        "SELECT muted_categories, erased_before FROM user_preferences WHERE user_id = ?",
+    )
+    .bind(user_id)
+    .fetch_optional(db)
+    .await?;
+    Ok(row.map_or_else(Suppression::default, |(categories, erased_before)| Suppression {
+        muted_categories: split_list(&categories),
+        erased_before,
+    }))
+}
+
+/// Leaves only the erasure marker of a user: no mutes, and items of sends
+/// with an id below `before` (queued before the erasure) never written.
+pub async fn mark_erased<'e>(
+    db: impl sqlx::MySqlExecutor<'e>,
+    user_id: u64,
+    before: u64,
+) -> Result<()> {
+    sqlx::query(
+        "INSERT INTO user_preferences (user_id, erased_before) VALUES (?, ?) \
+         ON DUPLICATE KEY UPDATE muted_categories = '', muted_group_ids = '', \
+         erased_before = GREATEST(erased_before, VALUES(erased_before))",
+    )
+    .bind(user_id)
+    .bind(before)
+    .execute(db)
+    .await?;
+    Ok(())
+}
