@@ -46,6 +46,39 @@ async fn group_commands_create_add_send_pull_ack_and_count() {
     app.cleanup().await;
 }
 
+#[tokio::test]
+async fn inbox_items_prefs_and_user_erase_show_and_change_item_states() {
+    let app = spawn_app_with(test_settings(), true).await;
+    let addr = app.addr;
+    let (first, second) = (app.send(vec![42]).await, app.send(vec![42]).await);
+    app.wait_for_status(second, v1::MessageStatus::Completed).await;
+    app.wait_for_status(first, v1::MessageStatus::Completed).await;
+    let listed = notifyctl(addr, &["inbox", "42"]).await;
+    assert!(listed.contains(&format!("*+  {second} ")), "unread and unseen: {listed}");
+    let seen = notifyctl(addr, &["items", "42", "seen", &second.to_string()]).await;
+    assert_eq!(seen.trim(), "changed 1 (user 42 unread 2 unseen 1)");
+    let archived = notifyctl(addr, &["items", "42", "archive", "--all"]).await;
+    assert_eq!(archived.trim(), "changed 2 (user 42 unread 0 unseen 0)");
+    assert!(!notifyctl(addr, &["inbox", "42"]).await.contains(&first.to_string()));
+    let archive = notifyctl(addr, &["inbox", "42", "--archive"]).await;
+    assert!(archive.contains(&format!("* A {second} ")), "{archive}");
+    assert!(archive.contains(&format!("*+A {first} ")), "{archive}");
+    assert_eq!(notifyctl(addr, &["badge", "42"]).await.trim(), "user 42 unread 0 unseen 0");
+
+    let prefs = notifyctl(addr, &["prefs", "42", "--mute", "billing", "--mute", "promo"]).await;
+    assert!(prefs.contains("muted categories: billing promo"), "{prefs}");
+    let prefs = notifyctl(addr, &["prefs", "42", "--unmute", "billing", "--mute-group", "9"]).await;
+    assert!(prefs.contains("muted categories: promo"), "{prefs}");
+    assert!(prefs.contains("muted groups:     9"), "{prefs}");
+
+    let erased = notifyctl(addr, &["user", "erase", "42"]).await;
+    assert_eq!(erased.trim(), "user 42 erased: 2 items, 0 group memberships");
+    let audit = notifyctl(addr, &["audit", "--user", "42"]).await;
+    assert!(audit.contains("user.erase") && audit.contains("user 42"), "{audit}");
+    assert!(notifyctl(addr, &["prefs", "42"]).await.contains("muted categories: none"));
+    app.cleanup().await;
+}
+
 /// Runs notifyctl with extra environment; returns (exit code, stdout, stderr).
 async fn notifyctl_env(env: &[(&str, &str)], args: &[&str]) -> (i32, String, String) {
     let output = tokio::process::Command::new(env!("CARGO_BIN_EXE_notifyctl"))
@@ -129,12 +162,15 @@ async fn tail_prints_snapshots_then_items_as_they_arrive() {
     snapshots.sort();
     assert_eq!(
         snapshots,
-        ["snapshot  user 42 unread 0 group_unread 0", "snapshot  user 43 unread 0 group_unread 0"]
+        [
+            "snapshot  user 42 unread 0 unseen 0 group_unread 0",
+            "snapshot  user 43 unread 0 unseen 0 group_unread 0"
+        ]
     );
     let id = app.send(vec![42]).await;
     let item = next().await;
     assert!(item.starts_with(&format!("item      user 42 message {id} \"hello\"")), "{item}");
-    assert_eq!(next().await, "badge     user 42 unread 1 group_unread 0");
+    assert_eq!(next().await, "badge     user 42 unread 1 unseen 1 group_unread 0");
     child.kill().await.unwrap();
     app.cleanup().await;
 }

@@ -14,7 +14,7 @@ use tokio_stream::wrappers::ReceiverStream;
 use tonic::Code;
 use tonic::transport::Channel;
 
-use crate::helpers::{send, wait_for_status};
+use crate::helpers::{send, send_request, wait_for_status};
 
 /// One open `Subscribe` stream.
 struct Subscriber {
@@ -414,5 +414,90 @@ async fn bad_subscriptions_are_refused_naming_the_field() {
         assert_eq!(status.code(), Code::InvalidArgument);
         assert!(status.message().contains(words), "{status:?}");
     }
+    app.cleanup().await;
+}
+
+#[tokio::test]
+async fn item_updates_are_one_event_per_call_with_both_counts() {
+    let app = spawn_app().await;
+    let (user, muter) = (8_100_001, 8_100_002);
+    let first = send_and_wait(&app, vec![user]).await;
+    let second = send_and_wait(&app, vec![user]).await;
+    let mut stream = Subscriber::open(app.channel(), &[user, muter]).await;
+    let snapshots = stream.snapshots(&[user, muter]).await;
+    assert_eq!((snapshots[&user].unread, snapshots[&user].unseen), (2, 2));
+
+    // One id: the item and the states the action set, then the badge.
+    let request = v1::UpdateItemsRequest {
+        user_id: user,
+        action: v1::ItemAction::MarkSeen as i32,
+        message_ids: vec![second],
+        all: None,
+    };
+    app.inbox().update_items(request).await.unwrap();
+    let (updated, _) = stream
+        .until(|e| match e {
+            Event::ItemUpdated(u) if u.user_id == user => Some(u.clone()),
+            _ => None,
+        })
+        .await;
+    assert_eq!(updated.message_id, second);
+    assert_eq!(
+        (updated.seen, updated.read, updated.archived, updated.deleted),
+        (Some(true), None, None, None)
+    );
+    let (badge, _) = stream
+        .until(|e| match e {
+            Event::BadgeChanged(b) if b.user_id == user => Some(*b),
+            _ => None,
+        })
+        .await;
+    assert_eq!((badge.unread, badge.unseen), (2, 1));
+
+    // Every item: ONE event naming the filter, never one per item.
+    let all = v1::ItemFilter { view: v1::InboxView::Inbox as i32, ..Default::default() };
+    let request = v1::UpdateItemsRequest {
+        user_id: user,
+        action: v1::ItemAction::Delete as i32,
+        message_ids: Vec::new(),
+        all: Some(all.clone()),
+    };
+    app.inbox().update_items(request).await.unwrap();
+    let (badge, seen) = stream
+        .until(|e| match e {
+            Event::BadgeChanged(b) if b.user_id == user && b.unread == 0 => Some(*b),
+            _ => None,
+        })
+        .await;
+    assert_eq!(badge.unseen, 0);
+    let updates: Vec<&v1::ItemUpdated> = seen
+        .iter()
+        .filter_map(|e| match e {
+            Event::ItemUpdated(u) => Some(u),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(updates.len(), 1, "one event for the call: {seen:?}");
+    assert_eq!((updates[0].message_id, updates[0].all.as_ref()), (0, Some(&all)));
+    assert_eq!(updates[0].deleted, Some(true));
+    assert_eq!(updates[0].action, v1::ItemAction::Delete as i32);
+    let _ = first;
+
+    // A muted recipient gets no item event (and no item).
+    let preferences =
+        v1::Preferences { muted_categories: vec!["system".into()], ..Default::default() };
+    let request = v1::SetPreferencesRequest { user_id: muter, preferences: Some(preferences) };
+    app.inbox().set_preferences(request).await.unwrap();
+    let muted = send_and_wait(&app, vec![muter, user]).await;
+    let marker = send(&app, vec![muter]).await;
+    let mut critical = send_request(vec![muter]);
+    critical.critical = true;
+    let critical = app.messages().send_message(critical).await.unwrap().into_inner().message_id;
+    let (_, seen) = stream.until(|e| delivered(e, muter, critical).then_some(())).await;
+    assert!(
+        !seen.iter().any(|e| delivered(e, muter, muted) || delivered(e, muter, marker)),
+        "{seen:?}"
+    );
+    assert!(seen.iter().any(|e| delivered(e, user, muted)));
     app.cleanup().await;
 }

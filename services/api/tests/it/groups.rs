@@ -78,10 +78,11 @@ async fn truth(app: &TestApp, user_id: u64) -> BTreeMap<u64, (u64, u64)> {
     let pools = &app.ctx.pools;
     let memberships = store::memberships(pools.for_user(user_id).value(), user_id).await.unwrap();
     let mut truth = BTreeMap::new();
-    for (group_id, ack) in memberships {
+    for membership in memberships {
+        let group_id = membership.group_id;
         let max_seq =
             store::max_seq(pools.for_group(group_id).value(), group_id).await.unwrap().unwrap();
-        truth.insert(group_id, (max_seq, ack));
+        truth.insert(group_id, (max_seq, membership.last_ack_seq));
     }
     truth
 }

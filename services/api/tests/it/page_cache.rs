@@ -5,6 +5,7 @@
 
 use notify_cache::{Cache, PageToStore};
 use notify_proto::v1;
+use notify_store::db::items::InboxQuery;
 use notify_testkit::{TestApp, spawn_app, test_settings};
 use prost::Message as _;
 use redis::AsyncCommands;
@@ -273,11 +274,17 @@ async fn a_cached_page_is_served_no_later_than_the_first_expiry_that_changes_it(
     assert!(token.is_empty());
 
     let deadlines = cached_deadlines(&app, user).await;
-    let first = format!("v1:{}:1:0:", u64::MAX);
+    let field = |before: u64| {
+        notify_core::inbox::page_field(&InboxQuery { before, limit: 1, filter: Default::default() })
+    };
     let of = |query: &str| deadlines.iter().find(|(q, _)| q == query).map(|(_, at)| *at);
-    assert_eq!(of(&first), Some(expire_at_ms), "a page outlives the expiry of its next row");
-    assert_eq!(of(&format!("v1:{newer}:1:0:")), Some(expire_at_ms), "a page outlives its row");
-    let last = of(&format!("v1:{expiring}:1:0:")).expect("the last page was cached");
+    assert_eq!(
+        of(&field(u64::MAX)),
+        Some(expire_at_ms),
+        "a page outlives the expiry of its next row"
+    );
+    assert_eq!(of(&field(newer)), Some(expire_at_ms), "a page outlives its row");
+    let last = of(&field(expiring)).expect("the last page was cached");
     assert!(
         (started_ms + ttl_ms..=ended_ms + ttl_ms).contains(&last),
         "a page without expiries lasts the ttl: deadline {last}, read in {started_ms}..{ended_ms}"

@@ -1,0 +1,183 @@
+//! Erasure of a user: nothing of theirs left on any shard or in Redis, sends
+//! queued before it skip them (suppressed), the audit keeps only the id.
+
+use notify_proto::v1;
+use notify_proto::v1::admin_service_client::AdminServiceClient;
+use notify_testkit::{TestApp, authed, spawn_app, spawn_app_with, test_settings, with_clients};
+use redis::AsyncCommands;
+use tonic::Code;
+
+use crate::helpers::{content, create_draft, send_request, wait_for_status};
+use crate::items::served;
+
+/// Rows of `user_id` in every per-user table, summed over every shard.
+async fn rows_of(app: &TestApp, user_id: u64) -> Vec<(String, i64)> {
+    let mut counts = Vec::new();
+    for table in ["message_items", "user_inbox_state", "group_members", "retention_pending_badges"]
+    {
+        let mut total = 0;
+        for (_, pool) in app.ctx.pools.iter() {
+            let sql = format!("SELECT COUNT(*) FROM {table} WHERE user_id = ?");
+            let count: i64 = sqlx::query_scalar(sqlx::AssertSqlSafe(sql))
+                .bind(user_id)
+                .fetch_one(pool)
+                .await
+                .unwrap();
+            total += count;
+        }
+        counts.push((table.to_owned(), total));
+    }
+    counts
+}
+
+async fn erase(app: &TestApp, user_id: u64) -> v1::EraseUserResponse {
+    AdminServiceClient::new(app.channel())
+        .erase_user(v1::EraseUserRequest { user_id })
+        .await
+        .unwrap()
+        .into_inner()
+}
+
+#[tokio::test]
+async fn an_erased_user_leaves_nothing_on_any_shard_or_in_redis() {
+    let app = spawn_app().await;
+    let (user, other) = (7_100_001, 7_100_002);
+    let mut ids = Vec::new();
+    for _ in 0..3 {
+        let id = app.send(vec![user, other]).await;
+        wait_for_status(&app, id, v1::MessageStatus::Completed).await;
+        ids.push(id);
+    }
+    let announcement = v1::SendMessageRequest {
+        sender: "tests".into(),
+        content: Some(content("for all")),
+        audience: Some(v1::send_message_request::Audience::AllUsers(v1::AllUsersAudience {})),
+        ..Default::default()
+    };
+    app.messages().send_message(announcement).await.unwrap();
+    let group = app
+        .groups()
+        .create_group(v1::CreateGroupRequest { group_id: 0, name: "erased".into() })
+        .await
+        .unwrap()
+        .into_inner()
+        .group_id;
+    let add = v1::AddGroupMembersRequest {
+        group_id: group,
+        user_ids: vec![user, other],
+        with_history: false,
+    };
+    app.groups().add_group_members(add).await.unwrap();
+    let preferences =
+        v1::Preferences { muted_categories: vec!["promo".into()], muted_group_ids: vec![group] };
+    app.inbox()
+        .set_preferences(v1::SetPreferencesRequest {
+            user_id: user,
+            preferences: Some(preferences),
+        })
+        .await
+        .unwrap();
+    // The announcement materialized, and then badge and page cached.
+    assert_eq!(crate::helpers::inbox_ids(&app, user).await.len(), 4);
+    assert_eq!(served(&app, user).await, (4, 4));
+    assert_eq!(crate::helpers::inbox_ids(&app, user).await.len(), 4);
+    let badge_key = app.ctx.cache.keys().unread(user);
+    let mut redis = app.ctx.cache.connection();
+    assert!(redis.exists::<_, bool>(&badge_key).await.unwrap(), "the badge was cached");
+
+    let erased = erase(&app, user).await;
+    assert_eq!((erased.items, erased.memberships), (4, 1));
+    for (table, count) in rows_of(&app, user).await {
+        assert_eq!(count, 0, "{table} still holds rows of the erased user");
+    }
+    let marker: Vec<(String, String, u64)> = {
+        let pool = app.ctx.pools.for_user(user);
+        sqlx::query_as(
+            "SELECT muted_categories, muted_group_ids, erased_before FROM user_preferences \
+             WHERE user_id = ?",
+        )
+        .bind(user)
+        .fetch_all(pool.value())
+        .await
+        .unwrap()
+    };
+    assert_eq!(marker.len(), 1);
+    assert_eq!((marker[0].0.as_str(), marker[0].1.as_str()), ("", ""), "no preference is kept");
+    assert!(marker[0].2 > ids[2], "the marker reaches past every send queued before");
+    let pattern = format!("{}{{u:{user}}}*", app.ctx.cache.keys().prefix());
+    let keys: Vec<String> = redis.keys(pattern).await.unwrap();
+    assert!(keys.is_empty(), "redis still holds {keys:?}");
+
+    // Reads show nothing, and the announcement does not come back.
+    assert_eq!(served(&app, user).await, (0, 0));
+    assert!(crate::helpers::inbox_ids(&app, user).await.is_empty());
+    assert_eq!(rows_of(&app, user).await[0].1, 0);
+    // The other user lost nothing; the sends keep their totals.
+    assert_eq!(crate::helpers::inbox_ids(&app, other).await.len(), 4);
+    assert_eq!(app.get_message(ids[0]).await.progress.unwrap().delivered, 2);
+
+    // The audit record names the user and holds nothing else of theirs.
+    let records = AdminServiceClient::new(app.channel())
+        .list_audit_records(v1::ListAuditRecordsRequest {
+            filter: Some(v1::list_audit_records_request::Filter::UserId(user)),
+            page_size: 10,
+            page_token: String::new(),
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .records;
+    assert_eq!(records.len(), 1);
+    let record = &records[0];
+    assert_eq!(
+        (record.action.as_str(), record.target_kind.as_str(), record.target_id),
+        ("user.erase", "user", user)
+    );
+    assert_eq!(record.detail, "items=4 memberships=1");
+
+    // A second erasure finds nothing.
+    let again = erase(&app, user).await;
+    assert_eq!((again.items, again.memberships), (0, 0));
+    app.cleanup().await;
+}
+
+#[tokio::test]
+async fn sends_queued_before_an_erasure_skip_the_user_and_later_ones_do_not() {
+    let app = spawn_app().await;
+    let (user, other) = (7_200_001, 7_200_002);
+    // Queued: appended to a draft, started only after the erasure.
+    let draft = create_draft(&app, "queued").await;
+    let batch = v1::AppendRecipientsRequest {
+        message_id: draft,
+        batch_number: 1,
+        user_ids: vec![user, other],
+    };
+    app.messages().append_recipients(batch).await.unwrap();
+    erase(&app, user).await;
+    app.messages().start_message(v1::StartMessageRequest { message_id: draft }).await.unwrap();
+    let done = wait_for_status(&app, draft, v1::MessageStatus::Completed).await;
+    let progress = done.progress.unwrap();
+    assert_eq!((progress.total, progress.delivered, progress.suppressed), (2, 1, 1));
+    assert!(crate::helpers::inbox_ids(&app, user).await.is_empty());
+
+    // A send created well after the erasure is a new message to that id.
+    tokio::time::sleep(std::time::Duration::from_millis(
+        notify_core::erase::ERASURE_MARGIN_MS + 100,
+    ))
+    .await;
+    let later = app.messages().send_message(send_request(vec![user])).await.unwrap().into_inner();
+    wait_for_status(&app, later.message_id, v1::MessageStatus::Completed).await;
+    assert_eq!(crate::helpers::inbox_ids(&app, user).await, [later.message_id]);
+    app.cleanup().await;
+}
+
+#[tokio::test]
+async fn only_admin_may_erase_a_user() {
+    let mut settings = test_settings();
+    let tokens = with_clients(&mut settings, &[("inbox", &["inbox.read", "inbox.write"])]);
+    let app = spawn_app_with(settings, true).await;
+    let mut admin = AdminServiceClient::new(authed(app.channel(), &tokens["inbox"]));
+    let status = admin.erase_user(v1::EraseUserRequest { user_id: 1 }).await.unwrap_err();
+    assert_eq!(status.code(), Code::PermissionDenied);
+    app.cleanup().await;
+}

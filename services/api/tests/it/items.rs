@@ -1,0 +1,464 @@
+//! Item states: seen, read, unread, archived, deleted, one by one and in
+//! bulk by the list's own filter; both badge counts exact after each change.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use notify_proto::v1;
+use notify_testkit::{TestApp, spawn_app};
+use tonic::Code;
+
+use crate::helpers::{content, wait_for_status};
+
+/// An item's states as MySQL holds them (read back independently of the
+/// code under test): seen, read, archived, deleted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Stored {
+    pub seen: bool,
+    pub read: bool,
+    pub archived: bool,
+    pub deleted: bool,
+}
+
+/// Every item of a user, by message id.
+pub async fn stored(app: &TestApp, user_id: u64) -> BTreeMap<u64, Stored> {
+    let pool = app.ctx.pools.for_user(user_id);
+    let rows: Vec<(u64, bool, bool, bool, bool)> = sqlx::query_as(
+        "SELECT message_id, is_seen OR is_read, is_read, is_archived, deleted_at IS NOT NULL \
+         FROM message_items WHERE user_id = ?",
+    )
+    .bind(user_id)
+    .fetch_all(pool.value())
+    .await
+    .unwrap();
+    rows.into_iter()
+        .map(|(id, seen, read, archived, deleted)| (id, Stored { seen, read, archived, deleted }))
+        .collect()
+}
+
+/// A user's unread and unseen counts from MySQL, by a query of the test's
+/// own: unexpired, unrevoked items in the inbox (plus nothing pending).
+pub async fn truth(app: &TestApp, user_id: u64) -> (u64, u64) {
+    let pool = app.ctx.pools.for_user(user_id);
+    let (unread, unseen): (i64, i64) = sqlx::query_as(
+        "SELECT CAST(COALESCE(SUM(i.is_read = 0), 0) AS SIGNED), \
+         CAST(COALESCE(SUM(i.is_read = 0 AND i.is_seen = 0), 0) AS SIGNED) \
+         FROM message_items i JOIN message_contents c ON c.message_id = i.message_id \
+         WHERE i.user_id = ? AND i.is_archived = 0 AND i.deleted_at IS NULL AND c.revoked = 0 \
+         AND (i.expire_at IS NULL OR i.expire_at > UTC_TIMESTAMP(3))",
+    )
+    .bind(user_id)
+    .fetch_one(pool.value())
+    .await
+    .unwrap();
+    (unread as u64, unseen as u64)
+}
+
+/// A user's badge as served: (unread, unseen).
+pub async fn served(app: &TestApp, user_id: u64) -> (u64, u64) {
+    let badge = app
+        .inbox()
+        .get_unread_count(v1::GetUnreadCountRequest { user_id })
+        .await
+        .unwrap()
+        .into_inner();
+    (badge.unread, badge.unseen)
+}
+
+/// Every id a list with `filter` shows, paging through.
+pub async fn listed(app: &TestApp, user_id: u64, filter: &v1::ItemFilter) -> Vec<u64> {
+    let mut ids = Vec::new();
+    let mut token = String::new();
+    loop {
+        let request = v1::ListInboxRequest {
+            user_id,
+            page_size: 7,
+            page_token: token,
+            unread_only: filter.unread_only,
+            category: filter.category.clone(),
+            view: filter.view,
+            read_only: filter.read_only,
+        };
+        let page = app.inbox().list_inbox(request).await.unwrap().into_inner();
+        ids.extend(page.items.iter().map(|item| item.message_id));
+        if page.next_page_token.is_empty() {
+            return ids;
+        }
+        token = page.next_page_token;
+    }
+}
+
+/// Sends one message in `category` to `users` and waits for it.
+pub async fn deliver(app: &TestApp, users: &[u64], category: &str) -> u64 {
+    let mut request = crate::helpers::send_request(users.to_vec());
+    request.content = Some(v1::Content { category: category.to_owned(), ..content("item") });
+    let id = app.messages().send_message(request).await.unwrap().into_inner().message_id;
+    wait_for_status(app, id, v1::MessageStatus::Completed).await;
+    id
+}
+
+/// Runs an update; returns the reply.
+pub async fn update(
+    app: &TestApp,
+    user_id: u64,
+    action: v1::ItemAction,
+    ids: Vec<u64>,
+    all: Option<v1::ItemFilter>,
+) -> v1::UpdateItemsResponse {
+    let request = v1::UpdateItemsRequest { user_id, action: action as i32, message_ids: ids, all };
+    app.inbox().update_items(request).await.unwrap().into_inner()
+}
+
+fn inbox_filter() -> v1::ItemFilter {
+    v1::ItemFilter { view: v1::InboxView::Inbox as i32, ..Default::default() }
+}
+
+#[tokio::test]
+async fn each_action_moves_its_state_and_both_counts_exactly() {
+    let app = spawn_app().await;
+    let user = 5_100_001;
+    let a = deliver(&app, &[user], "billing").await;
+    let b = deliver(&app, &[user], "promo").await;
+    let c = deliver(&app, &[user], "billing").await;
+    assert_eq!(served(&app, user).await, (3, 3));
+
+    // Seen: out of unseen, still unread; the list shows it seen.
+    let reply = update(&app, user, v1::ItemAction::MarkSeen, vec![a], None).await;
+    assert_eq!((reply.changed, reply.unread, reply.unseen), (1, 3, 2));
+    let again = update(&app, user, v1::ItemAction::MarkSeen, vec![a], None).await;
+    assert_eq!(again.changed, 0, "seen twice changes nothing");
+    let page = app
+        .inbox()
+        .list_inbox(v1::ListInboxRequest { user_id: user, page_size: 10, ..Default::default() })
+        .await
+        .unwrap()
+        .into_inner();
+    let item_a = page.items.iter().find(|item| item.message_id == a).unwrap();
+    assert!(item_a.seen && item_a.seen_at.is_some() && !item_a.read);
+
+    // Read implies seen.
+    let reply = update(&app, user, v1::ItemAction::MarkRead, vec![b], None).await;
+    assert_eq!((reply.changed, reply.unread, reply.unseen), (1, 2, 1));
+    assert_eq!(
+        stored(&app, user).await[&b],
+        Stored { seen: true, read: true, archived: false, deleted: false }
+    );
+
+    // Unread again: back in unread, still seen.
+    let reply = update(&app, user, v1::ItemAction::MarkUnread, vec![b], None).await;
+    assert_eq!((reply.changed, reply.unread, reply.unseen), (1, 3, 1));
+
+    // Archived: in neither count, in the archive view only.
+    let reply = update(&app, user, v1::ItemAction::Archive, vec![c], None).await;
+    assert_eq!((reply.changed, reply.unread, reply.unseen), (1, 2, 0));
+    assert_eq!(listed(&app, user, &inbox_filter()).await, [b, a]);
+    let archive = v1::ItemFilter { view: v1::InboxView::Archive as i32, ..Default::default() };
+    assert_eq!(listed(&app, user, &archive).await, [c]);
+    let both = v1::ItemFilter { view: v1::InboxView::All as i32, ..Default::default() };
+    assert_eq!(listed(&app, user, &both).await, [c, b, a]);
+
+    // Unarchived: back, unread and unseen as it was.
+    let reply = update(&app, user, v1::ItemAction::Unarchive, vec![c], None).await;
+    assert_eq!((reply.changed, reply.unread, reply.unseen), (1, 3, 1));
+
+    // Deleted: gone from every view and count, and an id nobody knows.
+    let reply = update(&app, user, v1::ItemAction::Delete, vec![c, 999_999_999], None).await;
+    assert_eq!((reply.changed, reply.unread, reply.unseen), (1, 2, 0));
+    assert_eq!(reply.unknown_message_ids, [999_999_999]);
+    assert_eq!(listed(&app, user, &both).await, [b, a]);
+    let on_deleted = update(&app, user, v1::ItemAction::Unarchive, vec![c], None).await;
+    assert_eq!((on_deleted.changed, on_deleted.unknown_message_ids), (0, vec![c]));
+    assert_eq!(served(&app, user).await, truth(&app, user).await);
+
+    // The send's read count follows read and unread.
+    let read_count = async |id: u64| app.get_message(id).await.progress.unwrap().read;
+    assert_eq!(read_count(b).await, 0, "read then unread again");
+    update(&app, user, v1::ItemAction::MarkRead, vec![a], None).await;
+    assert_eq!(read_count(a).await, 1);
+
+    // MarkRead and MarkAllRead agree with UpdateItems.
+    let marked = app
+        .inbox()
+        .mark_all_read(v1::MarkAllReadRequest { user_id: user, ..Default::default() })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(marked.marked, 1, "b was the only unread item left");
+    assert_eq!(served(&app, user).await, (0, 0));
+    app.cleanup().await;
+}
+
+/// The users of [`bulk_scope_is_the_lists_scope_for_every_filter`], each
+/// with the same items in the same states.
+const FILTER_USERS: u64 = 36;
+
+#[tokio::test]
+async fn bulk_scope_is_the_lists_scope_for_every_filter() {
+    let app = spawn_app().await;
+    let users: Vec<u64> = (0..FILTER_USERS).map(|i| 5_200_000 + i * 7919).collect();
+    let categories = ["billing", "promo", "billing", "", "promo", "billing", "news", "billing"];
+    let mut ids = Vec::new();
+    for category in categories {
+        ids.push(deliver(&app, &users, category).await);
+    }
+    // The same states for everyone: read, seen, archived (read and not),
+    // and one deleted.
+    for user in &users {
+        update(&app, *user, v1::ItemAction::MarkRead, vec![ids[0], ids[3]], None).await;
+        update(&app, *user, v1::ItemAction::MarkSeen, vec![ids[1]], None).await;
+        update(&app, *user, v1::ItemAction::Archive, vec![ids[2], ids[3]], None).await;
+        update(&app, *user, v1::ItemAction::Delete, vec![ids[4]], None).await;
+    }
+    let views = [v1::InboxView::Inbox, v1::InboxView::Archive, v1::InboxView::All];
+    let actions = [
+        v1::ItemAction::MarkSeen,
+        v1::ItemAction::MarkRead,
+        v1::ItemAction::MarkUnread,
+        v1::ItemAction::Archive,
+        v1::ItemAction::Unarchive,
+        v1::ItemAction::Delete,
+    ];
+    let mut filters = Vec::new();
+    for view in views {
+        for category in ["", "billing"] {
+            for (unread_only, read_only) in [(false, false), (true, false), (false, true)] {
+                for up_to in [0, ids[5]] {
+                    filters.push(v1::ItemFilter {
+                        view: view as i32,
+                        category: category.to_owned(),
+                        unread_only,
+                        read_only,
+                        up_to_message_id: up_to,
+                    });
+                }
+            }
+        }
+    }
+    assert_eq!(filters.len(), users.len());
+    for (index, (user, filter)) in users.iter().zip(&filters).enumerate() {
+        let action = actions[index % actions.len()];
+        // What the list showed, up to the id the client had seen.
+        let up_to = filter.up_to_message_id;
+        let shown: BTreeSet<u64> = listed(&app, *user, filter)
+            .await
+            .into_iter()
+            .filter(|id| up_to == 0 || *id <= up_to)
+            .collect();
+        let before = stored(&app, *user).await;
+        let reply = update(&app, *user, action, Vec::new(), Some(filter.clone())).await;
+        let after = stored(&app, *user).await;
+        let changed: BTreeSet<u64> =
+            after.iter().filter(|(id, state)| before[*id] != **state).map(|(id, _)| *id).collect();
+        assert!(
+            changed.is_subset(&shown),
+            "{action:?} over {filter:?} changed {changed:?}, the list showed {shown:?}"
+        );
+        let expected: BTreeSet<u64> = shown
+            .iter()
+            .copied()
+            .filter(|id| {
+                let state = before[id];
+                match action {
+                    v1::ItemAction::MarkSeen => !state.seen,
+                    v1::ItemAction::MarkRead => !state.read,
+                    v1::ItemAction::MarkUnread => state.read,
+                    v1::ItemAction::Archive => !state.archived,
+                    v1::ItemAction::Unarchive => state.archived,
+                    _ => true,
+                }
+            })
+            .collect();
+        assert_eq!(changed, expected, "{action:?} over {filter:?}");
+        assert_eq!(reply.changed, expected.len() as u64, "{action:?} over {filter:?}");
+        assert_eq!((reply.unread, reply.unseen), truth(&app, *user).await);
+        assert_eq!(served(&app, *user).await, truth(&app, *user).await);
+    }
+    app.cleanup().await;
+}
+
+#[tokio::test]
+async fn announcements_take_every_state_and_a_deleted_one_never_comes_back() {
+    let app = spawn_app().await;
+    let user = 5_300_001;
+    let request = v1::SendMessageRequest {
+        sender: "tests".into(),
+        content: Some(content("to everyone")),
+        audience: Some(v1::send_message_request::Audience::AllUsers(v1::AllUsersAudience {})),
+        ..Default::default()
+    };
+    let id = app.messages().send_message(request).await.unwrap().into_inner().message_id;
+    // Counted before anything is materialized: unread and unseen.
+    assert_eq!(served(&app, user).await, (1, 1));
+    // A bulk update covers it as the list would (materialized first).
+    let seen = update(&app, user, v1::ItemAction::MarkSeen, Vec::new(), Some(inbox_filter())).await;
+    assert_eq!((seen.changed, seen.unread, seen.unseen), (1, 1, 0));
+    for (action, expected) in [
+        (v1::ItemAction::MarkRead, (0, 0)),
+        (v1::ItemAction::MarkUnread, (1, 0)),
+        (v1::ItemAction::Archive, (0, 0)),
+        (v1::ItemAction::Unarchive, (1, 0)),
+    ] {
+        let reply = update(&app, user, action, vec![id], None).await;
+        assert_eq!((reply.changed, (reply.unread, reply.unseen)), (1, expected), "{action:?}");
+    }
+    let deleted = update(&app, user, v1::ItemAction::Delete, vec![id], None).await;
+    assert_eq!((deleted.changed, deleted.unread, deleted.unseen), (1, 0, 0));
+    // Reading the inbox again materializes nothing: the item stays deleted.
+    let both = v1::ItemFilter { view: v1::InboxView::All as i32, ..Default::default() };
+    assert!(listed(&app, user, &both).await.is_empty());
+    app.flush_cache().await;
+    assert_eq!(served(&app, user).await, (0, 0), "a rebuilt badge does not count it either");
+    assert!(listed(&app, user, &both).await.is_empty());
+    assert!(stored(&app, user).await[&id].deleted);
+    app.cleanup().await;
+}
+
+#[tokio::test]
+async fn bad_updates_name_the_field_and_change_nothing() {
+    let app = spawn_app().await;
+    let user = 5_400_001;
+    let id = deliver(&app, &[user], "billing").await;
+    let before = stored(&app, user).await;
+    let cases = [
+        (
+            v1::UpdateItemsRequest { user_id: user, action: 0, message_ids: vec![id], all: None },
+            "action",
+        ),
+        (
+            v1::UpdateItemsRequest { user_id: user, action: 99, message_ids: vec![id], all: None },
+            "action",
+        ),
+        (
+            v1::UpdateItemsRequest { user_id: user, action: 2, message_ids: vec![], all: None },
+            "message_ids",
+        ),
+        (
+            v1::UpdateItemsRequest {
+                user_id: user,
+                action: 2,
+                message_ids: vec![id],
+                all: Some(inbox_filter()),
+            },
+            "message_ids",
+        ),
+        (
+            v1::UpdateItemsRequest {
+                user_id: user,
+                action: 2,
+                message_ids: (1..=1001).collect(),
+                all: None,
+            },
+            "message_ids",
+        ),
+        (
+            v1::UpdateItemsRequest {
+                user_id: user,
+                action: 6,
+                message_ids: vec![],
+                all: Some(v1::ItemFilter { category: "x".repeat(65), ..Default::default() }),
+            },
+            "all.category",
+        ),
+        (
+            v1::UpdateItemsRequest {
+                user_id: user,
+                action: 6,
+                message_ids: vec![],
+                all: Some(v1::ItemFilter {
+                    unread_only: true,
+                    read_only: true,
+                    ..Default::default()
+                }),
+            },
+            "all.read_only",
+        ),
+        (
+            v1::UpdateItemsRequest {
+                user_id: user,
+                action: 6,
+                message_ids: vec![],
+                all: Some(v1::ItemFilter { view: 9, ..Default::default() }),
+            },
+            "all.view",
+        ),
+        (
+            v1::UpdateItemsRequest { user_id: 0, action: 6, message_ids: vec![id], all: None },
+            "user_id",
+        ),
+    ];
+    for (request, field) in cases {
+        let status = app.inbox().update_items(request.clone()).await.unwrap_err();
+        assert_eq!(status.code(), Code::InvalidArgument, "{request:?}");
+        assert!(
+            status.message().starts_with(&format!("{field}: ")),
+            "{field}: {}",
+            status.message()
+        );
+    }
+    let list = v1::ListInboxRequest {
+        user_id: user,
+        page_size: 5,
+        read_only: true,
+        unread_only: true,
+        ..Default::default()
+    };
+    let status = app.inbox().list_inbox(list).await.unwrap_err();
+    assert!(status.message().starts_with("read_only: "), "{}", status.message());
+    assert_eq!(stored(&app, user).await, before, "nothing was written");
+    app.cleanup().await;
+}
+
+#[tokio::test]
+async fn updates_racing_deliveries_and_a_redis_flush_leave_both_counts_exact() {
+    let app = spawn_app().await;
+    let users: Vec<u64> = (0..6).map(|i| 5_500_000 + i).collect();
+    let mut sends = Vec::new();
+    for round in 0..6u64 {
+        let category = if round % 2 == 0 { "billing" } else { "promo" };
+        let mut request = crate::helpers::send_request(users.clone());
+        request.content = Some(v1::Content { category: category.to_owned(), ..content("race") });
+        sends.push(app.messages().send_message(request).await.unwrap().into_inner().message_id);
+        // While it is delivered: bulk updates over every user, and a flush.
+        let mut updates = Vec::new();
+        for (index, user) in users.iter().enumerate() {
+            let action = [
+                v1::ItemAction::MarkSeen,
+                v1::ItemAction::MarkRead,
+                v1::ItemAction::Archive,
+                v1::ItemAction::MarkUnread,
+                v1::ItemAction::Unarchive,
+                v1::ItemAction::Delete,
+            ][(index + round as usize) % 6];
+            let filter = v1::ItemFilter {
+                category: if index % 2 == 0 { "billing".to_owned() } else { String::new() },
+                view: v1::InboxView::All as i32,
+                ..Default::default()
+            };
+            let mut inbox = app.inbox();
+            let request = v1::UpdateItemsRequest {
+                user_id: *user,
+                action: action as i32,
+                message_ids: Vec::new(),
+                all: Some(filter),
+            };
+            updates.push(async move { inbox.update_items(request).await.map(|_| ()) });
+        }
+        for result in futures::future::join_all(updates).await {
+            result.unwrap();
+        }
+        if round == 3 {
+            app.flush_cache().await;
+        }
+    }
+    for id in sends {
+        wait_for_status(&app, id, v1::MessageStatus::Completed).await;
+    }
+    // Quiet now: both counts equal MySQL at once, cached or rebuilt.
+    for user in &users {
+        assert_eq!(served(&app, *user).await, truth(&app, *user).await, "user {user}");
+    }
+    app.flush_cache().await;
+    for user in &users {
+        assert_eq!(served(&app, *user).await, truth(&app, *user).await, "user {user} rebuilt");
+    }
+    app.cleanup().await;
+}
