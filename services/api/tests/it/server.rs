@@ -78,15 +78,8 @@ async fn reflection_v1_and_v1alpha_list_the_services() {
 async fn metrics_endpoint_counts_rpcs() {
     let app = spawn_app().await;
     crate::helpers::send(&app, vec![1, 2]).await;
-    let mut stream = tokio::net::TcpStream::connect(app.metrics_addr).await.unwrap();
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    stream
-        .write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
-        .await
-        .unwrap();
-    let mut body = String::new();
-    stream.read_to_string(&mut body).await.unwrap();
-    assert!(body.starts_with("HTTP/1.1 200"), "{body}");
+    let (status, body) = notify_testkit::http_get(app.metrics_addr, "/metrics").await;
+    assert_eq!(status, 200, "{body}");
     assert!(
         body.contains("notify_grpc_requests_total{method=\"/notify.v1.MessageService/SendMessage\",code=\"0\"}"),
         "{body}"
