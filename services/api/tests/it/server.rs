@@ -5,6 +5,7 @@ use std::time::Duration;
 
 use notify_proto::v1;
 use notify_proto::v1::inbox_service_client::InboxServiceClient;
+use notify_testkit::metrics::MetricsPage;
 use notify_testkit::{eventually, spawn_app, spawn_app_with, test_settings};
 use tokio_stream::StreamExt;
 use tonic_health::pb::HealthCheckRequest;
@@ -90,6 +91,20 @@ async fn metrics_endpoint_counts_rpcs() {
     assert!(body.contains(&format!("{send_duration},le=\"0.0001\"}}")), "{body}");
     assert!(body.contains(&format!("{send_duration},le=\"+Inf\"}}")), "{body}");
     assert!(!body.contains("quantile=\""), "{body}");
+    app.cleanup().await;
+}
+
+#[tokio::test]
+async fn metrics_count_a_stream_by_the_status_in_its_trailers() {
+    let app = spawn_app_with(test_settings(), false).await;
+    let status = crate::helpers::subscribe_then_fail(app.channel()).await;
+    assert_eq!(status.code(), tonic::Code::InvalidArgument, "{status:?}");
+    // Counted when the trailers went out, before the client read them.
+    let page = MetricsPage::parse(&notify_testkit::http_get(app.metrics_addr, "/metrics").await.1);
+    let failed = [("method", "/notify.v1.EventService/Subscribe"), ("code", "3")];
+    assert!(page.sum("notify_grpc_requests_total", &failed) >= 1.0, "{page:?}");
+    let buckets = page.buckets("notify_grpc_request_duration_seconds", &failed);
+    assert!(buckets.last().is_some_and(|(_, count)| *count >= 1.0), "{buckets:?}");
     app.cleanup().await;
 }
 
