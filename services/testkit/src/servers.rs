@@ -24,6 +24,8 @@ use crate::pki::TestPki;
 /// another test.
 pub fn free_port() -> u16 {
     static HANDED_OUT: Mutex<BTreeSet<u16>> = Mutex::new(BTreeSet::new());
+    // Read by hand: procfs has no reader for this sysctl, and the file is
+    // two numbers.
     let ephemeral_low = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
         .ok()
         .and_then(|range| range.split_whitespace().next()?.parse::<u16>().ok())
