@@ -4,12 +4,6 @@
 use std::path::PathBuf;
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
-    // SAFETY-free: build scripts are single threaded, setting the variable only
-    // tells prost-build where the vendored compiler lives.
-    let protoc = protoc_bin_vendored::protoc_bin_path()?;
-    // SAFETY: build scripts run single-threaded; nothing reads the environment concurrently.
-    unsafe { std::env::set_var("PROTOC", protoc) };
-
     let out_dir = PathBuf::from(std::env::var("OUT_DIR")?);
     let protos = [
         "notify/v1/common.proto",
@@ -19,9 +13,13 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         "notify/v1/admin.proto",
         "notify/v1/events.proto",
     ];
+    // The compiler is handed to prost-build in its config rather than through
+    // the `PROTOC` variable, which only `unsafe` code could set here.
+    let mut config = tonic_prost_build::Config::new();
+    config.protoc_executable(protoc_bin_vendored::protoc_bin_path()?);
     tonic_prost_build::configure()
         .file_descriptor_set_path(out_dir.join("notify_descriptor.bin"))
-        .compile_protos(&protos, &["."])?;
+        .compile_with_config(config, &protos, &["."])?;
     for proto in protos {
         println!("cargo:rerun-if-changed={proto}");
     }

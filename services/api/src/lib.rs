@@ -3,6 +3,7 @@
 //! is cancelled, then reports NOT_SERVING and drains.
 
 pub mod auth;
+pub mod call_end;
 pub mod conn_age;
 pub mod convert;
 pub mod events;

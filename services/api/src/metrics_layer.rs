@@ -1,6 +1,10 @@
 //! A tower layer that records, per gRPC method and status code, the request
 //! count and duration, and the number of requests in flight.
 //!
+//! A call ends when its status goes out (see [`crate::call_end`]): a
+//! stream is in flight until its trailers, and counted with the code in
+//! them; one the client dropped first is counted as CANCELLED (1).
+//!
 //! Metric handles are resolved once per method and code and kept, so a call
 //! costs a map lookup under a read lock and a few atomic operations, not a
 //! registry lookup with freshly allocated labels.
@@ -15,6 +19,8 @@ use std::time::Instant;
 use metrics::{Counter, Gauge, Histogram};
 use tower::{Layer, Service};
 
+use crate::call_end::{CallEnd, ObservedBody, OnCallEnd};
+
 /// Distinct method paths given their own labels; calls to further paths
 /// (only unknown methods, as the services have fewer) share one label, so a
 /// client cannot grow the metrics without bound.
@@ -23,6 +29,8 @@ const MAX_METHODS: usize = 128;
 const OTHER_METHOD: &str = "other";
 /// gRPC codes 0..=16, then one slot for transport errors.
 const CODES: usize = 18;
+/// The slot of transport errors (the service failed, or the body did).
+const TRANSPORT: usize = CODES - 1;
 const CODE_LABELS: [&str; CODES] = [
     "0",
     "1",
@@ -86,15 +94,25 @@ fn method_metrics(path: &str) -> Arc<MethodMetrics> {
     methods.entry(key.to_owned()).or_insert_with(|| Arc::new(MethodMetrics::new(key))).clone()
 }
 
-/// The index in [`CODE_LABELS`] of a `grpc-status` value.
-fn code_index(status: Option<&str>) -> usize {
-    // Errors travel in the headers of trailers-only responses; a response
-    // without grpc-status in its headers succeeded or reports its status in
-    // trailers (streams), counted as "0". A value that is no gRPC code is
-    // counted as UNKNOWN (2).
-    match status {
-        None => 0,
-        Some(value) => value.parse::<usize>().ok().filter(|code| *code <= 16).unwrap_or(2),
+/// The index in [`CODE_LABELS`] of how a call ended.
+fn code_index(end: CallEnd) -> usize {
+    match end {
+        CallEnd::BodyFailed => TRANSPORT,
+        end => end.code() as usize,
+    }
+}
+
+/// Counts a call when it ends and takes it out of the in-flight gauge
+/// (held by the response body of [`GrpcMetrics`]).
+pub struct Finished {
+    metrics: Arc<MethodMetrics>,
+    started: Instant,
+}
+
+impl OnCallEnd for Finished {
+    fn ended(self, end: CallEnd) {
+        self.metrics.in_flight.decrement(1.0);
+        self.metrics.finished(code_index(end), self.started.elapsed().as_secs_f64());
     }
 }
 
@@ -121,8 +139,9 @@ impl<S, B, ResBody> Service<http::Request<B>> for GrpcMetrics<S>
 where
     S: Service<http::Request<B>, Response = http::Response<ResBody>> + Send,
     S::Future: Send + 'static,
+    ResBody: http_body::Body,
 {
-    type Response = S::Response;
+    type Response = http::Response<ObservedBody<ResBody, Finished>>;
     type Error = S::Error;
     type Future = Pin<Box<dyn Future<Output = Result<Self::Response, Self::Error>> + Send>>;
 
@@ -136,16 +155,14 @@ where
         metrics.in_flight.increment(1.0);
         let future = self.inner.call(request);
         Box::pin(async move {
-            let result = future.await;
-            metrics.in_flight.decrement(1.0);
-            let code = match &result {
-                Ok(response) => {
-                    code_index(response.headers().get("grpc-status").and_then(|v| v.to_str().ok()))
+            match future.await {
+                Ok(response) => Ok(ObservedBody::wrap(response, Finished { metrics, started })),
+                Err(error) => {
+                    metrics.in_flight.decrement(1.0);
+                    metrics.finished(TRANSPORT, started.elapsed().as_secs_f64());
+                    Err(error)
                 }
-                Err(_) => CODES - 1,
-            };
-            metrics.finished(code, started.elapsed().as_secs_f64());
-            result
+            }
         })
     }
 }
@@ -155,12 +172,19 @@ mod tests {
     use super::*;
 
     #[test]
-    fn status_values_map_to_their_code_labels() {
-        assert_eq!(CODE_LABELS[code_index(Some("3"))], "3");
-        assert_eq!(CODE_LABELS[code_index(Some("16"))], "16");
-        assert_eq!(CODE_LABELS[code_index(None)], "0");
-        assert_eq!(CODE_LABELS[code_index(Some("17"))], "2");
-        assert_eq!(CODE_LABELS[code_index(Some("x"))], "2");
+    fn call_ends_map_to_their_code_labels() {
+        let status = |value: &'static str| {
+            let mut headers = http::HeaderMap::new();
+            headers.insert("grpc-status", http::HeaderValue::from_static(value));
+            CODE_LABELS[code_index(CallEnd::from_headers(&headers).unwrap())]
+        };
+        assert_eq!(status("0"), "0");
+        assert_eq!(status("3"), "3");
+        assert_eq!(status("16"), "16");
+        assert_eq!(status("17"), "2");
+        assert_eq!(status("x"), "2");
+        assert_eq!(CODE_LABELS[code_index(CallEnd::Dropped)], "1");
+        assert_eq!(CODE_LABELS[code_index(CallEnd::BodyFailed)], "transport");
     }
 
     #[test]

@@ -22,7 +22,7 @@ use secrecy::ExposeSecret;
 use tonic::transport::Channel;
 
 use self::inbox::{Inbox, run_inbox};
-use crate::harness::{self, Env, metric_sum, thousands, verdict};
+use crate::harness::{self, Env, thousands, verdict};
 use crate::procstat::{CpuUse, RssSampler, Tracked};
 use crate::wire::WireChannel;
 
@@ -232,14 +232,11 @@ async fn body(env: &mut Env, args: &BadgeArgs) -> anyhow::Result<String> {
     report("BatchGetUnreadCounts, 100 users a call (1-thread h2 load)", &batched);
     let tonic = run_tonic(args, &tracked, (2, whole), &addr).await?;
     report("GetUnreadCount (2-thread tonic load)", &tonic);
-    let misses = metric_sum(&after, &["notify_badge_cache_misses_total"])
-        - metric_sum(&before, &["notify_badge_cache_misses_total"]);
-    let hits = metric_sum(&after, &["notify_badge_cache_hits_total"])
-        - metric_sum(&before, &["notify_badge_cache_hits_total"]);
-    let batch = metric_sum(&after, &["notify_badge_read_batch_size_sum"])
-        - metric_sum(&before, &["notify_badge_read_batch_size_sum"]);
-    let batches = metric_sum(&after, &["notify_badge_read_batch_size_count"])
-        - metric_sum(&before, &["notify_badge_read_batch_size_count"]);
+    let counted = |name: &str| after.sum(name, &[]) - before.sum(name, &[]);
+    let misses = counted("notify_badge_cache_misses_total");
+    let hits = counted("notify_badge_cache_hits_total");
+    let batch = counted("notify_badge_read_batch_size_sum");
+    let batches = counted("notify_badge_read_batch_size_count");
     env.check_children()?;
     let sequential = sequential_badges(args, &wires[0]).await?;
     println!(

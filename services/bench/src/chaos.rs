@@ -46,6 +46,7 @@ use rand::Rng;
 use tokio::process::{Child, Command};
 use tonic::transport::Channel;
 
+use crate::config_file;
 use crate::harness::{self, Binaries, Env, thousands};
 use crate::procstat;
 
@@ -128,7 +129,7 @@ impl Proc {
     }
 
     fn rss_kb(&self) -> Option<u64> {
-        self.pid().and_then(|pid| procstat::status_kb(pid, "VmRSS:"))
+        self.pid().and_then(procstat::rss_kb)
     }
 }
 
@@ -179,7 +180,7 @@ async fn soak(
         settings.api.metrics_listen = format!("127.0.0.1:{}", harness::free_port()?);
         settings.worker.metrics_listen = format!("127.0.0.1:{}", harness::free_port()?);
         let config = env.dir.join(format!("{name}.toml"));
-        std::fs::write(&config, harness::config_toml(&settings))?;
+        std::fs::write(&config, config_file::to_toml(&settings))?;
         let bin = if is_api { bins.api.clone() } else { bins.worker.clone() };
         let log = env.dir.join(format!("{name}.log"));
         let mut proc = Proc { name, bin, config, log, child: None, grpc: is_api.then_some(grpc) };

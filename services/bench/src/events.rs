@@ -20,7 +20,7 @@ use notify_proto::v1::subscribe_response::Event;
 use tonic::transport::Channel;
 
 use crate::harness::{self, Env, thousands, verdict};
-use crate::procstat;
+use crate::{metrics, procstat};
 
 /// Arguments of `notify-bench events`.
 #[derive(Debug, Clone, clap::Args)]
@@ -155,7 +155,7 @@ async fn body(env: &mut Env, args: &EventsArgs) -> anyhow::Result<String> {
             coalesced: coalesced(env).await.saturating_sub(coalesced0),
             delivery_secs,
             api_cpu_secs: (cpu1 - cpu0) as f64 / procstat::clock_ticks_per_sec() as f64,
-            api_rss_kb: procstat::status_kb(api, "VmRSS:").unwrap_or(0),
+            api_rss_kb: procstat::rss_kb(api).unwrap_or(0),
             api_lag_ms: lag(env).await,
             commit_lag_ms: commit_lag(env).await,
         });
@@ -296,13 +296,13 @@ async fn inserted_at(
 }
 
 async fn coalesced(env: &Env) -> u64 {
-    harness::metric_sum(&env.scrape("notify-api").await, &["notify_events_coalesced_total"]) as u64
+    env.scrape("notify-api").await.sum("notify_events_coalesced_total", &[]) as u64
 }
 
 async fn lag(env: &Env) -> (f64, f64) {
     let page = env.scrape("notify-api").await;
     let at = |q: f64| {
-        harness::histogram_quantile(&page, "notify_event_lag_seconds", &[], q).unwrap_or(0.0)
+        metrics::histogram_quantile(&page, "notify_event_lag_seconds", &[], q).unwrap_or(0.0)
             * 1000.0
     };
     (at(0.5), at(0.99))
@@ -313,7 +313,7 @@ async fn lag(env: &Env) -> (f64, f64) {
 async fn commit_lag(env: &Env) -> (f64, f64) {
     let page = env.scrape("notify-api").await;
     let at = |q: f64| {
-        harness::histogram_quantile(&page, "notify_event_commit_lag_seconds", &[], q).unwrap_or(0.0)
+        metrics::histogram_quantile(&page, "notify_event_commit_lag_seconds", &[], q).unwrap_or(0.0)
             * 1000.0
     };
     (at(0.5), at(0.99))

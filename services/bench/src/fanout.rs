@@ -13,14 +13,13 @@ use notify_domain::Settings;
 use notify_domain::ids::IdGenerator;
 use notify_proto::v1;
 use notify_proto::v1::message_service_client::MessageServiceClient;
+use notify_testkit::metrics::MetricsPage;
 use sqlx::MySqlConnection;
 use sqlx::QueryBuilder;
 use sqlx::mysql::MySqlPool;
 
-use crate::harness::{
-    self, Env, histogram_quantile, metric, metric_sum, mysql_delta, mysql_status, quiesce,
-    thousands, verdict,
-};
+use crate::harness::{self, Env, mysql_delta, mysql_status, quiesce, thousands, verdict};
+use crate::metrics::histogram_quantile;
 use crate::procstat::{CpuUse, RssSampler, Tracked};
 
 /// Arguments of `notify-bench fanout`.
@@ -446,9 +445,7 @@ async fn run_notify(
         if now - last_print >= 10.0 {
             last_print = now;
             env.check_children()?;
-            let rss_mb = |name| {
-                crate::procstat::status_kb(env.pid(name), "VmRSS:").unwrap_or(0) as f64 / 1024.0
-            };
+            let rss_mb = |name| crate::procstat::rss_kb(env.pid(name)).unwrap_or(0) as f64 / 1024.0;
             println!(
                 "  +{now:5.1} s  delivered {:>9}  pending chunks {:>5}  failed {}  \
                  RSS api {:.1} MB worker {:.1} MB",
@@ -507,8 +504,8 @@ fn summary(
     notify: &NotifyRun,
     items: u64,
     peaks: &[(u64, u64)],
-    worker_metrics: &str,
-    api_metrics: &str,
+    worker_metrics: &MetricsPage,
+    api_metrics: &MetricsPage,
     machine_max: usize,
 ) -> String {
     let n = args.recipients;
@@ -613,24 +610,24 @@ fn summary(
         items,
         verdict(p.delivered == n && items == n)
     );
-    let delivered_chunks =
-        metric_sum(worker_metrics, &["notify_chunks_total{", "outcome=\"delivered\""]);
-    let already = metric_sum(worker_metrics, &["notify_chunks_total{", "outcome=\"already_done\""]);
-    let skipped = metric_sum(worker_metrics, &["notify_chunks_total{", "outcome=\"skipped\""]);
-    let republished = metric(worker_metrics, &["notify_chunks_republished_total"]).unwrap_or(0.0);
+    let chunks_of = |outcome| worker_metrics.sum("notify_chunks_total", &[("outcome", outcome)]);
+    let delivered_chunks = chunks_of("delivered");
+    let already = chunks_of("already_done");
+    let skipped = chunks_of("skipped");
+    let republished = worker_metrics.sum("notify_chunks_republished_total", &[]);
     let q = |quantile: f64| {
         histogram_quantile(
             worker_metrics,
             "notify_chunk_apply_seconds",
-            &["lane=\"bulk\""],
+            &[("lane", "bulk")],
             quantile,
         )
         .map_or("?".into(), |v| format!("{:.1} ms", v * 1000.0))
     };
     let chunks = delivered_chunks + already + skipped;
     let per_chunk = notify.delivery_statements as f64 / chunks.max(1.0);
-    let groups = metric(worker_metrics, &["notify_chunk_group_size_count"]).unwrap_or(0.0);
-    let grouped = metric(worker_metrics, &["notify_chunk_group_size_sum"]).unwrap_or(0.0);
+    let groups = worker_metrics.sum("notify_chunk_group_size_count", &[]);
+    let grouped = worker_metrics.sum("notify_chunk_group_size_sum", &[]);
     let _ = writeln!(
         s,
         "stmts     {} MariaDB statements during delivery for {chunks} chunks = {per_chunk:.2} per chunk \
@@ -653,7 +650,7 @@ fn summary(
         histogram_quantile(
             api_metrics,
             "notify_grpc_request_duration_seconds",
-            &["AppendRecipients"],
+            &[("method", "/notify.v1.MessageService/AppendRecipients")],
             quantile,
         )
         .map_or("?".into(), |v| format!("{:.3} s", v))

@@ -13,14 +13,16 @@ use anyhow::{Context as _, anyhow, bail};
 use notify_core::queue::{self, Topology};
 use notify_domain::Settings;
 use notify_domain::settings::ShardSettings;
+use notify_testkit::metrics::MetricsPage;
 use redis::AsyncCommands;
 use secrecy::ExposeSecret;
 use shard_router::ShardId;
 use sqlx::mysql::{MySqlConnectOptions, MySqlPool, MySqlPoolOptions};
 use sqlx::{Connection, MySqlConnection};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::process::{Child, Command};
 use tonic::transport::Channel;
+
+use crate::{config_file, metrics};
 
 /// A fresh tag for database, queue and key names: `bench{8 hex}`.
 pub fn fresh_tag() -> String {
@@ -48,58 +50,6 @@ pub fn settings_for(base: &Settings, tag: &str, shards: u32) -> Settings {
 /// A TCP port that was free a moment ago.
 pub fn free_port() -> anyhow::Result<u16> {
     Ok(std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
-}
-
-fn toml_str(value: &str) -> String {
-    format!("\"{}\"", value.replace('\\', "\\\\").replace('"', "\\\""))
-}
-
-/// The config file the children read (`NOTIFY_CONFIG`): every setting the
-/// bench changes, plus the server urls, so the file is the whole story.
-pub fn config_toml(s: &Settings) -> String {
-    let shards: Vec<String> = s
-        .database
-        .shards
-        .iter()
-        .map(|shard| {
-            let url = shard
-                .url
-                .as_ref()
-                .map(|url| format!(", url = {}", toml_str(url.expose_secret())))
-                .unwrap_or_default();
-            format!("{{ id = {}, database = {}{url} }}", shard.id, toml_str(&shard.database))
-        })
-        .collect();
-    format!(
-        "[api]\nlisten = {}\nmetrics_listen = {}\nworker_threads = {}\n\n\
-         [worker]\nmetrics_listen = {}\nconcurrency = {}\nchunks_per_transaction = {}\n\
-         sweep_timeout_secs = {}\noperation_timeout_secs = {}\n\n\
-         [database]\nurl = {}\npool_max = {}\nread_connections = {}\nshards = [{}]\nbucket_ranges = []\n\n\
-         [rabbitmq]\nurl = {}\nprefix = {}\n\n\
-         [redis]\nurl = {}\nkey_prefix = {}\nnear_cache_users = {}\nnear_cache_max_lag_ms = {}\n\n\
-         [inbox]\npage_cache_ttl_secs = {}\n\n\
-         [log]\nfilter = {}\n",
-        toml_str(&s.api.listen),
-        toml_str(&s.api.metrics_listen),
-        s.api.worker_threads,
-        toml_str(&s.worker.metrics_listen),
-        s.worker.concurrency,
-        s.worker.chunks_per_transaction,
-        s.worker.sweep_timeout_secs,
-        s.worker.operation_timeout_secs,
-        toml_str(s.database.url.expose_secret()),
-        s.database.pool_max,
-        s.database.read_connections,
-        shards.join(", "),
-        toml_str(s.rabbitmq.url.expose_secret()),
-        toml_str(&s.rabbitmq.prefix),
-        toml_str(s.redis.url.expose_secret()),
-        toml_str(&s.redis.key_prefix),
-        s.redis.near_cache_users,
-        s.redis.near_cache_max_lag_ms,
-        s.inbox.page_cache_ttl_secs,
-        toml_str(&s.log.filter),
-    )
 }
 
 /// The release binaries next to this one.
@@ -152,6 +102,8 @@ pub struct Env {
     pub settings: Settings,
     /// Working directory (config files, child logs).
     pub dir: PathBuf,
+    /// Removes `dir` when dropped; kept (taken out) after a failed run.
+    temp: Option<tempfile::TempDir>,
     bins: Binaries,
     config: PathBuf,
     children: Vec<ChildProc>,
@@ -170,15 +122,19 @@ impl Env {
         settings.api.metrics_listen = format!("127.0.0.1:{}", free_port()?);
         settings.worker.metrics_listen = format!("127.0.0.1:{}", free_port()?);
         settings.validate().map_err(|e| anyhow!("bench settings: {e}"))?;
-        let dir = std::env::temp_dir().join(format!("notify-bench-{}", settings.rabbitmq.prefix));
-        std::fs::create_dir_all(&dir).with_context(|| format!("create {}", dir.display()))?;
+        let temp = tempfile::Builder::new()
+            .prefix(&format!("notify-bench-{}-", settings.rabbitmq.prefix))
+            .tempdir()
+            .context("create the run's directory")?;
+        let dir = temp.path().to_owned();
         let config = dir.join("notify.toml");
-        std::fs::write(&config, config_toml(&settings))?;
+        std::fs::write(&config, config_file::to_toml(&settings))?;
         Ok(Self {
             databases: vec![settings.clone()],
             brokers: vec![settings.clone()],
             settings,
             dir,
+            temp: Some(temp),
             bins,
             config,
             children: Vec::new(),
@@ -208,7 +164,7 @@ impl Env {
             self.config.clone()
         } else {
             let path = self.dir.join(file_name);
-            std::fs::write(&path, config_toml(settings))?;
+            std::fs::write(&path, config_file::to_toml(settings))?;
             path
         };
         if !self.databases.iter().any(|s| db_names(s) == db_names(settings)) {
@@ -260,7 +216,7 @@ impl Env {
         settings.api.metrics_listen = format!("127.0.0.1:{}", free_port()?);
         settings.worker.metrics_listen = format!("127.0.0.1:{}", free_port()?);
         let config = self.dir.join(format!("{name}.toml"));
-        std::fs::write(&config, format!("{}\n{extra}", config_toml(&settings)))?;
+        std::fs::write(&config, format!("{}\n{extra}", config_file::to_toml(&settings)))?;
         let child = self.spawn_with(name, self.bins.api.clone(), &config)?;
         let pid = child.pid;
         self.children.push(child);
@@ -341,14 +297,15 @@ impl Env {
         Ok(())
     }
 
-    /// `GET /metrics` of the api or the worker.
-    pub async fn scrape(&self, name: &str) -> String {
+    /// `GET /metrics` of the api or the worker (empty when it does not
+    /// answer).
+    pub async fn scrape(&self, name: &str) -> MetricsPage {
         let addr = if name == "notify-api" {
             &self.settings.api.metrics_listen
         } else {
             &self.settings.worker.metrics_listen
         };
-        scrape(addr).await.unwrap_or_default()
+        metrics::scrape(addr).await
     }
 
     /// SIGTERM to every child, then waits (SIGKILL after 20 s).
@@ -400,11 +357,14 @@ impl Env {
             }
         }
         if problems.is_empty() && !self.failed {
-            let _ = std::fs::remove_dir_all(&self.dir);
+            drop(self.temp.take());
             eprintln!("cleanup: children stopped, databases, queues and redis keys removed");
         } else {
             for problem in &problems {
                 eprintln!("cleanup: {problem}");
+            }
+            if let Some(temp) = self.temp.take() {
+                let _kept = temp.keep();
             }
             eprintln!("cleanup: config and child logs kept in {}", self.dir.display());
         }
@@ -430,80 +390,6 @@ fn tail(path: &Path, lines: usize) -> String {
     let text = std::fs::read_to_string(path).unwrap_or_default();
     let all: Vec<&str> = text.lines().collect();
     all[all.len().saturating_sub(lines)..].join("\n")
-}
-
-async fn scrape(addr: &str) -> anyhow::Result<String> {
-    let mut stream = tokio::net::TcpStream::connect(addr).await?;
-    stream
-        .write_all(
-            format!("GET /metrics HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n")
-                .as_bytes(),
-        )
-        .await?;
-    let mut body = Vec::new();
-    tokio::time::timeout(Duration::from_secs(5), stream.read_to_end(&mut body)).await??;
-    let text = String::from_utf8_lossy(&body).into_owned();
-    Ok(text.split_once("\r\n\r\n").map(|(_, b)| b.to_owned()).unwrap_or(text))
-}
-
-/// Value of a Prometheus sample whose name and labels contain every
-/// fragment, e.g. `["notify_chunks_total{", "outcome=\"delivered\""]`.
-pub fn metric(text: &str, fragments: &[&str]) -> Option<f64> {
-    text.lines()
-        .filter(|l| !l.starts_with('#'))
-        .find(|l| fragments.iter().all(|f| l.contains(f)))
-        .and_then(|l| l.rsplit(' ').next()?.parse().ok())
-}
-
-/// The `q` quantile of histogram `name` over its series whose labels
-/// contain every fragment (their buckets added up), estimated as
-/// Prometheus's `histogram_quantile` does: linearly within the bucket that
-/// holds it, and the highest finite bound when it falls in `+Inf`. `None`
-/// without a sample.
-pub fn histogram_quantile(text: &str, name: &str, fragments: &[&str], q: f64) -> Option<f64> {
-    let prefix = format!("{name}_bucket{{");
-    let mut buckets: Vec<(f64, f64)> = Vec::new();
-    for line in text.lines().filter(|l| l.starts_with(&prefix)) {
-        if !fragments.iter().all(|f| line.contains(f)) {
-            continue;
-        }
-        let Some(le) = line.split("le=\"").nth(1).and_then(|rest| rest.split('"').next()) else {
-            continue;
-        };
-        let bound = if le == "+Inf" { f64::INFINITY } else { le.parse().ok()? };
-        let count: f64 = line.rsplit(' ').next()?.parse().ok()?;
-        match buckets.iter_mut().find(|(b, _)| *b == bound) {
-            Some((_, total)) => *total += count,
-            None => buckets.push((bound, count)),
-        }
-    }
-    buckets.sort_by(|a, b| a.0.total_cmp(&b.0));
-    let total = buckets.last()?.1;
-    if total <= 0.0 {
-        return None;
-    }
-    let rank = q * total;
-    let (mut lower, mut below) = (0.0, 0.0);
-    for &(bound, count) in &buckets {
-        if count >= rank {
-            if bound.is_infinite() {
-                return Some(lower);
-            }
-            let share = if count > below { (rank - below) / (count - below) } else { 1.0 };
-            return Some(lower + (bound - lower) * share);
-        }
-        (lower, below) = (bound, count);
-    }
-    Some(lower)
-}
-
-/// Sum of the samples matching every fragment.
-pub fn metric_sum(text: &str, fragments: &[&str]) -> f64 {
-    text.lines()
-        .filter(|l| !l.starts_with('#'))
-        .filter(|l| fragments.iter().all(|f| l.contains(f)))
-        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-        .fold(0.0, |a, b| a + b)
 }
 
 fn server_options(settings: &Settings) -> anyhow::Result<MySqlConnectOptions> {
@@ -688,37 +574,4 @@ pub async fn send_draft(
         .await
         .context("StartMessage")?;
     Ok(id)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    const PAGE: &str = "\
-# TYPE notify_chunk_apply_seconds histogram
-notify_chunk_apply_seconds_bucket{lane=\"bulk\",le=\"0.1\"} 10
-notify_chunk_apply_seconds_bucket{lane=\"bulk\",le=\"0.2\"} 90
-notify_chunk_apply_seconds_bucket{lane=\"bulk\",le=\"0.4\"} 100
-notify_chunk_apply_seconds_bucket{lane=\"bulk\",le=\"+Inf\"} 100
-notify_chunk_apply_seconds_bucket{lane=\"high\",le=\"0.1\"} 0
-notify_chunk_apply_seconds_bucket{lane=\"high\",le=\"0.2\"} 0
-notify_chunk_apply_seconds_bucket{lane=\"high\",le=\"0.4\"} 0
-notify_chunk_apply_seconds_bucket{lane=\"high\",le=\"+Inf\"} 4
-";
-
-    #[test]
-    fn histogram_quantiles_interpolate_within_their_bucket() {
-        let name = "notify_chunk_apply_seconds";
-        let bulk = |q| histogram_quantile(PAGE, name, &["lane=\"bulk\""], q).unwrap();
-        // 50 of 100 is the 40th of the 80 samples in (0.1, 0.2].
-        assert!((bulk(0.5) - 0.15).abs() < 1e-9);
-        assert!((bulk(0.05) - 0.05).abs() < 1e-9);
-        assert!((bulk(0.95) - 0.3).abs() < 1e-9);
-        // Past the last finite bound: that bound.
-        assert_eq!(histogram_quantile(PAGE, name, &["lane=\"high\""], 0.5), Some(0.4));
-        // Series added up: 104 samples, the 52nd in (0.1, 0.2].
-        let both = histogram_quantile(PAGE, name, &[], 0.5).unwrap();
-        assert!((both - (0.1 + 0.1 * 42.0 / 80.0)).abs() < 1e-9);
-        assert_eq!(histogram_quantile(PAGE, "notify_other_seconds", &[], 0.5), None);
-    }
 }

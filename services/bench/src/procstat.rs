@@ -1,53 +1,52 @@
-//! Linux `/proc` readings: memory of the children (VmRSS, VmHWM), CPU time
-//! of the processes involved (children, mariadbd, beam.smp, redis-server,
-//! this process) and of the whole machine, for "where does the time go".
+//! Linux `/proc` readings, through the `procfs` crate: memory of the
+//! children (VmRSS, VmHWM), CPU time of the processes involved (children,
+//! mariadbd, beam.smp, redis-server, this process) and of the whole
+//! machine, for "where does the time go".
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
+use procfs::process::Process;
+use procfs::{Current as _, CurrentSI as _};
 use tokio::task::JoinHandle;
 
-/// Reads a `kB` field (e.g. `VmRSS:`) of `/proc/PID/status`.
-pub fn status_kb(pid: u32, field: &str) -> Option<u64> {
-    let text = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
-    text.lines()
-        .find_map(|line| line.strip_prefix(field)?.trim().strip_suffix("kB")?.trim().parse().ok())
+fn status(pid: u32) -> Option<procfs::process::Status> {
+    Process::new(i32::try_from(pid).ok()?).ok()?.status().ok()
+}
+
+/// Resident memory (VmRSS) of a process, in kB.
+pub fn rss_kb(pid: u32) -> Option<u64> {
+    status(pid)?.vmrss
+}
+
+/// Peak resident memory (VmHWM) of a process, in kB.
+pub fn hwm_kb(pid: u32) -> Option<u64> {
+    status(pid)?.vmhwm
 }
 
 /// User + system CPU time of a process, in clock ticks.
 pub fn cpu_ticks(pid: u32) -> Option<u64> {
-    let text = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    // Fields after "(comm)" start with field 3 (state); utime is field 14.
-    let rest = &text[text.rfind(')')? + 1..];
-    let fields: Vec<&str> = rest.split_whitespace().collect();
-    let utime: u64 = fields.get(11)?.parse().ok()?;
-    let stime: u64 = fields.get(12)?.parse().ok()?;
-    Some(utime + stime)
+    let stat = Process::new(i32::try_from(pid).ok()?).ok()?.stat().ok()?;
+    Some(stat.utime + stat.stime)
 }
 
-/// Pids whose `comm` equals `name`.
+/// Pids whose command name (`comm`) equals `name`.
 pub fn find_pids(name: &str) -> Vec<u32> {
-    let Ok(entries) = std::fs::read_dir("/proc") else {
+    let Ok(processes) = procfs::process::all_processes() else {
         return Vec::new();
     };
-    entries
-        .filter_map(|entry| entry.ok()?.file_name().to_str()?.parse::<u32>().ok())
-        .filter(|pid| {
-            std::fs::read_to_string(format!("/proc/{pid}/comm"))
-                .is_ok_and(|comm| comm.trim_end() == name)
+    processes
+        .filter_map(|process| {
+            let stat = process.ok()?.stat().ok()?;
+            (stat.comm == name).then(|| u32::try_from(stat.pid).ok()).flatten()
         })
         .collect()
 }
 
-/// Clock ticks per second (`getconf CLK_TCK`, 100 if unknown).
+/// Clock ticks per second (`sysconf(_SC_CLK_TCK)`).
 pub fn clock_ticks_per_sec() -> u64 {
-    std::process::Command::new("getconf")
-        .arg("CLK_TCK")
-        .output()
-        .ok()
-        .and_then(|out| String::from_utf8(out.stdout).ok()?.trim().parse().ok())
-        .unwrap_or(100)
+    procfs::ticks_per_second()
 }
 
 /// Number of online CPUs.
@@ -65,16 +64,13 @@ pub struct MachineCpu {
 }
 
 fn machine_cpu() -> MachineCpu {
-    let text = std::fs::read_to_string("/proc/stat").unwrap_or_default();
-    let Some(line) = text.lines().find(|l| l.starts_with("cpu ")) else {
+    let Ok(stats) = procfs::KernelStats::current() else {
         return MachineCpu::default();
     };
-    let v: Vec<u64> = line.split_whitespace().skip(1).filter_map(|f| f.parse().ok()).collect();
-    let get = |i: usize| v.get(i).copied().unwrap_or(0);
-    // user nice system idle iowait irq softirq steal
-    let busy = get(0) + get(1) + get(2) + get(5) + get(6);
-    let (iowait, steal) = (get(4), get(7));
-    MachineCpu { busy, iowait, steal, total: busy + iowait + steal + get(3) }
+    let cpu = stats.total;
+    let busy = cpu.user + cpu.nice + cpu.system + cpu.irq.unwrap_or(0) + cpu.softirq.unwrap_or(0);
+    let (iowait, steal) = (cpu.iowait.unwrap_or(0), cpu.steal.unwrap_or(0));
+    MachineCpu { busy, iowait, steal, total: busy + iowait + steal + cpu.idle }
 }
 
 /// Processes whose CPU time is attributed per phase.
@@ -238,7 +234,7 @@ impl RssSampler {
             tokio::spawn(async move {
                 loop {
                     for (slot, pid) in max_kb.iter().zip(&pids) {
-                        if let Some(kb) = status_kb(*pid, "VmRSS:") {
+                        if let Some(kb) = rss_kb(*pid) {
                             slot.fetch_max(kb, Ordering::Relaxed);
                         }
                     }
@@ -256,9 +252,9 @@ impl RssSampler {
             .iter()
             .zip(self.max_kb.iter())
             .map(|(pid, max)| {
-                let rss = status_kb(*pid, "VmRSS:").unwrap_or(0);
+                let rss = rss_kb(*pid).unwrap_or(0);
                 let max = max.fetch_max(rss, Ordering::Relaxed).max(rss);
-                (max, status_kb(*pid, "VmHWM:").unwrap_or(0))
+                (max, hwm_kb(*pid).unwrap_or(0))
             })
             .collect()
     }
@@ -270,9 +266,9 @@ impl Drop for RssSampler {
     }
 }
 
-/// Load average over one minute.
+/// Load averages over one, five and fifteen minutes (`0.63 1.45 2.05`).
 pub fn loadavg() -> String {
-    std::fs::read_to_string("/proc/loadavg")
-        .map(|s| s.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
+    procfs::LoadAverage::current()
+        .map(|load| format!("{:.2} {:.2} {:.2}", load.one, load.five, load.fifteen))
         .unwrap_or_default()
 }

@@ -1,7 +1,9 @@
 //! Notify's vocabulary, shared by every other crate: ids and domain types
 //! (users, messages, content, send states, lanes), the typed settings with
 //! their documented defaults (`default.toml`), callers and their scopes, and
-//! the error type that one place in the api maps to gRPC statuses.
+//! the error type that one place in the api maps to gRPC statuses, and the
+//! reconnect backoff every long-lived connection follows (delays only: the
+//! callers sleep).
 //!
 //! It must not depend on any other Notify crate (the pure `shard-router`
 //! aside), nor on the wire format (`notify-proto`), and it does no I/O: the
@@ -9,6 +11,7 @@
 //! errors.
 
 pub mod auth;
+pub mod backoff;
 pub mod domain;
 pub mod error;
 pub mod ids;

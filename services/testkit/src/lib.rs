@@ -4,7 +4,9 @@
 //! afterwards. [`pki`] makes test certificates; [`servers`] starts private
 //! Redis, MariaDB and RabbitMQ instances for tests that need their own.
 
+mod config_file;
 pub mod faults;
+pub mod metrics;
 pub mod otlp;
 pub mod pki;
 pub mod servers;
@@ -34,6 +36,8 @@ use tonic::metadata::{Ascii, MetadataValue};
 use tonic::service::Interceptor;
 use tonic::service::interceptor::InterceptedService;
 use tonic::transport::Channel;
+
+pub use metrics::metric_sum;
 
 /// Settings for one test: unique names for everything, fast background loops.
 pub fn test_settings() -> Settings {
@@ -101,6 +105,8 @@ pub struct TestApp {
     api_shutdown: CancellationToken,
     api_task: JoinHandle<anyhow::Result<()>>,
     channel: Channel,
+    /// Files of the test (config files for child processes), removed with it.
+    files: tempfile::TempDir,
 }
 
 /// A second api process (in-process) over the same databases, queues and
@@ -221,6 +227,7 @@ pub async fn spawn_app_with(settings: Settings, with_worker: bool) -> TestApp {
         api_shutdown,
         api_task,
         channel,
+        files: tempfile::Builder::new().prefix("notify-test-").tempdir().expect("test directory"),
     };
     if with_worker {
         app.start_worker().await;
@@ -298,33 +305,11 @@ impl TestApp {
         }
     }
 
-    /// Writes the settings as a config file for a worker started as a child
-    /// process (`NOTIFY_CONFIG=<path>`).
+    /// Writes the settings as a config file for a service started as a
+    /// child process (`NOTIFY_CONFIG=<path>`), in the test's directory.
     pub fn write_config_file(&self) -> PathBuf {
-        let s = &self.settings;
-        let shards: Vec<String> = s
-            .database
-            .shards
-            .iter()
-            .map(|shard| format!("{{ id = {}, database = \"{}\" }}", shard.id, shard.database))
-            .collect();
-        let toml = format!(
-            "[worker]\nmetrics_listen = \"127.0.0.1:0\"\nscheduler_interval_ms = {}\nsweep_interval_secs = {}\n\
-             sweep_timeout_secs = {}\nretry_base_ms = {}\n\n[database]\npool_max = {}\nshards = [{}]\n\n\
-             [rabbitmq]\nprefix = \"{}\"\n\n[redis]\nkey_prefix = \"{}\"\n\n[retention]\ninterval_secs = {}\n\n[log]\nfilter = \"{}\"\n",
-            s.worker.scheduler_interval_ms,
-            s.worker.sweep_interval_secs,
-            s.worker.sweep_timeout_secs,
-            s.worker.retry_base_ms,
-            s.database.pool_max,
-            shards.join(", "),
-            s.rabbitmq.prefix,
-            s.redis.key_prefix,
-            s.retention.interval_secs,
-            s.log.filter,
-        );
-        let path = std::env::temp_dir().join(format!("{}.toml", s.rabbitmq.prefix));
-        std::fs::write(&path, toml).expect("config file written");
+        let path = self.files.path().join("notify.toml");
+        std::fs::write(&path, config_file::to_toml(&self.settings)).expect("config file written");
         path
     }
 
@@ -534,17 +519,26 @@ pub fn send_request(user_ids: Vec<u64>) -> v1::SendMessageRequest {
 }
 
 /// GETs `path` from an HTTP/1.1 endpoint (metrics, probes); returns the
-/// status code and the body.
+/// status code and the body. Panics when the endpoint does not answer.
 pub async fn http_get(addr: SocketAddr, path: &str) -> (u16, String) {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let mut stream = tokio::net::TcpStream::connect(addr).await.expect("endpoint accepts");
-    let request = format!("GET {path} HTTP/1.1\r\nHost: test\r\nConnection: close\r\n\r\n");
-    stream.write_all(request.as_bytes()).await.expect("request sent");
-    let mut response = String::new();
-    stream.read_to_string(&mut response).await.expect("response read");
-    let status = response.split(' ').nth(1).and_then(|code| code.parse().ok()).unwrap_or(0);
-    let body = response.split_once("\r\n\r\n").map(|(_, body)| body.to_owned()).unwrap_or_default();
-    (status, body)
+    try_http_get(addr, path).await.unwrap_or_else(|e| panic!("GET http://{addr}{path}: {e:#}"))
+}
+
+/// GETs `path` from an HTTP/1.1 endpoint with hyper's client; returns the
+/// status code and the body.
+pub async fn try_http_get(addr: SocketAddr, path: &str) -> anyhow::Result<(u16, String)> {
+    use http_body_util::BodyExt as _;
+    let stream = tokio::net::TcpStream::connect(addr).await?;
+    let io = hyper_util::rt::TokioIo::new(stream);
+    let (mut sender, connection) = hyper::client::conn::http1::handshake(io).await?;
+    tokio::spawn(connection);
+    let request = http::Request::get(path)
+        .header(http::header::HOST, addr.to_string())
+        .body(http_body_util::Empty::<bytes::Bytes>::new())?;
+    let response = sender.send_request(request).await?;
+    let status = response.status().as_u16();
+    let body = response.into_body().collect().await?.to_bytes();
+    Ok((status, String::from_utf8_lossy(&body).into_owned()))
 }
 
 /// Polls `check` every 20 ms until it returns `Some`, or panics after `within`.
@@ -578,15 +572,4 @@ pub fn never_sent(status: &tonic::Status) -> bool {
         source = error.source();
     }
     false
-}
-
-/// Sums every series of a metric on a Prometheus page (0 when absent).
-pub fn metric_sum(page: &str, name: &str) -> f64 {
-    page.lines()
-        .filter(|line| {
-            line.strip_prefix(name)
-                .is_some_and(|rest| rest.starts_with(' ') || rest.starts_with('{'))
-        })
-        .filter_map(|line| line.rsplit(' ').next()?.parse::<f64>().ok())
-        .sum()
 }

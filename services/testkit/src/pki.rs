@@ -21,7 +21,7 @@ pub struct CertFiles {
 
 /// A test CA with its directory of PEM files.
 pub struct TestPki {
-    dir: PathBuf,
+    dir: tempfile::TempDir,
     issuer: Issuer<'static, KeyPair>,
     /// The CA certificate (PEM file), what clients and servers trust.
     pub ca: PathBuf,
@@ -30,16 +30,17 @@ pub struct TestPki {
 impl TestPki {
     /// Creates a CA named `name` in a fresh temporary directory.
     pub fn new(name: &str) -> Self {
-        let dir =
-            std::env::temp_dir().join(format!("notify-pki-{name}-{:08x}", rand::random::<u32>()));
-        std::fs::create_dir_all(&dir).expect("pki directory");
+        let dir = tempfile::Builder::new()
+            .prefix(&format!("notify-pki-{name}-"))
+            .tempdir()
+            .expect("pki directory");
         let key = KeyPair::generate().expect("ca key");
         let mut params = CertificateParams::new(Vec::<String>::new()).expect("ca params");
         params.distinguished_name.push(DnType::CommonName, format!("{name} test ca"));
         params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
         params.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign];
         let cert = params.self_signed(&key).expect("ca certificate");
-        let ca = dir.join("ca.pem");
+        let ca = dir.path().join("ca.pem");
         std::fs::write(&ca, cert.pem()).expect("ca written");
         let issuer = Issuer::new(params, key);
         Self { dir, issuer, ca }
@@ -47,7 +48,7 @@ impl TestPki {
 
     /// The directory the files are in.
     pub fn dir(&self) -> &Path {
-        &self.dir
+        self.dir.path()
     }
 
     /// Issues a server certificate for `localhost` and `127.0.0.1` as
@@ -79,8 +80,8 @@ impl TestPki {
         let key = KeyPair::generate().expect("key");
         let cert = params.signed_by(&key, &self.issuer).expect("certificate");
         let files = CertFiles {
-            cert: self.dir.join(format!("{file}.pem")),
-            key: self.dir.join(format!("{file}.key")),
+            cert: self.dir.path().join(format!("{file}.pem")),
+            key: self.dir.path().join(format!("{file}.key")),
         };
         std::fs::write(&files.cert, cert.pem()).expect("certificate written");
         std::fs::write(&files.key, key.serialize_pem()).expect("key written");
@@ -93,10 +94,4 @@ fn client_params(name: &str) -> CertificateParams {
     params.distinguished_name.push(DnType::CommonName, name);
     params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ClientAuth];
     params
-}
-
-impl Drop for TestPki {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.dir);
-    }
 }

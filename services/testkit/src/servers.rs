@@ -8,10 +8,12 @@
 use std::collections::BTreeSet;
 use std::net::TcpListener;
 use std::os::unix::process::CommandExt;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
+
+use tempfile::TempDir;
 
 use crate::pki::TestPki;
 
@@ -22,6 +24,8 @@ use crate::pki::TestPki;
 /// another test.
 pub fn free_port() -> u16 {
     static HANDED_OUT: Mutex<BTreeSet<u16>> = Mutex::new(BTreeSet::new());
+    // Read by hand: procfs has no reader for this sysctl, and the file is
+    // two numbers.
     let ephemeral_low = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
         .ok()
         .and_then(|range| range.split_whitespace().next()?.parse::<u16>().ok())
@@ -41,13 +45,13 @@ pub fn free_port() -> u16 {
 /// A server process with its directory.
 struct Process {
     child: Child,
-    dir: PathBuf,
+    dir: TempDir,
     name: &'static str,
 }
 
 impl Process {
-    fn spawn(name: &'static str, command: &mut Command, dir: PathBuf) -> Self {
-        let log = std::fs::File::create(dir.join("server.log")).expect("log file");
+    fn spawn(name: &'static str, command: &mut Command, dir: TempDir) -> Self {
+        let log = std::fs::File::create(dir.path().join("server.log")).expect("log file");
         let child = command
             .stdin(Stdio::null())
             .stdout(log.try_clone().expect("log file"))
@@ -80,7 +84,7 @@ impl Process {
     }
 
     fn log(&self) -> String {
-        std::fs::read_to_string(self.dir.join("server.log")).unwrap_or_default()
+        std::fs::read_to_string(self.dir.path().join("server.log")).unwrap_or_default()
     }
 
     fn kill(&mut self) {
@@ -94,15 +98,13 @@ impl Process {
 
 impl Drop for Process {
     fn drop(&mut self) {
+        // The directory goes after, with the TempDir.
         self.kill();
-        let _ = std::fs::remove_dir_all(&self.dir);
     }
 }
 
-fn temp_dir(kind: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("notify-{kind}-{:08x}", rand::random::<u32>()));
-    std::fs::create_dir_all(&dir).expect("server directory");
-    dir
+fn temp_dir(kind: &str) -> TempDir {
+    tempfile::Builder::new().prefix(&format!("notify-{kind}-")).tempdir().expect("server directory")
 }
 
 fn path(p: &Path) -> &str {
@@ -140,7 +142,7 @@ impl RedisServer {
             "--appendonly",
             "no",
             "--dir",
-            path(&dir),
+            path(dir.path()),
         ]);
         match pki {
             Some(pki) => {
@@ -183,7 +185,7 @@ impl MariaDbServer {
     /// connection without TLS (`require_secure_transport`).
     pub async fn start_tls(pki: &TestPki) -> Self {
         let dir = temp_dir("mariadb");
-        let data = dir.join("data");
+        let data = dir.path().join("data");
         let installed = tokio::process::Command::new("mariadb-install-db")
             .args([
                 "--no-defaults",
@@ -206,8 +208,8 @@ impl MariaDbServer {
             &format!("--datadir={}", path(&data)),
             &format!("--port={port}"),
             "--bind-address=127.0.0.1",
-            &format!("--socket={}", path(&dir.join("mysqld.sock"))),
-            &format!("--pid-file={}", path(&dir.join("mysqld.pid"))),
+            &format!("--socket={}", path(&dir.path().join("mysqld.sock"))),
+            &format!("--pid-file={}", path(&dir.path().join("mysqld.pid"))),
             "--user=root",
             "--skip-name-resolve",
             "--innodb-buffer-pool-size=32M",
@@ -241,7 +243,7 @@ impl RabbitMqServer {
         let dir = temp_dir("rabbitmq");
         let server = pki.server("rabbitmq");
         let port = free_port();
-        let config = dir.join("rabbitmq.conf");
+        let config = dir.path().join("rabbitmq.conf");
         std::fs::write(
             &config,
             format!(
@@ -260,12 +262,12 @@ impl RabbitMqServer {
             .env("RABBITMQ_NODENAME", node)
             .env("RABBITMQ_NODE_PORT", free_port().to_string())
             .env("RABBITMQ_DIST_PORT", free_port().to_string())
-            .env("RABBITMQ_MNESIA_BASE", dir.join("mnesia"))
-            .env("RABBITMQ_LOG_BASE", dir.join("log"))
+            .env("RABBITMQ_MNESIA_BASE", dir.path().join("mnesia"))
+            .env("RABBITMQ_LOG_BASE", dir.path().join("log"))
             .env("RABBITMQ_CONFIG_FILE", &config)
-            .env("RABBITMQ_ENABLED_PLUGINS_FILE", dir.join("enabled_plugins"))
+            .env("RABBITMQ_ENABLED_PLUGINS_FILE", dir.path().join("enabled_plugins"))
             .env("RABBITMQ_ENABLED_PLUGINS", "")
-            .env("RABBITMQ_PID_FILE", dir.join("rabbitmq.pid"));
+            .env("RABBITMQ_PID_FILE", dir.path().join("rabbitmq.pid"));
         let mut process = Process::spawn("rabbitmq-server", &mut command, dir);
         process.wait_for_port(port, Duration::from_secs(120)).await;
         Self { _process: process, port }

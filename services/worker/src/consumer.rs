@@ -23,6 +23,7 @@ use notify_core::health::Heartbeats;
 use notify_core::queue::{self, ChunkTask, Topology};
 use notify_core::telemetry::trace;
 use notify_domain::Error;
+use notify_domain::backoff::Reconnect;
 use notify_domain::domain::Lane;
 use notify_domain::settings::RabbitSettings;
 use shard_router::ShardId;
@@ -32,6 +33,10 @@ use tracing::{Instrument as _, error, info, warn};
 
 /// How often an idle consumer reports that it is alive.
 const IDLE_BEAT: Duration = Duration::from_secs(5);
+
+/// Shortest and longest wait before a lost consumer connects again.
+const RECONNECT_MIN: Duration = Duration::from_millis(200);
+const RECONNECT_MAX: Duration = Duration::from_secs(5);
 
 /// What a lane's consumer of one shard tells the probes.
 #[derive(Clone)]
@@ -159,7 +164,7 @@ pub async fn run_lane(
     health: LaneHealth,
     shutdown: CancellationToken,
 ) {
-    let mut backoff = Duration::from_millis(200);
+    let mut backoff = Reconnect::new(RECONNECT_MIN, RECONNECT_MAX);
     while !shutdown.is_cancelled() {
         health.heartbeats.beat(health.beat);
         let consumed = match broker.get().await {
@@ -175,17 +180,19 @@ pub async fn run_lane(
             }
             Err(e) => Err(e),
         };
-        health.consuming.store(false, Ordering::Relaxed);
+        // It got as far as consuming: the next loss starts the waits over.
+        if health.consuming.swap(false, Ordering::Relaxed) {
+            backoff.reset();
+        }
         match consumed {
             Ok(()) if shutdown.is_cancelled() => break,
             Ok(()) => warn!(lane = lane.name(), shard, "consumer stream ended, reconnecting"),
             Err(e) => warn!(error = %e, lane = lane.name(), shard, "consumer failed, reconnecting"),
         }
         tokio::select! {
-            () = tokio::time::sleep(backoff) => {}
+            () = tokio::time::sleep(backoff.next_delay()) => {}
             () = shutdown.cancelled() => break,
         }
-        backoff = (backoff * 2).min(Duration::from_secs(5));
     }
     info!(lane = lane.name(), shard, "consumer stopped");
 }

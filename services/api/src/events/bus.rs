@@ -10,6 +10,7 @@ use lapin::types::FieldTable;
 use notify_core::events::BusEvent;
 use notify_core::queue::{self, Topology};
 use notify_domain::Error;
+use notify_domain::backoff::Reconnect;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
@@ -23,6 +24,10 @@ const BIND_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// How often a quiet consumer checks that its channel is still open.
 const CHECK_EVERY: Duration = Duration::from_secs(2);
+
+/// Shortest and longest wait before a lost consumer connects again.
+const RECONNECT_MIN: Duration = Duration::from_millis(100);
+const RECONNECT_MAX: Duration = Duration::from_secs(5);
 
 /// Starts and stops the consumer with the first and last stream.
 #[derive(Default)]
@@ -71,12 +76,12 @@ impl BusControl {
 
 async fn run(hub: Hub, bound: watch::Sender<bool>, stop: CancellationToken) {
     let mut was_bound = false;
-    let mut backoff = Duration::from_millis(100);
+    let mut backoff = Reconnect::new(RECONNECT_MIN, RECONNECT_MAX);
     while !stop.is_cancelled() {
         let consumed = consume(&hub, &bound, &stop, was_bound).await;
         was_bound |= *bound.borrow();
         if *bound.borrow() {
-            backoff = Duration::from_millis(100);
+            backoff.reset();
         }
         bound.send_replace(false);
         match consumed {
@@ -85,10 +90,9 @@ async fn run(hub: Hub, bound: watch::Sender<bool>, stop: CancellationToken) {
             Err(e) => warn!(error = %e, "event consumer failed, reconnecting"),
         }
         tokio::select! {
-            () = tokio::time::sleep(backoff) => {}
+            () = tokio::time::sleep(backoff.next_delay()) => {}
             () = stop.cancelled() => break,
         }
-        backoff = (backoff * 2).min(Duration::from_secs(5));
     }
     info!("event consumer stopped");
 }

@@ -66,3 +66,25 @@ pub async fn append_and_start(app: &TestApp, message_id: u64, user_ids: Vec<u64>
     client.append_recipients(batch).await.unwrap();
     client.start_message(v1::StartMessageRequest { message_id }).await.unwrap();
 }
+
+/// Opens a `Subscribe` stream, then (the stream open, its headers received)
+/// sends a change naming user 0; returns the status the stream ends with,
+/// which the server sends in its trailers.
+pub async fn subscribe_then_fail(channel: tonic::transport::Channel) -> tonic::Status {
+    use tokio_stream::StreamExt as _;
+    let (changes, rx) = tokio::sync::mpsc::channel(1);
+    let mut events = v1::event_service_client::EventServiceClient::new(channel)
+        .subscribe(tokio_stream::wrappers::ReceiverStream::new(rx))
+        .await
+        .expect("the stream opens")
+        .into_inner();
+    let bad = v1::SubscribeRequest { add_user_ids: vec![0], ..Default::default() };
+    changes.send(bad).await.expect("change sent");
+    loop {
+        match tokio::time::timeout(std::time::Duration::from_secs(15), events.next()).await {
+            Ok(Some(Ok(_))) => continue,
+            Ok(Some(Err(status))) => return status,
+            other => panic!("the stream ended without an error: {other:?}"),
+        }
+    }
+}

@@ -5,6 +5,7 @@ use std::time::Duration;
 
 use notify_proto::v1;
 use notify_proto::v1::inbox_service_client::InboxServiceClient;
+use notify_testkit::metrics::MetricsPage;
 use notify_testkit::{eventually, spawn_app, spawn_app_with, test_settings};
 use tokio_stream::StreamExt;
 use tonic_health::pb::HealthCheckRequest;
@@ -78,15 +79,8 @@ async fn reflection_v1_and_v1alpha_list_the_services() {
 async fn metrics_endpoint_counts_rpcs() {
     let app = spawn_app().await;
     crate::helpers::send(&app, vec![1, 2]).await;
-    let mut stream = tokio::net::TcpStream::connect(app.metrics_addr).await.unwrap();
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    stream
-        .write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
-        .await
-        .unwrap();
-    let mut body = String::new();
-    stream.read_to_string(&mut body).await.unwrap();
-    assert!(body.starts_with("HTTP/1.1 200"), "{body}");
+    let (status, body) = notify_testkit::http_get(app.metrics_addr, "/metrics").await;
+    assert_eq!(status, 200, "{body}");
     assert!(
         body.contains("notify_grpc_requests_total{method=\"/notify.v1.MessageService/SendMessage\",code=\"0\"}"),
         "{body}"
@@ -97,6 +91,20 @@ async fn metrics_endpoint_counts_rpcs() {
     assert!(body.contains(&format!("{send_duration},le=\"0.0001\"}}")), "{body}");
     assert!(body.contains(&format!("{send_duration},le=\"+Inf\"}}")), "{body}");
     assert!(!body.contains("quantile=\""), "{body}");
+    app.cleanup().await;
+}
+
+#[tokio::test]
+async fn metrics_count_a_stream_by_the_status_in_its_trailers() {
+    let app = spawn_app_with(test_settings(), false).await;
+    let status = crate::helpers::subscribe_then_fail(app.channel()).await;
+    assert_eq!(status.code(), tonic::Code::InvalidArgument, "{status:?}");
+    // Counted when the trailers went out, before the client read them.
+    let page = MetricsPage::parse(&notify_testkit::http_get(app.metrics_addr, "/metrics").await.1);
+    let failed = [("method", "/notify.v1.EventService/Subscribe"), ("code", "3")];
+    assert!(page.sum("notify_grpc_requests_total", &failed) >= 1.0, "{page:?}");
+    let buckets = page.buckets("notify_grpc_request_duration_seconds", &failed);
+    assert!(buckets.last().is_some_and(|(_, count)| *count >= 1.0), "{buckets:?}");
     app.cleanup().await;
 }
 

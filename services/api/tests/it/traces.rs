@@ -2,7 +2,7 @@
 //! processes exporting to an in-test OTLP receiver, and one send, made with
 //! the caller's `traceparent`, must come back as one trace from the call to
 //! every chunk's apply (alone or in a group), with its SQL and Redis calls
-//! inside.
+//! inside; a stream's span carries the status of its trailers.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -188,5 +188,37 @@ async fn one_send_is_one_trace_from_the_call_to_every_chunks_apply() {
         .filter(|span| span.trace_id != CALLER_TRACE)
         .count();
     assert_eq!(strays, 0, "every span about the send is in the caller's trace");
+    app.cleanup().await;
+}
+
+#[tokio::test]
+async fn a_stream_that_fails_is_traced_with_the_code_in_its_trailers() {
+    let app = spawn_app_with(test_settings(), false).await;
+    let receiver = OtlpReceiver::start().await;
+    let api_addr = free();
+    let _api = spawn_exporting(
+        Path::new(env!("CARGO_BIN_EXE_notify-api")),
+        &app,
+        &receiver,
+        &[
+            ("NOTIFY_API__LISTEN", api_addr.to_string()),
+            ("NOTIFY_API__METRICS_LISTEN", free().to_string()),
+        ],
+    );
+    let channel = eventually("the api process accepts calls", Duration::from_secs(30), || {
+        let uri = format!("http://{api_addr}");
+        async move { tonic::transport::Channel::from_shared(uri).unwrap().connect().await.ok() }
+    })
+    .await;
+    let status = crate::helpers::subscribe_then_fail(channel).await;
+    assert_eq!(status.code(), tonic::Code::InvalidArgument, "{status:?}");
+    let name = "notify.v1.EventService/Subscribe";
+    let spans = receiver
+        .wait_for("the stream's span", Duration::from_secs(30), |spans| {
+            spans.iter().any(|span| span.name == name)
+        })
+        .await;
+    let span = spans.iter().find(|span| span.name == name).unwrap();
+    assert_eq!(span.attribute("rpc.grpc.status_code"), Some("3"), "{span:?}");
     app.cleanup().await;
 }

@@ -18,7 +18,7 @@ use sqlx::mysql::MySqlPool;
 use tonic::transport::Channel;
 
 use super::{BadgeArgs, new_hist};
-use crate::harness::{self, Env, metric_sum, thousands};
+use crate::harness::{self, Env, thousands};
 use crate::procstat::{CpuUse, Tracked};
 use crate::wire::WireChannel;
 
@@ -105,7 +105,7 @@ pub(super) async fn run_inbox(
     })
     .await?;
     let after = env.scrape("notify-api").await;
-    let counted = |name: &str| (metric_sum(&after, &[name]) - metric_sum(&before, &[name])) as u64;
+    let counted = |name: &str| (after.sum(name, &[]) - before.sum(name, &[])) as u64;
     Ok(Inbox {
         user,
         shard: shard.0,

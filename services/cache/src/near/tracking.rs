@@ -13,7 +13,12 @@ use tracing::{info, warn};
 
 use super::tables::{Held, Tables, forget};
 use crate::Keys;
+use notify_domain::backoff::Reconnect;
 use notify_domain::error::Result;
+
+/// Shortest and longest wait before the tracking connection is tried again.
+const RECONNECT_MIN: Duration = Duration::from_millis(100);
+const RECONNECT_MAX: Duration = Duration::from_secs(5);
 
 /// What the maintenance task shares with readers and the push handler.
 pub(super) struct Inner {
@@ -103,7 +108,7 @@ impl Inner {
 /// Keeps a tracking connection up: connects, turns tracking on, publishes
 /// it, and sends heartbeats until it is lost, then starts over.
 pub(super) async fn maintain(inner: Arc<Inner>, stop: CancellationToken) {
-    let mut backoff = Duration::from_millis(100);
+    let mut backoff = Reconnect::new(RECONNECT_MIN, RECONNECT_MAX);
     while !stop.is_cancelled() {
         // From here on, pushes of the connection before are ignored, so its
         // late disconnection cannot cancel this one's token.
@@ -116,7 +121,7 @@ pub(super) async fn maintain(inner: Arc<Inner>, stop: CancellationToken) {
         };
         match connected {
             Ok(conn) => {
-                backoff = Duration::from_millis(100);
+                backoff.reset();
                 // Reads still running on an older connection (which Redis
                 // tracks for that one only) can neither claim nor fill now.
                 inner.tables().reset(generation);
@@ -135,9 +140,8 @@ pub(super) async fn maintain(inner: Arc<Inner>, stop: CancellationToken) {
                 warn!(error = %e, "near cache cannot connect; badges read redis");
                 tokio::select! {
                     () = stop.cancelled() => return,
-                    () = tokio::time::sleep(backoff) => {}
+                    () = tokio::time::sleep(backoff.next_delay()) => {}
                 }
-                backoff = (backoff * 2).min(Duration::from_secs(5));
             }
         }
     }
