@@ -4,7 +4,7 @@ use std::fmt;
 use std::str::FromStr;
 
 use crate::hash::BUCKETS;
-use crate::map::ShardMapError;
+use crate::shard::ShardMapError;
 
 const WORDS: usize = (BUCKETS as usize).div_ceil(64);
 

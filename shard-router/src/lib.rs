@@ -15,7 +15,13 @@
 mod buckets;
 mod hash;
 mod map;
+mod routing;
+mod shard;
+#[cfg(test)]
+mod tests;
 
 pub use buckets::BucketSet;
 pub use hash::{BUCKETS, bucket_of, bucket_of_key, stable_hash, stable_hash_str};
-pub use map::{BucketRange, Key, Routed, ShardId, ShardMap, ShardMapError, Shards, Snapshot};
+pub use map::ShardMap;
+pub use routing::{Key, Routed, Shards, Snapshot};
+pub use shard::{BucketRange, ShardId, ShardMapError};
