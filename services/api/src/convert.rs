@@ -59,6 +59,7 @@ pub fn inbox_item(row: InboxRow) -> v1::InboxItem {
         seen_at: row.seen_at.map(timestamp),
         archived: row.is_archived,
         archived_at: row.archived_at.map(timestamp),
+        edited_at: row.edited_at.map(timestamp),
     }
 }
 
@@ -299,6 +300,7 @@ pub fn status_to_proto(status: SendStatus) -> v1::MessageStatus {
         SendStatus::Paused => v1::MessageStatus::Paused,
         SendStatus::Completed => v1::MessageStatus::Completed,
         SendStatus::Cancelled => v1::MessageStatus::Cancelled,
+        SendStatus::Recalled => v1::MessageStatus::Recalled,
     }
 }
 
@@ -313,6 +315,7 @@ pub fn progress_to_proto(progress: &Progress) -> v1::Progress {
         cancelled: progress.cancelled,
         pending_chunks: progress.pending_chunks,
         suppressed: progress.suppressed,
+        recalled: progress.recalled,
     }
 }
 
@@ -344,6 +347,7 @@ pub fn message_to_proto(view: MessageView) -> Result<v1::Message> {
         started_at: opt_timestamp(row.started_at),
         finished_at: opt_timestamp(row.finished_at),
         critical: row.critical,
+        edited_at: opt_timestamp(row.edited_at),
     })
 }
 

@@ -84,6 +84,9 @@ pub enum SendStatus {
     Completed = 3,
     /// Stopped for good before completing.
     Cancelled = 4,
+    /// Taken back from every inbox (its chunks' items are recalled by the
+    /// workers; final).
+    Recalled = 5,
 }
 
 impl SendStatus {
@@ -95,6 +98,7 @@ impl SendStatus {
             2 => Self::Paused,
             3 => Self::Completed,
             4 => Self::Cancelled,
+            5 => Self::Recalled,
             other => return Err(Error::Internal(format!("unknown stored message status {other}"))),
         })
     }
@@ -112,6 +116,7 @@ impl SendStatus {
             Self::Paused => "paused",
             Self::Completed => "completed",
             Self::Cancelled => "cancelled",
+            Self::Recalled => "recalled",
         }
     }
 }

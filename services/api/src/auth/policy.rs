@@ -55,6 +55,10 @@ pub const RULES: &[Rule] = &[
     rule("/notify.v1.MessageService/ResumeMessage", Scope::SendsManage, true),
     rule("/notify.v1.MessageService/CancelMessage", Scope::SendsManage, true),
     rule("/notify.v1.MessageService/RedriveMessage", Scope::SendsManage, true),
+    rule("/notify.v1.MessageService/RecallMessage", Scope::SendsManage, true),
+    rule("/notify.v1.MessageService/EditMessage", Scope::SendsManage, true),
+    rule("/notify.v1.MessageService/ListRecipients", Scope::SendsRead, false),
+    rule("/notify.v1.MessageService/GetRecipientStatus", Scope::SendsRead, false),
     rule("/notify.v1.EventService/Subscribe", Scope::EventsSubscribe, false),
     rule("/notify.v1.InboxService/ListInbox", Scope::InboxRead, false),
     rule("/notify.v1.InboxService/MarkRead", Scope::InboxWrite, false),
@@ -71,6 +75,7 @@ pub const RULES: &[Rule] = &[
     rule("/notify.v1.GroupService/PullGroupMessages", Scope::InboxRead, false),
     rule("/notify.v1.GroupService/AckGroupMessages", Scope::InboxWrite, false),
     rule("/notify.v1.GroupService/GetGroupUnread", Scope::InboxRead, false),
+    rule("/notify.v1.GroupService/RecallGroupMessage", Scope::SendsManage, true),
     rule("/notify.v1.AdminService/ListAuditRecords", Scope::Admin, false),
     rule("/notify.v1.AdminService/EraseUser", Scope::Admin, true),
 ];

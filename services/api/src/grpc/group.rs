@@ -53,6 +53,8 @@ fn group_message(row: notify_store::db::groups::GroupMessageRow) -> v1::GroupMes
         })),
         sender: row.sender,
         created_at: Some(convert::timestamp(row.created_at)),
+        recalled: false,
+        recalled_at: None,
     }
 }
 
@@ -184,5 +186,12 @@ impl GroupService for GroupApi {
                 .collect(),
             total: summary.total,
         }))
+    }
+
+    async fn recall_group_message(
+        &self,
+        _request: Request<v1::RecallGroupMessageRequest>,
+    ) -> Result<Response<v1::RecallGroupMessageResponse>, Status> {
+        Err(Status::unimplemented("RecallGroupMessage: not built yet"))
     }
 }

@@ -390,6 +390,34 @@ impl MessageService for MessageApi {
         };
         Ok(Response::new(v1::ListMessagesResponse { messages, next_page_token }))
     }
+
+    async fn list_recipients(
+        &self,
+        _request: Request<v1::ListRecipientsRequest>,
+    ) -> Result<Response<v1::ListRecipientsResponse>, Status> {
+        Err(Status::unimplemented("ListRecipients: not built yet"))
+    }
+
+    async fn get_recipient_status(
+        &self,
+        _request: Request<v1::GetRecipientStatusRequest>,
+    ) -> Result<Response<v1::GetRecipientStatusResponse>, Status> {
+        Err(Status::unimplemented("GetRecipientStatus: not built yet"))
+    }
+
+    async fn recall_message(
+        &self,
+        _request: Request<v1::RecallMessageRequest>,
+    ) -> Result<Response<v1::Message>, Status> {
+        Err(Status::unimplemented("RecallMessage: not built yet"))
+    }
+
+    async fn edit_message(
+        &self,
+        _request: Request<v1::EditMessageRequest>,
+    ) -> Result<Response<v1::Message>, Status> {
+        Err(Status::unimplemented("EditMessage: not built yet"))
+    }
 }
 
 fn is_final(message: &v1::Message) -> bool {

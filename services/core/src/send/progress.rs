@@ -24,6 +24,8 @@ pub struct Progress {
     /// Recipients their preferences held back (a muted category, or erased
     /// after the send was queued): no item was written for them.
     pub suppressed: u64,
+    /// Items taken back by a recall.
+    pub recalled: u64,
     /// Chunks still pending.
     pub pending_chunks: u64,
 }
@@ -42,6 +44,7 @@ impl Progress {
             pending: total.saturating_sub(finished),
             cancelled: stats.cancelled,
             suppressed: stats.suppressed,
+            recalled: stats.recalled,
             pending_chunks: stats.chunks.saturating_sub(stats.done_chunks),
         }
     }
@@ -82,6 +85,7 @@ mod tests {
             failed: 50,
             cancelled: 0,
             suppressed: 30,
+            recalled: 0,
             read_count: 7,
             chunks: 4,
             done_chunks: 3,

@@ -28,6 +28,13 @@ pub mod state {
     /// `deliver::settle`): a send never shows as completed while a badge
     /// cached before its items can still be served.
     pub const UNSETTLED: u8 = 4;
+    /// Its items were taken back by a recall, and its recipients' cached
+    /// badges invalidated.
+    pub const RECALLED: u8 = 5;
+    /// Its items were taken back by a recall, the recipients' badges not
+    /// yet invalidated (as [`UNSETTLED`] is for a delivery): a recall is
+    /// over once none of its chunks is left here, pending, unsettled or done.
+    pub const RECALL_UNSETTLED: u8 = 6;
 }
 
 /// Stats rows per message and shard; chunks spread their updates over them.

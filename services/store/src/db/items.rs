@@ -46,6 +46,8 @@ pub struct InboxRow {
     pub created_at: NaiveDateTime,
     /// Expiry.
     pub expire_at: Option<NaiveDateTime>,
+    /// When the sender last edited the content.
+    pub edited_at: Option<NaiveDateTime>,
 }
 
 /// Which of a user's items a list (or a bulk update) covers.
@@ -136,7 +138,7 @@ pub struct InboxQuery<'a> {
 /// The columns of an [`InboxRow`], selected from `i` and `c`.
 const ROW_COLUMNS: &str = "i.message_id, (i.is_seen OR i.is_read) AS is_seen, \
      COALESCE(i.seen_at, i.read_at) AS seen_at, i.is_read, i.read_at, i.is_archived, \
-     i.archived_at, c.title, c.body, c.category, c.data, c.created_at, c.expire_at";
+     i.archived_at, c.title, c.body, c.category, c.data, c.created_at, c.expire_at, c.edited_at";
 
 /// Reads one inbox page, newest first, in one query on the user's shard.
 /// Expired, revoked and deleted items are skipped.

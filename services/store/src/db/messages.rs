@@ -82,6 +82,8 @@ pub struct MessageRow {
     pub started_at: Option<NaiveDateTime>,
     /// When it completed or was cancelled.
     pub finished_at: Option<NaiveDateTime>,
+    /// When the content was last edited.
+    pub edited_at: Option<NaiveDateTime>,
 }
 
 impl MessageRow {
@@ -114,7 +116,8 @@ impl MessageRow {
 }
 
 const MESSAGE_COLUMNS: &str = "message_id, client, sender, idempotency_key, audience, status, start_requested, priority, lane, \
-    critical <> 0 AS critical, title, body, category, data, send_at, expire_at, created_at, started_at, finished_at";
+    critical <> 0 AS critical, title, body, category, data, send_at, expire_at, created_at, started_at, finished_at, \
+    edited_at";
 
 /// Inserts a control record in NOT_STARTED. Returns false when the id is taken.
 #[instrument(level = "debug", skip_all, fields(db.system = "mysql"))]
@@ -513,6 +516,8 @@ pub struct ShardStats {
     /// Recipients held back by their preferences (a muted category, an
     /// erasure).
     pub suppressed: u64,
+    /// Items taken back by a recall.
+    pub recalled: u64,
     /// Items read.
     pub read_count: u64,
     /// Chunks stored.
@@ -530,6 +535,7 @@ impl ShardStats {
         self.failed += other.failed;
         self.cancelled += other.cancelled;
         self.suppressed += other.suppressed;
+        self.recalled += other.recalled;
         self.read_count += other.read_count;
         self.chunks += other.chunks;
         self.done_chunks += other.done_chunks;
@@ -546,6 +552,7 @@ pub async fn shard_stats(pool: &MySqlPool, message_id: MessageId) -> Result<Shar
          CAST(COALESCE(SUM(failed), 0) AS UNSIGNED) AS failed, \
          CAST(COALESCE(SUM(cancelled), 0) AS UNSIGNED) AS cancelled, \
          CAST(COALESCE(SUM(suppressed), 0) AS UNSIGNED) AS suppressed, \
+         CAST(COALESCE(SUM(recalled), 0) AS UNSIGNED) AS recalled, \
          CAST(COALESCE(SUM(read_count), 0) AS UNSIGNED) AS read_count, \
          CAST(COALESCE(SUM(chunks), 0) AS UNSIGNED) AS chunks, \
          CAST(COALESCE(SUM(done_chunks), 0) AS UNSIGNED) AS done_chunks \
