@@ -47,6 +47,11 @@ pub enum TaskOutcome {
     Dropped,
     /// The chunk was taken too often without committing; it is recorded as failed.
     Failed,
+    /// A recall took the chunk's items back.
+    Recalled {
+        /// Items taken back.
+        items: u64,
+    },
 }
 
 /// Applies one chunk task (steps 1-4 above).
@@ -207,11 +212,7 @@ async fn split(
         let chunk =
             ChunkPlan { chunk_id: split_chunk_id(chunk_id, owner, &users), user_ids: users };
         chunks::store_split(target, message_id, &content, &chunk).await?;
-        tasks.push(ChunkTask {
-            message_id: message_id.get(),
-            chunk_id: chunk.chunk_id,
-            shard: owner.0,
-        });
+        tasks.push(ChunkTask::deliver(message_id.get(), chunk.chunk_id, owner.0));
     }
     let home = routes.route(Key::Message(message_id.get()));
     messages::bump_status_version(&home, message_id).await?;

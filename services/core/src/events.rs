@@ -95,6 +95,20 @@ pub enum BusEvent {
         #[serde(rename = "m")]
         message_id: u64,
     },
+    /// A send's content was edited: every stream's users who have the item
+    /// see the new headline.
+    #[serde(rename = "edited")]
+    Edited {
+        /// The send.
+        #[serde(rename = "m")]
+        message_id: u64,
+        /// The new title.
+        #[serde(rename = "ti")]
+        title: String,
+        /// When, ms since the epoch.
+        #[serde(rename = "at")]
+        edited_at_ms: i64,
+    },
     /// A user changed items (seen, read, archived, deleted...): one event
     /// per call, naming the ids that changed or the filter that selected
     /// them. Their badge changed with it.
@@ -158,6 +172,7 @@ impl BusEvent {
             Self::Announced { .. } => "announced",
             Self::Revoked { .. } => "revoked",
             Self::ItemsUpdated { .. } => "updated",
+            Self::Edited { .. } => "edited",
         }
     }
 

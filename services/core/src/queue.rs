@@ -57,9 +57,43 @@ pub struct ChunkTask {
     /// Shard that stores the chunk.
     #[serde(rename = "s")]
     pub shard: u32,
+    /// What to do with it: deliver (the default, left out of the body) or
+    /// recall. A worker of the version before recalls existed reads a recall
+    /// task as a delivery, finds the send not sending and drops it; the
+    /// sweeper publishes it again for a worker that knows it.
+    #[serde(rename = "k", default, skip_serializing_if = "TaskKind::is_deliver")]
+    pub kind: TaskKind,
+}
+
+/// What a [`ChunkTask`] asks of a worker.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub enum TaskKind {
+    /// Write the chunk's items.
+    #[default]
+    #[serde(rename = "d")]
+    Deliver,
+    /// Take the chunk's items back (a recalled send).
+    #[serde(rename = "r")]
+    Recall,
+}
+
+impl TaskKind {
+    fn is_deliver(&self) -> bool {
+        *self == TaskKind::Deliver
+    }
 }
 
 impl ChunkTask {
+    /// A task to deliver a chunk.
+    pub fn deliver(message_id: u64, chunk_id: u64, shard: u32) -> Self {
+        Self { message_id, chunk_id, shard, kind: TaskKind::Deliver }
+    }
+
+    /// A task to take a delivered chunk's items back.
+    pub fn recall(message_id: u64, chunk_id: u64, shard: u32) -> Self {
+        Self { message_id, chunk_id, shard, kind: TaskKind::Recall }
+    }
+
     /// Encodes the task body.
     pub fn encode(&self) -> Vec<u8> {
         serde_json::to_vec(self).unwrap_or_default()

@@ -62,6 +62,26 @@ enum Command {
         /// Message id.
         message_id: u64,
     },
+    /// Takes a send back from every inbox (whatever its state); --watch
+    /// follows the workers until every item is taken back.
+    Recall {
+        /// Message id.
+        message_id: u64,
+        /// Show a progress bar until the recall is finished.
+        #[arg(long)]
+        watch: bool,
+    },
+    /// Replaces a sent message's title and/or body (the category stays).
+    Edit {
+        /// Message id.
+        message_id: u64,
+        /// New title.
+        #[arg(long)]
+        title: Option<String>,
+        /// New body.
+        #[arg(long)]
+        body: Option<String>,
+    },
     /// Delivers a send's failed (dead-lettered) chunks again.
     Redrive {
         /// Message id.
@@ -170,6 +190,10 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Resume { message_id } => sends::resume(channel, message_id).await,
         Command::Cancel { message_id } => sends::cancel(channel, message_id).await,
         Command::Redrive { message_id } => sends::redrive(channel, message_id).await,
+        Command::Recall { message_id, watch } => sends::recall(channel, message_id, watch).await,
+        Command::Edit { message_id, title, body } => {
+            sends::edit(channel, message_id, title, body).await
+        }
         Command::List { sender, limit } => sends::list(channel, sender, limit).await,
         Command::Inbox(args) => inbox::inbox(channel, args).await,
         Command::Items(args) => inbox::items(channel, args).await,

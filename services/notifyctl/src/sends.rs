@@ -188,6 +188,7 @@ fn status_name(status: i32) -> &'static str {
         Ok(v1::MessageStatus::Paused) => "paused",
         Ok(v1::MessageStatus::Completed) => "completed",
         Ok(v1::MessageStatus::Cancelled) => "cancelled",
+        Ok(v1::MessageStatus::Recalled) => "recalled",
         _ => "unknown",
     }
 }
@@ -195,7 +196,7 @@ fn status_name(status: i32) -> &'static str {
 fn print_message(message: &v1::Message) {
     let p = message.progress.unwrap_or_default();
     println!(
-        "message {} [{}] total={} delivered={} failed={} read={} pending={} cancelled={} suppressed={} pending_chunks={}{}",
+        "message {} [{}] total={} delivered={} failed={} read={} pending={} cancelled={} suppressed={} recalled={} pending_chunks={}{}",
         message.message_id,
         status_name(message.status),
         p.total,
@@ -205,6 +206,7 @@ fn print_message(message: &v1::Message) {
         p.pending,
         p.cancelled,
         p.suppressed,
+        p.recalled,
         p.pending_chunks,
         if message.critical { " critical" } else { "" }
     );
@@ -222,7 +224,13 @@ async fn watch(channel: Api, message_id: u64) -> anyhow::Result<()> {
         let message = message?;
         let p = message.progress.unwrap_or_default();
         bar.set_length(p.total);
-        bar.set_position(p.delivered + p.failed + p.suppressed + p.cancelled);
+        if message.status == v1::MessageStatus::Recalled as i32 {
+            // A recall's bar: items taken back of those delivered.
+            bar.set_length(p.delivered);
+            bar.set_position(p.recalled);
+        } else {
+            bar.set_position(p.delivered + p.failed + p.suppressed + p.cancelled);
+        }
         bar.set_message(status_name(message.status).to_owned());
         last = Some(message);
     }
@@ -275,6 +283,44 @@ pub async fn redrive(channel: Api, message_id: u64) -> anyhow::Result<()> {
     let mut client = MessageServiceClient::new(channel);
     let message =
         client.redrive_message(v1::RedriveMessageRequest { message_id }).await?.into_inner();
+    print_message(&message);
+    Ok(())
+}
+
+/// Recalls a send from every inbox; with `watch`, follows the workers
+/// taking its items back until the recall is finished.
+pub async fn recall(channel: Api, message_id: u64, follow: bool) -> anyhow::Result<()> {
+    let mut client = MessageServiceClient::new(channel.clone());
+    let message =
+        client.recall_message(v1::RecallMessageRequest { message_id }).await?.into_inner();
+    if !follow {
+        print_message(&message);
+        return Ok(());
+    }
+    watch(channel, message_id).await
+}
+
+/// Replaces a send's title and/or body (the category and data stay).
+pub async fn edit(
+    channel: Api,
+    message_id: u64,
+    title: Option<String>,
+    body: Option<String>,
+) -> anyhow::Result<()> {
+    if title.is_none() && body.is_none() {
+        anyhow::bail!("give --title and/or --body");
+    }
+    let mut client = MessageServiceClient::new(channel);
+    let current = client.get_message(v1::GetMessageRequest { message_id }).await?.into_inner();
+    let mut content = current.content.unwrap_or_default();
+    if let Some(title) = title {
+        content.title = title;
+    }
+    if let Some(body) = body {
+        content.body = body;
+    }
+    let request = v1::EditMessageRequest { message_id, content: Some(content) };
+    let message = client.edit_message(request).await?.into_inner();
     print_message(&message);
     Ok(())
 }

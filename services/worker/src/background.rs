@@ -149,6 +149,11 @@ pub async fn sweep_once(ctx: &Context) -> Result<u64> {
         let finishing = async {
             complete_finished_sends(ctx, shard, pool).await;
             end_expired_announcements(ctx, shard, pool).await;
+            match notify_core::recall::sweep(ctx, pool, BATCH).await {
+                Ok(0) => {}
+                Ok(published) => info!(published, shard = %shard, "sweeper published recall tasks"),
+                Err(e) => warn!(error = %e, shard = %shard, "sweeper cannot move recalls on"),
+            }
         };
         if tokio::time::timeout(limit, finishing).await.is_err() {
             warn!(shard = %shard, "sweeper gave up on a shard that does not answer");
@@ -168,7 +173,11 @@ pub async fn sweep_once(ctx: &Context) -> Result<u64> {
 pub async fn settle_once(ctx: &Context) -> Result<()> {
     let limit = Duration::from_secs(ctx.settings.worker.operation_timeout_secs);
     for (shard, pool) in ctx.pools.iter() {
-        match within(limit, notify_core::deliver::settle(ctx, pool, BATCH)).await {
+        let settling = async {
+            notify_core::deliver::settle(ctx, pool, BATCH).await?;
+            notify_core::recall::settle(ctx, pool, BATCH).await
+        };
+        match within(limit, settling).await {
             Ok(_) => {}
             Err(notify_domain::Error::Cache(e)) => return Err(e.into()),
             Err(e) => warn!(error = %e, shard = %shard, "settler passed over a shard"),
@@ -265,17 +274,13 @@ async fn sweep_message(
         SendStatus::Sending => {
             let tasks: Vec<ChunkTask> = chunk_ids
                 .iter()
-                .map(|chunk_id| ChunkTask {
-                    message_id: message_id.get(),
-                    chunk_id: *chunk_id,
-                    shard: shard.0,
-                })
+                .map(|chunk_id| ChunkTask::deliver(message_id.get(), *chunk_id, shard.0))
                 .collect();
             chunks::touch(pool, message_id, chunk_ids).await?;
             ctx.publisher.publish(Lane::from_db(row.lane), &tasks).await?;
             Ok(tasks.len() as u64)
         }
-        SendStatus::Cancelled => {
+        SendStatus::Cancelled | SendStatus::Recalled => {
             chunks::cancel_pending(pool, message_id, ctx.publisher.page()).await?;
             Ok(0)
         }

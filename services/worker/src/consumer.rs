@@ -20,7 +20,8 @@ use lapin::types::FieldTable;
 use notify_core::Context;
 use notify_core::deliver::{self, TaskOutcome};
 use notify_core::health::Heartbeats;
-use notify_core::queue::{self, ChunkTask, Topology};
+use notify_core::queue::{self, ChunkTask, TaskKind, Topology};
+use notify_core::recall;
 use notify_core::telemetry::trace;
 use notify_domain::Error;
 use notify_domain::backoff::Reconnect;
@@ -333,7 +334,10 @@ async fn handle_ready(
     for delivery in deliveries {
         match ChunkTask::decode(&delivery.data) {
             Ok(task)
-                if !delivery.redelivered && task.shard == shard && !circuits.is_open(shard) =>
+                if task.kind == TaskKind::Deliver
+                    && !delivery.redelivered
+                    && task.shard == shard
+                    && !circuits.is_open(shard) =>
             {
                 groups.entry(task.message_id).or_default().push((task, delivery));
             }
@@ -428,8 +432,13 @@ async fn handle(
         // In-process retries count as redeliveries too.
         let redelivered = delivery.redelivered || attempt > 1;
         let limit = Duration::from_secs(ctx.settings.worker.operation_timeout_secs);
-        let applying =
-            AssertUnwindSafe(deliver::apply_task(ctx, &task, redelivered)).catch_unwind();
+        let applying = AssertUnwindSafe(async {
+            match task.kind {
+                TaskKind::Deliver => deliver::apply_task(ctx, &task, redelivered).await,
+                TaskKind::Recall => recall::apply_task(ctx, &task).await,
+            }
+        })
+        .catch_unwind();
         let result = match tokio::time::timeout(limit, applying).await {
             Ok(applied) => applied
                 .unwrap_or_else(|_| Err(Error::Internal("applying the chunk panicked".to_owned()))),
@@ -466,7 +475,11 @@ async fn handle(
             Err(e) => {
                 error!(error = %e, attempt, message_id = task.message_id, chunk_id = task.chunk_id, "chunk failed for good, dead-lettering");
                 metrics::counter!("notify_chunks_failed_total", "lane" => lane.name()).increment(1);
-                if let Err(record_error) = deliver::record_failure(ctx, &task).await {
+                // A recall task's chunk stays delivered: the sweeper
+                // publishes it again.
+                if task.kind == TaskKind::Deliver
+                    && let Err(record_error) = deliver::record_failure(ctx, &task).await
+                {
                     // The chunk stays pending; the sweeper re-publishes it later.
                     warn!(error = %record_error, "could not record the chunk as failed");
                 }
@@ -489,6 +502,7 @@ fn record(lane: Lane, outcome: TaskOutcome, started: std::time::Instant) {
         TaskOutcome::Skipped(_) => "skipped",
         TaskOutcome::Dropped => "dropped",
         TaskOutcome::Failed => "failed",
+        TaskOutcome::Recalled { .. } => "recalled",
     };
     metrics::counter!("notify_chunks_total", "lane" => lane.name(), "outcome" => outcome_name)
         .increment(1);

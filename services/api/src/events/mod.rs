@@ -426,6 +426,18 @@ impl Hub {
                 self.badges_changed(followed);
             }
             BusEvent::Revoked { message_id } => self.revoke(message_id),
+            BusEvent::Edited { message_id, title, edited_at_ms } => {
+                let streams: Vec<Arc<Stream>> = self.read().streams.values().cloned().collect();
+                let event = v1::ItemUpdated {
+                    message_id,
+                    title,
+                    edited_at: Some(timestamp_ms(edited_at_ms)),
+                    ..v1::ItemUpdated::default()
+                };
+                for stream in streams {
+                    stream.offer_to_all(Event::ItemUpdated(event.clone()));
+                }
+            }
             BusEvent::ItemsUpdated { user_id, action, message_ids, filter } => {
                 let followed = {
                     let tables = self.read();

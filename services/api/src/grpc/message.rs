@@ -9,6 +9,7 @@ use notify_cache::quota::Quotas;
 use notify_core::Context;
 use notify_core::audit::Target;
 use notify_core::send::{self, MessageView};
+use notify_core::{edit, recall};
 use notify_domain::Error;
 use notify_domain::auth::Caller;
 use notify_domain::domain::{self, AudienceKind, MessageId};
@@ -405,24 +406,46 @@ impl MessageService for MessageApi {
         Err(Status::unimplemented("GetRecipientStatus: not built yet"))
     }
 
+    #[instrument(skip_all, fields(message_id = request.get_ref().message_id))]
     async fn recall_message(
         &self,
-        _request: Request<v1::RecallMessageRequest>,
+        request: Request<v1::RecallMessageRequest>,
     ) -> Result<Response<v1::Message>, Status> {
-        Err(Status::unimplemented("RecallMessage: not built yet"))
+        let caller = caller(&request)?;
+        let ctx = &self.ctx;
+        let raw_id = request.into_inner().message_id;
+        self.lifecycle(&caller, "message.recall", raw_id, |id, owner| async move {
+            recall::recall(ctx, id, owner.as_deref()).await
+        })
+        .await
     }
 
+    #[instrument(skip_all, fields(message_id = request.get_ref().message_id))]
     async fn edit_message(
         &self,
-        _request: Request<v1::EditMessageRequest>,
+        request: Request<v1::EditMessageRequest>,
     ) -> Result<Response<v1::Message>, Status> {
-        Err(Status::unimplemented("EditMessage: not built yet"))
+        let caller = caller(&request)?;
+        let req = request.into_inner();
+        let id = message_id(req.message_id)?;
+        let content = convert::content(req.content, "content").into_status()?;
+        let owner = caller.sends_owner_filter();
+        let result = edit::edit(&self.ctx, id, owner, &content).await;
+        // The record keeps the title it replaced.
+        let detail = result
+            .as_ref()
+            .map(|edited| format!("previous title: {:?}", edited.previous_title))
+            .unwrap_or_default();
+        audit(&self.ctx, &caller, "message.edit", Target::Message(id.get()), &result, detail).await;
+        reply(result.map(|edited| edited.view))
     }
 }
 
 fn is_final(message: &v1::Message) -> bool {
-    matches!(
-        v1::MessageStatus::try_from(message.status),
-        Ok(v1::MessageStatus::Completed | v1::MessageStatus::Cancelled)
-    )
+    match v1::MessageStatus::try_from(message.status) {
+        Ok(v1::MessageStatus::Completed | v1::MessageStatus::Cancelled) => true,
+        // A recall is over once every chunk's items are taken back.
+        Ok(v1::MessageStatus::Recalled) => message.finished_at.is_some(),
+        _ => false,
+    }
 }

@@ -71,7 +71,7 @@ async fn reject_announcement(
 /// Moves `from -> to`, or explains why not: NOT_FOUND, or FAILED_PRECONDITION
 /// naming the current status. Returns true if this call changed the status,
 /// false if it already was `to` (repeating a pause or cancel is harmless).
-async fn transition(
+pub(crate) async fn transition(
     ctx: &Context,
     message_id: MessageId,
     from: &[SendStatus],
@@ -206,11 +206,7 @@ pub async fn publish_pending(ctx: &Context, message_id: MessageId, lane: Lane) -
             from = chunks::next_page_from(&ids);
             let tasks: Vec<ChunkTask> = ids
                 .into_iter()
-                .map(|chunk_id| ChunkTask {
-                    message_id: message_id.get(),
-                    chunk_id,
-                    shard: shard.0,
-                })
+                .map(|chunk_id| ChunkTask::deliver(message_id.get(), chunk_id, shard.0))
                 .collect();
             ctx.publisher.publish(lane, &tasks).await?;
             published += tasks.len() as u64;

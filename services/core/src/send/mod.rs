@@ -16,8 +16,8 @@ use notify_domain::error::{Error, Result};
 use notify_store::db::chunks::{self, ContentCopy};
 use notify_store::db::messages::{self, MessageRow, NewMessage};
 
-pub(crate) use lifecycle::refresh_status_best_effort;
 pub use lifecycle::{complete_if_done, publish_pending, start_due, status_of};
+pub(crate) use lifecycle::{refresh_status_best_effort, transition};
 pub use progress::{Progress, progress};
 
 /// Batch number used for the inline recipients of `SendMessage`; client
@@ -266,8 +266,28 @@ pub async fn send_to_users(
 /// another client than `owner`, when set).
 pub async fn get(ctx: &Context, message_id: MessageId, owner: Option<&str>) -> Result<MessageView> {
     let row = fetch_visible(ctx, message_id, owner).await?;
-    let progress = progress(ctx, message_id).await?.for_audience(row.audience);
+    let progress = view_progress(ctx, &row).await?;
     Ok(MessageView { row, progress })
+}
+
+/// A send's progress as its view shows it: per audience, and for a recall
+/// in progress the chunks it has left on every shard (an announcement's
+/// recall takes back every materialized item at once).
+async fn view_progress(ctx: &Context, row: &MessageRow) -> Result<Progress> {
+    let message_id = MessageId::from_raw(row.message_id);
+    let mut progress = progress(ctx, message_id).await?.for_audience(row.audience);
+    if row.status()? == SendStatus::Recalled {
+        if row.audience == AudienceKind::AllUsers as u8 {
+            progress.recalled = progress.delivered;
+        } else if row.finished_at.is_none() {
+            let left = ctx
+                .pools
+                .iter()
+                .map(|(_, pool)| notify_store::db::recall::unrecalled_chunks(pool, message_id));
+            progress.pending_chunks = futures::future::try_join_all(left).await?.into_iter().sum();
+        }
+    }
+    Ok(progress)
 }
 
 /// Reads a send's control record, NOT_FOUND unless `owner` may see it.
@@ -309,8 +329,7 @@ pub async fn list(
     rows.sort_unstable_by_key(|row| std::cmp::Reverse(row.message_id));
     rows.truncate(limit as usize);
     let views = rows.into_iter().map(|row| async move {
-        let progress =
-            progress(ctx, MessageId::from_raw(row.message_id)).await?.for_audience(row.audience);
+        let progress = view_progress(ctx, &row).await?;
         Ok::<_, Error>(MessageView { row, progress })
     });
     futures::future::try_join_all(views).await

@@ -276,6 +276,27 @@ pub async fn store_content<'e>(
     Ok(())
 }
 
+/// Replaces the shard's content copy's title, body and data (an edit),
+/// stamping `edited_at`; a no-op on a shard without a copy.
+#[instrument(level = "debug", skip_all, fields(db.system = "mysql"))]
+pub async fn edit_content(
+    pool: &MySqlPool,
+    message_id: MessageId,
+    content: &Content,
+) -> Result<()> {
+    sqlx::query(
+        "UPDATE message_contents SET title = ?, body = ?, data = ?, edited_at = UTC_TIMESTAMP(3) \
+         WHERE message_id = ?",
+    )
+    .bind(&content.title)
+    .bind(&content.body)
+    .bind(content.data_json())
+    .bind(message_id.get())
+    .execute(pool)
+    .await?;
+    Ok(())
+}
+
 /// Revokes the shard's content copy: its items vanish from inboxes and badges.
 #[instrument(level = "debug", skip_all, fields(db.system = "mysql"))]
 pub async fn revoke_content(pool: &MySqlPool, message_id: MessageId) -> Result<()> {

@@ -289,6 +289,8 @@ pub async fn transition(
     let stamp = match to {
         SendStatus::Sending => ", started_at = COALESCE(started_at, UTC_TIMESTAMP(3))",
         SendStatus::Completed | SendStatus::Cancelled => ", finished_at = UTC_TIMESTAMP(3)",
+        // A recall is finished once its chunks are through (finish_recall).
+        SendStatus::Recalled => ", finished_at = NULL",
         _ => "",
     };
     let sql = format!(
@@ -338,6 +340,52 @@ pub async fn start_scheduled(pool: &MySqlPool, message_id: MessageId) -> Result<
     .execute(pool)
     .await?;
     Ok(result.rows_affected() == 1)
+}
+
+/// Returns up to `limit` ids above `after` of this home shard's recalled
+/// sends whose recall is not finished, in id order.
+#[instrument(level = "debug", skip_all, fields(db.system = "mysql"))]
+pub async fn recalling(pool: &MySqlPool, after: u64, limit: u32) -> Result<Vec<u64>> {
+    Ok(sqlx::query_scalar(
+        "SELECT message_id FROM messages FORCE INDEX (idx_messages_due) WHERE status = 5 \
+         AND finished_at IS NULL AND message_id > ? ORDER BY message_id LIMIT ?",
+    )
+    .bind(after)
+    .bind(limit)
+    .fetch_all(pool)
+    .await?)
+}
+
+/// Records that a recall is finished (every chunk through); returns true
+/// if this call did.
+#[instrument(level = "debug", skip_all, fields(db.system = "mysql"))]
+pub async fn finish_recall(pool: &MySqlPool, message_id: MessageId) -> Result<bool> {
+    let result = sqlx::query(
+        "UPDATE messages FORCE INDEX (PRIMARY) SET finished_at = UTC_TIMESTAMP(3), \
+         status_version = status_version + 1 WHERE message_id = ? AND status = 5 \
+         AND finished_at IS NULL",
+    )
+    .bind(message_id.get())
+    .execute(pool)
+    .await?;
+    Ok(result.rows_affected() == 1)
+}
+
+/// Replaces a send's title, body and data on its home record, stamping
+/// `edited_at`.
+#[instrument(level = "debug", skip_all, fields(db.system = "mysql"))]
+pub async fn edit(pool: &MySqlPool, message_id: MessageId, content: &Content) -> Result<()> {
+    sqlx::query(
+        "UPDATE messages FORCE INDEX (PRIMARY) SET title = ?, body = ?, data = ?, \
+         edited_at = UTC_TIMESTAMP(3) WHERE message_id = ?",
+    )
+    .bind(&content.title)
+    .bind(&content.body)
+    .bind(content.data_json())
+    .bind(message_id.get())
+    .execute(pool)
+    .await?;
+    Ok(())
 }
 
 /// Returns this home shard's live announcements: started, not cancelled,

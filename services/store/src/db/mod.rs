@@ -9,6 +9,7 @@ pub mod items;
 pub mod messages;
 pub mod preferences;
 pub mod reads;
+pub mod recall;
 
 use std::str::FromStr;
 use std::time::Duration;

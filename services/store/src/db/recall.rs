@@ -1,0 +1,212 @@
+//! Recalls on a chunk's shard: a delivered chunk's items are taken back in
+//! one transaction (the guard: the chunk moves done -> recalled, so a
+//! redelivered task changes nothing), counted once in the shard's stats, and
+//! the queries that publish, settle and finish a recall.
+
+use sqlx::{MySqlPool, QueryBuilder};
+use tracing::instrument;
+
+use super::chunks::{STATS_SLOTS, decode_user_ids, state};
+use super::push_ids;
+use notify_domain::domain::MessageId;
+use notify_domain::error::Result;
+
+/// What recalling a chunk did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RecallOutcome {
+    /// Its items were taken back now.
+    Recalled {
+        /// The chunk's recipients (their badges to invalidate).
+        user_ids: Vec<u64>,
+        /// Items deleted (a recipient who had the item from another chunk
+        /// of the send, or erased since, is counted where it was deleted).
+        items: u64,
+    },
+    /// An earlier attempt took them back; `unsettled` when the recipients'
+    /// badges may still need invalidating.
+    AlreadyRecalled {
+        /// The chunk's recipients.
+        user_ids: Vec<u64>,
+        /// True when it is [`state::RECALL_UNSETTLED`].
+        unsettled: bool,
+    },
+    /// The chunk never delivered (pending, failed or cancelled): nothing to
+    /// take back.
+    NotDelivered,
+    /// No such chunk on this shard.
+    Missing,
+}
+
+/// Takes a delivered chunk's items back in ONE transaction: the chunk row is
+/// locked and moved to [`state::RECALL_UNSETTLED`], its recipients' items and
+/// recorded reads of the send are deleted, and the stats count the items
+/// recalled (and no longer read).
+#[instrument(level = "debug", skip_all, fields(db.system = "mysql"))]
+pub async fn recall_chunk(
+    pool: &MySqlPool,
+    message_id: MessageId,
+    chunk_id: u64,
+) -> Result<RecallOutcome> {
+    let mut tx = pool.begin().await?;
+    let row: Option<(u8, Vec<u8>)> = sqlx::query_as(
+        "SELECT state, user_ids FROM message_chunks WHERE message_id = ? AND chunk_id = ? FOR UPDATE",
+    )
+    .bind(message_id.get())
+    .bind(chunk_id)
+    .fetch_optional(&mut *tx)
+    .await?;
+    let Some((chunk_state, packed)) = row else {
+        return Ok(RecallOutcome::Missing);
+    };
+    let user_ids = decode_user_ids(&packed)?;
+    match chunk_state {
+        state::DONE | state::UNSETTLED => {}
+        state::RECALLED | state::RECALL_UNSETTLED => {
+            tx.rollback().await?;
+            let unsettled = chunk_state == state::RECALL_UNSETTLED;
+            return Ok(RecallOutcome::AlreadyRecalled { user_ids, unsettled });
+        }
+        _ => {
+            tx.rollback().await?;
+            return Ok(RecallOutcome::NotDelivered);
+        }
+    }
+    let read: i64 =
+        in_chunk("SELECT COUNT(*) FROM message_items WHERE is_read = 1", message_id, &user_ids)
+            .build_query_scalar()
+            .fetch_one(&mut *tx)
+            .await?;
+    let items = in_chunk("DELETE FROM message_items WHERE TRUE", message_id, &user_ids)
+        .build()
+        .execute(&mut *tx)
+        .await?
+        .rows_affected();
+    in_chunk("DELETE FROM message_reads WHERE TRUE", message_id, &user_ids)
+        .build()
+        .execute(&mut *tx)
+        .await?;
+    sqlx::query(
+        "INSERT INTO message_shard_stats (message_id, slot, recalled, read_count) \
+         VALUES (?, ?, ?, ?) ON DUPLICATE KEY UPDATE \
+         recalled = recalled + VALUES(recalled), read_count = read_count + VALUES(read_count)",
+    )
+    .bind(message_id.get())
+    .bind(1 + chunk_id % (STATS_SLOTS - 1))
+    .bind(items as i64)
+    .bind(-read)
+    .execute(&mut *tx)
+    .await?;
+    sqlx::query(
+        "UPDATE message_chunks SET state = ?, updated_at = UTC_TIMESTAMP(3) \
+         WHERE message_id = ? AND chunk_id = ?",
+    )
+    .bind(state::RECALL_UNSETTLED)
+    .bind(message_id.get())
+    .bind(chunk_id)
+    .execute(&mut *tx)
+    .await?;
+    tx.commit().await?;
+    Ok(RecallOutcome::Recalled { user_ids, items })
+}
+
+/// `head` (a statement over one user-keyed table, ending in a condition)
+/// narrowed to the send and the chunk's users (primary-key lookups).
+fn in_chunk(head: &str, message_id: MessageId, user_ids: &[u64]) -> QueryBuilder<sqlx::MySql> {
+    let mut sql = QueryBuilder::new(head);
+    sql.push(" AND message_id = ").push_bind(message_id.get()).push(" AND user_id IN (");
+    push_ids(&mut sql, user_ids);
+    sql.push(")");
+    sql
+}
+
+/// Moves a recalled chunk's state to [`state::RECALLED`] once its
+/// recipients' badges are invalidated.
+#[instrument(level = "debug", skip_all, fields(db.system = "mysql"))]
+pub async fn settle_recall(pool: &MySqlPool, message_id: MessageId, chunk_id: u64) -> Result<()> {
+    sqlx::query(
+        "UPDATE message_chunks SET state = ?, updated_at = UTC_TIMESTAMP(3) \
+         WHERE message_id = ? AND chunk_id = ? AND state = ?",
+    )
+    .bind(state::RECALLED)
+    .bind(message_id.get())
+    .bind(chunk_id)
+    .bind(state::RECALL_UNSETTLED)
+    .execute(pool)
+    .await?;
+    Ok(())
+}
+
+/// The ids of a send's delivered chunks on this shard (done or unsettled:
+/// still to recall), from `from` on (inclusive: chunk ids start at 0), up to
+/// `limit`.
+#[instrument(level = "debug", skip_all, fields(db.system = "mysql"))]
+pub async fn delivered_page(
+    pool: &MySqlPool,
+    message_id: MessageId,
+    from: u64,
+    limit: u32,
+) -> Result<Vec<u64>> {
+    Ok(sqlx::query_scalar(
+        "SELECT chunk_id FROM message_chunks FORCE INDEX (idx_chunks_message_state) \
+         WHERE message_id = ? AND state IN (1, 4) AND chunk_id >= ? ORDER BY chunk_id LIMIT ?",
+    )
+    .bind(message_id.get())
+    .bind(from)
+    .bind(limit)
+    .fetch_all(pool)
+    .await?)
+}
+
+/// Counts a recalled send's chunks on this shard that are not through yet:
+/// pending (a cancel still to do), delivered (to take back) or recalled
+/// with badges to invalidate. An index range over the send's chunks.
+#[instrument(level = "debug", skip_all, fields(db.system = "mysql"))]
+pub async fn unrecalled_chunks(pool: &MySqlPool, message_id: MessageId) -> Result<u64> {
+    let count: i64 = sqlx::query_scalar(
+        "SELECT COUNT(*) FROM message_chunks FORCE INDEX (idx_chunks_message_state) \
+         WHERE message_id = ? AND state IN (0, 1, 4, 6)",
+    )
+    .bind(message_id.get())
+    .fetch_one(pool)
+    .await?;
+    Ok(count.max(0) as u64)
+}
+
+/// A recalled chunk whose recipients' badges still need invalidating.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RecallUnsettled {
+    /// The send.
+    pub message_id: MessageId,
+    /// The chunk.
+    pub chunk_id: u64,
+    /// Its recipients.
+    pub user_ids: Vec<u64>,
+}
+
+/// Recalled chunks left with badges to invalidate for longer than
+/// `older_than_ms` (their worker could not reach Redis), oldest first.
+#[instrument(level = "debug", skip_all, fields(db.system = "mysql"))]
+pub async fn recall_unsettled(
+    pool: &MySqlPool,
+    older_than_ms: u64,
+    limit: u32,
+) -> Result<Vec<RecallUnsettled>> {
+    let rows: Vec<(u64, u64, Vec<u8>)> = sqlx::query_as(
+        "SELECT message_id, chunk_id, user_ids FROM message_chunks FORCE INDEX (idx_chunks_state) \
+         WHERE state = 6 AND updated_at < UTC_TIMESTAMP(3) - INTERVAL ? MICROSECOND \
+         ORDER BY updated_at LIMIT ?",
+    )
+    .bind(older_than_ms * 1000)
+    .bind(limit)
+    .fetch_all(pool)
+    .await?;
+    rows.into_iter()
+        .map(|(message_id, chunk_id, packed)| {
+            Ok(RecallUnsettled {
+                message_id: MessageId::from_raw(message_id),
+                chunk_id,
+                user_ids: decode_user_ids(&packed)?,
+            })
+        })
+        .collect()
+}
