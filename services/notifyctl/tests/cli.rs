@@ -79,6 +79,23 @@ async fn inbox_items_prefs_and_user_erase_show_and_change_item_states() {
     app.cleanup().await;
 }
 
+#[tokio::test]
+async fn edit_then_recall_with_watch_from_the_command_line() {
+    let app = spawn_app_with(test_settings(), true).await;
+    let addr = app.addr;
+    let id = app.send(vec![42, 43]).await;
+    app.wait_for_status(id, v1::MessageStatus::Completed).await;
+    let id_text = id.to_string();
+    let edited = notifyctl(addr, &["edit", &id_text, "--title", "fixed"]).await;
+    assert!(edited.contains("[completed]"), "{edited}");
+    let page = notifyctl(addr, &["inbox", "42"]).await;
+    assert!(page.contains("fixed"), "{page}");
+    let recalled = notifyctl(addr, &["recall", &id_text, "--watch"]).await;
+    assert!(recalled.contains("[recalled]") && recalled.contains(" recalled=2 "), "{recalled}");
+    assert!(!notifyctl(addr, &["inbox", "42"]).await.contains(&id_text));
+    app.cleanup().await;
+}
+
 /// Runs notifyctl with extra environment; returns (exit code, stdout, stderr).
 async fn notifyctl_env(env: &[(&str, &str)], args: &[&str]) -> (i32, String, String) {
     let output = tokio::process::Command::new(env!("CARGO_BIN_EXE_notifyctl"))

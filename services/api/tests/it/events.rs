@@ -501,3 +501,36 @@ async fn item_updates_are_one_event_per_call_with_both_counts() {
     assert!(seen.iter().any(|e| delivered(e, user, muted)));
     app.cleanup().await;
 }
+
+#[tokio::test]
+async fn a_recall_revokes_the_item_on_streams_and_an_edit_updates_it() {
+    let app = spawn_app().await;
+    let user = 8_200_001;
+    let id = send_and_wait(&app, vec![user]).await;
+    let mut stream = Subscriber::open(app.channel(), &[user]).await;
+    let snapshots = stream.snapshots(&[user]).await;
+    assert_eq!(snapshots[&user].unread, 1);
+
+    let mut edited = content("fixed");
+    edited.category = "system".into();
+    let request = v1::EditMessageRequest { message_id: id, content: Some(edited) };
+    app.messages().edit_message(request).await.unwrap();
+    let (update, _) = stream
+        .until(|e| match e {
+            Event::ItemUpdated(u) if u.message_id == id => Some(u.clone()),
+            _ => None,
+        })
+        .await;
+    assert_eq!((update.user_id, update.title.as_str()), (0, "fixed"));
+    assert!(update.edited_at.is_some());
+
+    app.messages().recall_message(v1::RecallMessageRequest { message_id: id }).await.unwrap();
+    stream.until(|e| matches!(e, Event::ItemRevoked(r) if r.message_id == id).then_some(())).await;
+    stream
+        .until(|e| match e {
+            Event::BadgeChanged(b) if b.user_id == user && b.unread == 0 => Some(()),
+            _ => None,
+        })
+        .await;
+    app.cleanup().await;
+}

@@ -265,7 +265,7 @@ async fn a_cancelled_chunks_recipient_delivered_by_another_batch_counts_once() {
                 .unwrap();
         let batch_of = |chunk_id: u64| chunk_id >> notify_core::send::plan::SEQUENCE_BITS;
         for chunk_id in chunk_ids.into_iter().filter(|c| batch_of(*c) == 1) {
-            let task = ChunkTask { message_id: id, chunk_id, shard: shard.0 };
+            let task = ChunkTask::deliver(id, chunk_id, shard.0);
             let outcome = notify_core::deliver::apply_task(&app.ctx, &task, false).await.unwrap();
             assert!(
                 matches!(outcome, notify_core::deliver::TaskOutcome::Delivered { .. }),

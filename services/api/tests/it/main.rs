@@ -16,6 +16,7 @@ mod lifecycle;
 mod near_cache;
 mod page_cache;
 mod preferences;
+mod recall;
 mod retention;
 mod send;
 mod server;

@@ -80,11 +80,7 @@ async fn redelivered_tasks_are_no_ops() {
                 .fetch_all(pool)
                 .await
                 .unwrap();
-        tasks.extend(ids.into_iter().map(|chunk_id| ChunkTask {
-            message_id: id,
-            chunk_id,
-            shard: shard.0,
-        }));
+        tasks.extend(ids.into_iter().map(|chunk_id| ChunkTask::deliver(id, chunk_id, shard.0)));
     }
     assert!(!tasks.is_empty());
     for task in &tasks {
@@ -254,7 +250,7 @@ async fn a_chunk_that_keeps_killing_workers_is_recorded_as_failed() {
         .execute(&pool)
         .await
         .unwrap();
-    let task = ChunkTask { message_id: id, chunk_id, shard: shard.0 };
+    let task = ChunkTask::deliver(id, chunk_id, shard.0);
     assert_eq!(deliver::apply_task(&app.ctx, &task, true).await.unwrap(), TaskOutcome::Failed);
     let progress = get(&app, id).await.progress.unwrap();
     assert_eq!(progress.failed, u64::from(recipients));
@@ -316,5 +312,45 @@ async fn mysql_connections_killed_mid_chunk_transaction_lose_and_double_nothing(
     assert_eq!((progress.total, progress.delivered, progress.failed), (total, total, 0));
     assert_eq!(app.item_users(id).await, (1..=total).collect::<Vec<u64>>());
     admin.close().await;
+    app.cleanup().await;
+}
+
+#[tokio::test]
+async fn worker_killed_mid_recall_takes_every_item_back_once() {
+    let mut settings = test_settings();
+    settings.send.chunk_size = 200;
+    settings.send.small_send_threshold = 10;
+    let app = spawn_app_with(settings, false).await;
+    let total = 20_000u64;
+    let mut worker = spawn_worker_process(&app);
+    let id = send(&app, (1..=total).collect()).await;
+    let delivered = wait_completed(&app, id).await.progress.unwrap().delivered;
+    assert_eq!(delivered, total);
+
+    app.messages().recall_message(v1::RecallMessageRequest { message_id: id }).await.unwrap();
+    eventually("some items taken back", Duration::from_secs(60), || async {
+        let recalled = get(&app, id).await.progress.unwrap().recalled;
+        (recalled > 0).then_some(())
+    })
+    .await;
+    // SIGKILL mid-recall: chunk transactions cut off, tasks unacked.
+    worker.start_kill().unwrap();
+    worker.wait().await.unwrap();
+    let at_kill = get(&app, id).await;
+    assert!(at_kill.finished_at.is_none(), "the kill came too late to test anything");
+    assert!(at_kill.progress.unwrap().recalled < total);
+
+    let mut replacement = spawn_worker_process(&app);
+    let done = eventually("the recall finishes", Duration::from_secs(120), || async {
+        let message = get(&app, id).await;
+        message.finished_at.is_some().then_some(message)
+    })
+    .await;
+    let progress = done.progress.unwrap();
+    assert_eq!(progress.recalled, total, "every item taken back exactly once");
+    assert_eq!(progress.pending_chunks, 0);
+    assert_eq!(app.count_items(id).await, 0);
+    replacement.start_kill().unwrap();
+    replacement.wait().await.unwrap();
     app.cleanup().await;
 }

@@ -1,0 +1,272 @@
+//! Recalling a send whatever its state, and editing one: every item taken
+//! back exactly once with both counts exact, every shard's copy edited.
+
+use std::time::Duration;
+
+use notify_proto::v1;
+use notify_proto::v1::message_service_client::MessageServiceClient;
+use notify_testkit::{TestApp, authed, spawn_app, spawn_app_with, test_settings, with_clients};
+use tonic::Code;
+
+use crate::helpers::{content, send_request, wait_for_status};
+use crate::items::{served, truth};
+
+/// Items of a send in MySQL, on every shard.
+async fn items_of(app: &TestApp, message_id: u64) -> u64 {
+    app.count_items(message_id).await
+}
+
+async fn recall(app: &TestApp, message_id: u64) -> v1::Message {
+    app.messages()
+        .recall_message(v1::RecallMessageRequest { message_id })
+        .await
+        .unwrap()
+        .into_inner()
+}
+
+/// Follows a recall until it is finished (WatchMessage ends then).
+async fn recalled(app: &TestApp, message_id: u64) -> v1::Message {
+    let mut stream = app
+        .messages()
+        .watch_message(v1::WatchMessageRequest { message_id, interval_ms: 100 })
+        .await
+        .unwrap()
+        .into_inner();
+    let mut last = None;
+    let watching = async {
+        while let Some(message) = stream.message().await.unwrap() {
+            last = Some(message);
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(60), watching).await.expect("the recall finishes");
+    let last = last.expect("one state at least");
+    assert_eq!(last.status, v1::MessageStatus::Recalled as i32);
+    assert!(last.finished_at.is_some(), "the watch ended on a finished recall");
+    last
+}
+
+fn users(from: u64, count: u64) -> Vec<u64> {
+    (from..from + count).collect()
+}
+
+#[tokio::test]
+async fn a_completed_send_is_taken_back_from_every_inbox_also_where_it_was_read() {
+    let app = spawn_app().await;
+    let recipients = users(9_100_000, 1_200);
+    let id = app.send(recipients.clone()).await;
+    let done = wait_for_status(&app, id, v1::MessageStatus::Completed).await;
+    let delivered = done.progress.unwrap().delivered;
+    assert_eq!(delivered, 1_200);
+    let other = app.send(vec![recipients[0]]).await;
+    wait_for_status(&app, other, v1::MessageStatus::Completed).await;
+    // Some read it; every badge cached.
+    for user in &recipients[..5] {
+        let read = v1::MarkReadRequest { user_id: *user, message_ids: vec![id] };
+        app.inbox().mark_read(read).await.unwrap();
+    }
+    for user in &recipients[..20] {
+        served(&app, *user).await;
+    }
+
+    let first = recall(&app, id).await;
+    assert_eq!(first.status, v1::MessageStatus::Recalled as i32);
+    // Gone from lists and counts when the call returns, before the workers
+    // took every item back.
+    for user in &recipients[..20] {
+        assert!(!crate::helpers::inbox_ids(&app, *user).await.contains(&id));
+        assert_eq!(served(&app, *user).await, truth(&app, *user).await, "user {user}");
+    }
+    let last = recalled(&app, id).await;
+    let progress = last.progress.unwrap();
+    assert_eq!(progress.recalled, delivered, "every item taken back once");
+    assert_eq!(progress.pending_chunks, 0);
+    assert_eq!(progress.read, 0, "no item is read any more");
+    assert_eq!(items_of(&app, id).await, 0);
+    assert_eq!(crate::helpers::inbox_ids(&app, recipients[0]).await, [other], "others stay");
+    for user in &recipients[..20] {
+        assert_eq!(served(&app, *user).await, truth(&app, *user).await, "user {user}");
+    }
+    // A repeat is harmless; another recall counts nothing twice.
+    let again = recall(&app, id).await;
+    assert_eq!(again.progress.unwrap().recalled, delivered);
+    app.cleanup().await;
+}
+
+#[tokio::test]
+async fn a_sending_or_paused_send_stops_delivering_and_what_was_delivered_goes_back() {
+    let mut settings = test_settings();
+    settings.send.chunk_size = 100;
+    settings.send.small_send_threshold = 10;
+    let app = spawn_app_with(settings, true).await;
+
+    // Paused half-way: pending chunks never deliver, delivered ones go back.
+    let paused = app.send(users(9_200_000, 3_000)).await;
+    notify_testkit::eventually("some delivered", Duration::from_secs(30), || async {
+        let delivered = app.get_message(paused).await.progress.unwrap().delivered;
+        (delivered > 0).then_some(())
+    })
+    .await;
+    app.messages().pause_message(v1::PauseMessageRequest { message_id: paused }).await.unwrap();
+    let at_pause = app.get_message(paused).await.progress.unwrap();
+    recall(&app, paused).await;
+    let last = recalled(&app, paused).await.progress.unwrap();
+    assert!(at_pause.delivered < 3_000, "the pause came too late to test anything");
+    assert_eq!(last.recalled, last.delivered);
+    assert_eq!(last.delivered + last.cancelled, 3_000, "{last:?}");
+    assert_eq!(items_of(&app, paused).await, 0);
+
+    // Sending: recalled while its chunks are being applied.
+    let sending = app.send(users(9_300_000, 3_000)).await;
+    let status = recall(&app, sending).await.status;
+    assert_eq!(status, v1::MessageStatus::Recalled as i32);
+    let last = recalled(&app, sending).await.progress.unwrap();
+    assert_eq!(last.recalled, last.delivered);
+    assert_eq!(last.delivered + last.cancelled, 3_000, "{last:?}");
+    assert_eq!(items_of(&app, sending).await, 0);
+    app.cleanup().await;
+}
+
+#[tokio::test]
+async fn an_announcement_is_recalled_for_everyone_at_once() {
+    let app = spawn_app().await;
+    let request = v1::SendMessageRequest {
+        sender: "tests".into(),
+        content: Some(content("to all")),
+        audience: Some(v1::send_message_request::Audience::AllUsers(v1::AllUsersAudience {})),
+        ..Default::default()
+    };
+    let id = app.messages().send_message(request).await.unwrap().into_inner().message_id;
+    for user in [9_400_001, 9_400_002] {
+        assert_eq!(crate::helpers::inbox_ids(&app, user).await, [id]);
+    }
+    let recalled = recall(&app, id).await;
+    assert!(recalled.finished_at.is_some(), "nothing is left for the workers");
+    assert_eq!(recalled.progress.unwrap().recalled, 2);
+    for user in [9_400_001, 9_400_002, 9_400_003] {
+        assert!(crate::helpers::inbox_ids(&app, user).await.is_empty());
+        assert_eq!(served(&app, user).await, (0, 0));
+    }
+    app.cleanup().await;
+}
+
+#[tokio::test]
+async fn an_edit_changes_every_shards_copy_once_and_items_show_it() {
+    let app = spawn_app().await;
+    let recipients = users(9_500_000, 400);
+    let id = app.send(recipients.clone()).await;
+    wait_for_status(&app, id, v1::MessageStatus::Completed).await;
+    let new_content = v1::Content {
+        title: "fixed title".into(),
+        body: "fixed body".into(),
+        category: "system".into(),
+        data: [("link".to_owned(), "app://fixed".to_owned())].into_iter().collect(),
+    };
+    let edited = app
+        .messages()
+        .edit_message(v1::EditMessageRequest { message_id: id, content: Some(new_content.clone()) })
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(edited.edited_at.is_some());
+    assert_eq!(edited.content.unwrap().title, "fixed title");
+    // Every shard's copy, not one row per recipient.
+    let mut copies = 0;
+    for (_, pool) in app.ctx.pools.iter() {
+        let rows: Vec<(String, bool)> = sqlx::query_as(
+            "SELECT title, edited_at IS NOT NULL FROM message_contents WHERE message_id = ?",
+        )
+        .bind(id)
+        .fetch_all(pool)
+        .await
+        .unwrap();
+        for (title, stamped) in rows {
+            assert_eq!((title.as_str(), stamped), ("fixed title", true));
+            copies += 1;
+        }
+    }
+    assert_eq!(copies, app.ctx.pools.iter().count(), "one copy per shard with recipients");
+    let page = app
+        .inbox()
+        .list_inbox(v1::ListInboxRequest {
+            user_id: recipients[7],
+            page_size: 5,
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let item = &page.items[0];
+    assert_eq!(item.content.as_ref().unwrap().title, "fixed title");
+    assert!(item.edited_at.is_some());
+
+    // The category stays; a recalled send and a draft cannot be edited.
+    let mut moved = new_content.clone();
+    moved.category = "billing".into();
+    let status = app
+        .messages()
+        .edit_message(v1::EditMessageRequest { message_id: id, content: Some(moved) })
+        .await
+        .unwrap_err();
+    assert_eq!(status.code(), Code::InvalidArgument);
+    assert!(status.message().starts_with("content.category: "), "{}", status.message());
+    let draft = crate::helpers::create_draft(&app, "draft").await;
+    let status = app
+        .messages()
+        .edit_message(v1::EditMessageRequest {
+            message_id: draft,
+            content: Some(new_content.clone()),
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(status.code(), Code::FailedPrecondition);
+    recall(&app, id).await;
+    let status = app
+        .messages()
+        .edit_message(v1::EditMessageRequest { message_id: id, content: Some(new_content) })
+        .await
+        .unwrap_err();
+    assert_eq!(status.code(), Code::FailedPrecondition);
+
+    // The audit keeps the title it replaced.
+    let records = v1::admin_service_client::AdminServiceClient::new(app.channel())
+        .list_audit_records(v1::ListAuditRecordsRequest {
+            filter: Some(v1::list_audit_records_request::Filter::MessageId(id)),
+            page_size: 10,
+            page_token: String::new(),
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .records;
+    let edit = records.iter().find(|r| r.action == "message.edit" && r.outcome == "ok").unwrap();
+    assert_eq!(edit.detail, "previous title: \"hello\"");
+    assert!(records.iter().any(|r| r.action == "message.recall" && r.outcome == "ok"));
+    app.cleanup().await;
+}
+
+#[tokio::test]
+async fn recall_and_edit_of_unknown_or_others_sends_are_not_found() {
+    let mut settings = test_settings();
+    let tokens = with_clients(
+        &mut settings,
+        &[("owner", &["send", "sends.manage", "sends.read"]), ("other", &["sends.manage"])],
+    );
+    let app = spawn_app_with(settings, true).await;
+    let mut owner = MessageServiceClient::new(authed(app.channel(), &tokens["owner"]));
+    let mut request = send_request(vec![9_600_001]);
+    request.sender = String::new();
+    let id = owner.send_message(request).await.unwrap().into_inner().message_id;
+    let mut other = MessageServiceClient::new(authed(app.channel(), &tokens["other"]));
+    for message_id in [id, 123_456_789] {
+        let status =
+            other.recall_message(v1::RecallMessageRequest { message_id }).await.unwrap_err();
+        assert_eq!(status.code(), Code::NotFound, "{message_id}");
+        let edit = v1::EditMessageRequest { message_id, content: Some(content("x")) };
+        assert_eq!(other.edit_message(edit).await.unwrap_err().code(), Code::NotFound);
+    }
+    let status =
+        owner.recall_message(v1::RecallMessageRequest { message_id: 0 }).await.unwrap_err();
+    assert_eq!(status.code(), Code::InvalidArgument);
+    owner.recall_message(v1::RecallMessageRequest { message_id: id }).await.unwrap();
+    app.cleanup().await;
+}
