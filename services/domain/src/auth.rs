@@ -56,13 +56,18 @@ pub enum Scope {
     GroupsManage,
     /// Subscribe to users' live events (gateways).
     EventsSubscribe,
+    /// Look around the web console (sends, users, groups, shards).
+    ConsoleRead,
+    /// Use the console's buttons too (pause, resume, cancel, redrive,
+    /// recall), as `sends.manage` and `sends.all` would.
+    ConsoleManage,
     /// Everything, including the audit log and erasing users.
     Admin,
 }
 
 impl Scope {
     /// Every scope, in documentation order.
-    pub const ALL: [Scope; 11] = [
+    pub const ALL: [Scope; 13] = [
         Scope::Send,
         Scope::SendAllUsers,
         Scope::SendCritical,
@@ -73,6 +78,8 @@ impl Scope {
         Scope::InboxWrite,
         Scope::GroupsManage,
         Scope::EventsSubscribe,
+        Scope::ConsoleRead,
+        Scope::ConsoleManage,
         Scope::Admin,
     ];
 
@@ -89,6 +96,8 @@ impl Scope {
             Scope::InboxWrite => "inbox.write",
             Scope::GroupsManage => "groups.manage",
             Scope::EventsSubscribe => "events.subscribe",
+            Scope::ConsoleRead => "console.read",
+            Scope::ConsoleManage => "console.manage",
             Scope::Admin => "admin",
         }
     }

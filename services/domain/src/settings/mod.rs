@@ -44,6 +44,8 @@ pub struct Settings {
     pub health: HealthSettings,
     /// The gateway event stream.
     pub events: EventSettings,
+    /// The operators' web console, served by `notify-api`.
+    pub console: ConsoleSettings,
     /// Logging.
     pub log: LogSettings,
     /// OpenTelemetry traces.
@@ -263,6 +265,25 @@ pub struct EventSettings {
     pub snapshot_concurrency: usize,
 }
 
+/// The web console (`notify-api`, its own listener: browsers speak HTTP/1.1
+/// with cookies, the gRPC port HTTP/2 with a token per call).
+#[derive(Debug, Clone, Deserialize)]
+pub struct ConsoleSettings {
+    /// Serve it at all.
+    pub enabled: bool,
+    /// Listen address (`/console/` on it). Beyond loopback only with
+    /// authentication on.
+    pub listen: String,
+    /// How long a login lasts without use.
+    pub session_ttl_secs: u64,
+    /// How often an open send page is refreshed (one read of each shard per
+    /// interval for every page open on the send, on this replica).
+    pub update_interval_ms: u64,
+    /// Mark the session cookie `Secure` although the listener speaks plain
+    /// HTTP (TLS ends at a proxy in front); it always is under `api.tls`.
+    pub secure_cookie: bool,
+}
+
 /// Backend checks (readiness) and loop heartbeats (liveness).
 #[derive(Debug, Clone, Deserialize)]
 pub struct HealthSettings {
@@ -457,6 +478,8 @@ impl Settings {
             ("worker.operation_timeout_secs", self.worker.operation_timeout_secs),
             ("database.pool_max", u64::from(self.database.pool_max)),
             ("database.shard_map_refresh_ms", self.database.shard_map_refresh_ms),
+            ("console.session_ttl_secs", self.console.session_ttl_secs),
+            ("console.update_interval_ms", self.console.update_interval_ms),
             ("database.freeze_wait_ms", self.database.freeze_wait_ms),
             ("database.shard_move_wait_secs", self.database.shard_move_wait_secs),
             ("database.replica_lease_secs", self.database.replica_lease_secs),
