@@ -20,6 +20,7 @@ pub mod events;
 pub mod groups;
 pub mod health;
 pub mod inbox;
+pub mod lookups;
 pub mod preferences;
 pub mod queue;
 pub mod recall;

@@ -273,7 +273,7 @@ pub async fn get(ctx: &Context, message_id: MessageId, owner: Option<&str>) -> R
 /// A send's progress as its view shows it: per audience, and for a recall
 /// in progress the chunks it has left on every shard (an announcement's
 /// recall takes back every materialized item at once).
-async fn view_progress(ctx: &Context, row: &MessageRow) -> Result<Progress> {
+pub(crate) async fn view_progress(ctx: &Context, row: &MessageRow) -> Result<Progress> {
     let message_id = MessageId::from_raw(row.message_id);
     let mut progress = progress(ctx, message_id).await?.for_audience(row.audience);
     if row.status()? == SendStatus::Recalled {

@@ -115,7 +115,7 @@ impl MessageRow {
     }
 }
 
-const MESSAGE_COLUMNS: &str = "message_id, client, sender, idempotency_key, audience, status, start_requested, priority, lane, \
+pub(crate) const MESSAGE_COLUMNS: &str = "message_id, client, sender, idempotency_key, audience, status, start_requested, priority, lane, \
     critical <> 0 AS critical, title, body, category, data, send_at, expire_at, created_at, started_at, finished_at, \
     edited_at";
 

@@ -6,6 +6,7 @@ pub mod erasure;
 pub mod groups;
 pub mod item_updates;
 pub mod items;
+pub mod lookups;
 pub mod messages;
 pub mod preferences;
 pub mod reads;
