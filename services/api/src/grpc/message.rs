@@ -52,22 +52,33 @@ impl MessageApi {
         self.guard.quotas()
     }
 
-    /// Runs a lifecycle transition for `caller` and records it.
+    /// Runs a lifecycle transition for `caller` and records it. Both run
+    /// to the end in a task of their own: a caller that hangs up (or whose
+    /// deadline passes) mid-call drops this handler, never a transition
+    /// without its audit record.
     async fn lifecycle<F, Fut>(
         &self,
         caller: &Caller,
-        action: &str,
+        action: &'static str,
         raw_id: u64,
         transition: F,
     ) -> Result<Response<v1::Message>, Status>
     where
-        F: FnOnce(MessageId, Option<String>) -> Fut,
-        Fut: Future<Output = notify_domain::Result<MessageView>>,
+        F: FnOnce(Context, MessageId, Option<String>) -> Fut,
+        Fut: Future<Output = notify_domain::Result<MessageView>> + Send + 'static,
     {
         let id = message_id(raw_id)?;
         let owner = caller.sends_owner_filter().map(str::to_owned);
-        let result = transition(id, owner).await;
-        audit(&self.ctx, caller, action, Target::Message(id.get()), &result, String::new()).await;
+        let ctx = self.ctx.clone();
+        let caller = caller.clone();
+        let running = transition(ctx.clone(), id, owner);
+        let result = tokio::spawn(async move {
+            let result = running.await;
+            audit(&ctx, &caller, action, Target::Message(id.get()), &result, String::new()).await;
+            result
+        })
+        .await
+        .map_err(|e| Status::internal(format!("{action} did not finish: {e}")))?;
         reply(result)
     }
 }
@@ -218,12 +229,11 @@ impl MessageService for MessageApi {
         request: Request<v1::StartMessageRequest>,
     ) -> Result<Response<v1::Message>, Status> {
         let caller = caller(&request)?;
-        let ctx = &self.ctx;
         self.lifecycle(
             &caller,
             "message.start",
             request.into_inner().message_id,
-            |id, owner| async move { send::start(ctx, id, owner.as_deref()).await },
+            |ctx, id, owner| async move { send::start(&ctx, id, owner.as_deref()).await },
         )
         .await
     }
@@ -302,10 +312,9 @@ impl MessageService for MessageApi {
         request: Request<v1::PauseMessageRequest>,
     ) -> Result<Response<v1::Message>, Status> {
         let caller = caller(&request)?;
-        let ctx = &self.ctx;
         let raw_id = request.into_inner().message_id;
-        self.lifecycle(&caller, "message.pause", raw_id, |id, owner| async move {
-            send::pause(ctx, id, owner.as_deref()).await
+        self.lifecycle(&caller, "message.pause", raw_id, |ctx, id, owner| async move {
+            send::pause(&ctx, id, owner.as_deref()).await
         })
         .await
     }
@@ -315,10 +324,9 @@ impl MessageService for MessageApi {
         request: Request<v1::ResumeMessageRequest>,
     ) -> Result<Response<v1::Message>, Status> {
         let caller = caller(&request)?;
-        let ctx = &self.ctx;
         let raw_id = request.into_inner().message_id;
-        self.lifecycle(&caller, "message.resume", raw_id, |id, owner| async move {
-            send::resume(ctx, id, owner.as_deref()).await
+        self.lifecycle(&caller, "message.resume", raw_id, |ctx, id, owner| async move {
+            send::resume(&ctx, id, owner.as_deref()).await
         })
         .await
     }
@@ -328,10 +336,9 @@ impl MessageService for MessageApi {
         request: Request<v1::CancelMessageRequest>,
     ) -> Result<Response<v1::Message>, Status> {
         let caller = caller(&request)?;
-        let ctx = &self.ctx;
         let raw_id = request.into_inner().message_id;
-        self.lifecycle(&caller, "message.cancel", raw_id, |id, owner| async move {
-            send::cancel(ctx, id, owner.as_deref()).await
+        self.lifecycle(&caller, "message.cancel", raw_id, |ctx, id, owner| async move {
+            send::cancel(&ctx, id, owner.as_deref()).await
         })
         .await
     }
@@ -341,10 +348,9 @@ impl MessageService for MessageApi {
         request: Request<v1::RedriveMessageRequest>,
     ) -> Result<Response<v1::Message>, Status> {
         let caller = caller(&request)?;
-        let ctx = &self.ctx;
         let raw_id = request.into_inner().message_id;
-        self.lifecycle(&caller, "message.redrive", raw_id, |id, owner| async move {
-            send::redrive(ctx, id, owner.as_deref()).await
+        self.lifecycle(&caller, "message.redrive", raw_id, |ctx, id, owner| async move {
+            send::redrive(&ctx, id, owner.as_deref()).await
         })
         .await
     }
@@ -412,10 +418,9 @@ impl MessageService for MessageApi {
         request: Request<v1::RecallMessageRequest>,
     ) -> Result<Response<v1::Message>, Status> {
         let caller = caller(&request)?;
-        let ctx = &self.ctx;
         let raw_id = request.into_inner().message_id;
-        self.lifecycle(&caller, "message.recall", raw_id, |id, owner| async move {
-            recall::recall(ctx, id, owner.as_deref()).await
+        self.lifecycle(&caller, "message.recall", raw_id, |ctx, id, owner| async move {
+            recall::recall(&ctx, id, owner.as_deref()).await
         })
         .await
     }
