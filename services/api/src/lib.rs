@@ -4,6 +4,7 @@
 
 pub mod auth;
 pub mod call_end;
+pub mod console;
 pub mod conn_age;
 pub mod convert;
 pub mod events;
@@ -65,6 +66,7 @@ pub struct Application {
     ctx: Context,
     listener: TcpListener,
     metrics_listener: TcpListener,
+    console_listener: Option<TcpListener>,
     tls: Option<Arc<ServerTls>>,
     replica: notify_store::shard_map::Replica,
 }
@@ -90,11 +92,12 @@ impl Application {
                     settings.api.metrics_listen
                 )
             })?;
+        let console_listener = console::bind(&settings).await?;
         let ctx = Context::connect(settings).await?;
         // Reported before serving anything (see shard_map::join).
         let replica = notify_store::shard_map::Replica::new("api");
         notify_store::shard_map::join(&ctx.pools, &ctx.settings.database, &replica).await?;
-        Ok(Self { ctx, listener, metrics_listener, tls, replica })
+        Ok(Self { ctx, listener, metrics_listener, console_listener, tls, replica })
     }
 
     /// Returns the listener's TLS configuration, when TLS is on.
@@ -110,6 +113,11 @@ impl Application {
     /// Returns the bound metrics address.
     pub fn metrics_addr(&self) -> std::io::Result<SocketAddr> {
         self.metrics_listener.local_addr()
+    }
+
+    /// Returns the bound console address, when the console is on.
+    pub fn console_addr(&self) -> Option<SocketAddr> {
+        self.console_listener.as_ref().and_then(|l| l.local_addr().ok())
     }
 
     /// Returns the shared context (tests use it to inspect state).
@@ -149,6 +157,11 @@ impl Application {
             probes,
             shutdown.clone(),
         ));
+        // The console stops with the shutdown token: its open event
+        // streams end then, so its drain never waits on them.
+        let console = self.console_listener.map(|listener| {
+            tokio::spawn(console::serve(listener, self.ctx.clone(), shutdown.clone()))
+        });
         let draining = {
             let shutdown = shutdown.clone();
             let health = health.clone();
@@ -256,6 +269,9 @@ impl Application {
             () = deadline => tracing::warn!(grace_secs = grace.as_secs(), "in-flight calls outlived the shutdown grace period"),
         }
         metrics.await??;
+        if let Some(console) = console {
+            console.await?;
+        }
         drop(drained);
         shard_map.await?;
         info!("notify-api stopped");
