@@ -9,6 +9,7 @@ use serde::Serialize;
 #[derive(Serialize)]
 struct ConfigFile<'a> {
     worker: Worker,
+    console: Console,
     database: Database<'a>,
     rabbitmq: Rabbit<'a>,
     redis: Redis<'a>,
@@ -24,6 +25,12 @@ struct Worker {
     sweep_interval_secs: u64,
     sweep_timeout_secs: u64,
     retry_base_ms: u64,
+}
+
+#[derive(Serialize)]
+struct Console {
+    /// A port of its own, as the metrics listener.
+    listen: &'static str,
 }
 
 #[derive(Serialize)]
@@ -68,6 +75,7 @@ pub(crate) fn to_toml(s: &Settings) -> String {
             sweep_timeout_secs: s.worker.sweep_timeout_secs,
             retry_base_ms: s.worker.retry_base_ms,
         },
+        console: Console { listen: "127.0.0.1:0" },
         database: Database {
             pool_max: s.database.pool_max,
             shards: s

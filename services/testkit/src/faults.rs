@@ -172,6 +172,21 @@ pub struct Proxies {
     pub rabbitmq: FaultProxy,
 }
 
+/// Routes `settings`' shards through fresh fault proxies, each answering
+/// `millis` late: a worker with these settings delivers a chunk in several
+/// round trips of that, slowly enough for a test to act in the middle of a
+/// send, whatever the machine's speed.
+pub async fn slow_shards(settings: &mut Settings, millis: u64) -> Vec<FaultProxy> {
+    let mut proxies = Vec::new();
+    for shard in &mut settings.database.shards {
+        let proxy = FaultProxy::start(&format!("slow-shard-{}", shard.id), "127.0.0.1:3306").await;
+        proxy.latency(millis).await;
+        shard.url = Some(SecretString::from(format!("mysql://notify:notify@{}", proxy.addr())));
+        proxies.push(proxy);
+    }
+    proxies
+}
+
 /// Routes `settings`' shards, Redis and RabbitMQ through fresh fault proxies
 /// (to the local servers) and returns them.
 pub async fn route_through_proxies(settings: &mut Settings) -> Proxies {

@@ -5,6 +5,7 @@
 //! Redis, MariaDB and RabbitMQ instances for tests that need their own.
 
 mod config_file;
+pub mod console;
 pub mod faults;
 pub mod metrics;
 pub mod otlp;
@@ -49,6 +50,7 @@ pub fn test_settings() -> Settings {
     settings.database.pool_max = 6;
     settings.api.listen = "127.0.0.1:0".into();
     settings.api.metrics_listen = "127.0.0.1:0".into();
+    settings.console.listen = "127.0.0.1:0".into();
     settings.api.shutdown_grace_secs = 2;
     settings.worker.metrics_listen = "127.0.0.1:0".into();
     settings.worker.scheduler_interval_ms = 100;
@@ -96,6 +98,8 @@ pub struct TestApp {
     pub addr: SocketAddr,
     /// Metrics address of the api.
     pub metrics_addr: SocketAddr,
+    /// The web console's address, when it is on.
+    pub console_addr: Option<SocketAddr>,
     /// The api's shared context, for inspecting state directly.
     pub ctx: Context,
     /// The api's TLS configuration, when TLS is on.
@@ -112,6 +116,8 @@ pub struct TestApp {
 /// A second api process (in-process) over the same databases, queues and
 /// keys as a [`TestApp`]: another replica behind the same Service.
 pub struct ApiReplica {
+    /// Its web console's address, when the console is on.
+    pub console_addr: Option<SocketAddr>,
     shutdown: CancellationToken,
     task: JoinHandle<anyhow::Result<()>>,
     channel: Channel,
@@ -212,6 +218,7 @@ pub async fn spawn_app_with(settings: Settings, with_worker: bool) -> TestApp {
     let app = Application::build(settings.clone()).await.expect("api builds");
     let addr = app.local_addr().expect("api bound");
     let metrics_addr = app.metrics_addr().expect("metrics bound");
+    let console_addr = app.console_addr();
     let ctx = app.context().clone();
     let tls = app.tls();
     let api_shutdown = CancellationToken::new();
@@ -221,6 +228,7 @@ pub async fn spawn_app_with(settings: Settings, with_worker: bool) -> TestApp {
         settings,
         addr,
         metrics_addr,
+        console_addr,
         ctx,
         tls,
         worker: None,
@@ -251,9 +259,10 @@ impl TestApp {
         let app = Application::build(self.settings.clone()).await.expect("replica builds");
         let addr = app.local_addr().expect("replica bound");
         let tls = app.tls().is_some();
+        let console_addr = app.console_addr();
         let shutdown = CancellationToken::new();
         let task = tokio::spawn(app.run_until_stopped(shutdown.clone()));
-        ApiReplica { shutdown, task, channel: connect(addr, tls).await }
+        ApiReplica { console_addr, shutdown, task, channel: connect(addr, tls).await }
     }
 
     /// A client of `GroupService`.
@@ -268,10 +277,16 @@ impl TestApp {
 
     /// Starts an in-process worker (if none runs).
     pub async fn start_worker(&mut self) {
+        self.start_worker_with(self.settings.clone()).await;
+    }
+
+    /// Starts an in-process worker with settings of its own (if none runs):
+    /// the app's, say, routed through fault proxies that slow it down.
+    pub async fn start_worker_with(&mut self, settings: Settings) {
         if self.worker.is_some() {
             return;
         }
-        let worker = Worker::build(self.settings.clone()).await.expect("worker builds");
+        let worker = Worker::build(settings).await.expect("worker builds");
         let metrics_addr = worker.metrics_addr().expect("worker metrics bound");
         let shutdown = CancellationToken::new();
         let task = tokio::spawn(worker.run_until_stopped(shutdown.clone()));

@@ -4,6 +4,7 @@
 mod announce;
 mod auth;
 mod badge_cache;
+mod console;
 mod erase;
 mod events;
 mod faults;

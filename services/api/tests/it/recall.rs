@@ -97,7 +97,12 @@ async fn a_sending_or_paused_send_stops_delivering_and_what_was_delivered_goes_b
     let mut settings = test_settings();
     settings.send.chunk_size = 100;
     settings.send.small_send_threshold = 10;
-    let app = spawn_app_with(settings, true).await;
+    // A worker whose every MySQL answer comes 30 ms late: a chunk takes
+    // several of those, so the pause lands half-way on any machine.
+    let mut slow = settings.clone();
+    let _proxies = notify_testkit::faults::slow_shards(&mut slow, 30).await;
+    let mut app = spawn_app_with(settings, false).await;
+    app.start_worker_with(slow).await;
 
     // Paused half-way: pending chunks never deliver, delivered ones go back.
     let paused = app.send(users(9_200_000, 3_000)).await;
@@ -117,8 +122,14 @@ async fn a_sending_or_paused_send_stops_delivering_and_what_was_delivered_goes_b
 
     // Sending: recalled while its chunks are being applied.
     let sending = app.send(users(9_300_000, 3_000)).await;
-    let status = recall(&app, sending).await.status;
-    assert_eq!(status, v1::MessageStatus::Recalled as i32);
+    notify_testkit::eventually("some delivered", Duration::from_secs(30), || async {
+        let delivered = app.get_message(sending).await.progress.unwrap().delivered;
+        (delivered > 0).then_some(())
+    })
+    .await;
+    let at_recall = recall(&app, sending).await;
+    assert_eq!(at_recall.status, v1::MessageStatus::Recalled as i32);
+    assert!(at_recall.progress.unwrap().delivered < 3_000, "the recall came too late");
     let last = recalled(&app, sending).await.progress.unwrap();
     assert_eq!(last.recalled, last.delivered);
     assert_eq!(last.delivered + last.cancelled, 3_000, "{last:?}");

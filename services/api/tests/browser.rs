@@ -1,0 +1,269 @@
+//! The console in a real browser: Debian's `chromium`, headless, driven over
+//! WebDriver by `chromedriver` (the same build; `scripts/test` installs both
+//! when missing) against the real api, worker, MariaDB, RabbitMQ and Redis.
+//! An operator logs in, watches a send advance without reloading, pauses it
+//! (the confirmation names the send and its recipients; the paused state
+//! and its audit record show), resumes it, sees it complete with the exact
+//! totals and looks up a recipient's inbox; the page reports no
+//! Content-Security-Policy violation, and a violation provoked on purpose is
+//! reported and counted (so the check can fail).
+//!
+//! With `NOTIFY_CONSOLE_SCREENSHOTS=<dir>` the send and user pages are
+//! saved there as PNGs (`docs/console-send.png` and `docs/console-user.png`
+//! come from this test).
+
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::Duration;
+
+use fantoccini::{Client, ClientBuilder, Locator};
+use notify_proto::v1::message_service_client::MessageServiceClient;
+use notify_testkit::{
+    authed, eventually, http_get, metric_sum, send_request, spawn_app_with, test_settings,
+    with_clients,
+};
+use tokio::process::{Child, Command};
+
+/// Recipients of the send the test watches.
+const RECIPIENTS: u64 = 6_000;
+/// The first of them.
+const FIRST_USER: u64 = 7_100_001;
+
+/// Finds a program on the PATH or in /usr/bin and /usr/lib/chromium.
+fn program(name: &str) -> PathBuf {
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    std::env::split_paths(&path)
+        .chain([PathBuf::from("/usr/bin"), PathBuf::from("/usr/lib/chromium")])
+        .map(|dir| dir.join(name))
+        .find(|candidate| candidate.is_file())
+        .unwrap_or_else(|| {
+            panic!(
+                "{name} is not installed: the console's browser test needs Debian's chromium and \
+                 chromium-driver (scripts/test installs them; or apt-get install chromium \
+                 chromium-driver)"
+            )
+        })
+}
+
+/// A headless Chromium session, its chromedriver and its fresh profile.
+struct Browser {
+    client: Client,
+    driver: Child,
+    _profile: tempfile::TempDir,
+}
+
+impl Browser {
+    async fn start() -> Self {
+        let chromium = program("chromium");
+        let chromedriver = program("chromedriver");
+        let port = notify_testkit::servers::free_port();
+        let driver = Command::new(chromedriver)
+            .arg(format!("--port={port}"))
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .kill_on_drop(true)
+            .spawn()
+            .expect("chromedriver starts");
+        let url = format!("http://127.0.0.1:{port}");
+        eventually("chromedriver to listen", Duration::from_secs(20), || async {
+            tokio::net::TcpStream::connect(("127.0.0.1", port)).await.ok().map(|_| ())
+        })
+        .await;
+        let profile = tempfile::Builder::new().prefix("notify-chromium-").tempdir().expect("dir");
+        let args = [
+            "--headless=new".to_owned(),
+            "--no-sandbox".to_owned(),
+            "--disable-gpu".to_owned(),
+            "--disable-quic".to_owned(),
+            "--disable-background-networking".to_owned(),
+            "--disable-component-update".to_owned(),
+            "--disable-dev-shm-usage".to_owned(),
+            "--window-size=1280,1000".to_owned(),
+            format!("--user-data-dir={}", profile.path().display()),
+        ];
+        let capabilities = serde_json::json!({
+            "goog:chromeOptions": { "binary": chromium, "args": args },
+            "unhandledPromptBehavior": "ignore",
+        });
+        let serde_json::Value::Object(capabilities) = capabilities else { unreachable!() };
+        let connector = hyper_util::client::legacy::connect::HttpConnector::new();
+        let client = ClientBuilder::new(connector)
+            .capabilities(capabilities)
+            .connect(&url)
+            .await
+            .expect("a chromium session");
+        Self { client, driver, _profile: profile }
+    }
+
+    async fn stop(mut self) {
+        let _ = self.client.close().await;
+        let _ = self.driver.kill().await;
+    }
+
+    async fn text(&self, css: &str) -> String {
+        self.client.find(Locator::Css(css)).await.expect(css).text().await.expect("text")
+    }
+
+    /// A counter of the send's page as a number (`6,000` reads 6000).
+    async fn counter(&self, name: &str) -> u64 {
+        let text = self.text(&format!("[data-counter=\"{name}\"]")).await;
+        text.replace(',', "").parse().unwrap_or_else(|_| panic!("{name}: {text:?}"))
+    }
+
+    /// Waits for an element, as a person waits for a page.
+    async fn wait_for(&self, css: &str, within: Duration) -> fantoccini::elements::Element {
+        self.client
+            .wait()
+            .at_most(within)
+            .for_element(Locator::Css(css))
+            .await
+            .unwrap_or_else(|e| panic!("{css} never showed: {e}"))
+    }
+
+    /// Presses a button whose confirmation is expected; returns its text.
+    async fn press_confirmed(&self, action: &str) -> String {
+        let button = format!("button[data-action=\"{action}\"]");
+        self.client.find(Locator::Css(&button)).await.expect(&button).click().await.expect("click");
+        let asked = self.client.get_alert_text().await.expect("a confirmation");
+        self.client.accept_alert().await.expect("confirmed");
+        asked
+    }
+
+    async fn screenshot(&self, name: &str) {
+        let Some(dir) = std::env::var_os("NOTIFY_CONSOLE_SCREENSHOTS") else { return };
+        let png = self.client.screenshot().await.expect("screenshot");
+        let path = Path::new(&dir).join(name);
+        std::fs::write(&path, png).expect("screenshot written");
+    }
+}
+
+#[tokio::test]
+async fn an_operator_watches_pauses_resumes_and_looks_up_a_recipient() {
+    let mut settings = test_settings();
+    settings.send.chunk_size = 100;
+    settings.console.update_interval_ms = 250;
+    let tokens = with_clients(&mut settings, &[("operator", &["console.manage"]), ("app", &["send"])]);
+    for client in &mut settings.auth.clients {
+        client.senders = vec!["tests".to_owned()];
+    }
+    // The worker answers slowly (every MySQL reply 40 ms late), so the send
+    // takes seconds and the test can watch it and pause it half-way.
+    let mut slow = settings.clone();
+    slow.worker.operation_timeout_secs = 300;
+    let proxies = notify_testkit::faults::slow_shards(&mut slow, 40).await;
+    let mut app = spawn_app_with(settings, false).await;
+    let console = format!("http://{}", app.console_addr.expect("console on"));
+    let metrics_addr = app.metrics_addr;
+    let csp_violations = move || async move {
+        let page = http_get(metrics_addr, "/metrics").await.1;
+        metric_sum(&page, "notify_console_csp_violations_total")
+    };
+    let violations_before = csp_violations().await;
+
+    let mut messages = MessageServiceClient::new(authed(app.channel(), &tokens["app"]));
+    let users: Vec<u64> = (FIRST_USER..FIRST_USER + RECIPIENTS).collect();
+    let id = messages.send_message(send_request(users)).await.expect("send").into_inner().message_id;
+
+    let browser = Browser::start().await;
+    let web = &browser.client;
+
+    // Log in: the login page comes first, then where it was asked for.
+    web.goto(&format!("{console}/console/sends/{id}")).await.expect("goto");
+    browser.wait_for("input#token", Duration::from_secs(10)).await;
+    web.find(Locator::Css("input#token"))
+        .await
+        .expect("token field")
+        .send_keys(&tokens["operator"])
+        .await
+        .expect("typed");
+    web.find(Locator::Css("section.login button[type=submit]")).await.expect("button").click().await.expect("click");
+    browser.wait_for("article.send[data-live]", Duration::from_secs(10)).await;
+    assert_eq!(browser.text("#status").await.to_lowercase(), "sending");
+    assert_eq!(browser.counter("delivered").await, 0);
+    assert_eq!(browser.counter("total").await, RECIPIENTS);
+
+    // Delivery starts; the page follows without reloading.
+    web.execute("window.notifyMarker = 'still the same page';", vec![]).await.expect("mark");
+    app.start_worker_with(slow).await;
+    eventually("the bar to advance", Duration::from_secs(60), || async {
+        let delivered = browser.counter("delivered").await;
+        (delivered > 0 && delivered < RECIPIENTS).then_some(())
+    })
+    .await;
+    // A fifth of the way: the chart has had several updates to draw.
+    eventually("a fifth delivered", Duration::from_secs(60), || async {
+        (browser.counter("delivered").await >= RECIPIENTS / 5).then_some(())
+    })
+    .await;
+    browser.screenshot("console-send.png").await;
+    let marker = web.execute("return window.notifyMarker;", vec![]).await.expect("read mark");
+    assert_eq!(marker, "still the same page", "the page advanced without a reload");
+    let width = web
+        .execute(
+            "return document.querySelector('section.progress rect.delivered').getAttribute('width');",
+            vec![],
+        )
+        .await
+        .expect("bar width");
+    let width: f64 = width.as_str().and_then(|w| w.parse().ok()).expect("a width");
+    assert!(width > 0.0 && width < 100.0, "the bar shows part delivered: {width}");
+    let points = web
+        .execute("return document.querySelectorAll('#chart canvas').length;", vec![])
+        .await
+        .expect("chart");
+    assert_eq!(points, 1, "the chart is drawn");
+
+    // Pause: the confirmation names the send and its recipients.
+    let asked = browser.press_confirmed("pause").await;
+    assert!(asked.contains(&format!("Pause send {id}")), "{asked}");
+    assert!(asked.contains("to 6,000 recipients"), "{asked}");
+    browser.wait_for("#paused-banner", Duration::from_secs(10)).await;
+    assert_eq!(browser.text("#status").await.to_lowercase(), "paused");
+    let audit = browser.text("tr[data-audit-action=\"message.pause\"]").await;
+    assert!(audit.contains("operator") && audit.contains("ok") && audit.contains("via console"), "{audit}");
+    let at_pause = browser.counter("delivered").await;
+    assert!(at_pause < RECIPIENTS, "paused half-way: {at_pause}");
+    browser.screenshot("console-send-paused.png").await;
+
+
+    // Resume: it completes, the page shows the exact totals.
+    let asked = browser.press_confirmed("resume").await;
+    assert!(asked.contains(&format!("Resume send {id}")), "{asked}");
+    browser.wait_for("#status.completed", Duration::from_secs(180)).await;
+    assert_eq!(browser.counter("delivered").await, RECIPIENTS);
+    assert_eq!(browser.counter("total").await, RECIPIENTS);
+    assert_eq!(browser.counter("pending").await, 0);
+    assert_eq!(browser.counter("failed").await, 0);
+    let timeline = browser.text("ol.timeline").await;
+    let audit = browser.text("table.audit").await;
+    for moment in ["created", "started", "paused by operator", "resumed by operator", "completed"] {
+        assert!(timeline.contains(moment), "timeline lacks {moment}: {timeline}\naudit: {audit}");
+    }
+
+    // A recipient's inbox.
+    web.goto(&format!("{console}/console/users?user_id={FIRST_USER}")).await.expect("goto");
+    browser.wait_for(&format!("tr[data-item=\"{id}\"]"), Duration::from_secs(10)).await;
+    assert_eq!(browser.text("[data-badge=\"unread\"]").await, "1");
+    browser.screenshot("console-user.png").await;
+
+    // Nothing the page did broke its policy...
+    assert_eq!(csp_violations().await, violations_before, "the pages reported a violation");
+    // ...and a violation would have been seen: an image from elsewhere is
+    // refused, reported and counted.
+    web.execute(
+        "const img = document.createElement('img'); img.src = 'https://example.invalid/x.png'; \
+         document.body.append(img);",
+        vec![],
+    )
+    .await
+    .expect("provoke");
+    eventually("the provoked violation to be counted", Duration::from_secs(20), || async {
+        (csp_violations().await > violations_before).then_some(())
+    })
+    .await;
+
+    browser.stop().await;
+    drop(messages);
+    app.cleanup().await;
+    drop(proxies);
+}
