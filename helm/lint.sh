@@ -215,6 +215,45 @@ assert json.loads(doc["data"]["notify.json"]) == json.load(open(dashboard)), "da
 ' "$out/dashboard.yaml" "$chart/dashboards/notify.json" "$key" "$value"
 }
 
+# Succeeds when the console is where api.console puts it: loopback only and
+# nowhere in the Service by default; exposed, on listenHost with a Service
+# port, a container port and (with ingress) an Ingress at /console whose TLS
+# makes the session cookie Secure. Args: helm, "loopback" or "exposed",
+# helm template args...
+renders_console() {
+  local helm=$1 mode=$2
+  shift 2
+  "$helm" template notify-test "$chart" --kube-version 1.27.0 "$@" >"$out/console.yaml"
+  PYTHONPATH="$pydir" python3 -c '
+import base64, sys, tomllib, yaml
+rendered, mode = sys.argv[1:]
+docs = [d for d in yaml.safe_load_all(open(rendered)) if d]
+def find(kind, name):
+    return [d for d in docs if d["kind"] == kind and d["metadata"]["name"] == name]
+config = next(tomllib.loads(base64.b64decode(d["data"]["notify-api.toml"]).decode())
+              for d in docs if d["kind"] == "Secret" and "notify-api.toml" in d.get("data", {}))
+console = config["console"]
+service_ports = {p["name"]: p for p in find("Service", "notify-test-api")[0]["spec"]["ports"]}
+pod = find("Deployment", "notify-test-api")[0]["spec"]["template"]["spec"]
+container_ports = {p["name"] for c in pod["containers"] for p in c.get("ports", [])}
+ingress = find("Ingress", "notify-test-console")
+if mode == "loopback":
+    assert console["listen"] == "127.0.0.1:9480", console
+    assert "console" not in service_ports and "console" not in container_ports
+    assert not ingress, "an Ingress without expose"
+else:
+    assert console["listen"] == "0.0.0.0:9480", console
+    assert console.get("secure_cookie") is True, console
+    assert service_ports["console"]["targetPort"] == "console"
+    assert "console" in container_ports
+    spec = ingress[0]["spec"]
+    assert spec["tls"][0]["hosts"] == ["console.example.com"], spec
+    path = spec["rules"][0]["http"]["paths"][0]
+    assert path["path"] == "/console", path
+    assert path["backend"]["service"] == {"name": "notify-test-api", "port": {"name": "console"}}, path
+' "$out/console.yaml" "$mode"
+}
+
 # Succeeds when the migration Job and the helm test Pod carry the
 # topologySpreadConstraints given in values.
 renders_pod_spread() { # helm, helm template args...
@@ -394,6 +433,26 @@ for helm in "${helms[@]}"; do
   check "[$version] a url in config is refused" \
     must_fail_with "config.redis.url: set by the chart" "$helm" template notify-test "$chart" \
     -f "$minimal" --set config.redis.url=redis://x
+  check "[$version] the console binds the pod's loopback by default" \
+    renders_console "$helm" loopback -f "$minimal"
+  console=(--set api.console.expose=true --set api.console.ingress.enabled=true
+    --set api.console.ingress.host=console.example.com
+    --set api.console.ingress.tlsSecretName=console-tls)
+  check "[$version] an exposed console: Service port, container port, Ingress, Secure cookie" \
+    renders_console "$helm" exposed -f "$minimal" "${console[@]}"
+  render_and_check "$helm" "[$version] exposed console with an Ingress" -f "$minimal" \
+    "${console[@]}" --set networkPolicy.enabled=true
+  check "[$version] an exposed console without authentication is refused" \
+    must_fail_with "api.console.expose needs auth.enabled" "$helm" template notify-test "$chart" \
+    --set auth.enabled=false --set auth.insecureAllowUnauthenticated=true \
+    --set api.console.expose=true
+  check "[$version] a console Ingress without expose is refused" \
+    must_fail_with "api.console.ingress.enabled needs api.console.expose" \
+    "$helm" template notify-test "$chart" -f "$minimal" --set api.console.ingress.enabled=true \
+    --set api.console.ingress.host=console.example.com
+  check "[$version] the console's listener in config is refused" \
+    must_fail_with "config.console.listen: set by the chart" "$helm" template notify-test "$chart" \
+    -f "$minimal" --set config.console.listen=0.0.0.0:9480
 done
 
 echo "helm: $passed passed, $failed failed"

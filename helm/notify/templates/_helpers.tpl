@@ -215,6 +215,33 @@ the per-shard urls of secrets.shardUrls merged into database.shards.
 {{- end }}
 {{- end }}
 {{- $_ = set $cfg "api" $api }}
+{{- $console := get $cfg "console" | default dict }}
+{{- range $key := list "enabled" "listen" }}
+{{- if hasKey $console $key }}
+{{- fail (printf "config.console.%s: set by the chart from api.console (enabled, port, expose)" $key) }}
+{{- end }}
+{{- end }}
+{{- with .Values.api.console }}
+{{- $_ = set $console "enabled" .enabled }}
+{{- if and .expose .enabled }}
+{{- if not $.Values.auth.enabled }}
+{{- fail "api.console.expose needs auth.enabled: notify-api refuses to serve the console beyond loopback without authentication" }}
+{{- end }}
+{{- $_ = set $console "listen" (printf "%s:%d" $host (int .port)) }}
+{{- else }}
+{{- $_ = set $console "listen" (printf "127.0.0.1:%d" (int .port)) }}
+{{- end }}
+{{- if and .ingress.enabled (not .expose) }}
+{{- fail "api.console.ingress.enabled needs api.console.expose" }}
+{{- end }}
+{{- if and .ingress.enabled (not .ingress.host) }}
+{{- fail "api.console.ingress.host is required with api.console.ingress.enabled" }}
+{{- end }}
+{{- if and .ingress.enabled .ingress.tlsSecretName }}
+{{- $_ = set $console "secure_cookie" true }}
+{{- end }}
+{{- end }}
+{{- $_ = set $cfg "console" $console }}
 {{- $worker := get $cfg "worker" | default dict }}
 {{- $_ = set $worker "metrics_listen" (printf "%s:%d" $host (int .Values.worker.ports.metrics)) }}
 {{- $_ = set $cfg "worker" $worker }}
