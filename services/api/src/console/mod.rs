@@ -13,7 +13,8 @@
 //! Security, the API's rules: beyond loopback only with authentication on;
 //! login with a client token that has `admin` or `console.read` (the
 //! buttons need `console.manage`); a session in Redis with a TTL behind an
-//! HttpOnly, SameSite=Strict cookie (Secure under TLS); every state change
+//! HttpOnly, SameSite=Strict cookie (Secure with `console.secure_cookie`,
+//! for TLS ended in front of the listener); every state change
 //! is a POST checked for its origin (`Sec-Fetch-Site`, else `Origin`) and
 //! for the session's CSRF token; a strict Content-Security-Policy with
 //! violations reported back and counted; every button press is audited as
