@@ -4,8 +4,8 @@
 
 pub mod auth;
 pub mod call_end;
-pub mod console;
 pub mod conn_age;
+pub mod console;
 pub mod convert;
 pub mod events;
 pub mod grpc;

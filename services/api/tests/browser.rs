@@ -142,7 +142,8 @@ async fn an_operator_watches_pauses_resumes_and_looks_up_a_recipient() {
     let mut settings = test_settings();
     settings.send.chunk_size = 100;
     settings.console.update_interval_ms = 250;
-    let tokens = with_clients(&mut settings, &[("operator", &["console.manage"]), ("app", &["send"])]);
+    let tokens =
+        with_clients(&mut settings, &[("operator", &["console.manage"]), ("app", &["send"])]);
     for client in &mut settings.auth.clients {
         client.senders = vec!["tests".to_owned()];
     }
@@ -162,7 +163,8 @@ async fn an_operator_watches_pauses_resumes_and_looks_up_a_recipient() {
 
     let mut messages = MessageServiceClient::new(authed(app.channel(), &tokens["app"]));
     let users: Vec<u64> = (FIRST_USER..FIRST_USER + RECIPIENTS).collect();
-    let id = messages.send_message(send_request(users)).await.expect("send").into_inner().message_id;
+    let id =
+        messages.send_message(send_request(users)).await.expect("send").into_inner().message_id;
 
     let browser = Browser::start().await;
     let web = &browser.client;
@@ -176,7 +178,12 @@ async fn an_operator_watches_pauses_resumes_and_looks_up_a_recipient() {
         .send_keys(&tokens["operator"])
         .await
         .expect("typed");
-    web.find(Locator::Css("section.login button[type=submit]")).await.expect("button").click().await.expect("click");
+    web.find(Locator::Css("section.login button[type=submit]"))
+        .await
+        .expect("button")
+        .click()
+        .await
+        .expect("click");
     browser.wait_for("article.send[data-live]", Duration::from_secs(10)).await;
     assert_eq!(browser.text("#status").await.to_lowercase(), "sending");
     assert_eq!(browser.counter("delivered").await, 0);
@@ -220,11 +227,13 @@ async fn an_operator_watches_pauses_resumes_and_looks_up_a_recipient() {
     browser.wait_for("#paused-banner", Duration::from_secs(10)).await;
     assert_eq!(browser.text("#status").await.to_lowercase(), "paused");
     let audit = browser.text("tr[data-audit-action=\"message.pause\"]").await;
-    assert!(audit.contains("operator") && audit.contains("ok") && audit.contains("via console"), "{audit}");
+    assert!(
+        audit.contains("operator") && audit.contains("ok") && audit.contains("via console"),
+        "{audit}"
+    );
     let at_pause = browser.counter("delivered").await;
     assert!(at_pause < RECIPIENTS, "paused half-way: {at_pause}");
     browser.screenshot("console-send-paused.png").await;
-
 
     // Resume: it completes, the page shows the exact totals.
     let asked = browser.press_confirmed("resume").await;

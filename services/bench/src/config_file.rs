@@ -15,6 +15,7 @@ struct ConfigFile<'a> {
     rabbitmq: Rabbit<'a>,
     redis: Redis<'a>,
     inbox: Inbox,
+    console: Console<'a>,
     log: Log<'a>,
 }
 
@@ -72,6 +73,12 @@ struct Inbox {
 }
 
 #[derive(Serialize)]
+struct Console<'a> {
+    listen: &'a str,
+    update_interval_ms: u64,
+}
+
+#[derive(Serialize)]
 struct Log<'a> {
     filter: &'a str,
 }
@@ -115,6 +122,10 @@ pub fn to_toml(s: &Settings) -> String {
             near_cache_max_lag_ms: s.redis.near_cache_max_lag_ms,
         },
         inbox: Inbox { page_cache_ttl_secs: s.inbox.page_cache_ttl_secs },
+        console: Console {
+            listen: &s.console.listen,
+            update_interval_ms: s.console.update_interval_ms,
+        },
         log: Log { filter: &s.log.filter },
     };
     toml::to_string(&file).expect("settings serialize as TOML")

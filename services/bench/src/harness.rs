@@ -121,6 +121,7 @@ impl Env {
         settings.api.listen = format!("127.0.0.1:{}", free_port()?);
         settings.api.metrics_listen = format!("127.0.0.1:{}", free_port()?);
         settings.worker.metrics_listen = format!("127.0.0.1:{}", free_port()?);
+        settings.console.listen = format!("127.0.0.1:{}", free_port()?);
         settings.validate().map_err(|e| anyhow!("bench settings: {e}"))?;
         let temp = tempfile::Builder::new()
             .prefix(&format!("notify-bench-{}-", settings.rabbitmq.prefix))
@@ -215,6 +216,7 @@ impl Env {
         settings.api.listen = format!("127.0.0.1:{}", free_port()?);
         settings.api.metrics_listen = format!("127.0.0.1:{}", free_port()?);
         settings.worker.metrics_listen = format!("127.0.0.1:{}", free_port()?);
+        settings.console.listen = format!("127.0.0.1:{}", free_port()?);
         let config = self.dir.join(format!("{name}.toml"));
         std::fs::write(&config, format!("{}\n{extra}", config_file::to_toml(&settings)))?;
         let child = self.spawn_with(name, self.bins.api.clone(), &config)?;

@@ -21,6 +21,7 @@ mod badge;
 mod calls;
 mod chaos;
 mod config_file;
+mod console;
 mod events;
 mod fanout;
 mod group;
@@ -61,6 +62,8 @@ enum Command {
     Calls(calls::CallsArgs),
     /// A bucket move under mark-read load vs a raw copy of the same rows.
     Move(moves::MoveArgs),
+    /// The console's live updates: api CPU and shard reads with 50 pages open on a send.
+    Console(console::ConsoleArgs),
 }
 
 #[tokio::main]
@@ -75,6 +78,7 @@ async fn main() {
         Command::Chaos(args) => chaos::run(args).await,
         Command::Calls(args) => calls::run(args).await,
         Command::Move(args) => moves::run(args).await,
+        Command::Console(args) => console::run(args).await,
     };
     if let Err(e) = result {
         eprintln!("notify-bench: {e:#}");

@@ -27,27 +27,7 @@ pub async fn recent_sends(
     before: u64,
     limit: u32,
 ) -> Result<Vec<MessageView>> {
-    // During a bucket move a send's home record is on two shards for a
-    // while: only the shard the map routes it to counts.
-    let routes = ctx.pools.snapshot();
-    let pages = ctx.pools.iter().map(|(shard, pool)| async move {
-        Ok::<_, Error>((shard, store::recent_sends(pool, filter, before, limit).await?))
-    });
-    let mut rows: Vec<messages::MessageRow> = futures::future::try_join_all(pages)
-        .await?
-        .into_iter()
-        .flat_map(|(shard, rows)| rows.into_iter().map(move |row| (shard, row)))
-        .filter(|(shard, row)| routes.of(Key::Message(row.message_id)).0 == *shard)
-        .map(|(_, row)| row)
-        .collect();
-    drop(routes);
-    rows.sort_unstable_by_key(|row| std::cmp::Reverse(row.message_id));
-    rows.truncate(limit as usize);
-    let views = rows.into_iter().map(|row| async move {
-        let progress = send::view_progress(ctx, &row).await?;
-        Ok::<_, Error>(MessageView { row, progress })
-    });
-    futures::future::try_join_all(views).await
+    send::newest_views(ctx, limit, |pool| store::recent_sends(pool, filter, before, limit)).await
 }
 
 /// A send's progress on each shard (its stats rows there), in shard order.
@@ -175,7 +155,9 @@ pub async fn group(ctx: &Context, group_id: u64, limit: u32) -> Result<Option<Gr
     let routes = ctx.pools.snapshot();
     let counts = ctx.pools.iter().map(|(shard, pool)| {
         let routes = &routes;
-        group_store::count_members(pool, group_id, move |bucket| routes.of_bucket(bucket).0 == shard)
+        group_store::count_members(pool, group_id, move |bucket| {
+            routes.of_bucket(bucket).0 == shard
+        })
     });
     let members = futures::future::try_join_all(counts).await?.into_iter().sum();
     Ok(Some(GroupState { group, max_seq, members, recent }))

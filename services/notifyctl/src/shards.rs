@@ -7,9 +7,6 @@ use notify_store::shard_map;
 use notify_store::shard_move::{self, Ended, MoveRequest};
 use shard_router::ShardId;
 
-/// A replica that has not reported for this long is shown as gone.
-const STALE_SECS: f64 = 30.0;
-
 /// `notifyctl shard ...`.
 #[derive(Debug, Subcommand)]
 pub enum ShardCommand {
@@ -204,16 +201,7 @@ async fn show(pools: &notify_store::db::ShardPools) -> anyhow::Result<()> {
     let replicas = shard_map::replicas(directory).await?;
     println!("replicas ({}):", replicas.len());
     for replica in replicas {
-        let mut notes = Vec::new();
-        if replica.version < stored.version {
-            notes.push("behind".to_owned());
-        }
-        if replica.refused > 0 {
-            notes.push(format!("refused version {}", replica.refused));
-        }
-        if replica.age_secs > STALE_SECS {
-            notes.push("gone?".to_owned());
-        }
+        let notes = replica.notes(stored.version);
         println!(
             "  {:<48} version {:>4}  seen {:>6.1} s ago  {}",
             replica.replica,

@@ -66,6 +66,27 @@ pub struct ReplicaState {
     pub age_secs: f64,
 }
 
+impl ReplicaState {
+    /// A replica silent this long is shown as possibly gone.
+    pub const STALE_SECS: f64 = 30.0;
+
+    /// What an operator should notice about it, against the map's
+    /// `current` version: `behind`, `refused version N`, `gone?`.
+    pub fn notes(&self, current: u64) -> Vec<String> {
+        let mut notes = Vec::new();
+        if self.version < current {
+            notes.push("behind".to_owned());
+        }
+        if self.refused > 0 {
+            notes.push(format!("refused version {}", self.refused));
+        }
+        if self.age_secs > Self::STALE_SECS {
+            notes.push("gone?".to_owned());
+        }
+        notes
+    }
+}
+
 /// How a replica is known in `shard_map_replicas`.
 #[derive(Debug, Clone)]
 pub struct Replica {

@@ -64,8 +64,7 @@ mod tests {
 
     #[test]
     fn every_file_is_embedded_and_tagged_apart() {
-        let tags: std::collections::HashSet<String> =
-            ASSETS.iter().map(|a| etag(a.body)).collect();
+        let tags: std::collections::HashSet<String> = ASSETS.iter().map(|a| etag(a.body)).collect();
         assert_eq!(tags.len(), ASSETS.len());
         assert!(ASSETS.iter().all(|a| !a.body.is_empty()));
     }

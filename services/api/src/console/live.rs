@@ -217,36 +217,24 @@ mod tests {
 
     #[test]
     fn an_update_names_its_counters_as_the_api_does() {
+        let counters = Counters {
+            total: 10,
+            delivered: 4,
+            failed: 1,
+            read: 2,
+            pending: 5,
+            cancelled: 0,
+            suppressed: 0,
+            recalled: 0,
+        };
         let update = LiveUpdate {
             status: "sending",
             finished: false,
             at_ms: 1,
-            total: Counters {
-                total: 10,
-                delivered: 4,
-                failed: 1,
-                read: 2,
-                pending: 5,
-                cancelled: 0,
-                suppressed: 0,
-                recalled: 0,
-            },
-            shards: vec![ShardCounters {
-                shard: 3,
-                counters: Counters {
-                    total: 10,
-                    delivered: 4,
-                    failed: 1,
-                    read: 2,
-                    pending: 5,
-                    cancelled: 0,
-                    suppressed: 0,
-                    recalled: 0,
-                },
-            }],
+            total: counters,
+            shards: vec![ShardCounters { shard: 3, counters }],
         };
-        let json: serde_json::Value =
-            serde_json::to_value(&update).expect("serializes");
+        let json: serde_json::Value = serde_json::to_value(&update).expect("serializes");
         assert_eq!(json["total"]["delivered"], 4);
         assert_eq!(json["shards"][0]["shard"], 3);
         assert_eq!(json["shards"][0]["pending"], 5);

@@ -11,8 +11,8 @@ use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Redirect, Response};
 use notify_core::audit::{self, Target};
 use notify_core::lookups::{self, LiveProgress};
-use notify_core::send::{self, MessageView};
 use notify_core::recall;
+use notify_core::send::{self, MessageView};
 use notify_domain::Error;
 use notify_domain::domain::{AudienceKind, MessageId, SendStatus, UserId};
 use notify_store::db::items::View;
@@ -23,9 +23,9 @@ use tracing::warn;
 use super::Console;
 use super::session::{CurrentSession, Session, check_csrf};
 use super::views::{
-    Action, Bar, AuditLine, ErrorPage, GroupLine, GroupMessageLine, GroupPage, ItemLine, Moment, Nav,
-    ReplicaLine, SendPage, group_digits, SendRow, SendsPage, ShardBar, ShardLine, ShardsPage, UserPage, percent,
-    render, when,
+    Action, AuditLine, Bar, ErrorPage, GroupLine, GroupMessageLine, GroupPage, ItemLine, Moment,
+    Nav, ReplicaLine, SendPage, SendRow, SendsPage, ShardBar, ShardLine, ShardsPage, UserPage,
+    group_digits, percent, render, when,
 };
 
 /// Sends on one page of the list.
@@ -47,9 +47,7 @@ fn error_page(nav: Option<Nav>, e: &Error) -> Response {
     let (status, title, detail) = match e {
         Error::NotFound(_) => (StatusCode::NOT_FOUND, "Not found", e.to_string()),
         Error::InvalidArgument { .. } => (StatusCode::BAD_REQUEST, "Not valid", e.to_string()),
-        Error::FailedPrecondition(_) => {
-            (StatusCode::CONFLICT, "Not possible now", e.to_string())
-        }
+        Error::FailedPrecondition(_) => (StatusCode::CONFLICT, "Not possible now", e.to_string()),
         _ => {
             warn!(error = %e, "console page failed");
             (
@@ -120,11 +118,8 @@ pub(crate) async fn sends(
         },
     };
     let sender = query.sender.trim();
-    let filter = SendFilter {
-        status,
-        sender: (!sender.is_empty()).then_some(sender),
-        client: None,
-    };
+    let filter =
+        SendFilter { status, sender: (!sender.is_empty()).then_some(sender), client: None };
     let before = query.before.unwrap_or(u64::MAX);
     match lookups::recent_sends(&console.ctx, &filter, before, SENDS_PAGE).await {
         Ok(views) => {
@@ -283,10 +278,10 @@ pub(crate) async fn send(
         Ok(view) => view,
         Err(e) => return error_page(Some(nav), &e),
     };
-    let records = audit::list(ctx, audit::Filter::Target(Target::Message(id.get())), 0, AUDIT_LINES);
+    let records =
+        audit::list(ctx, audit::Filter::Target(Target::Message(id.get())), 0, AUDIT_LINES);
     let (live, records) =
-        match futures::future::try_join(lookups::live(ctx, id, view.row.audience), records).await
-        {
+        match futures::future::try_join(lookups::live(ctx, id, view.row.audience), records).await {
             Ok(read) => read,
             Err(e) => return error_page(Some(nav), &e),
         };
@@ -358,8 +353,7 @@ fn send_page(
 }
 
 fn parse_message_id(raw: &str) -> notify_domain::Result<MessageId> {
-    let raw: u64 =
-        raw.parse().map_err(|_| Error::invalid("message_id", "must be a number"))?;
+    let raw: u64 = raw.parse().map_err(|_| Error::invalid("message_id", "must be a number"))?;
     MessageId::parse(raw, "message_id")
 }
 
@@ -401,9 +395,8 @@ pub(crate) async fn act(
         return not_found();
     };
     if !session.manage {
-        let result: notify_domain::Result<()> = Err(Error::PermissionDenied(
-            "console.manage is required to change a send".to_owned(),
-        ));
+        let result: notify_domain::Result<()> =
+            Err(Error::PermissionDenied("console.manage is required to change a send".to_owned()));
         audit::record(
             ctx,
             audit::Entry {
@@ -481,7 +474,9 @@ pub(crate) async fn user(
         "" | "inbox" => View::Inbox,
         "archive" => View::Archive,
         "all" => View::All,
-        _ => return error_page(Some(nav), &Error::invalid("view", "must be inbox, archive or all")),
+        _ => {
+            return error_page(Some(nav), &Error::invalid("view", "must be inbox, archive or all"));
+        }
     };
     let mut page = UserPage {
         nav,
@@ -621,9 +616,6 @@ pub(crate) async fn group(
     render(&page)
 }
 
-/// Replicas silent this long are shown as possibly gone.
-const STALE_SECS: f64 = 30.0;
-
 /// The shard map in force, every replica's report and the bucket move.
 pub(crate) async fn shards(
     State(console): State<Arc<Console>>,
@@ -660,16 +652,7 @@ pub(crate) async fn shards(
         .replicas
         .iter()
         .map(|r| {
-            let mut notes = Vec::new();
-            if r.version < stored.version {
-                notes.push("behind".to_owned());
-            }
-            if r.refused > 0 {
-                notes.push(format!("refused version {}", r.refused));
-            }
-            if r.age_secs > STALE_SECS {
-                notes.push("gone?".to_owned());
-            }
+            let notes = r.notes(stored.version);
             ReplicaLine {
                 replica: r.replica.clone(),
                 role: r.role.clone(),

@@ -63,20 +63,21 @@ impl Console {
         let key = redis_key(self, &id);
         let mut redis = self.ctx.cache.connection();
         let ttl = self.session_ttl.as_secs().max(1);
-        let stored: Option<String> =
-            match redis.get_ex(&key, redis::Expiry::EX(ttl)).await {
-                Ok(stored) => stored,
-                Err(e) => {
-                    warn!(error = %e, "console session store unavailable");
-                    None
-                }
-            };
+        let stored: Option<String> = match redis.get_ex(&key, redis::Expiry::EX(ttl)).await {
+            Ok(stored) => stored,
+            Err(e) => {
+                warn!(error = %e, "console session store unavailable");
+                None
+            }
+        };
         serde_json::from_str(&stored?).ok()
     }
 
     fn cookie(&self, id: &str, max_age: u64) -> String {
         let secure = if self.secure_cookie { "; Secure" } else { "" };
-        format!("{COOKIE}={id}; Path=/console; HttpOnly; SameSite=Strict; Max-Age={max_age}{secure}")
+        format!(
+            "{COOKIE}={id}; Path=/console; HttpOnly; SameSite=Strict; Max-Age={max_age}{secure}"
+        )
     }
 }
 
@@ -176,7 +177,11 @@ pub(crate) async fn login(
     headers: HeaderMap,
     Form(form): Form<LoginForm>,
 ) -> Response {
-    if headers.get("sec-fetch-site").and_then(|v| v.to_str().ok()).is_some_and(|s| s != "same-origin" && s != "none") {
+    if headers
+        .get("sec-fetch-site")
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|s| s != "same-origin" && s != "none")
+    {
         return (StatusCode::FORBIDDEN, "cross-site login refused").into_response();
     }
     let failed = |error: &str| {
@@ -193,7 +198,8 @@ pub(crate) async fn login(
         match console.registry.by_token(form.token.trim().as_bytes()) {
             Some(caller) => caller,
             None => {
-                metrics::counter!("notify_console_logins_total", "outcome" => "refused").increment(1);
+                metrics::counter!("notify_console_logins_total", "outcome" => "refused")
+                    .increment(1);
                 return failed("This token is not valid.");
             }
         }
@@ -208,11 +214,7 @@ pub(crate) async fn login(
             caller.name()
         ));
     }
-    let session = Session {
-        client: caller.name().to_owned(),
-        manage,
-        csrf: random_token(),
-    };
+    let session = Session { client: caller.name().to_owned(), manage, csrf: random_token() };
     let id = random_token();
     let mut redis = console.ctx.cache.connection();
     let stored: redis::RedisResult<()> = redis
@@ -230,11 +232,7 @@ pub(crate) async fn login(
     metrics::counter!("notify_console_logins_total", "outcome" => "ok").increment(1);
     info!(client = %session.client, manage = session.manage, "console login");
     let cookie = console.cookie(&id, console.session_ttl.as_secs());
-    (
-        [(header::SET_COOKIE, cookie)],
-        Redirect::to(&next_path(&form.next)),
-    )
-        .into_response()
+    ([(header::SET_COOKIE, cookie)], Redirect::to(&next_path(&form.next))).into_response()
 }
 
 /// The logout form.

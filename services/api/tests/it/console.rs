@@ -274,11 +274,17 @@ async fn every_response_carries_the_security_headers_and_nothing_inline() {
     let _ = etag;
 
     // A violation a browser reports is counted.
-    let before = metric_sum(&http_get(console.app.metrics_addr, "/metrics").await.1, "notify_console_csp_violations_total");
+    let before = metric_sum(
+        &http_get(console.app.metrics_addr, "/metrics").await.1,
+        "notify_console_csp_violations_total",
+    );
     let report = r#"{"csp-report":{"violated-directive":"style-src"}}"#;
     let page = anonymous.post("/console/csp-report", &[("report", report)], Origin::Unknown).await;
     assert_eq!(page.status, 204);
-    let after = metric_sum(&http_get(console.app.metrics_addr, "/metrics").await.1, "notify_console_csp_violations_total");
+    let after = metric_sum(
+        &http_get(console.app.metrics_addr, "/metrics").await.1,
+        "notify_console_csp_violations_total",
+    );
     assert!(after > before, "{before} -> {after}");
     console.app.cleanup().await;
 }
@@ -438,7 +444,11 @@ async fn the_pages_show_sends_users_groups_and_shards_as_stored() {
     let mut groups = GroupServiceClient::new(console.grpc());
     let request = v1::CreateGroupRequest { group_id: 0, name: "night shift".into() };
     let group = groups.create_group(request).await.expect("group").into_inner().group_id;
-    let add = v1::AddGroupMembersRequest { group_id: group, user_ids: vec![100, 101], with_history: false };
+    let add = v1::AddGroupMembersRequest {
+        group_id: group,
+        user_ids: vec![100, 101],
+        with_history: false,
+    };
     groups.add_group_members(add).await.expect("members");
     let message = v1::SendGroupMessageRequest {
         group_id: group,

@@ -311,12 +311,27 @@ pub async fn list(
     before: u64,
     limit: u32,
 ) -> Result<Vec<MessageView>> {
-    // During a bucket move a send's home record is on two shards for a
-    // while: only the shard the map routes it to counts.
+    newest_views(ctx, limit, |pool| messages::list_by_sender(pool, sender, owner, before, limit))
+        .await
+}
+
+/// The sends `page` reads on each shard (newest first, `limit` at most),
+/// merged newest first, cut to `limit`, with their progress. During a
+/// bucket move a send's home record is on two shards for a while: only the
+/// shard the map routes it to counts.
+pub(crate) async fn newest_views<'p, F, Fut>(
+    ctx: &'p Context,
+    limit: u32,
+    page: F,
+) -> Result<Vec<MessageView>>
+where
+    F: Fn(&'p sqlx::MySqlPool) -> Fut,
+    Fut: Future<Output = Result<Vec<MessageRow>>>,
+{
     let routes = ctx.pools.snapshot();
-    let pages = ctx.pools.iter().map(|(shard, pool)| async move {
-        let rows = messages::list_by_sender(pool, sender, owner, before, limit).await?;
-        Ok::<_, Error>((shard, rows))
+    let pages = ctx.pools.iter().map(|(shard, pool)| {
+        let rows = page(pool);
+        async move { Ok::<_, Error>((shard, rows.await?)) }
     });
     let mut rows: Vec<MessageRow> = futures::future::try_join_all(pages)
         .await?

@@ -29,7 +29,8 @@ pub async fn recent_sends(
     before: u64,
     limit: u32,
 ) -> Result<Vec<MessageRow>> {
-    let mut sql = QueryBuilder::new(format!("SELECT {MESSAGE_COLUMNS} FROM messages WHERE message_id < "));
+    let mut sql =
+        QueryBuilder::new(format!("SELECT {MESSAGE_COLUMNS} FROM messages WHERE message_id < "));
     sql.push_bind(before);
     if let Some(status) = filter.status {
         sql.push(" AND status = ").push_bind(status);
