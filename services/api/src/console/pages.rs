@@ -375,7 +375,7 @@ pub(crate) async fn act(
     Form(form): Form<ActionForm>,
 ) -> Response {
     if let Err(refused) = check_csrf(&headers, &session, &form.csrf) {
-        return refused;
+        return refused.into_response();
     }
     let nav = Nav::new(&session, "sends");
     let id = match parse_message_id(&id) {

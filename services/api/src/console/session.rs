@@ -104,6 +104,16 @@ impl FromRequestParts<Arc<Console>> for CurrentSession {
     }
 }
 
+/// Why [`check_csrf`] refused a request: a 403 with the reason.
+#[derive(Debug)]
+pub(crate) struct CsrfRefused(&'static str);
+
+impl IntoResponse for CsrfRefused {
+    fn into_response(self) -> Response {
+        (StatusCode::FORBIDDEN, self.0).into_response()
+    }
+}
+
 /// Refuses a state change that did not come from the console's own pages:
 /// `Sec-Fetch-Site` (sent by every current browser) must be same-origin;
 /// without it, `Origin` must name this host; and the form's token must be
@@ -112,8 +122,8 @@ pub(crate) fn check_csrf(
     headers: &HeaderMap,
     session: &Session,
     token: &str,
-) -> Result<(), Response> {
-    let forbidden = |why: &str| Err((StatusCode::FORBIDDEN, why.to_owned()).into_response());
+) -> Result<(), CsrfRefused> {
+    let forbidden = |why: &'static str| Err(CsrfRefused(why));
     match headers.get("sec-fetch-site").and_then(|v| v.to_str().ok()) {
         Some("same-origin") => {}
         Some(_) => return forbidden("cross-site request refused"),
@@ -250,7 +260,7 @@ pub(crate) async fn logout(
     Form(form): Form<LogoutForm>,
 ) -> Response {
     if let Err(refused) = check_csrf(&headers, &session, &form.csrf) {
-        return refused;
+        return refused.into_response();
     }
     if let Some(id) = cookie_value(&headers) {
         let mut redis = console.ctx.cache.connection();
