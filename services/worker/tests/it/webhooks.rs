@@ -17,7 +17,8 @@ use base64::Engine as _;
 use base64::engine::general_purpose::STANDARD;
 use futures::StreamExt as _;
 use lapin::options::BasicGetOptions;
-use notify_core::queue;
+use notify_core::deliver::{self, TaskOutcome};
+use notify_core::queue::{self, ChunkTask};
 use notify_core::webhooks::{Job, WebhookTopology};
 use notify_domain::Settings;
 use notify_domain::settings::WebhookEndpoint;
@@ -373,5 +374,51 @@ async fn a_dead_endpoint_of_one_client_does_not_delay_another_clients_webhooks()
     assert!(took < Duration::from_secs(4), "beta's webhook took {took:?} behind alpha's");
     // alpha's calls still hang (its third waits for a slot).
     alpha.assert_quiet(Duration::from_millis(200)).await;
+    app.cleanup().await;
+}
+
+#[tokio::test]
+async fn a_chunk_failed_for_good_is_reported_then_the_completion_counts_it() {
+    let mut alpha = Receiver::start(&[], Answer::Ok).await;
+    let (mut settings, tokens) = two_clients();
+    settings.auth.clients[0].webhooks =
+        vec![alpha.endpoint(&["message.failed", "message.completed"])];
+    let mut app = spawn_app_with(settings, false).await;
+    let message_id = send(&app, &tokens["alpha"], (1..=600).collect()).await;
+    // As if workers had died on one chunk poison_attempts times already.
+    let (shard, pool) = app.ctx.pools.iter().next().map(|(s, p)| (s, p.clone())).unwrap();
+    let (chunk_id, recipients): (u64, u16) = sqlx::query_as(
+        "SELECT chunk_id, recipients FROM message_chunks WHERE message_id = ? ORDER BY chunk_id LIMIT 1",
+    )
+    .bind(message_id)
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    sqlx::query("UPDATE message_chunks SET attempts = ? WHERE message_id = ? AND chunk_id = ?")
+        .bind(app.settings.worker.poison_attempts)
+        .bind(message_id)
+        .bind(chunk_id)
+        .execute(&pool)
+        .await
+        .unwrap();
+    let task = ChunkTask::deliver(message_id, chunk_id, shard.0);
+    assert_eq!(deliver::apply_task(&app.ctx, &task, true).await.unwrap(), TaskOutcome::Failed);
+    app.start_worker().await;
+
+    // Order is not promised: take both, then look.
+    let mut hooks = vec![alpha.next(WAIT).await, alpha.next(WAIT).await];
+    hooks.sort_by_key(Hook::event);
+    for hook in &hooks {
+        alpha.verify(hook);
+        assert_eq!(hook.message_id(), message_id);
+    }
+    let (completed, failed) = (&hooks[0], &hooks[1]);
+    assert_eq!(completed.event(), "message.completed");
+    assert_eq!(failed.event(), "message.failed");
+    assert_eq!(failed.json()["data"]["chunk_id"], chunk_id.to_string());
+    assert_eq!(failed.json()["data"]["progress"]["failed"], u64::from(recipients));
+    assert_eq!(completed.json()["data"]["progress"]["failed"], u64::from(recipients));
+    assert_eq!(completed.json()["data"]["progress"]["delivered"], 600 - u64::from(recipients));
+    alpha.assert_quiet(Duration::from_millis(500)).await;
     app.cleanup().await;
 }
