@@ -153,3 +153,19 @@ impl Batcher {
         owner
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The read path's part: a full buffer drops reads instead of waiting.
+    #[tokio::test]
+    async fn recording_never_waits_and_drops_what_does_not_fit() {
+        let (sender, mut receiver) = mpsc::channel(2);
+        let sink = ReadSink { sender };
+        sink.record(42, &[7, 8, 9, 10]);
+        assert_eq!(receiver.recv().await, Some((7, 42)));
+        assert_eq!(receiver.recv().await, Some((8, 42)));
+        assert!(receiver.try_recv().is_err(), "9 and 10 were dropped, not queued");
+    }
+}
