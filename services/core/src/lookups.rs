@@ -175,7 +175,9 @@ pub async fn group(ctx: &Context, group_id: u64, limit: u32) -> Result<Option<Gr
     let routes = ctx.pools.snapshot();
     let counts = ctx.pools.iter().map(|(shard, pool)| {
         let routes = &routes;
-        group_store::count_members(pool, group_id, move |bucket| routes.of_bucket(bucket).0 == shard)
+        group_store::count_members(pool, group_id, move |bucket| {
+            routes.of_bucket(bucket).0 == shard
+        })
     });
     let members = futures::future::try_join_all(counts).await?.into_iter().sum();
     Ok(Some(GroupState { group, max_seq, members, recent }))
