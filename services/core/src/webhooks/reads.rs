@@ -7,17 +7,20 @@
 //!
 //! The trade: reads are cheap and never wait on RabbitMQ, but a process
 //! that dies loses the reads it had not queued yet (at most one flush
-//! interval's), and a full buffer drops reads (counted in
+//! interval's; a graceful shutdown queues them, [`ReadSink::drain`]), and a
+//! full buffer drops reads (counted in
 //! `notify_webhooks_reads_dropped_total`). Once queued, a batch is
 //! delivered at least once like every webhook. Only reads of listed ids
 //! (`MarkRead`, `UpdateItems` with ids) are reported: a filtered
 //! "mark all read" does not know which messages it changed.
 
 use std::collections::HashMap;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use tokio::sync::mpsc;
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
 use tracing::warn;
 
 use super::{Job, endpoints_for, new_webhook_id, payload};
@@ -29,10 +32,15 @@ use notify_store::db::{ShardPools, messages};
 /// Messages whose owner is remembered at most; then the memory starts over.
 const OWNERS_REMEMBERED: usize = 10_000;
 
+/// Longest a process waits at shutdown for its gathered reads to be queued.
+const DRAIN_TIMEOUT: Duration = Duration::from_secs(5);
+
 /// Where the read path drops reads for `item.read`.
 #[derive(Debug, Clone)]
 pub struct ReadSink {
     sender: mpsc::Sender<(u64, u64)>,
+    stop: CancellationToken,
+    batcher: Arc<Mutex<Option<JoinHandle<()>>>>,
 }
 
 impl ReadSink {
@@ -48,8 +56,21 @@ impl ReadSink {
         }
         let (sender, receiver) = mpsc::channel(settings.webhooks.read_buffer);
         let batcher = Batcher { settings, pools, publisher, owners: HashMap::new() };
-        tokio::spawn(batcher.run(receiver));
-        Some(Self { sender })
+        let stop = CancellationToken::new();
+        let task = tokio::spawn(batcher.run(receiver, stop.clone()));
+        Some(Self { sender, stop, batcher: Arc::new(Mutex::new(Some(task))) })
+    }
+
+    /// At shutdown, once no call records reads any more: queues what was
+    /// gathered (within a few seconds) and stops the batching task.
+    pub async fn drain(&self) {
+        self.stop.cancel();
+        let task = self.batcher.lock().unwrap_or_else(|e| e.into_inner()).take();
+        if let Some(task) = task
+            && tokio::time::timeout(DRAIN_TIMEOUT, task).await.is_err()
+        {
+            warn!("gathered item.read batches were not all queued before shutdown");
+        }
     }
 
     /// Records that `user_id` read `message_ids`. Never waits.
@@ -71,7 +92,7 @@ struct Batcher {
 }
 
 impl Batcher {
-    async fn run(mut self, mut receiver: mpsc::Receiver<(u64, u64)>) {
+    async fn run(mut self, mut receiver: mpsc::Receiver<(u64, u64)>, stop: CancellationToken) {
         let batch = self.settings.webhooks.read_batch_users;
         let mut ticks =
             tokio::time::interval(Duration::from_millis(self.settings.webhooks.read_flush_ms));
@@ -92,6 +113,12 @@ impl Batcher {
                     for (message_id, users) in std::mem::take(&mut pending) {
                         self.flush(message_id, users).await;
                     }
+                }
+                () = stop.cancelled() => {
+                    while let Ok((message_id, user_id)) = receiver.try_recv() {
+                        pending.entry(message_id).or_default().push(user_id);
+                    }
+                    break;
                 }
             }
         }
@@ -162,7 +189,11 @@ mod tests {
     #[tokio::test]
     async fn recording_never_waits_and_drops_what_does_not_fit() {
         let (sender, mut receiver) = mpsc::channel(2);
-        let sink = ReadSink { sender };
+        let sink = ReadSink {
+            sender,
+            stop: CancellationToken::new(),
+            batcher: Arc::new(Mutex::new(None)),
+        };
         sink.record(42, &[7, 8, 9, 10]);
         assert_eq!(receiver.recv().await, Some((7, 42)));
         assert_eq!(receiver.recv().await, Some((8, 42)));
