@@ -486,13 +486,14 @@ notify-api.toml: {{ include "notify.apiConfigToml" $root | b64enc }}
 {{/*
 Pod annotation that changes whenever what the pod reads from the chart's
 Secret does, so that `helm upgrade` with new settings rolls the pods (a
-client change rolls only the api). Call with (dict "root" $ "component" "api").
+client change rolls only the api, and the worker too once clients have
+webhooks). Call with (dict "root" $ "component" "api").
 */}}
 {{- define "notify.checksumAnnotation" -}}
 {{- $root := .root }}
 {{- $config := "" }}
 {{- if not $root.Values.secrets.existingConfigSecret }}
-{{- if eq .component "api" }}
+{{- if include "notify.readsAuth" . }}
 {{- $config = include "notify.apiConfigToml" $root }}
 {{- else }}
 {{- $config = include "notify.configToml" $root }}
@@ -546,7 +547,7 @@ Call with (dict "root" $ "component" "api|worker|migration" "secretName" "<chart
 {{- define "notify.volumes" -}}
 {{- $root := .root }}
 {{- $s := $root.Values.secrets }}
-{{- $key := ternary "notify-api.toml" "notify.toml" (and (eq .component "api") (not $s.existingConfigSecret)) }}
+{{- $key := ternary "notify-api.toml" "notify.toml" (and (eq (include "notify.readsAuth" (dict "root" $root "component" .component)) "true") (not $s.existingConfigSecret)) }}
 {{- if include "notify.authConfigInit" (dict "root" $root "component" .component) }}
 - name: config-template
   secret:
@@ -680,7 +681,20 @@ digests of auth.existingSecret (the api, unless existingConfigSecret).
 Call with (dict "root" $ "component" "api").
 */}}
 {{- define "notify.authConfigInit" -}}
-{{- if and (eq .component "api") .root.Values.auth.existingSecret (not .root.Values.secrets.existingConfigSecret) }}true{{ end }}
+{{- if and (include "notify.readsAuth" .) .root.Values.auth.existingSecret (not .root.Values.secrets.existingConfigSecret) }}true{{ end }}
+{{- end }}
+
+{{/*
+"true" when the component reads the api's config file, [auth] included: the
+api, and the worker once a client has webhooks (the worker calls them; see
+docs/webhooks.md). Call with (dict "root" $ "component" "worker").
+*/}}
+{{- define "notify.readsAuth" -}}
+{{- $hooks := false }}
+{{- range $c := .root.Values.auth.clients | default list }}
+{{- if and (kindIs "map" $c) $c.webhooks }}{{ $hooks = true }}{{ end }}
+{{- end }}
+{{- if or (eq .component "api") $hooks }}true{{ end }}
 {{- end }}
 
 {{/*

@@ -36,6 +36,9 @@ pub struct Context {
     /// they write to others (AppendRecipients, group member changes), so
     /// they cannot take every connection of a pool and wait on each other.
     pub cross_shard_permits: Arc<Semaphore>,
+    /// Where reads go for `item.read` webhooks; `None` when no endpoint
+    /// asked for them.
+    pub webhook_reads: Option<crate::webhooks::reads::ReadSink>,
 }
 
 impl Context {
@@ -113,14 +116,22 @@ impl Context {
             .await?
             .spawn_renewals(&ids);
         let reads = db::connect_reads(&settings)?.map(Arc::new);
+        let settings = Arc::new(settings);
+        let publisher = Arc::new(publisher);
+        let webhook_reads = crate::webhooks::reads::ReadSink::spawn(
+            settings.clone(),
+            pools.clone(),
+            publisher.clone(),
+        );
         Ok(Self {
-            settings: Arc::new(settings),
+            settings,
             reads,
             pools,
             cache,
-            publisher: Arc::new(publisher),
+            publisher,
             ids,
             cross_shard_permits: Arc::new(Semaphore::new((pool_max / 2).max(1))),
+            webhook_reads,
         })
     }
 }

@@ -374,6 +374,10 @@ pub async fn record_failure(ctx: &Context, task: &ChunkTask) -> Result<()> {
         .get(ShardId(task.shard))
         .ok_or_else(|| Error::Internal(format!("task names unknown shard {}", task.shard)))?;
     if chunks::mark_failed(pool, message_id, task.chunk_id).await? {
+        let mut extra = serde_json::Map::new();
+        extra.insert("chunk_id".into(), task.chunk_id.to_string().into());
+        let event = notify_domain::settings::WebhookEvent::MessageFailed;
+        crate::webhooks::emit_for_send(ctx, message_id, event, extra).await;
         send::complete_if_done(ctx, message_id).await?;
     }
     Ok(())

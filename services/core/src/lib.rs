@@ -27,5 +27,6 @@ pub mod recall;
 pub mod retention;
 pub mod send;
 pub mod telemetry;
+pub mod webhooks;
 
 pub use context::Context;

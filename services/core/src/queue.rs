@@ -11,6 +11,7 @@
 //!   need: workers consume each shard's queue with its own concurrency.
 //! - `{p}.chunks.dlx` fanout exchange -> `{p}.chunks.dead`: tasks that failed
 //!   their last attempt or were redelivered too often, kept for inspection.
+//! - the webhook exchanges and queues: [`crate::webhooks::topology`].
 
 use std::collections::VecDeque;
 use std::time::Duration;
@@ -112,6 +113,7 @@ pub struct Topology {
     prefix: String,
     queue_type: String,
     shards: Vec<u32>,
+    webhooks: crate::webhooks::WebhookTopology,
 }
 
 impl Topology {
@@ -122,7 +124,13 @@ impl Topology {
             prefix: settings.rabbitmq.prefix.clone(),
             queue_type: settings.rabbitmq.queue_type.clone(),
             shards: settings.database.shards.iter().map(|shard| shard.id.0).collect(),
+            webhooks: crate::webhooks::WebhookTopology::new(settings),
         }
+    }
+
+    /// The webhook exchanges and queues.
+    pub fn webhooks(&self) -> &crate::webhooks::WebhookTopology {
+        &self.webhooks
     }
 
     /// The shards that have task queues.
@@ -244,11 +252,12 @@ impl Topology {
                     .await?;
             }
         }
-        Ok(())
+        self.webhooks.declare(channel).await
     }
 
     /// Deletes every exchange and queue. Used by tests to clean up.
     pub async fn delete(&self, channel: &Channel) -> Result<()> {
+        self.webhooks.delete(channel).await?;
         for queue in self.queues().into_iter().chain([self.dead_queue()]) {
             channel.queue_delete(queue.into(), QueueDeleteOptions::default()).await?;
         }
@@ -468,6 +477,57 @@ impl Publisher {
             metrics::counter!("notify_events_published_total", "kind" => kind).increment(1);
         }
         published
+    }
+
+    /// Queues a webhook job for its client's queue as a persistent message
+    /// and waits for its confirm; retries once on a new channel like
+    /// [`Self::publish`] (a job queued twice reaches the endpoint twice
+    /// under one `webhook-id`, which receivers dedupe on).
+    pub async fn publish_webhook(&self, job: &crate::webhooks::Job) -> Result<()> {
+        let exchange = self.topology.webhooks().exchange();
+        let key = crate::webhooks::WebhookTopology::new_key(&job.client);
+        self.publish_persistent(&exchange, &key, &job.encode()).await
+    }
+
+    /// Publishes one persistent message and waits for its confirm, retrying
+    /// once on a new channel. Mandatory: a message no queue takes fails.
+    pub async fn publish_persistent(&self, exchange: &str, key: &str, body: &[u8]) -> Result<()> {
+        let once = || async {
+            let channel = self.channel().await?;
+            let properties = BasicProperties::default()
+                .with_delivery_mode(2)
+                .with_content_type("application/json".into());
+            let confirm = channel
+                .basic_publish(
+                    exchange.into(),
+                    key.into(),
+                    BasicPublishOptions { mandatory: true, ..Default::default() },
+                    body,
+                    properties,
+                )
+                .await?;
+            let confirmed = tokio::time::timeout(BROKER_TIMEOUT, confirm)
+                .await
+                .map_err(|_| Error::Unavailable("rabbitmq confirms timed out".to_owned()))??;
+            match confirmed {
+                Confirmation::Ack(None) | Confirmation::NotRequested => Ok(()),
+                Confirmation::Ack(Some(_)) => Err(Error::Unavailable(format!(
+                    "rabbitmq returned a message to {exchange} as unroutable ({key})"
+                ))),
+                Confirmation::Nack(_) => {
+                    Err(Error::Unavailable("rabbitmq refused a message".to_owned()))
+                }
+            }
+        };
+        match once().await {
+            Ok(()) => Ok(()),
+            Err(first) => {
+                warn!(error = %first, exchange, "publish failed, retrying on a new channel");
+                self.channel.lock().await.take();
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                once().await
+            }
+        }
     }
 
     async fn publish_once(&self, lane: Lane, tasks: &[ChunkTask]) -> Result<()> {

@@ -424,6 +424,7 @@ mod tests {
             burst: 0,
             recipients_per_minute: 0,
             announcements_per_hour: 0,
+            webhooks: Vec::new(),
         }
     }
 

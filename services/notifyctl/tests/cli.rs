@@ -133,6 +133,7 @@ async fn token_health_send_and_audit_against_an_api_with_tls_and_tokens() {
         burst: 0,
         recipients_per_minute: 0,
         announcements_per_hour: 0,
+        webhooks: Vec::new(),
     });
     let app = spawn_app_with(settings, false).await;
     let addr = format!("https://localhost:{}", app.addr.port());

@@ -197,6 +197,7 @@ pub fn with_clients(
             burst: 0,
             recipients_per_minute: 0,
             announcements_per_hour: 0,
+            webhooks: Vec::new(),
         });
         tokens.insert((*name).to_owned(), token);
     }

@@ -1,10 +1,11 @@
-//! `notify-worker`: consumes chunk tasks from both lanes and runs the
-//! scheduler and the sweeper. [`Worker::build`] connects;
+//! `notify-worker`: consumes chunk tasks from both lanes, runs the
+//! scheduler and the sweeper, and calls clients' webhooks. [`Worker::build`] connects;
 //! [`Worker::run_until_stopped`] works until the shutdown token is cancelled,
 //! then stops consuming, finishes and acks in-flight chunks, and joins.
 
 pub mod background;
 pub mod consumer;
+pub mod webhooks;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -89,6 +90,21 @@ impl Worker {
                     shutdown.clone(),
                 );
                 tasks.spawn(run);
+            }
+        }
+        // Each client's webhooks on a consumer of their own (see `webhooks`).
+        let hooks = notify_core::webhooks::WebhookTopology::new(&ctx.settings);
+        if !hooks.clients().is_empty() {
+            let timeout = Duration::from_millis(ctx.settings.webhooks.timeout_ms);
+            let http = webhooks::http_client(timeout)?;
+            for client in hooks.clients() {
+                tasks.spawn(webhooks::run_client(
+                    ctx.clone(),
+                    broker.clone(),
+                    http.clone(),
+                    client.clone(),
+                    shutdown.clone(),
+                ));
             }
         }
         let backends = health::watch_backends(ctx.clone(), heartbeats.clone(), shutdown.clone());

@@ -56,6 +56,11 @@ pub async fn update_items(
             Target::Ids(_) => (updated.changed_ids.clone(), None),
             Target::All(filter) => (Vec::new(), Some(BusFilter::from(&filter))),
         };
+        if action == Action::MarkRead
+            && let Some(sink) = &ctx.webhook_reads
+        {
+            sink.record(user, &message_ids);
+        }
         let event = BusEvent::ItemsUpdated { user_id: user, action, message_ids, filter };
         events::publish_best_effort(ctx, &event).await;
     }

@@ -331,6 +331,8 @@ pub async fn complete_if_done(ctx: &Context, message_id: MessageId) -> Result<bo
     if completed {
         refresh_status_best_effort(ctx, message_id).await;
         info!(message_id = %message_id, "message completed");
+        let event = notify_domain::settings::WebhookEvent::MessageCompleted;
+        crate::webhooks::emit_for_send(ctx, message_id, event, Default::default()).await;
     }
     Ok(completed)
 }

@@ -3,11 +3,13 @@
 //! The settings of callers and TLS live in [`security`].
 
 mod security;
+mod webhooks;
 
 pub use security::{
     ApiTlsSettings, AuthSettings, ClientAuth, ClientSettings, MySqlTlsMode, ReflectionMode,
     valid_client_name,
 };
+pub use webhooks::{WebhookEndpoint, WebhookEvent, WebhookSettings, decode_secret};
 
 use std::net::SocketAddr;
 
@@ -52,6 +54,8 @@ pub struct Settings {
     pub trace: TraceSettings,
     /// How long items, sends and audit rows are kept.
     pub retention: RetentionSettings,
+    /// The webhook dispatcher (each client's endpoints are under `auth`).
+    pub webhooks: WebhookSettings,
 }
 
 /// Settings of `notify-api`.
@@ -422,6 +426,7 @@ impl Settings {
             .build()?
             .try_deserialize()?;
         settings.read_url_files()?;
+        webhooks::read_secret_files(&mut settings.auth.clients)?;
         settings.validate()?;
         Ok(settings)
     }
@@ -533,6 +538,8 @@ impl Settings {
             ));
         }
         self.auth.validate(&self.api.tls)?;
+        webhooks::validate_endpoints(&self.auth.clients)?;
+        self.webhooks.validate()?;
         self.api.tls.validate()?;
         if self.api.max_request_bytes < 1024 {
             return Err(invalid("api.max_request_bytes", "must be at least 1024"));
@@ -766,6 +773,7 @@ mod tests {
             burst: 0,
             recipients_per_minute: 0,
             announcements_per_hour: 0,
+            webhooks: Vec::new(),
         });
         let err = settings.validate().unwrap_err().to_string();
         assert!(

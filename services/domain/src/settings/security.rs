@@ -131,6 +131,9 @@ pub struct ClientSettings {
     /// Announcements (all-user sends) per hour; 0: no limit.
     #[serde(default)]
     pub announcements_per_hour: u32,
+    /// Endpoints called with events of its own sends (see `docs/webhooks.md`).
+    #[serde(default)]
+    pub webhooks: Vec<super::WebhookEndpoint>,
 }
 
 /// Longest client name, in bytes.

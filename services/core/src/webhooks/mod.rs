@@ -1,0 +1,156 @@
+//! Webhooks: events of a client's own sends, queued in RabbitMQ for the
+//! dispatcher in `notify-worker` to POST to the client's endpoints, signed
+//! as Standard Webhooks says (see `docs/webhooks.md`).
+//!
+//! An event is queued once per endpoint that asked for it, as a [`Job`]
+//! carrying its final payload and `webhook-id`, so every retry sends the
+//! same bytes under the same id (receivers dedupe on it). A client without
+//! an endpoint for an event costs nothing: no payload is built, nothing is
+//! published. Queueing happens after the change it reports is committed;
+//! a failed publish is logged and counted, and the change stands.
+
+pub mod reads;
+pub mod sign;
+pub mod topology;
+
+use serde::{Deserialize, Serialize};
+use tracing::warn;
+
+use crate::context::Context;
+use notify_domain::domain::MessageId;
+use notify_domain::error::{Error, Result};
+use notify_domain::settings::{Settings, WebhookEvent};
+
+pub use topology::WebhookTopology;
+
+/// One event on its way to one endpoint: what the queues carry.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Job {
+    /// The `webhook-id`: the same on every attempt.
+    pub id: String,
+    /// The client whose send it is about (and whose endpoint it goes to).
+    pub client: String,
+    /// The endpoint's url; a job whose endpoint left the config is dropped.
+    pub url: String,
+    /// The event's `type`.
+    #[serde(rename = "type")]
+    pub event: String,
+    /// This attempt's number, from 1.
+    pub attempt: u32,
+    /// The JSON body, exactly as signed and sent.
+    pub payload: String,
+}
+
+impl Job {
+    /// Encodes the job as a queue message body.
+    pub fn encode(&self) -> Vec<u8> {
+        serde_json::to_vec(self).unwrap_or_default()
+    }
+
+    /// Decodes a queue message body.
+    pub fn decode(bytes: &[u8]) -> Result<Self> {
+        serde_json::from_slice(bytes)
+            .map_err(|e| Error::Internal(format!("malformed webhook job: {e}")))
+    }
+}
+
+/// The urls of `client`'s endpoints that asked for `event`.
+pub fn endpoints_for<'a>(
+    settings: &'a Settings,
+    client: &str,
+    event: WebhookEvent,
+) -> Vec<&'a str> {
+    settings
+        .auth
+        .clients
+        .iter()
+        .filter(|c| c.name == client)
+        .flat_map(|c| c.webhooks.iter())
+        .filter(|endpoint| endpoint.wants(event))
+        .map(|endpoint| endpoint.url.as_str())
+        .collect()
+}
+
+/// Returns true when some client's endpoint asked for `event`.
+pub fn anyone_wants(settings: &Settings, event: WebhookEvent) -> bool {
+    settings.auth.clients.iter().flat_map(|c| c.webhooks.iter()).any(|e| e.wants(event))
+}
+
+/// A fresh `webhook-id`: `msg_` and 128 random bits in hex.
+pub fn new_webhook_id() -> String {
+    format!("msg_{:032x}", rand::random::<u128>())
+}
+
+/// Builds the Standard Webhooks payload: `type`, `timestamp` and `data`.
+pub fn payload(event: WebhookEvent, data: serde_json::Value) -> String {
+    let timestamp = chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Millis, true);
+    serde_json::json!({ "type": event.name(), "timestamp": timestamp, "data": data }).to_string()
+}
+
+/// Queues `event` for every endpoint of `client` that asked for it. Never
+/// fails the caller: a publish that fails is logged and counted
+/// (`notify_webhooks_unqueued_total`).
+pub async fn emit(ctx: &Context, client: &str, event: WebhookEvent, data: serde_json::Value) {
+    let urls = endpoints_for(&ctx.settings, client, event);
+    if urls.is_empty() {
+        return;
+    }
+    let payload = payload(event, data);
+    for url in urls {
+        let job = Job {
+            id: new_webhook_id(),
+            client: client.to_owned(),
+            url: url.to_owned(),
+            event: event.name().to_owned(),
+            attempt: 1,
+            payload: payload.clone(),
+        };
+        if let Err(e) = ctx.publisher.publish_webhook(&job).await {
+            warn!(error = %e, client, event = event.name(), "could not queue a webhook");
+            metrics::counter!("notify_webhooks_unqueued_total", "event" => event.name())
+                .increment(1);
+        }
+    }
+}
+
+/// Queues `event` about a send for its client's endpoints: the send's id,
+/// sender, status and progress, plus `extra` fields. Reads the send only
+/// when some endpoint asked for the event.
+pub async fn emit_for_send(
+    ctx: &Context,
+    message_id: MessageId,
+    event: WebhookEvent,
+    extra: serde_json::Map<String, serde_json::Value>,
+) {
+    if !anyone_wants(&ctx.settings, event) {
+        return;
+    }
+    let view = match crate::send::get(ctx, message_id, None).await {
+        Ok(view) => view,
+        Err(e) => {
+            warn!(error = %e, message_id = %message_id, event = event.name(), "could not read a send for its webhook");
+            metrics::counter!("notify_webhooks_unqueued_total", "event" => event.name())
+                .increment(1);
+            return;
+        }
+    };
+    if endpoints_for(&ctx.settings, &view.row.client, event).is_empty() {
+        return;
+    }
+    let status = view.row.status().map(|s| s.name()).unwrap_or("unknown");
+    let p = &view.progress;
+    let mut data = serde_json::json!({
+        "message_id": message_id.get().to_string(),
+        "sender": view.row.sender,
+        "status": status,
+        "progress": {
+            "total": p.total, "delivered": p.delivered, "failed": p.failed, "read": p.read,
+            "pending": p.pending, "cancelled": p.cancelled, "suppressed": p.suppressed,
+            "recalled": p.recalled,
+        },
+    });
+    if let Some(fields) = data.as_object_mut() {
+        fields.extend(extra);
+    }
+    emit(ctx, &view.row.client, event, data).await;
+}

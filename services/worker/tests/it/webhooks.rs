@@ -1,0 +1,457 @@
+//! Webhooks against real HTTP servers started here (axum on 127.0.0.1:0),
+//! with the real MariaDB, RabbitMQ and Redis: signatures checked with the
+//! Standard Webhooks algorithm written out below (HMAC from SHA-256 by
+//! hand, not the crate the dispatcher uses), retries after 500s and
+//! timeouts, the dead-letter queue, only a client's own sends, `item.read`
+//! batches, and a dead endpoint that holds up nobody else. Every wait is
+//! on a request arriving (a channel, with a deadline), never a sleep.
+
+use std::collections::{BTreeSet, HashMap, VecDeque};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use axum::extract::State;
+use axum::http::{HeaderMap, StatusCode};
+use axum::routing::post;
+use base64::Engine as _;
+use base64::engine::general_purpose::STANDARD;
+use futures::StreamExt as _;
+use lapin::options::BasicGetOptions;
+use notify_core::deliver::{self, TaskOutcome};
+use notify_core::queue::{self, ChunkTask};
+use notify_core::webhooks::{Job, WebhookTopology};
+use notify_domain::Settings;
+use notify_domain::settings::WebhookEndpoint;
+use notify_proto::v1;
+use notify_proto::v1::inbox_service_client::InboxServiceClient;
+use notify_proto::v1::message_service_client::MessageServiceClient;
+use notify_testkit::{AuthedChannel, TestApp, authed, send_request, spawn_app_with, test_settings};
+use secrecy::SecretString;
+use sha2::{Digest, Sha256};
+use tokio::sync::mpsc;
+use tokio::time::Instant;
+
+/// How an endpoint answers one request.
+#[derive(Debug, Clone, Copy)]
+enum Answer {
+    Ok,
+    Status(u16),
+    /// Never answers: the dispatcher's timeout ends the call.
+    Hang,
+}
+
+/// One request an endpoint got.
+#[derive(Debug)]
+struct Hook {
+    id: String,
+    timestamp: String,
+    signature: String,
+    body: String,
+    at: Instant,
+}
+
+impl Hook {
+    fn json(&self) -> serde_json::Value {
+        serde_json::from_str(&self.body).expect("a JSON payload")
+    }
+
+    fn event(&self) -> String {
+        self.json()["type"].as_str().unwrap_or_default().to_owned()
+    }
+
+    fn message_id(&self) -> u64 {
+        self.json()["data"]["message_id"].as_str().and_then(|id| id.parse().ok()).unwrap_or(0)
+    }
+}
+
+struct Endpoint {
+    plan: Mutex<VecDeque<Answer>>,
+    then: Answer,
+    requests: mpsc::UnboundedSender<Hook>,
+}
+
+/// An HTTP endpoint on 127.0.0.1:0 that answers by a plan, then `then`.
+struct Receiver {
+    url: String,
+    secret: String,
+    requests: mpsc::UnboundedReceiver<Hook>,
+}
+
+impl Receiver {
+    async fn start(plan: &[Answer], then: Answer) -> Self {
+        let (sender, requests) = mpsc::unbounded_channel();
+        let endpoint = Arc::new(Endpoint {
+            plan: Mutex::new(plan.iter().copied().collect()),
+            then,
+            requests: sender,
+        });
+        let app = axum::Router::new().route("/hook", post(receive)).with_state(endpoint);
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(async move { axum::serve(listener, app).await });
+        let key: [u8; 32] = rand::random();
+        Self {
+            url: format!("http://{addr}/hook"),
+            secret: format!("whsec_{}", STANDARD.encode(key)),
+            requests,
+        }
+    }
+
+    /// The next request, within `within`.
+    async fn next(&mut self, within: Duration) -> Hook {
+        tokio::time::timeout(within, self.requests.recv())
+            .await
+            .expect("a webhook request in time")
+            .expect("the endpoint runs")
+    }
+
+    /// Nothing more arrives within `quiet`.
+    async fn assert_quiet(&mut self, quiet: Duration) {
+        if let Ok(Some(hook)) = tokio::time::timeout(quiet, self.requests.recv()).await {
+            panic!("unexpected webhook request: {}", hook.body);
+        }
+    }
+
+    /// Checks the request's signature with the endpoint's secret.
+    fn verify(&self, hook: &Hook) {
+        let key = STANDARD.decode(self.secret.strip_prefix("whsec_").unwrap()).unwrap();
+        let signed = format!("{}.{}.{}", hook.id, hook.timestamp, hook.body);
+        let expected = format!("v1,{}", STANDARD.encode(hmac_sha256(&key, signed.as_bytes())));
+        let valid = hook.signature.split(' ').any(|candidate| candidate == expected);
+        assert!(valid, "signature {:?} is not {expected:?}", hook.signature);
+        let sent: i64 = hook.timestamp.parse().expect("a unix timestamp");
+        let now = chrono::Utc::now().timestamp();
+        assert!((now - sent).abs() <= 300, "timestamp {sent} is not within 5 minutes of {now}");
+        assert!(hook.id.starts_with("msg_"), "{}", hook.id);
+    }
+
+    fn endpoint(&self, events: &[&str]) -> WebhookEndpoint {
+        WebhookEndpoint {
+            url: self.url.clone(),
+            secret: SecretString::from(self.secret.clone()),
+            secret_file: String::new(),
+            events: events.iter().map(|e| (*e).to_owned()).collect(),
+        }
+    }
+}
+
+async fn receive(
+    State(endpoint): State<Arc<Endpoint>>,
+    headers: HeaderMap,
+    body: String,
+) -> StatusCode {
+    let header =
+        |name: &str| headers.get(name).and_then(|v| v.to_str().ok()).unwrap_or_default().to_owned();
+    let answer = endpoint.plan.lock().unwrap().pop_front().unwrap_or(endpoint.then);
+    let _ = endpoint.requests.send(Hook {
+        id: header("webhook-id"),
+        timestamp: header("webhook-timestamp"),
+        signature: header("webhook-signature"),
+        body,
+        at: Instant::now(),
+    });
+    match answer {
+        Answer::Ok => StatusCode::NO_CONTENT,
+        Answer::Status(code) => StatusCode::from_u16(code).unwrap(),
+        Answer::Hang => std::future::pending().await,
+    }
+}
+
+/// HMAC-SHA256 as RFC 2104 defines it, from SHA-256 alone.
+fn hmac_sha256(key: &[u8], message: &[u8]) -> [u8; 32] {
+    let mut block = [0u8; 64];
+    if key.len() > 64 {
+        block[..32].copy_from_slice(&Sha256::digest(key));
+    } else {
+        block[..key.len()].copy_from_slice(key);
+    }
+    let inner_pad: Vec<u8> = block.iter().map(|b| b ^ 0x36).collect();
+    let outer_pad: Vec<u8> = block.iter().map(|b| b ^ 0x5c).collect();
+    let inner = Sha256::new().chain_update(&inner_pad).chain_update(message).finalize();
+    Sha256::new().chain_update(&outer_pad).chain_update(inner).finalize().into()
+}
+
+#[test]
+fn the_hand_written_hmac_matches_rfc_4231() {
+    // RFC 4231, test case 2.
+    let mac = hmac_sha256(b"Jefe", b"what do ya want for nothing?");
+    let hex: String = mac.iter().map(|b| format!("{b:02x}")).collect();
+    assert_eq!(hex, "5bdcc146bf60754e6a042426089575c75a003f089d2739839dec58b964ec3843");
+}
+
+/// Settings with clients `alpha` and `beta` (any sender, send, recall,
+/// read and mark read), fast retries; returns them with the tokens.
+fn two_clients() -> (Settings, HashMap<String, String>) {
+    let mut settings = test_settings();
+    let scopes: &[&str] = &["send", "sends.read", "sends.manage", "inbox.read", "inbox.write"];
+    let tokens =
+        notify_testkit::with_clients(&mut settings, &[("alpha", scopes), ("beta", scopes)]);
+    for client in &mut settings.auth.clients {
+        client.senders = vec!["*".to_owned()];
+    }
+    settings.webhooks.retry_delays_ms = vec![300, 600];
+    settings.webhooks.timeout_ms = 1_000;
+    (settings, tokens)
+}
+
+fn messages(app: &TestApp, token: &str) -> MessageServiceClient<AuthedChannel> {
+    MessageServiceClient::new(authed(app.channel(), token))
+}
+
+async fn send(app: &TestApp, token: &str, user_ids: Vec<u64>) -> u64 {
+    messages(app, token)
+        .send_message(send_request(user_ids))
+        .await
+        .expect("send")
+        .into_inner()
+        .message_id
+}
+
+const WAIT: Duration = Duration::from_secs(30);
+
+#[tokio::test]
+async fn events_are_signed_retried_after_500s_and_timeouts_and_reach_only_their_client() {
+    let mut alpha = Receiver::start(&[Answer::Status(500), Answer::Hang], Answer::Ok).await;
+    let mut beta = Receiver::start(&[], Answer::Ok).await;
+    let (mut settings, tokens) = two_clients();
+    settings.auth.clients[0].webhooks =
+        vec![alpha.endpoint(&["message.completed", "message.recalled"])];
+    settings.auth.clients[1].webhooks = vec![beta.endpoint(&["message.completed"])];
+    let app = spawn_app_with(settings, true).await;
+
+    let beta_send = send(&app, &tokens["beta"], vec![4, 5]).await;
+    let alpha_send = send(&app, &tokens["alpha"], vec![1, 2, 3]).await;
+
+    // beta's endpoint gets beta's send, signed with beta's secret.
+    let hook = beta.next(WAIT).await;
+    beta.verify(&hook);
+    assert_eq!((hook.event().as_str(), hook.message_id()), ("message.completed", beta_send));
+    assert_eq!(hook.json()["data"]["progress"]["delivered"], 2);
+
+    // alpha's: a 500, a timeout, then a 2xx: three attempts at one event,
+    // under one id, each signed, the waits growing.
+    let first = alpha.next(WAIT).await;
+    let second = alpha.next(WAIT).await;
+    let third = alpha.next(WAIT).await;
+    for hook in [&first, &second, &third] {
+        alpha.verify(hook);
+        assert_eq!((hook.event().as_str(), hook.message_id()), ("message.completed", alpha_send));
+        assert_eq!(hook.id, first.id, "one webhook-id on every attempt");
+        assert_eq!(hook.body, first.body, "the same payload on every attempt");
+    }
+    assert_eq!(first.json()["data"]["status"], "completed");
+    assert_eq!(first.json()["data"]["progress"]["delivered"], 3);
+    assert!(second.at - first.at >= Duration::from_millis(300), "the first retry waits 300 ms");
+    // The second waited out the 1 s timeout, then 600 ms.
+    assert!(third.at - second.at >= Duration::from_millis(1_500), "the timeout, then 600 ms");
+
+    // A recall reaches alpha.
+    messages(&app, &tokens["alpha"])
+        .recall_message(v1::RecallMessageRequest { message_id: alpha_send })
+        .await
+        .expect("recall");
+    let recalled = alpha.next(WAIT).await;
+    alpha.verify(&recalled);
+    assert_eq!(
+        (recalled.event().as_str(), recalled.message_id()),
+        ("message.recalled", alpha_send)
+    );
+    assert_eq!(recalled.json()["data"]["status"], "recalled");
+    assert_ne!(recalled.id, first.id);
+
+    // Nothing of beta's reached alpha, nothing was sent twice after a 2xx.
+    alpha.assert_quiet(Duration::from_millis(1_000)).await;
+    beta.assert_quiet(Duration::from_millis(100)).await;
+    let worker = app.worker.as_ref().expect("a worker").metrics_addr;
+    let page = notify_testkit::http_get(worker, "/metrics").await.1;
+    // In-process workers of parallel tests share one recorder: at least.
+    assert!(notify_testkit::metric_sum(&page, "notify_webhooks_failed_total") >= 2.0);
+    assert!(notify_testkit::metric_sum(&page, "notify_webhooks_sent_total") >= 3.0);
+    app.cleanup().await;
+}
+
+#[tokio::test]
+async fn an_event_failing_every_attempt_is_dead_lettered_after_the_last() {
+    let mut alpha = Receiver::start(&[], Answer::Status(503)).await;
+    let (mut settings, tokens) = two_clients();
+    settings.webhooks.retry_delays_ms = vec![50, 100];
+    settings.auth.clients[0].webhooks = vec![alpha.endpoint(&["message.completed"])];
+    let app = spawn_app_with(settings, true).await;
+    let message_id = send(&app, &tokens["alpha"], vec![7]).await;
+    for _ in 0..3 {
+        let hook = alpha.next(WAIT).await;
+        alpha.verify(&hook);
+        assert_eq!(hook.message_id(), message_id);
+    }
+    // Three attempts (1 + two delays), then the dead-letter queue.
+    let connection = queue::connect(&app.settings.rabbitmq, "webhooks-test").await.unwrap();
+    let channel = connection.create_channel().await.unwrap();
+    let dead = WebhookTopology::new(&app.settings).dead_queue();
+    let job = notify_testkit::eventually("the job dead-lettered", WAIT, || async {
+        let got = channel
+            .basic_get(dead.as_str().into(), BasicGetOptions { no_ack: true })
+            .await
+            .expect("basic.get");
+        got.map(|message| Job::decode(&message.delivery.data).expect("a job"))
+    })
+    .await;
+    assert_eq!((job.attempt, job.client.as_str()), (3, "alpha"));
+    alpha.assert_quiet(Duration::from_millis(500)).await;
+    let worker = app.worker.as_ref().expect("a worker").metrics_addr;
+    let page = notify_testkit::http_get(worker, "/metrics").await.1;
+    assert!(notify_testkit::metric_sum(&page, "notify_webhooks_dead_lettered_total") >= 1.0);
+    let _ = connection.close(200, "done".into()).await;
+    app.cleanup().await;
+}
+
+#[tokio::test]
+async fn reads_are_reported_in_batches_of_at_most_500_users() {
+    let mut alpha = Receiver::start(&[], Answer::Ok).await;
+    let (mut settings, tokens) = two_clients();
+    settings.webhooks.read_flush_ms = 1_000;
+    settings.auth.clients[0].webhooks = vec![alpha.endpoint(&["message.completed", "item.read"])];
+    let app = spawn_app_with(settings, true).await;
+    let users: Vec<u64> = (1..=1_200).collect();
+    let message_id = send(&app, &tokens["alpha"], users.clone()).await;
+    let completed = alpha.next(WAIT).await;
+    assert_eq!(completed.event(), "message.completed");
+    // beta's send is read too: its reads reach nobody (beta has no endpoint).
+    let other = send(&app, &tokens["beta"], vec![1, 2]).await;
+
+    let inbox = InboxServiceClient::new(authed(app.channel(), &tokens["alpha"]));
+    let marking = users.iter().map(|user_id| {
+        let mut inbox = inbox.clone();
+        let message_ids = if *user_id <= 2 { vec![message_id, other] } else { vec![message_id] };
+        async move {
+            inbox
+                .mark_read(v1::MarkReadRequest { user_id: *user_id, message_ids })
+                .await
+                .expect("mark read")
+        }
+    });
+    let started = Instant::now();
+    futures::stream::iter(marking).buffer_unordered(16).collect::<Vec<_>>().await;
+    let marking_took = started.elapsed();
+
+    let mut seen = BTreeSet::new();
+    let mut calls = 0;
+    while seen.len() < users.len() {
+        let hook = alpha.next(WAIT).await;
+        alpha.verify(&hook);
+        assert_eq!((hook.event().as_str(), hook.message_id()), ("item.read", message_id));
+        let batch = hook.json()["data"]["user_ids"].as_array().unwrap().clone();
+        assert!(!batch.is_empty() && batch.len() <= 500, "{} users in one call", batch.len());
+        seen.extend(batch.iter().map(|id| id.as_str().unwrap().parse::<u64>().unwrap()));
+        calls += 1;
+    }
+    assert_eq!(seen.into_iter().collect::<Vec<_>>(), users, "every reader, exactly these");
+    // Each batch goes at 500 readers or at a flush (every second): two full
+    // batches, one per flush while the reads came and one after, never one
+    // per user, however slow this machine marks them.
+    let flushes = marking_took.as_millis() / 1_000 + 2;
+    assert!(calls <= 2 + flushes, "{calls} calls for 1,200 reads in {marking_took:?}");
+    assert!(calls <= 60, "{calls} calls for 1,200 reads");
+    alpha.assert_quiet(Duration::from_millis(800)).await;
+    app.cleanup().await;
+}
+
+#[tokio::test]
+async fn a_dead_endpoint_of_one_client_does_not_delay_another_clients_webhooks() {
+    let mut alpha = Receiver::start(&[], Answer::Hang).await;
+    let mut beta = Receiver::start(&[], Answer::Ok).await;
+    let (mut settings, tokens) = two_clients();
+    settings.webhooks.timeout_ms = 8_000;
+    settings.webhooks.concurrency_per_client = 2;
+    settings.auth.clients[0].webhooks = vec![alpha.endpoint(&["message.completed"])];
+    settings.auth.clients[1].webhooks = vec![beta.endpoint(&["message.completed"])];
+    let app = spawn_app_with(settings, true).await;
+    // alpha's endpoint holds every slot alpha has, and more wait behind them.
+    for user in 1..=4 {
+        send(&app, &tokens["alpha"], vec![user]).await;
+    }
+    alpha.next(WAIT).await;
+    alpha.next(WAIT).await;
+
+    let started = Instant::now();
+    let message_id = send(&app, &tokens["beta"], vec![9]).await;
+    let hook = beta.next(WAIT).await;
+    assert_eq!(hook.message_id(), message_id);
+    let took = started.elapsed();
+    assert!(took < Duration::from_secs(4), "beta's webhook took {took:?} behind alpha's");
+    // alpha's calls still hang (its third waits for a slot).
+    alpha.assert_quiet(Duration::from_millis(200)).await;
+    app.cleanup().await;
+}
+
+#[tokio::test]
+async fn a_chunk_failed_for_good_is_reported_then_the_completion_counts_it() {
+    let mut alpha = Receiver::start(&[], Answer::Ok).await;
+    let (mut settings, tokens) = two_clients();
+    settings.auth.clients[0].webhooks =
+        vec![alpha.endpoint(&["message.failed", "message.completed"])];
+    let mut app = spawn_app_with(settings, false).await;
+    let message_id = send(&app, &tokens["alpha"], (1..=600).collect()).await;
+    // As if workers had died on one chunk poison_attempts times already.
+    let (shard, pool) = app.ctx.pools.iter().next().map(|(s, p)| (s, p.clone())).unwrap();
+    let (chunk_id, recipients): (u64, u16) = sqlx::query_as(
+        "SELECT chunk_id, recipients FROM message_chunks WHERE message_id = ? ORDER BY chunk_id LIMIT 1",
+    )
+    .bind(message_id)
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    sqlx::query("UPDATE message_chunks SET attempts = ? WHERE message_id = ? AND chunk_id = ?")
+        .bind(app.settings.worker.poison_attempts)
+        .bind(message_id)
+        .bind(chunk_id)
+        .execute(&pool)
+        .await
+        .unwrap();
+    let task = ChunkTask::deliver(message_id, chunk_id, shard.0);
+    assert_eq!(deliver::apply_task(&app.ctx, &task, true).await.unwrap(), TaskOutcome::Failed);
+    app.start_worker().await;
+
+    // Order is not promised: take both, then look.
+    let mut hooks = vec![alpha.next(WAIT).await, alpha.next(WAIT).await];
+    hooks.sort_by_key(Hook::event);
+    for hook in &hooks {
+        alpha.verify(hook);
+        assert_eq!(hook.message_id(), message_id);
+    }
+    let (completed, failed) = (&hooks[0], &hooks[1]);
+    assert_eq!(completed.event(), "message.completed");
+    assert_eq!(failed.event(), "message.failed");
+    assert_eq!(failed.json()["data"]["chunk_id"], chunk_id.to_string());
+    assert_eq!(failed.json()["data"]["progress"]["failed"], u64::from(recipients));
+    assert_eq!(completed.json()["data"]["progress"]["failed"], u64::from(recipients));
+    assert_eq!(completed.json()["data"]["progress"]["delivered"], 600 - u64::from(recipients));
+    alpha.assert_quiet(Duration::from_millis(500)).await;
+    app.cleanup().await;
+}
+
+#[tokio::test]
+async fn reads_gathered_by_an_api_that_shuts_down_are_queued_on_the_way_out() {
+    let mut alpha = Receiver::start(&[], Answer::Ok).await;
+    let (mut settings, tokens) = two_clients();
+    // No flush comes in time: only the shutdown's drain sends them.
+    settings.webhooks.read_flush_ms = 600_000;
+    settings.auth.clients[0].webhooks = vec![alpha.endpoint(&["message.completed", "item.read"])];
+    let app = spawn_app_with(settings, true).await;
+    let message_id = send(&app, &tokens["alpha"], (1..=10).collect()).await;
+    assert_eq!(alpha.next(WAIT).await.event(), "message.completed");
+
+    let replica = app.spawn_api_replica().await;
+    let mut inbox = InboxServiceClient::new(authed(replica.channel(), &tokens["alpha"]));
+    for user_id in 1..=10 {
+        let request = v1::MarkReadRequest { user_id, message_ids: vec![message_id] };
+        assert_eq!(inbox.mark_read(request).await.unwrap().into_inner().marked, 1);
+    }
+    alpha.assert_quiet(Duration::from_millis(300)).await;
+    replica.stop().await;
+    let hook = alpha.next(WAIT).await;
+    alpha.verify(&hook);
+    assert_eq!((hook.event().as_str(), hook.message_id()), ("item.read", message_id));
+    let users: Vec<String> = (1..=10).map(|u: u64| u.to_string()).collect();
+    assert_eq!(hook.json()["data"]["user_ids"], serde_json::json!(users));
+    app.cleanup().await;
+}
