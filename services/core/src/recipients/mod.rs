@@ -219,20 +219,27 @@ pub async fn list(
     let send = Sent { message_id, recalled: row.status()? == SendStatus::Recalled };
     let announcement = row.audience == AudienceKind::AllUsers as u8;
     let routes = ctx.pools.snapshot();
-    let pages = ctx.pools.iter().map(|(shard, pool)| {
-        let routes = &routes;
-        async move {
-            if announcement && filter != Filter::Read {
-                page::materialized(routes, shard, pool, &send, filter, after, page_size).await
-            } else if filter == Filter::Read {
-                page::readers(routes, shard, pool, &send, after, page_size).await
-            } else {
-                page::from_chunks(routes, pool, &send, filter, after, page_size).await
+    let (recipients, next) = if filter == Filter::Read || announcement {
+        let pages = ctx.pools.iter().map(|(shard, pool)| {
+            let routes = &routes;
+            async move {
+                if filter == Filter::Read {
+                    page::readers(routes, shard, pool, &send, after, page_size).await
+                } else {
+                    page::materialized(routes, shard, pool, &send, filter, after, page_size).await
+                }
             }
-        }
-    });
-    let pages = futures::future::try_join_all(pages).await?;
-    let (recipients, next) = page::merge(pages, page_size as usize);
+        });
+        let pages = futures::future::try_join_all(pages).await?;
+        page::merge(pages, page_size as usize)
+    } else {
+        let parts = ctx
+            .pools
+            .iter()
+            .map(|(_, pool)| page::from_chunks(pool, &send, filter, after, page_size));
+        let parts = futures::future::try_join_all(parts).await?;
+        page::from_candidates(&routes, &send, filter, parts, page_size).await?
+    };
     Ok(RecipientPage {
         recipients,
         next_page_token: next

@@ -39,19 +39,6 @@ impl ShardPage {
     fn exhausted() -> Self {
         Self { entries: Vec::new(), complete_to: u64::MAX }
     }
-
-    /// Keeps `page_size` entries at most, and says so in `complete_to`.
-    fn truncated(mut self, page_size: usize) -> Self {
-        if self.entries.len() > page_size {
-            self.entries.truncate(page_size);
-        }
-        if self.entries.len() == page_size
-            && let Some(last) = self.entries.last()
-        {
-            self.complete_to = self.complete_to.min(last.user_id);
-        }
-        self
-    }
 }
 
 /// Which chunk wins when a user is in several chunks of a send (batches
@@ -66,63 +53,91 @@ pub(super) fn rank(chunk_state: u8) -> u8 {
     }
 }
 
-/// A shard's part from its chunks: per run, the chunks past the cursor, and
-/// the items of their delivered users (looked up where the users live now).
+/// A shard's recipients from its chunks, before their items are read.
+#[derive(Debug, Default)]
+pub(super) struct ShardCandidates {
+    /// Users past the cursor with the state of their chunk, in user order.
+    users: Vec<(u64, u8)>,
+    /// Every recipient of the shard up to this user id is in `users`.
+    complete_to: u64,
+}
+
+/// A shard's recipients past the cursor from its chunks: per run, the
+/// heads of the next chunks (index only), then the users of those that
+/// start within what the shard can answer completely.
 pub(super) async fn from_chunks(
-    routes: &Snapshot<'_, MySqlPool>,
     pool: &MySqlPool,
     send: &Sent,
     filter: Filter,
     after: u64,
     page_size: u32,
-) -> Result<ShardPage> {
+) -> Result<ShardCandidates> {
     let states = filter.chunk_states(send.recalled);
     let runs = store::runs(pool, send.message_id, &states).await?;
     if runs.is_empty() {
-        return Ok(ShardPage::exhausted());
+        return Ok(ShardCandidates { users: Vec::new(), complete_to: u64::MAX });
     }
     // The cursor's chunk is read partly: one more than a page needs.
     let per_run = page_size.div_ceil(CHUNK_USERS) + 1;
-    let chunks = store::chunks_after(pool, send.message_id, &runs, after, per_run).await?;
+    let heads = store::chunk_heads_after(pool, send.message_id, &runs, after, per_run).await?;
     let mut read_per_run: HashMap<(u8, u64), (u32, u64)> = HashMap::new();
-    for chunk in &chunks {
-        let entry = read_per_run.entry((chunk.state, chunk.batch)).or_default();
+    for head in &heads {
+        let entry = read_per_run.entry((head.state, head.batch)).or_default();
         entry.0 += 1;
-        entry.1 = entry.1.max(chunk.user_ids.last().copied().unwrap_or(0));
+        entry.1 = entry.1.max(head.last_user);
     }
     // A run that gave as many chunks as asked may have more past its last.
-    let mut complete_to = read_per_run
+    let complete_to = read_per_run
         .values()
         .filter(|(count, _)| *count >= per_run)
         .map(|(_, last)| *last)
         .min()
         .unwrap_or(u64::MAX);
-    let mut candidates: Vec<(u64, u8)> = chunks
+    let needed: Vec<u64> = heads
+        .iter()
+        .filter(|head| head.first_user <= complete_to)
+        .map(|head| head.chunk_id)
+        .collect();
+    let chunks = store::chunk_users(pool, send.message_id, &needed).await?;
+    let mut users: Vec<(u64, u8)> = chunks
         .iter()
         .flat_map(|chunk| chunk.user_ids.iter().map(move |user| (*user, chunk.state)))
         .filter(|(user, _)| *user > after && *user <= complete_to)
         .collect();
-    candidates.sort_unstable_by_key(|(user, state)| (*user, rank(*state)));
-    candidates.dedup_by_key(|(user, _)| *user);
+    users.sort_unstable_by_key(|(user, state)| (*user, rank(*state)));
+    users.dedup_by_key(|(user, _)| *user);
+    Ok(ShardCandidates { users, complete_to })
+}
 
+/// A page from every shard's chunk candidates: merged in user order up to
+/// the least complete shard, then, where the filter depends on the item,
+/// items looked up a page of users at a time (at most [`LOOKUP_PAGES`]
+/// pages). Returns the page and the user id the next starts after.
+pub(super) async fn from_candidates(
+    routes: &Snapshot<'_, MySqlPool>,
+    send: &Sent,
+    filter: Filter,
+    parts: Vec<ShardCandidates>,
+    page_size: u32,
+) -> Result<(Vec<Recipient>, Option<u64>)> {
     let page_size = page_size as usize;
+    let parts = parts.into_iter().map(|part| (part.users, part.complete_to)).collect();
+    let (candidates, end) = merge_by(parts, usize::MAX, |(user, _)| *user);
     let needs_items = !send.recalled
         && matches!(filter, Filter::All | Filter::Delivered | Filter::Unread | Filter::Suppressed);
     if !needs_items {
-        let entries = candidates
+        let entries: Vec<Recipient> = candidates
             .into_iter()
             .map(|(user, state)| Recipient::bare(user, send.state_of(state, None)))
             .filter(|recipient| filter.matches(recipient.state))
             .collect();
-        return Ok(ShardPage { entries, complete_to }.truncated(page_size));
+        return Ok(cut(entries, page_size, end));
     }
     let budget = if filter == Filter::All { page_size } else { page_size * LOOKUP_PAGES };
     let mut entries = Vec::new();
     let mut looked = 0;
     for window in candidates.chunks(page_size) {
         if entries.len() >= page_size || looked >= budget {
-            // Users up to the last looked up are complete.
-            complete_to = complete_to.min(candidates[looked - 1].0);
             break;
         }
         let delivered: Vec<u64> = window
@@ -145,7 +160,26 @@ pub(super) async fn from_chunks(
         }
         looked += window.len();
     }
-    Ok(ShardPage { entries, complete_to }.truncated(page_size))
+    if looked < candidates.len() && entries.len() <= page_size {
+        // Users up to the last looked up are complete.
+        return Ok((entries, Some(candidates[looked - 1].0)));
+    }
+    Ok(cut(entries, page_size, end))
+}
+
+/// At most `page_size` entries; the next page starts after the last of a
+/// cut page, else at `end`.
+fn cut(
+    mut entries: Vec<Recipient>,
+    page_size: usize,
+    end: Option<u64>,
+) -> (Vec<Recipient>, Option<u64>) {
+    if entries.len() > page_size {
+        entries.truncate(page_size);
+        let last = entries.last().map(|r| r.user_id);
+        return (entries, last);
+    }
+    (entries, end)
 }
 
 /// The items of a send that `users` have, looked up on the shards the users
@@ -253,36 +287,50 @@ fn full_page_end(rows: usize, limit: u32, last: Option<u64>) -> u64 {
 /// `complete_to`, one entry per user; returns the page and the user id the
 /// next page starts after (`None` on the last page).
 pub(super) fn merge(parts: Vec<ShardPage>, page_size: usize) -> (Vec<Recipient>, Option<u64>) {
-    let bound = parts.iter().map(|part| part.complete_to).min().unwrap_or(u64::MAX);
-    let mut lists: Vec<std::vec::IntoIter<Recipient>> =
-        parts.into_iter().map(|part| part.entries.into_iter()).collect();
+    let parts = parts.into_iter().map(|part| (part.entries, part.complete_to)).collect();
+    merge_by(parts, page_size, |recipient: &Recipient| recipient.user_id)
+}
+
+/// A k-way merge of lists in user order, each complete up to its bound:
+/// the entries up to the smallest bound, one per user, at most `limit`;
+/// and the user id the next page starts after (`None`: nothing follows).
+fn merge_by<T>(
+    parts: Vec<(Vec<T>, u64)>,
+    limit: usize,
+    user_of: impl Fn(&T) -> u64,
+) -> (Vec<T>, Option<u64>) {
+    let bound = parts.iter().map(|(_, complete_to)| *complete_to).min().unwrap_or(u64::MAX);
+    let mut lists: Vec<std::vec::IntoIter<T>> =
+        parts.into_iter().map(|(entries, _)| entries.into_iter()).collect();
     let mut heads = BinaryHeap::new();
-    let mut pending: Vec<Option<Recipient>> = Vec::with_capacity(lists.len());
+    let mut pending: Vec<Option<T>> = Vec::with_capacity(lists.len());
     for (index, list) in lists.iter_mut().enumerate() {
         let head = list.next();
-        if let Some(recipient) = &head {
-            heads.push(Reverse((recipient.user_id, index)));
+        if let Some(entry) = &head {
+            heads.push(Reverse((user_of(entry), index)));
         }
         pending.push(head);
     }
-    let mut page: Vec<Recipient> = Vec::with_capacity(page_size + 1);
+    let mut page: Vec<T> = Vec::new();
+    let mut last_user = None;
     while let Some(Reverse((user_id, index))) = heads.pop() {
-        if user_id > bound || page.len() > page_size {
+        if user_id > bound || page.len() > limit {
             break;
         }
-        let recipient = pending[index].take().expect("a head for each heap entry");
+        let entry = pending[index].take().expect("a head for each heap entry");
         if let Some(next) = lists[index].next() {
-            heads.push(Reverse((next.user_id, index)));
+            heads.push(Reverse((user_of(&next), index)));
             pending[index] = Some(next);
         }
         // A user on two shards (a bucket move between two batches) once.
-        if page.last().is_none_or(|last| last.user_id != user_id) {
-            page.push(recipient);
+        if last_user != Some(user_id) {
+            last_user = Some(user_id);
+            page.push(entry);
         }
     }
-    if page.len() > page_size {
-        page.truncate(page_size);
-        let last = page.last().map(|r| r.user_id);
+    if page.len() > limit {
+        page.truncate(limit);
+        let last = page.last().map(&user_of);
         return (page, last);
     }
     (page, (bound != u64::MAX).then_some(bound))

@@ -73,16 +73,32 @@ pub async fn runs(pool: &MySqlPool, message_id: MessageId, states: &[u8]) -> Res
     Ok(sql.build_query_as().fetch_all(pool).await?)
 }
 
+/// Where a chunk's users lie, without them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, FromRow)]
+pub struct ChunkHead {
+    /// The chunk.
+    pub chunk_id: u64,
+    /// Its state.
+    pub state: u8,
+    /// Its batch.
+    pub batch: u64,
+    /// Its first user.
+    pub first_user: u64,
+    /// Its last user.
+    pub last_user: u64,
+}
+
 /// Up to `per_run` chunks of each run whose last user is past `after`, each
-/// run's in user order: one index range per run, in one statement.
+/// run's in user order: one index range per run, in one statement, reading
+/// no user ids (see [`chunk_users`]).
 #[instrument(level = "debug", skip_all, fields(db.system = "mysql", runs = runs.len()))]
-pub async fn chunks_after(
+pub async fn chunk_heads_after(
     pool: &MySqlPool,
     message_id: MessageId,
     runs: &[Run],
     after: u64,
     per_run: u32,
-) -> Result<Vec<ChunkUsers>> {
+) -> Result<Vec<ChunkHead>> {
     if runs.is_empty() {
         return Ok(Vec::new());
     }
@@ -92,8 +108,8 @@ pub async fn chunks_after(
             sql.push(" UNION ALL ");
         }
         sql.push(
-            "(SELECT state, batch, user_ids FROM message_chunks FORCE INDEX (idx_chunks_recipients) \
-             WHERE message_id = ",
+            "(SELECT chunk_id, state, batch, first_user, last_user FROM message_chunks \
+             FORCE INDEX (idx_chunks_recipients) WHERE message_id = ",
         )
         .push_bind(message_id.get())
         .push(" AND state = ")
@@ -106,6 +122,24 @@ pub async fn chunks_after(
         .push_bind(per_run)
         .push(")");
     }
+    Ok(sql.build_query_as().fetch_all(pool).await?)
+}
+
+/// The users of these chunks of a send, by primary key.
+#[instrument(level = "debug", skip_all, fields(db.system = "mysql", chunks = chunk_ids.len()))]
+pub async fn chunk_users(
+    pool: &MySqlPool,
+    message_id: MessageId,
+    chunk_ids: &[u64],
+) -> Result<Vec<ChunkUsers>> {
+    if chunk_ids.is_empty() {
+        return Ok(Vec::new());
+    }
+    let mut sql =
+        QueryBuilder::new("SELECT state, batch, user_ids FROM message_chunks WHERE message_id = ");
+    sql.push_bind(message_id.get()).push(" AND chunk_id IN (");
+    push_ids(&mut sql, chunk_ids);
+    sql.push(")");
     let rows: Vec<ChunkRow> = sql.build_query_as().fetch_all(pool).await?;
     rows.into_iter().map(ChunkRow::decode).collect()
 }
