@@ -3,9 +3,10 @@
 
 use std::collections::HashMap;
 
+use sqlx::MySqlPool;
 use tracing::instrument;
 
-use super::page::{announcement_recipient, items};
+use super::page::{announcement_recipient, items, rank};
 use super::{MAX_PAGE_SIZE, Recipient, RecipientState, Sent};
 use crate::context::Context;
 use crate::send;
@@ -85,39 +86,69 @@ async fn of_send(ctx: &Context, send: &Sent, users: &[u64]) -> Result<HashMap<u6
     // held back), or no recipient at all. Chunks stay on the shard they
     // were cut for, so every shard is asked.
     let rest: Vec<u64> = users.iter().copied().filter(|u| !items.contains_key(u)).collect();
-    let (Some(low), Some(high)) = (rest.first().copied(), rest.last().copied()) else {
+    if rest.is_empty() {
         return Ok(found);
-    };
+    }
     let all_states = super::Filter::All.chunk_states(send.recalled);
-    let scans = ctx.pools.iter().map(|(_, pool)| {
-        let all_states = &all_states;
-        async move {
-            let runs = store::runs(pool, send.message_id, all_states).await?;
-            store::chunks_covering(pool, send.message_id, &runs, low, high).await
-        }
-    });
-    let chunks = futures::future::try_join_all(scans).await?;
+    let scans = ctx.pools.iter().map(|(_, pool)| chunks_holding(pool, send, &all_states, &rest));
     let mut best: HashMap<u64, u8> = HashMap::new();
-    for chunk in chunks.iter().flatten() {
-        let (Some(first), Some(last)) = (chunk.user_ids.first(), chunk.user_ids.last()) else {
-            continue;
-        };
-        let inside =
-            &rest[rest.partition_point(|u| u < first)..rest.partition_point(|u| u <= last)];
-        for user in inside {
-            if chunk.user_ids.binary_search(user).is_ok() {
-                best.entry(*user)
-                    .and_modify(|state| {
-                        if super::page::rank(chunk.state) < super::page::rank(*state) {
-                            *state = chunk.state;
-                        }
-                    })
-                    .or_insert(chunk.state);
-            }
-        }
+    for (user, chunk_state) in futures::future::try_join_all(scans).await?.into_iter().flatten() {
+        best.entry(user)
+            .and_modify(|state| {
+                if rank(chunk_state) < rank(*state) {
+                    *state = chunk_state;
+                }
+            })
+            .or_insert(chunk_state);
     }
     for (user, chunk_state) in best {
         found.insert(user, Recipient::bare(user, send.state_of(chunk_state, None)));
     }
     Ok(found)
+}
+
+/// Which of `users` (sorted) this shard's chunks of the send hold, with the
+/// chunk's state: from the index, the chunk of each run that may hold each
+/// user (the first whose last user is at or past them), then the first
+/// users of those chunks (rows, no user ids), then the user ids of the
+/// chunks that do start at or before one of them.
+async fn chunks_holding(
+    pool: &MySqlPool,
+    send: &Sent,
+    states: &[u8],
+    users: &[u64],
+) -> Result<Vec<(u64, u8)>> {
+    let Some(low) = users.first().copied() else {
+        return Ok(Vec::new());
+    };
+    let mut runs: HashMap<(u8, u64), Vec<store::ChunkEnd>> = HashMap::new();
+    for end in store::chunk_ends_from(pool, send.message_id, states, low).await? {
+        runs.entry((end.state, end.batch)).or_default().push(end);
+    }
+    let mut maybe: HashMap<u64, Vec<u64>> = HashMap::new();
+    for ends in runs.values_mut() {
+        ends.sort_unstable_by_key(|end| end.last_user);
+        for user in users {
+            let at = ends.partition_point(|end| end.last_user < *user);
+            if let Some(end) = ends.get(at) {
+                maybe.entry(end.chunk_id).or_default().push(*user);
+            }
+        }
+    }
+    let chunk_ids: Vec<u64> = maybe.keys().copied().collect();
+    let firsts = store::first_users(pool, send.message_id, &chunk_ids).await?;
+    let needed: Vec<u64> = firsts
+        .into_iter()
+        .filter(|(chunk_id, first)| maybe[chunk_id].iter().any(|user| user >= first))
+        .map(|(chunk_id, _)| chunk_id)
+        .collect();
+    let mut held = Vec::new();
+    for chunk in store::chunk_users(pool, send.message_id, &needed).await? {
+        for user in users {
+            if chunk.user_ids.binary_search(user).is_ok() {
+                held.push((*user, chunk.state));
+            }
+        }
+    }
+    Ok(held)
 }

@@ -144,41 +144,61 @@ pub async fn chunk_users(
     rows.into_iter().map(ChunkRow::decode).collect()
 }
 
-/// The chunks of each run whose user range meets `[low, high]`: those that
-/// may hold any of a set of users between the two.
-#[instrument(level = "debug", skip_all, fields(db.system = "mysql", runs = runs.len()))]
-pub async fn chunks_covering(
+/// Where a chunk's users end, as `idx_chunks_recipients` holds it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, FromRow)]
+pub struct ChunkEnd {
+    /// The chunk.
+    pub chunk_id: u64,
+    /// Its state.
+    pub state: u8,
+    /// Its batch.
+    pub batch: u64,
+    /// Its last user.
+    pub last_user: u64,
+}
+
+/// The send's chunks on this shard in `states` whose last user is `low` or
+/// more: an index-only read.
+#[instrument(level = "debug", skip_all, fields(db.system = "mysql"))]
+pub async fn chunk_ends_from(
     pool: &MySqlPool,
     message_id: MessageId,
-    runs: &[Run],
+    states: &[u8],
     low: u64,
-    high: u64,
-) -> Result<Vec<ChunkUsers>> {
-    if runs.is_empty() {
+) -> Result<Vec<ChunkEnd>> {
+    if states.is_empty() {
         return Ok(Vec::new());
     }
-    let mut sql = QueryBuilder::new("");
-    for (index, run) in runs.iter().enumerate() {
-        if index > 0 {
-            sql.push(" UNION ALL ");
-        }
-        sql.push(
-            "(SELECT state, batch, user_ids FROM message_chunks FORCE INDEX (idx_chunks_recipients) \
-             WHERE message_id = ",
-        )
-        .push_bind(message_id.get())
-        .push(" AND state = ")
-        .push_bind(run.state)
-        .push(" AND batch = ")
-        .push_bind(run.batch)
-        .push(" AND last_user >= ")
-        .push_bind(low)
-        .push(" AND first_user <= ")
-        .push_bind(high)
-        .push(")");
+    let mut sql = QueryBuilder::new(
+        "SELECT chunk_id, state, batch, last_user FROM message_chunks \
+         FORCE INDEX (idx_chunks_recipients) WHERE message_id = ",
+    );
+    sql.push_bind(message_id.get()).push(" AND state IN (");
+    let mut list = sql.separated(", ");
+    for state in states {
+        list.push_bind(*state);
     }
-    let rows: Vec<ChunkRow> = sql.build_query_as().fetch_all(pool).await?;
-    rows.into_iter().map(ChunkRow::decode).collect()
+    sql.push(") AND last_user >= ").push_bind(low);
+    Ok(sql.build_query_as().fetch_all(pool).await?)
+}
+
+/// The first user of each of these chunks, by primary key (no user ids
+/// travel).
+#[instrument(level = "debug", skip_all, fields(db.system = "mysql", chunks = chunk_ids.len()))]
+pub async fn first_users(
+    pool: &MySqlPool,
+    message_id: MessageId,
+    chunk_ids: &[u64],
+) -> Result<Vec<(u64, u64)>> {
+    if chunk_ids.is_empty() {
+        return Ok(Vec::new());
+    }
+    let mut sql =
+        QueryBuilder::new("SELECT chunk_id, first_user FROM message_chunks WHERE message_id = ");
+    sql.push_bind(message_id.get()).push(" AND chunk_id IN (");
+    push_ids(&mut sql, chunk_ids);
+    sql.push(")");
+    Ok(sql.build_query_as().fetch_all(pool).await?)
 }
 
 /// A recipient's item of a send, as the recipient queries read it.
