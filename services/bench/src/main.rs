@@ -9,6 +9,8 @@
 //! - `group`: `SendGroupMessage` latency in a 10-member vs a 100,000-member
 //!   group, and a member pulling a 20,000-message backlog in pages of 200.
 //! - `events`: gateway events of a 100k-recipient send, exactly once.
+//! - `recipients`: `ListRecipients` pages of 1,000 by 4 readers for each
+//!   filter and `GetRecipientStatus` of 1,000 users, on a 1M-recipient send.
 //! - `chaos`: a mixed load on two api and two worker processes under random
 //!   faults and SIGKILLs, then invariants checked from MySQL.
 //!
@@ -29,6 +31,7 @@ mod harness;
 mod metrics;
 mod moves;
 mod procstat;
+mod recipients;
 mod wire;
 
 use std::panic::AssertUnwindSafe;
@@ -56,6 +59,8 @@ enum Command {
     Group(group::GroupArgs),
     /// Gateway events of a 100k-recipient send to 10k, then 100k, followed users.
     Events(events::EventsArgs),
+    /// ListRecipients pages by 4 readers per filter, GetRecipientStatus of 1,000 users.
+    Recipients(recipients::RecipientsArgs),
     /// Mixed load under random faults and SIGKILLs, then invariants from MySQL.
     Chaos(chaos::ChaosArgs),
     /// N GetUnreadCount calls against a running api (for profiling it).
@@ -75,6 +80,7 @@ async fn main() {
         Command::Announce(args) => announce::run(args).await,
         Command::Group(args) => group::run(args).await,
         Command::Events(args) => events::run(args).await,
+        Command::Recipients(args) => recipients::run(args).await,
         Command::Chaos(args) => chaos::run(args).await,
         Command::Calls(args) => calls::run(args).await,
         Command::Move(args) => moves::run(args).await,

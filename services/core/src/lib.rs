@@ -24,6 +24,7 @@ pub mod lookups;
 pub mod preferences;
 pub mod queue;
 pub mod recall;
+pub mod recipients;
 pub mod retention;
 pub mod send;
 pub mod telemetry;

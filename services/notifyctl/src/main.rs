@@ -5,6 +5,7 @@ mod admin;
 mod connect;
 mod groups;
 mod inbox;
+mod recipient_states;
 mod recipients;
 mod sends;
 mod shards;
@@ -70,6 +71,17 @@ enum Command {
         /// Show a progress bar until the recall is finished.
         #[arg(long)]
         watch: bool,
+    },
+    /// Lists a send's recipients in user order with their state, delivery
+    /// and read times: a page, or every page with --all.
+    Recipients(recipient_states::RecipientsArgs),
+    /// Shows where a send stands for each of the users (up to 1,000).
+    Recipient {
+        /// Message id.
+        message_id: u64,
+        /// User ids.
+        #[arg(required = true)]
+        user_ids: Vec<u64>,
     },
     /// Replaces a sent message's title and/or body (the category stays).
     Edit {
@@ -191,6 +203,10 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Cancel { message_id } => sends::cancel(channel, message_id).await,
         Command::Redrive { message_id } => sends::redrive(channel, message_id).await,
         Command::Recall { message_id, watch } => sends::recall(channel, message_id, watch).await,
+        Command::Recipients(args) => recipient_states::recipients(channel, args).await,
+        Command::Recipient { message_id, user_ids } => {
+            recipient_states::recipient(channel, message_id, user_ids).await
+        }
         Command::Edit { message_id, title, body } => {
             sends::edit(channel, message_id, title, body).await
         }

@@ -96,6 +96,34 @@ async fn edit_then_recall_with_watch_from_the_command_line() {
     app.cleanup().await;
 }
 
+#[tokio::test]
+async fn recipients_and_recipient_show_who_got_a_send_and_who_read_it() {
+    let app = spawn_app_with(test_settings(), true).await;
+    let addr = app.addr;
+    let users: Vec<u64> = (9_500_001..=9_500_005).collect();
+    let id = app.send(users.clone()).await;
+    app.wait_for_status(id, v1::MessageStatus::Completed).await;
+    let request = v1::MarkReadRequest { user_id: users[1], message_ids: vec![id] };
+    app.inbox().mark_read(request).await.unwrap();
+    let id_text = id.to_string();
+    let read = notifyctl(addr, &["recipients", &id_text, "--state", "read"]).await;
+    let lines: Vec<&str> = read.lines().collect();
+    assert_eq!(lines.len(), 1, "{read}");
+    assert!(lines[0].contains("9500002") && lines[0].contains(" read "), "{read}");
+    // Pages of 2, followed by --all: every recipient once, in user order.
+    let all = notifyctl(addr, &["recipients", &id_text, "--page-size", "2", "--all"]).await;
+    let listed: Vec<u64> =
+        all.lines().filter_map(|l| l.split_whitespace().next()?.parse().ok()).collect();
+    assert_eq!(listed, users, "{all}");
+    let first =
+        notifyctl(addr, &["recipients", &id_text, "--state", "unread", "--page-size", "2"]).await;
+    assert!(first.contains("next page: --page-token "), "{first}");
+    let status = notifyctl(addr, &["recipient", &id_text, "9500002", "9500003", "7"]).await;
+    let states: Vec<&str> = status.lines().filter_map(|l| l.split_whitespace().nth(1)).collect();
+    assert_eq!(states, ["read", "unread", "not-a-recipient"], "{status}");
+    app.cleanup().await;
+}
+
 /// Runs notifyctl with extra environment; returns (exit code, stdout, stderr).
 async fn notifyctl_env(env: &[(&str, &str)], args: &[&str]) -> (i32, String, String) {
     let output = tokio::process::Command::new(env!("CARGO_BIN_EXE_notifyctl"))

@@ -20,7 +20,7 @@ use tokio_util::sync::CancellationToken;
 use tonic::{Request, Response, Status};
 use tracing::instrument;
 
-use super::audit;
+use super::{audit, recipients};
 use crate::auth::{Guard, caller};
 use crate::convert::{self, SendFields};
 use crate::status::IntoStatus;
@@ -398,18 +398,47 @@ impl MessageService for MessageApi {
         Ok(Response::new(v1::ListMessagesResponse { messages, next_page_token }))
     }
 
+    #[instrument(skip_all, fields(message_id = request.get_ref().message_id))]
     async fn list_recipients(
         &self,
-        _request: Request<v1::ListRecipientsRequest>,
+        request: Request<v1::ListRecipientsRequest>,
     ) -> Result<Response<v1::ListRecipientsResponse>, Status> {
-        Err(Status::unimplemented("ListRecipients: not built yet"))
+        let caller = caller(&request)?;
+        let req = request.into_inner();
+        let id = message_id(req.message_id)?;
+        let filter = recipients::filter(req.state, "state").into_status()?;
+        let owner = caller.sends_owner_filter();
+        let page = notify_core::recipients::list(
+            &self.ctx,
+            id,
+            owner,
+            filter,
+            req.page_size,
+            &req.page_token,
+        )
+        .await
+        .into_status()?;
+        Ok(Response::new(v1::ListRecipientsResponse {
+            recipients: page.recipients.into_iter().map(recipients::recipient_to_proto).collect(),
+            next_page_token: page.next_page_token,
+        }))
     }
 
+    #[instrument(skip_all, fields(message_id = request.get_ref().message_id))]
     async fn get_recipient_status(
         &self,
-        _request: Request<v1::GetRecipientStatusRequest>,
+        request: Request<v1::GetRecipientStatusRequest>,
     ) -> Result<Response<v1::GetRecipientStatusResponse>, Status> {
-        Err(Status::unimplemented("GetRecipientStatus: not built yet"))
+        let caller = caller(&request)?;
+        let req = request.into_inner();
+        let id = message_id(req.message_id)?;
+        let owner = caller.sends_owner_filter();
+        let found = notify_core::recipients::status(&self.ctx, id, owner, &req.user_ids)
+            .await
+            .into_status()?;
+        Ok(Response::new(v1::GetRecipientStatusResponse {
+            recipients: found.into_iter().map(recipients::recipient_to_proto).collect(),
+        }))
     }
 
     #[instrument(skip_all, fields(message_id = request.get_ref().message_id))]

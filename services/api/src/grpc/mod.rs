@@ -5,6 +5,7 @@ pub mod events;
 pub mod group;
 pub mod inbox;
 pub mod message;
+pub mod recipients;
 
 use notify_core::Context;
 use notify_core::audit::{self, Entry, Target};

@@ -18,6 +18,7 @@ mod near_cache;
 mod page_cache;
 mod preferences;
 mod recall;
+mod recipients;
 mod retention;
 mod send;
 mod server;

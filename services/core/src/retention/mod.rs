@@ -4,7 +4,8 @@
 //!   month is dropped whole once it is all older than `retention.items_days`
 //!   (a DDL statement, not a billion-row DELETE), and the months ahead are
 //!   created before they start. Users who had unread items in a dropped
-//!   month get their cached badges invalidated.
+//!   month get their cached badges invalidated. The month's recipient
+//!   records (`message_reads`, `announcement_recipients`) go with it.
 //! - Hidden items, those of cancelled announcements and of expired
 //!   messages, are purged `retention.purge_hidden_after_secs` after they
 //!   were hidden, with the content row.
@@ -146,6 +147,10 @@ async fn maintain_partitions(
         // between is invalidated too.
         let users = partitions::note_unread_users(pool, &month).await?;
         partitions::drop_month(pool, &month).await?;
+        // The recipient records of the month's sends go with their items.
+        for sql in RECIPIENT_RECORDS_BELOW {
+            delete_in_batches(pool, sql, month.bound).await?;
+        }
         report.badges_invalidated += invalidate_pending(pool, cache).await?;
         // The month's read items leave cached inbox pages too, of users no
         // one noted: retire every cached page (and badge) at once.
@@ -154,6 +159,24 @@ async fn maintain_partitions(
         }
         info!(partition = %month.name, users, "dropped a month of items");
         report.partitions_dropped.push(month.name);
+    }
+    Ok(())
+}
+
+/// Deletes the recipient records (reads by message, announcements
+/// materialized) of sends below an id, as `delete_in_batches` runs them.
+const RECIPIENT_RECORDS_BELOW: [&str; 2] = [
+    "DELETE FROM message_reads WHERE message_id < ? LIMIT ?",
+    "DELETE FROM announcement_recipients WHERE message_id < ? LIMIT ?",
+];
+
+/// Deletes a send's recipient records on a shard (its items are purged).
+async fn purge_recipient_records(pool: &MySqlPool, message_id: u64) -> Result<()> {
+    for table in ["message_reads", "announcement_recipients"] {
+        sqlx::query(sqlx::AssertSqlSafe(format!("DELETE FROM {table} WHERE message_id = ?")))
+            .bind(message_id)
+            .execute(pool)
+            .await?;
     }
     Ok(())
 }
@@ -247,6 +270,7 @@ async fn purge_revoked(
         report.hidden_items_purged += done;
         after = last;
     }
+    purge_recipient_records(pool, message_id).await?;
     sqlx::query("DELETE FROM message_contents WHERE message_id = ?")
         .bind(message_id)
         .execute(pool)
@@ -275,6 +299,7 @@ async fn purge_message(pool: &MySqlPool, message_id: u64, report: &mut Report) -
         delete.push(")");
         report.hidden_items_purged += delete.build().execute(pool).await?.rows_affected();
     }
+    purge_recipient_records(pool, message_id).await?;
     sqlx::query("DELETE FROM message_contents WHERE message_id = ?")
         .bind(message_id)
         .execute(pool)

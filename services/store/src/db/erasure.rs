@@ -1,6 +1,7 @@
 //! Removing everything a shard holds of one user (their erasure): items,
 //! announcement watermark, group cursors, preferences (the erasure marker
-//! stays on the user's own shard) and a pending badge invalidation.
+//! stays on the user's own shard), a pending badge invalidation, and the
+//! recipient records (reads by message, announcements materialized).
 
 use sqlx::MySqlPool;
 use tracing::instrument;
@@ -51,7 +52,9 @@ pub async fn remove_user(pool: &MySqlPool, user_id: u64, keep_marker: bool) -> R
         .execute(pool)
         .await?
         .rows_affected();
-    for table in ["user_inbox_state", "retention_pending_badges"] {
+    for table in
+        ["user_inbox_state", "retention_pending_badges", "message_reads", "announcement_recipients"]
+    {
         sqlx::query(sqlx::AssertSqlSafe(format!("DELETE FROM {table} WHERE user_id = ?")))
             .bind(user_id)
             .execute(pool)

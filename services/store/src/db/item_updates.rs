@@ -2,7 +2,9 @@
 //! archived, unarchived, deleted, for a list of ids or for every item a
 //! list filter selects ([`ItemFilter`]: the same conditions as the list, so
 //! "all" is exactly what the user was shown). Each call is one transaction;
-//! read counts of the sends follow in it (slot 0 of `message_shard_stats`).
+//! read counts of the sends follow in it (slot 0 of `message_shard_stats`),
+//! and so do the reads recorded by message (`message_reads`: a read adds
+//! the row, a mark-unread removes it), which answer "who read it".
 
 use sqlx::{MySql, MySqlPool, QueryBuilder, Transaction};
 use tracing::instrument;
@@ -187,6 +189,7 @@ async fn update_ids(
             stats.push(" ON DUPLICATE KEY UPDATE read_count = read_count + VALUES(read_count)");
             stats.build().execute(&mut **tx).await?;
         }
+        record_reads_of_ids(tx, user_id, action, &changed_ids).await?;
     }
     Ok(Updated { changed: changed_ids.len() as u64, changed_ids, unknown })
 }
@@ -224,10 +227,60 @@ async fn update_all(
         push_selection(&mut stats, user_id, action, filter);
         stats.push(" ON DUPLICATE KEY UPDATE read_count = read_count + VALUES(read_count)");
         stats.build().execute(&mut **tx).await?;
+        // The reads by message of the same items, before the update moves
+        // them out of the selection.
+        let mut reads = match action {
+            Action::MarkRead => QueryBuilder::new(
+                "INSERT INTO message_reads (message_id, user_id, read_at) \
+                 SELECT i.message_id, i.user_id, UTC_TIMESTAMP(3) FROM message_items i",
+            ),
+            _ => QueryBuilder::new("DELETE FROM message_reads WHERE user_id = "),
+        };
+        if action == Action::MarkRead {
+            push_selection(&mut reads, user_id, action, filter);
+            reads.push(" ON DUPLICATE KEY UPDATE read_at = VALUES(read_at)");
+        } else {
+            reads
+                .push_bind(user_id)
+                .push(" AND message_id IN (SELECT i.message_id FROM message_items i");
+            push_selection(&mut reads, user_id, action, filter);
+            reads.push(")");
+        }
+        reads.build().execute(&mut **tx).await?;
     }
     let mut update =
         QueryBuilder::new(format!("UPDATE message_items i SET {}", action.assignments()));
     push_selection(&mut update, user_id, action, filter);
     let changed = update.build().execute(&mut **tx).await?.rows_affected();
     Ok(Updated { changed, changed_ids: Vec::new(), unknown: Vec::new() })
+}
+
+/// Records reads by message for items a list of ids changed: a read adds
+/// the row (`message_reads`), a mark-unread removes it.
+async fn record_reads_of_ids(
+    tx: &mut Transaction<'_, MySql>,
+    user_id: u64,
+    action: Action,
+    message_ids: &[u64],
+) -> Result<()> {
+    match action {
+        Action::MarkRead => {
+            let mut insert =
+                QueryBuilder::new("INSERT INTO message_reads (message_id, user_id, read_at) ");
+            insert.push_values(message_ids, |mut row, id| {
+                row.push_bind(*id).push_bind(user_id).push("UTC_TIMESTAMP(3)");
+            });
+            insert.push(" ON DUPLICATE KEY UPDATE read_at = VALUES(read_at)");
+            insert.build().execute(&mut **tx).await?;
+        }
+        Action::MarkUnread => {
+            let mut delete = QueryBuilder::new("DELETE FROM message_reads WHERE user_id = ");
+            delete.push_bind(user_id).push(" AND message_id IN (");
+            push_ids(&mut delete, message_ids);
+            delete.push(")");
+            delete.build().execute(&mut **tx).await?;
+        }
+        _ => {}
+    }
+    Ok(())
 }

@@ -257,8 +257,9 @@ pub async fn present<'e>(
 /// user's inbox-state row (so concurrent materializations queue), writes the
 /// items still missing that the user's preferences let through (an
 /// announcement in a muted category, unless critical, is neither shown nor
-/// counted; one sent before the user was erased never comes back), bumps
-/// their stats and the user's watermark. Returns how many items were written.
+/// counted; one sent before the user was erased never comes back) and
+/// records them as the announcements' recipients, bumps their stats and
+/// the user's watermark. Returns how many items were written.
 #[instrument(level = "debug", skip_all, fields(db.system = "mysql"))]
 pub async fn materialize(pool: &MySqlPool, user_id: u64, message_ids: &[u64]) -> Result<u64> {
     let mut tx = pool.begin().await?;
@@ -299,6 +300,13 @@ pub async fn materialize(pool: &MySqlPool, user_id: u64, message_ids: &[u64]) ->
         push_ids(&mut insert, &allowed);
         insert.push(")");
         written = insert.build().execute(&mut *tx).await?.rows_affected();
+        // Who has the announcement: its recipients, in user order by message.
+        let mut recipients =
+            QueryBuilder::new("INSERT IGNORE INTO announcement_recipients (message_id, user_id) ");
+        recipients.push_values(&allowed, |mut row, id| {
+            row.push_bind(*id).push_bind(user_id);
+        });
+        recipients.build().execute(&mut *tx).await?;
         let mut stats =
             QueryBuilder::new("INSERT INTO message_shard_stats (message_id, slot, delivered) ");
         stats.push_values(&allowed, |mut row, id| {

@@ -11,6 +11,7 @@ pub mod messages;
 pub mod preferences;
 pub mod reads;
 pub mod recall;
+pub mod recipients;
 
 use std::str::FromStr;
 use std::time::Duration;

@@ -1,0 +1,460 @@
+//! Who got a send and who read it: recipients listed in user order across
+//! shards with no gap or repeat across pages for every filter, read and
+//! unread following every path that marks items, every other state, the
+//! users an announcement materialized for, GetRecipientStatus, bad input,
+//! scopes, and erasure taking the user's records with it.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use notify_proto::v1;
+use notify_proto::v1::admin_service_client::AdminServiceClient;
+use notify_proto::v1::message_service_client::MessageServiceClient;
+use notify_proto::v1::{RecipientFilter as F, RecipientState as S};
+use notify_testkit::{TestApp, authed, spawn_app, spawn_app_with, test_settings, with_clients};
+use tonic::Code;
+
+use crate::helpers::{content, inbox_ids, wait_for_status};
+
+/// Every page of a filter, checking order and that each page moves on.
+async fn list_all(app: &TestApp, message_id: u64, state: F, page_size: u32) -> Vec<v1::Recipient> {
+    let mut listed: Vec<v1::Recipient> = Vec::new();
+    let mut page_token = String::new();
+    for _ in 0..10_000 {
+        let page = app
+            .messages()
+            .list_recipients(v1::ListRecipientsRequest {
+                message_id,
+                state: state as i32,
+                page_size,
+                page_token: page_token.clone(),
+            })
+            .await
+            .unwrap()
+            .into_inner();
+        let most = if page_size == 0 { 100 } else { page_size as usize };
+        assert!(page.recipients.len() <= most, "a page holds page_size (default 100) at most");
+        for recipient in page.recipients {
+            if let Some(last) = listed.last() {
+                assert!(
+                    recipient.user_id > last.user_id,
+                    "{state:?}: user {} after {} (out of order or repeated)",
+                    recipient.user_id,
+                    last.user_id
+                );
+            }
+            listed.push(recipient);
+        }
+        if page.next_page_token.is_empty() {
+            return listed;
+        }
+        page_token = page.next_page_token;
+    }
+    panic!("{state:?}: the pages never ended");
+}
+
+fn users_of(recipients: &[v1::Recipient]) -> Vec<u64> {
+    recipients.iter().map(|r| r.user_id).collect()
+}
+
+async fn status(app: &TestApp, message_id: u64, user_ids: Vec<u64>) -> Vec<v1::Recipient> {
+    app.messages()
+        .get_recipient_status(v1::GetRecipientStatusRequest { message_id, user_ids })
+        .await
+        .unwrap()
+        .into_inner()
+        .recipients
+}
+
+fn states(recipients: &[v1::Recipient]) -> Vec<(u64, i32)> {
+    recipients.iter().map(|r| (r.user_id, r.state)).collect()
+}
+
+async fn mark_read(app: &TestApp, user_id: u64, message_id: u64) {
+    app.inbox()
+        .mark_read(v1::MarkReadRequest { user_id, message_ids: vec![message_id] })
+        .await
+        .unwrap();
+}
+
+#[tokio::test]
+async fn every_filter_pages_across_shards_in_user_order_without_gaps_or_repeats() {
+    let app = spawn_app().await;
+    // Two batches whose user ranges interleave, so each shard holds two runs
+    // of chunks to merge, and a user in both (listed once).
+    let odd: Vec<u64> = (0..700).map(|i| 8_000_001 + 2 * i).collect();
+    let mut even: Vec<u64> = (0..700).map(|i| 8_000_002 + 2 * i).collect();
+    even.push(odd[10]);
+    let id = crate::helpers::create_draft(&app, "recipients").await;
+    for (batch_number, user_ids) in [(1u64, odd.clone()), (2, even.clone())] {
+        app.messages()
+            .append_recipients(v1::AppendRecipientsRequest {
+                message_id: id,
+                batch_number,
+                user_ids,
+            })
+            .await
+            .unwrap();
+    }
+    app.messages().start_message(v1::StartMessageRequest { message_id: id }).await.unwrap();
+    wait_for_status(&app, id, v1::MessageStatus::Completed).await;
+    let everyone: BTreeSet<u64> = odd.iter().chain(&even).copied().collect();
+    let shards: BTreeSet<_> = everyone.iter().map(|u| app.ctx.pools.for_user(*u).shard()).collect();
+    assert!(shards.len() >= 2, "the recipients live on {} shards", shards.len());
+
+    // Reads by every path: MarkRead, MarkAllRead, UpdateItems (ids and a
+    // filter); then some marked unread again (ids and a filter).
+    let readers: Vec<u64> = everyone.iter().copied().step_by(13).collect();
+    for user in &readers[..40] {
+        mark_read(&app, *user, id).await;
+    }
+    for user in &readers[40..60] {
+        app.inbox()
+            .mark_all_read(v1::MarkAllReadRequest { user_id: *user, ..Default::default() })
+            .await
+            .unwrap();
+    }
+    for user in &readers[60..] {
+        let all = v1::ItemFilter { view: v1::InboxView::Inbox as i32, ..Default::default() };
+        let request = v1::UpdateItemsRequest {
+            user_id: *user,
+            action: v1::ItemAction::MarkRead as i32,
+            message_ids: vec![],
+            all: Some(all),
+        };
+        app.inbox().update_items(request).await.unwrap();
+    }
+    let unmarked = [readers[0], readers[45], readers[70]];
+    for (index, user) in unmarked.iter().enumerate() {
+        let (message_ids, all) = if index == 2 {
+            (
+                vec![],
+                Some(v1::ItemFilter { view: v1::InboxView::Inbox as i32, ..Default::default() }),
+            )
+        } else {
+            (vec![id], None)
+        };
+        let request = v1::UpdateItemsRequest {
+            user_id: *user,
+            action: v1::ItemAction::MarkUnread as i32,
+            message_ids,
+            all,
+        };
+        app.inbox().update_items(request).await.unwrap();
+    }
+    let read: BTreeSet<u64> = readers.iter().copied().filter(|u| !unmarked.contains(u)).collect();
+    let unread: BTreeSet<u64> = everyone.difference(&read).copied().collect();
+
+    for page_size in [7, 100, 1000] {
+        let all = list_all(&app, id, F::Unspecified, page_size).await;
+        assert_eq!(
+            users_of(&all),
+            everyone.iter().copied().collect::<Vec<_>>(),
+            "all by {page_size}"
+        );
+        let listed_read = list_all(&app, id, F::Read, page_size).await;
+        assert_eq!(users_of(&listed_read), read.iter().copied().collect::<Vec<_>>());
+        let listed_unread = list_all(&app, id, F::Unread, page_size).await;
+        assert_eq!(users_of(&listed_unread), unread.iter().copied().collect::<Vec<_>>());
+        let delivered = list_all(&app, id, F::Delivered, page_size).await;
+        assert_eq!(users_of(&delivered), users_of(&all));
+        for filter in [F::Pending, F::Failed, F::Suppressed, F::Recalled, F::Cancelled] {
+            assert!(list_all(&app, id, filter, page_size).await.is_empty(), "{filter:?}");
+        }
+    }
+    let all = list_all(&app, id, F::Unspecified, 0).await;
+    for recipient in &all {
+        assert!(recipient.delivered_at.is_some(), "user {} has a delivery time", recipient.user_id);
+        let expected = if read.contains(&recipient.user_id) { S::Read } else { S::Unread };
+        assert_eq!(recipient.state, expected as i32, "user {}", recipient.user_id);
+        assert_eq!(recipient.read_at.is_some(), expected == S::Read, "user {}", recipient.user_id);
+    }
+    app.cleanup().await;
+}
+
+#[tokio::test]
+async fn pending_failed_and_cancelled_recipients_are_listed_by_their_chunks() {
+    let app = spawn_app_with(test_settings(), false).await;
+    let users: Vec<u64> = (8_100_001..8_100_401).collect();
+    let id = app.send(users.clone()).await;
+    let pending = list_all(&app, id, F::Pending, 1000).await;
+    assert_eq!(users_of(&pending), users);
+    assert!(pending.iter().all(|r| r.state == S::Pending as i32 && r.delivered_at.is_none()));
+    assert!(list_all(&app, id, F::Delivered, 1000).await.is_empty());
+
+    // One shard's chunk dead-lettered (as the worker stores it).
+    let (shard, pool) = app.ctx.pools.iter().next().unwrap();
+    sqlx::query("UPDATE message_chunks SET state = 2 WHERE message_id = ?")
+        .bind(id)
+        .execute(pool)
+        .await
+        .unwrap();
+    let failed: Vec<u64> =
+        users.iter().copied().filter(|u| app.ctx.pools.for_user(*u).shard() == shard).collect();
+    assert!(!failed.is_empty());
+    assert_eq!(users_of(&list_all(&app, id, F::Failed, 50).await), failed);
+    let still: Vec<u64> = users.iter().copied().filter(|u| !failed.contains(u)).collect();
+    assert_eq!(users_of(&list_all(&app, id, F::Pending, 50).await), still);
+
+    app.messages().cancel_message(v1::CancelMessageRequest { message_id: id }).await.unwrap();
+    assert_eq!(users_of(&list_all(&app, id, F::Cancelled, 1000).await), still);
+    assert!(list_all(&app, id, F::Pending, 1000).await.is_empty());
+    let some = vec![failed[0], still[0], 42];
+    assert_eq!(
+        states(&status(&app, id, some).await),
+        [
+            (failed[0], S::Failed as i32),
+            (still[0], S::Cancelled as i32),
+            (42, S::NotARecipient as i32)
+        ]
+    );
+    app.cleanup().await;
+}
+
+#[tokio::test]
+async fn a_recalled_send_lists_its_recipients_as_recalled_and_no_reader() {
+    let app = spawn_app().await;
+    let users: Vec<u64> = (8_200_001..8_200_301).collect();
+    let id = app.send(users.clone()).await;
+    wait_for_status(&app, id, v1::MessageStatus::Completed).await;
+    mark_read(&app, users[3], id).await;
+    assert_eq!(users_of(&list_all(&app, id, F::Read, 100).await), [users[3]]);
+    app.messages().recall_message(v1::RecallMessageRequest { message_id: id }).await.unwrap();
+    // At once (items about to be taken back) and after the workers did.
+    assert_eq!(users_of(&list_all(&app, id, F::Recalled, 100).await), users);
+    let mut stream = app
+        .messages()
+        .watch_message(v1::WatchMessageRequest { message_id: id, interval_ms: 100 })
+        .await
+        .unwrap()
+        .into_inner();
+    while let Some(message) = stream.message().await.unwrap() {
+        if message.finished_at.is_some() && message.status == v1::MessageStatus::Recalled as i32 {
+            break;
+        }
+    }
+    assert_eq!(users_of(&list_all(&app, id, F::Recalled, 1000).await), users);
+    let all = list_all(&app, id, F::Unspecified, 1000).await;
+    assert!(all.iter().all(|r| r.state == S::Recalled as i32));
+    for filter in [F::Read, F::Unread, F::Delivered, F::Pending] {
+        assert!(list_all(&app, id, filter, 100).await.is_empty(), "{filter:?}");
+    }
+    assert_eq!(states(&status(&app, id, vec![users[3]]).await), [(users[3], S::Recalled as i32)]);
+    app.cleanup().await;
+}
+
+async fn announce(app: &TestApp) -> u64 {
+    let request = v1::SendMessageRequest {
+        sender: "tests".into(),
+        content: Some(content("for all")),
+        audience: Some(v1::send_message_request::Audience::AllUsers(v1::AllUsersAudience {})),
+        ..Default::default()
+    };
+    app.messages().send_message(request).await.unwrap().into_inner().message_id
+}
+
+#[tokio::test]
+async fn an_announcement_lists_the_users_who_have_it_materialized() {
+    let app = spawn_app().await;
+    let id = announce(&app).await;
+    wait_for_status(&app, id, v1::MessageStatus::Sending).await;
+    assert!(list_all(&app, id, F::Unspecified, 10).await.is_empty(), "nobody looked yet");
+    let readers: Vec<u64> = (8_300_001..8_300_041).collect();
+    for user in &readers {
+        assert!(inbox_ids(&app, *user).await.contains(&id), "user {user} sees it");
+    }
+    mark_read(&app, readers[5], id).await;
+    let all = list_all(&app, id, F::Unspecified, 7).await;
+    assert_eq!(users_of(&all), readers);
+    assert!(all.iter().all(|r| r.delivered_at.is_some()));
+    assert_eq!(users_of(&list_all(&app, id, F::Read, 7).await), [readers[5]]);
+    let unread = list_all(&app, id, F::Unread, 7).await;
+    assert_eq!(unread.len(), readers.len() - 1);
+    assert!(list_all(&app, id, F::Pending, 7).await.is_empty());
+    assert_eq!(
+        states(&status(&app, id, vec![readers[5], readers[0], 8_399_999]).await),
+        [
+            (readers[5], S::Read as i32),
+            (readers[0], S::Unread as i32),
+            (8_399_999, S::NotARecipient as i32)
+        ]
+    );
+    app.cleanup().await;
+}
+
+#[tokio::test]
+async fn recipient_status_answers_each_distinct_user_in_request_order() {
+    let app = spawn_app().await;
+    let users: Vec<u64> = (8_400_001..8_400_101).collect();
+    let id = app.send(users.clone()).await;
+    wait_for_status(&app, id, v1::MessageStatus::Completed).await;
+    mark_read(&app, users[7], id).await;
+    let asked = vec![users[9], 77, users[7], users[9], users[0]];
+    let answered = status(&app, id, asked).await;
+    assert_eq!(
+        states(&answered),
+        [
+            (users[9], S::Unread as i32),
+            (77, S::NotARecipient as i32),
+            (users[7], S::Read as i32),
+            (users[0], S::Unread as i32)
+        ]
+    );
+    assert!(answered[2].read_at.is_some() && answered[2].delivered_at.is_some());
+    assert!(answered[1].delivered_at.is_none());
+    // A thousand at once, half of them recipients.
+    let mut thousand: Vec<u64> = users.clone();
+    thousand.extend(9_000_001..9_000_901);
+    let answered = status(&app, id, thousand).await;
+    assert_eq!(answered.len(), 1000);
+    let by_state: BTreeMap<i32, usize> = answered.iter().fold(BTreeMap::new(), |mut m, r| {
+        *m.entry(r.state).or_default() += 1;
+        m
+    });
+    assert_eq!(by_state[&(S::NotARecipient as i32)], 900);
+    assert_eq!(by_state[&(S::Unread as i32)], 99);
+    app.cleanup().await;
+}
+
+fn invalid_field(status: tonic::Status) -> String {
+    assert_eq!(status.code(), Code::InvalidArgument, "{status:?}");
+    status.message().split(':').next().unwrap_or_default().to_owned()
+}
+
+#[tokio::test]
+async fn bad_input_is_refused_naming_the_field_and_unknown_sends_are_not_found() {
+    let app = spawn_app_with(test_settings(), false).await;
+    let id = app.send(vec![8_500_001, 8_500_002]).await;
+    let other = app.send(vec![8_500_003]).await;
+    let list = |message_id: u64, state: i32, page_size: u32, page_token: String| {
+        let mut client = app.messages();
+        async move {
+            client
+                .list_recipients(v1::ListRecipientsRequest {
+                    message_id,
+                    state,
+                    page_size,
+                    page_token,
+                })
+                .await
+        }
+    };
+    assert_eq!(invalid_field(list(id, 99, 10, String::new()).await.unwrap_err()), "state");
+    assert_eq!(invalid_field(list(id, -1, 10, String::new()).await.unwrap_err()), "state");
+    assert_eq!(invalid_field(list(id, 0, 1001, String::new()).await.unwrap_err()), "page_size");
+    assert_eq!(invalid_field(list(id, 0, 10, "nonsense".into()).await.unwrap_err()), "page_token");
+    assert_eq!(invalid_field(list(0, 0, 10, String::new()).await.unwrap_err()), "message_id");
+    // A token of another send or filter.
+    let first = list(id, F::Pending as i32, 1, String::new()).await.unwrap().into_inner();
+    assert!(!first.next_page_token.is_empty());
+    let token = first.next_page_token;
+    assert_eq!(
+        invalid_field(list(other, F::Pending as i32, 1, token.clone()).await.unwrap_err()),
+        "page_token"
+    );
+    assert_eq!(
+        invalid_field(list(id, F::Unread as i32, 1, token.clone()).await.unwrap_err()),
+        "page_token"
+    );
+    let second = list(id, F::Pending as i32, 1, token).await.unwrap().into_inner();
+    assert_eq!(users_of(&second.recipients), [8_500_002]);
+    let unknown = list(other + 1_000_000, 0, 10, String::new()).await.unwrap_err();
+    assert_eq!(unknown.code(), Code::NotFound, "{unknown:?}");
+
+    let get = |message_id: u64, user_ids: Vec<u64>| {
+        let mut client = app.messages();
+        async move {
+            client
+                .get_recipient_status(v1::GetRecipientStatusRequest { message_id, user_ids })
+                .await
+        }
+    };
+    assert_eq!(invalid_field(get(id, (1..=1001).collect()).await.unwrap_err()), "user_ids");
+    assert_eq!(invalid_field(get(id, vec![]).await.unwrap_err()), "user_ids");
+    assert_eq!(invalid_field(get(id, vec![5, 0]).await.unwrap_err()), "user_ids[1]");
+    assert_eq!(get(other + 1_000_000, vec![5]).await.unwrap_err().code(), Code::NotFound);
+    assert_eq!(get(id, (1..=1000).collect()).await.unwrap().into_inner().recipients.len(), 1000);
+    app.cleanup().await;
+}
+
+#[tokio::test]
+async fn sends_read_covers_ones_own_sends_and_sends_all_every_clients() {
+    let mut settings = test_settings();
+    let tokens = with_clients(
+        &mut settings,
+        &[
+            ("billing", &["send", "sends.read"]),
+            ("other", &["send", "sends.read"]),
+            ("blind", &["send"]),
+            ("ops", &["sends.read", "sends.all"]),
+        ],
+    );
+    let app = spawn_app_with(settings, false).await;
+    let client = |name: &str| MessageServiceClient::new(authed(app.channel(), &tokens[name]));
+    let mut request = crate::helpers::send_request(vec![8_600_001, 8_600_002]);
+    request.sender = "billing".into();
+    let id = client("billing").send_message(request).await.unwrap().into_inner().message_id;
+    let list = v1::ListRecipientsRequest { message_id: id, ..Default::default() };
+    let get = v1::GetRecipientStatusRequest { message_id: id, user_ids: vec![8_600_001] };
+    for name in ["billing", "ops"] {
+        let page = client(name).list_recipients(list.clone()).await.unwrap().into_inner();
+        assert_eq!(users_of(&page.recipients), [8_600_001, 8_600_002], "{name}");
+        let found = client(name).get_recipient_status(get.clone()).await.unwrap().into_inner();
+        assert_eq!(found.recipients[0].state, S::Pending as i32, "{name}");
+    }
+    let hidden = client("other").list_recipients(list.clone()).await.unwrap_err();
+    assert_eq!(hidden.code(), Code::NotFound, "another client's send is not found: {hidden:?}");
+    let hidden = client("other").get_recipient_status(get.clone()).await.unwrap_err();
+    assert_eq!(hidden.code(), Code::NotFound);
+    let refused = client("blind").list_recipients(list).await.unwrap_err();
+    assert_eq!(refused.code(), Code::PermissionDenied, "{refused:?}");
+    let refused = client("blind").get_recipient_status(get).await.unwrap_err();
+    assert_eq!(refused.code(), Code::PermissionDenied);
+    app.cleanup().await;
+}
+
+/// Rows of a user's recipient records over every shard.
+async fn records_of(app: &TestApp, user_id: u64) -> i64 {
+    let mut total = 0;
+    for (_, pool) in app.ctx.pools.iter() {
+        for table in ["message_reads", "announcement_recipients"] {
+            let sql = format!("SELECT COUNT(*) FROM {table} WHERE user_id = ?");
+            let count: i64 = sqlx::query_scalar(sqlx::AssertSqlSafe(sql))
+                .bind(user_id)
+                .fetch_one(pool)
+                .await
+                .unwrap();
+            total += count;
+        }
+    }
+    total
+}
+
+#[tokio::test]
+async fn erasure_removes_the_users_reads_and_materializations() {
+    let app = spawn_app().await;
+    let (user, other) = (8_700_001, 8_700_002);
+    let id = app.send(vec![user, other]).await;
+    wait_for_status(&app, id, v1::MessageStatus::Completed).await;
+    let announcement = announce(&app).await;
+    wait_for_status(&app, announcement, v1::MessageStatus::Sending).await;
+    for who in [user, other] {
+        assert!(inbox_ids(&app, who).await.contains(&announcement));
+        mark_read(&app, who, id).await;
+        mark_read(&app, who, announcement).await;
+    }
+    assert_eq!(records_of(&app, user).await, 3, "two reads and one materialization");
+    AdminServiceClient::new(app.channel())
+        .erase_user(v1::EraseUserRequest { user_id: user })
+        .await
+        .unwrap();
+    assert_eq!(records_of(&app, user).await, 0);
+    assert_eq!(records_of(&app, other).await, 3);
+    assert_eq!(users_of(&list_all(&app, id, F::Read, 10).await), [other]);
+    assert_eq!(users_of(&list_all(&app, announcement, F::Unspecified, 10).await), [other]);
+    assert_eq!(
+        states(&status(&app, id, vec![user, other]).await),
+        [(user, S::Suppressed as i32), (other, S::Read as i32)]
+    );
+    assert_eq!(users_of(&list_all(&app, id, F::Suppressed, 10).await), [user]);
+    app.cleanup().await;
+}

@@ -1,0 +1,249 @@
+//! Who got a send and who read it, for its sender: a page of recipients in
+//! user order merged across shards ([`list`]), and the state of given users
+//! ([`status`]). Nothing here scans a send: a page reads, on each shard, the
+//! chunks whose user runs reach past the cursor (`idx_chunks_recipients`),
+//! or the reads recorded by message, or an announcement's materializations,
+//! plus primary-key item lookups, so it costs O(page) per shard whatever the
+//! filter and however few match (a sparse filter returns a shorter page with
+//! a token, never a longer scan). The api and the console call it.
+
+mod page;
+mod status;
+mod token;
+
+pub use status::status;
+
+use chrono::NaiveDateTime;
+use tracing::instrument;
+
+use crate::context::Context;
+use crate::send;
+use notify_domain::domain::{AudienceKind, MessageId, SendStatus};
+use notify_domain::error::{Error, Result};
+use notify_store::db::chunks::state as chunk;
+
+/// Largest page of [`list`], and most users in one [`status`] call.
+pub const MAX_PAGE_SIZE: u32 = 1000;
+/// The page size of [`list`] when the caller gives none.
+pub const DEFAULT_PAGE_SIZE: u32 = 100;
+
+/// Where a send stands for one recipient.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum RecipientState {
+    /// Delivered, not read (or read, then marked unread).
+    Unread,
+    /// Delivered and read.
+    Read,
+    /// Not delivered yet.
+    Pending,
+    /// Its chunk was dead-lettered.
+    Failed,
+    /// Held back by the user's preferences, or erased.
+    Suppressed,
+    /// Left undelivered by a cancel (or by a recall before delivery).
+    Cancelled,
+    /// Taken back by a recall (or about to be).
+    Recalled,
+    /// Not a recipient of the send ([`status`] only).
+    NotARecipient,
+}
+
+/// Which recipients [`list`] lists.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Filter {
+    /// Every recipient.
+    All,
+    /// Those who got the item, read or not.
+    Delivered,
+    /// Those who read it.
+    Read,
+    /// Those who got it and have not read it.
+    Unread,
+    /// Those whose chunk was dead-lettered.
+    Failed,
+    /// Those not delivered yet.
+    Pending,
+    /// Those their preferences held back (or erased).
+    Suppressed,
+    /// Those it was taken back from.
+    Recalled,
+    /// Those a cancel left undelivered.
+    Cancelled,
+}
+
+impl Filter {
+    /// A stable code (page tokens).
+    fn code(self) -> u8 {
+        match self {
+            Filter::All => 0,
+            Filter::Delivered => 1,
+            Filter::Read => 2,
+            Filter::Unread => 3,
+            Filter::Failed => 4,
+            Filter::Pending => 5,
+            Filter::Suppressed => 6,
+            Filter::Recalled => 7,
+            Filter::Cancelled => 8,
+        }
+    }
+
+    /// True when a recipient in `state` is listed.
+    fn matches(self, state: RecipientState) -> bool {
+        use RecipientState as S;
+        match self {
+            Filter::All => true,
+            Filter::Delivered => matches!(state, S::Read | S::Unread),
+            Filter::Read => state == S::Read,
+            Filter::Unread => state == S::Unread,
+            Filter::Failed => state == S::Failed,
+            Filter::Pending => state == S::Pending,
+            Filter::Suppressed => state == S::Suppressed,
+            Filter::Recalled => state == S::Recalled,
+            Filter::Cancelled => state == S::Cancelled,
+        }
+    }
+
+    /// The chunk states whose recipients may be listed (the send recalled
+    /// or not): a recalled send's delivered chunks are recalled already or
+    /// about to be, its pending ones cancelled.
+    fn chunk_states(self, recalled: bool) -> Vec<u8> {
+        use chunk::*;
+        match (self, recalled) {
+            (Filter::All, _) => {
+                vec![PENDING, DONE, FAILED, CANCELLED, UNSETTLED, RECALLED, RECALL_UNSETTLED]
+            }
+            (Filter::Delivered | Filter::Unread | Filter::Suppressed | Filter::Read, false) => {
+                vec![DONE, UNSETTLED]
+            }
+            (Filter::Delivered | Filter::Unread | Filter::Suppressed | Filter::Read, true) => {
+                Vec::new()
+            }
+            (Filter::Pending, false) => vec![PENDING],
+            (Filter::Pending, true) => Vec::new(),
+            (Filter::Failed, _) => vec![FAILED],
+            (Filter::Cancelled, false) => vec![CANCELLED],
+            (Filter::Cancelled, true) => vec![PENDING, CANCELLED],
+            (Filter::Recalled, false) => vec![RECALLED, RECALL_UNSETTLED],
+            (Filter::Recalled, true) => vec![DONE, UNSETTLED, RECALLED, RECALL_UNSETTLED],
+        }
+    }
+}
+
+/// One recipient of a send.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Recipient {
+    /// The user.
+    pub user_id: u64,
+    /// Where the send stands for them.
+    pub state: RecipientState,
+    /// When the item was delivered (materialized, for an announcement).
+    pub delivered_at: Option<NaiveDateTime>,
+    /// When they read it.
+    pub read_at: Option<NaiveDateTime>,
+}
+
+impl Recipient {
+    fn bare(user_id: u64, state: RecipientState) -> Self {
+        Self { user_id, state, delivered_at: None, read_at: None }
+    }
+}
+
+/// A page of [`list`].
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct RecipientPage {
+    /// Recipients in user id order (possibly fewer than the page size while
+    /// more follow: see [`list`]).
+    pub recipients: Vec<Recipient>,
+    /// The token of the next page; empty on the last page.
+    pub next_page_token: String,
+}
+
+/// What the state of a recipient depends on besides their item.
+#[derive(Debug, Clone, Copy)]
+struct Sent {
+    message_id: MessageId,
+    recalled: bool,
+}
+
+impl Sent {
+    /// The state of a recipient in a chunk in `chunk_state`; `item` is
+    /// their item's (read or not) when the chunk is delivered.
+    fn state_of(&self, chunk_state: u8, item: Option<bool>) -> RecipientState {
+        use RecipientState as S;
+        match chunk_state {
+            chunk::PENDING if self.recalled => S::Cancelled,
+            chunk::PENDING => S::Pending,
+            chunk::FAILED => S::Failed,
+            chunk::CANCELLED => S::Cancelled,
+            chunk::DONE | chunk::UNSETTLED if self.recalled => S::Recalled,
+            chunk::DONE | chunk::UNSETTLED => match item {
+                Some(true) => S::Read,
+                Some(false) => S::Unread,
+                None => S::Suppressed,
+            },
+            _ => S::Recalled,
+        }
+    }
+}
+
+/// The page size a caller asked for: 0 means [`DEFAULT_PAGE_SIZE`].
+pub fn page_size(requested: u32) -> Result<u32> {
+    match requested {
+        0 => Ok(DEFAULT_PAGE_SIZE),
+        size if size > MAX_PAGE_SIZE => {
+            Err(Error::invalid("page_size", &format!("is {size}, the limit is {MAX_PAGE_SIZE}")))
+        }
+        size => Ok(size),
+    }
+}
+
+/// Lists a send's recipients in `filter` after the page token, in user id
+/// order over every shard, up to `page_size` (0: the default). `owner` is
+/// the caller's client unless it may see every client's sends; another
+/// client's send is NOT_FOUND. A page may hold fewer recipients than asked
+/// while more follow (a sparse filter stops after a bounded amount of work
+/// on each shard); the token is empty only on the last page. For an
+/// announcement the recipients are the users who have it materialized.
+#[instrument(skip_all, fields(message_id = %message_id, ?filter))]
+pub async fn list(
+    ctx: &Context,
+    message_id: MessageId,
+    owner: Option<&str>,
+    filter: Filter,
+    page_size: u32,
+    page_token: &str,
+) -> Result<RecipientPage> {
+    let page_size = self::page_size(page_size)?;
+    let after = token::decode(page_token, message_id, filter)?;
+    let row = send::fetch_visible(ctx, message_id, owner).await?;
+    let send = Sent { message_id, recalled: row.status()? == SendStatus::Recalled };
+    let announcement = row.audience == AudienceKind::AllUsers as u8;
+    let routes = ctx.pools.snapshot();
+    let (recipients, next) = if filter == Filter::Read || announcement {
+        let pages = ctx.pools.iter().map(|(shard, pool)| {
+            let routes = &routes;
+            async move {
+                if filter == Filter::Read {
+                    page::readers(routes, shard, pool, &send, after, page_size).await
+                } else {
+                    page::materialized(routes, shard, pool, &send, filter, after, page_size).await
+                }
+            }
+        });
+        let pages = futures::future::try_join_all(pages).await?;
+        page::merge(pages, page_size as usize)
+    } else {
+        let parts = ctx
+            .pools
+            .iter()
+            .map(|(_, pool)| page::from_chunks(pool, &send, filter, after, page_size));
+        let parts = futures::future::try_join_all(parts).await?;
+        page::from_candidates(&routes, &send, filter, parts, page_size).await?
+    };
+    Ok(RecipientPage {
+        recipients,
+        next_page_token: next
+            .map(|last| token::encode(message_id, filter, last))
+            .unwrap_or_default(),
+    })
+}

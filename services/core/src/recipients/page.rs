@@ -1,0 +1,377 @@
+//! One shard's part of a recipients page, and the k-way merge of every
+//! shard's part into the page.
+//!
+//! Each shard answers the recipients it is sure of up to some user id
+//! (`complete_to`): past the last chunk read of a run that may have more,
+//! past the last user looked up when its lookup budget ran out, past the
+//! last row when it filled the page. The page is the merge of every shard's
+//! recipients up to the smallest of these, so no recipient is skipped or
+//! listed twice across pages, and no shard does more than O(page) work.
+
+use std::cmp::Reverse;
+use std::collections::{BinaryHeap, HashMap};
+
+use shard_router::{Key, ShardId, Snapshot};
+use sqlx::MySqlPool;
+
+use super::{Filter, Recipient, RecipientState, Sent};
+use notify_domain::error::Result;
+use notify_store::db::chunks::state as chunk;
+use notify_store::db::recipients::{self as store, ItemRow};
+
+/// Most recipients a chunk holds (the planner's chunk size).
+const CHUNK_USERS: u32 = 500;
+/// Item lookups per shard and page, in pages: a sparse filter (unread when
+/// almost everyone read, suppressed) returns a shorter page past this.
+const LOOKUP_PAGES: usize = 4;
+
+/// A shard's part of a page.
+#[derive(Debug, Default)]
+pub(super) struct ShardPage {
+    /// Its recipients, in user order.
+    entries: Vec<Recipient>,
+    /// Every recipient of the shard up to this user id is in `entries`
+    /// (`u64::MAX`: the shard has no more).
+    complete_to: u64,
+}
+
+impl ShardPage {
+    fn exhausted() -> Self {
+        Self { entries: Vec::new(), complete_to: u64::MAX }
+    }
+}
+
+/// Which chunk wins when a user is in several chunks of a send (batches
+/// may repeat a user): a delivered one, then one still to come.
+pub(super) fn rank(chunk_state: u8) -> u8 {
+    match chunk_state {
+        chunk::DONE | chunk::UNSETTLED => 0,
+        chunk::PENDING => 1,
+        chunk::FAILED => 2,
+        chunk::RECALLED | chunk::RECALL_UNSETTLED => 3,
+        _ => 4,
+    }
+}
+
+/// A shard's recipients from its chunks, before their items are read.
+#[derive(Debug, Default)]
+pub(super) struct ShardCandidates {
+    /// Users past the cursor with the state of their chunk, in user order.
+    users: Vec<(u64, u8)>,
+    /// Every recipient of the shard up to this user id is in `users`.
+    complete_to: u64,
+}
+
+/// A shard's recipients past the cursor from its chunks: per run, the
+/// heads of the next chunks (index only), then the users of those that
+/// start within what the shard can answer completely.
+pub(super) async fn from_chunks(
+    pool: &MySqlPool,
+    send: &Sent,
+    filter: Filter,
+    after: u64,
+    page_size: u32,
+) -> Result<ShardCandidates> {
+    let states = filter.chunk_states(send.recalled);
+    let runs = store::runs(pool, send.message_id, &states).await?;
+    if runs.is_empty() {
+        return Ok(ShardCandidates { users: Vec::new(), complete_to: u64::MAX });
+    }
+    // The cursor's chunk is read partly: one more than a page needs.
+    let per_run = page_size.div_ceil(CHUNK_USERS) + 1;
+    let heads = store::chunk_heads_after(pool, send.message_id, &runs, after, per_run).await?;
+    let mut read_per_run: HashMap<(u8, u64), (u32, u64)> = HashMap::new();
+    for head in &heads {
+        let entry = read_per_run.entry((head.state, head.batch)).or_default();
+        entry.0 += 1;
+        entry.1 = entry.1.max(head.last_user);
+    }
+    // A run that gave as many chunks as asked may have more past its last.
+    let complete_to = read_per_run
+        .values()
+        .filter(|(count, _)| *count >= per_run)
+        .map(|(_, last)| *last)
+        .min()
+        .unwrap_or(u64::MAX);
+    let needed: Vec<u64> = heads
+        .iter()
+        .filter(|head| head.first_user <= complete_to)
+        .map(|head| head.chunk_id)
+        .collect();
+    let chunks = store::chunk_users(pool, send.message_id, &needed).await?;
+    let mut users: Vec<(u64, u8)> = chunks
+        .iter()
+        .flat_map(|chunk| chunk.user_ids.iter().map(move |user| (*user, chunk.state)))
+        .filter(|(user, _)| *user > after && *user <= complete_to)
+        .collect();
+    users.sort_unstable_by_key(|(user, state)| (*user, rank(*state)));
+    users.dedup_by_key(|(user, _)| *user);
+    Ok(ShardCandidates { users, complete_to })
+}
+
+/// A page from every shard's chunk candidates: merged in user order up to
+/// the least complete shard, then, where the filter depends on the item,
+/// items looked up a page of users at a time (at most [`LOOKUP_PAGES`]
+/// pages). Returns the page and the user id the next starts after.
+pub(super) async fn from_candidates(
+    routes: &Snapshot<'_, MySqlPool>,
+    send: &Sent,
+    filter: Filter,
+    parts: Vec<ShardCandidates>,
+    page_size: u32,
+) -> Result<(Vec<Recipient>, Option<u64>)> {
+    let page_size = page_size as usize;
+    let parts = parts.into_iter().map(|part| (part.users, part.complete_to)).collect();
+    let (candidates, end) = merge_by(parts, usize::MAX, |(user, _)| *user);
+    let needs_items = !send.recalled
+        && matches!(filter, Filter::All | Filter::Delivered | Filter::Unread | Filter::Suppressed);
+    if !needs_items {
+        let entries: Vec<Recipient> = candidates
+            .into_iter()
+            .map(|(user, state)| Recipient::bare(user, send.state_of(state, None)))
+            .filter(|recipient| filter.matches(recipient.state))
+            .collect();
+        return Ok(cut(entries, page_size, end));
+    }
+    let budget = if filter == Filter::All { page_size } else { page_size * LOOKUP_PAGES };
+    let mut entries = Vec::new();
+    let mut looked = 0;
+    for window in candidates.chunks(page_size) {
+        if entries.len() >= page_size || looked >= budget {
+            break;
+        }
+        let delivered: Vec<u64> = window
+            .iter()
+            .filter(|(_, state)| matches!(*state, chunk::DONE | chunk::UNSETTLED))
+            .map(|(user, _)| *user)
+            .collect();
+        let found = items(routes, send, &delivered).await?;
+        for (user, state) in window {
+            let item = found.get(user);
+            let state = send.state_of(*state, item.map(|item| item.is_read));
+            if filter.matches(state) {
+                entries.push(Recipient {
+                    user_id: *user,
+                    state,
+                    delivered_at: item.map(|item| item.created_at),
+                    read_at: item.and_then(|item| item.read_at),
+                });
+            }
+        }
+        looked += window.len();
+    }
+    if looked < candidates.len() && entries.len() <= page_size {
+        // Users up to the last looked up are complete.
+        return Ok((entries, Some(candidates[looked - 1].0)));
+    }
+    Ok(cut(entries, page_size, end))
+}
+
+/// At most `page_size` entries; the next page starts after the last of a
+/// cut page, else at `end`.
+fn cut(
+    mut entries: Vec<Recipient>,
+    page_size: usize,
+    end: Option<u64>,
+) -> (Vec<Recipient>, Option<u64>) {
+    if entries.len() > page_size {
+        entries.truncate(page_size);
+        let last = entries.last().map(|r| r.user_id);
+        return (entries, last);
+    }
+    (entries, end)
+}
+
+/// The items of a send that `users` have, looked up on the shards the users
+/// live on now (a bucket move carries items, not chunks).
+pub(super) async fn items(
+    routes: &Snapshot<'_, MySqlPool>,
+    send: &Sent,
+    users: &[u64],
+) -> Result<HashMap<u64, ItemRow>> {
+    if users.is_empty() {
+        return Ok(HashMap::new());
+    }
+    let lookups = routes.partition_users(users).into_iter().filter_map(|(shard, users)| {
+        let pool = routes.get(shard)?;
+        Some(async move { store::items(pool, send.message_id, &users).await })
+    });
+    let found = futures::future::try_join_all(lookups).await?;
+    Ok(found.into_iter().flatten().map(|item| (item.user_id, item)).collect())
+}
+
+/// A shard's readers (`message_reads`): a range of its primary key, only
+/// the rows of users the map routes to this shard (a bucket move leaves
+/// copies behind for a while).
+pub(super) async fn readers(
+    routes: &Snapshot<'_, MySqlPool>,
+    shard: ShardId,
+    pool: &MySqlPool,
+    send: &Sent,
+    after: u64,
+    page_size: u32,
+) -> Result<ShardPage> {
+    if send.recalled {
+        return Ok(ShardPage::exhausted());
+    }
+    let rows = store::reads_after(pool, send.message_id, after, page_size).await?;
+    let complete_to = full_page_end(rows.len(), page_size, rows.last().map(|r| r.user_id));
+    let entries = rows
+        .into_iter()
+        .filter(|row| row.is_read && routes.of(Key::User(row.user_id)).0 == shard)
+        .map(|row| Recipient {
+            user_id: row.user_id,
+            state: RecipientState::Read,
+            delivered_at: row.created_at,
+            read_at: Some(row.read_at),
+        })
+        .collect();
+    Ok(ShardPage { entries, complete_to })
+}
+
+/// A shard's users who have an announcement materialized (read ones come
+/// from [`readers`]).
+pub(super) async fn materialized(
+    routes: &Snapshot<'_, MySqlPool>,
+    shard: ShardId,
+    pool: &MySqlPool,
+    send: &Sent,
+    filter: Filter,
+    after: u64,
+    page_size: u32,
+) -> Result<ShardPage> {
+    let possible = if send.recalled {
+        filter.matches(RecipientState::Recalled)
+    } else {
+        filter.matches(RecipientState::Read) || filter.matches(RecipientState::Unread)
+    };
+    if !possible {
+        return Ok(ShardPage::exhausted());
+    }
+    let rows = store::materialized_after(pool, send.message_id, after, page_size).await?;
+    let complete_to = full_page_end(rows.len(), page_size, rows.last().map(|r| r.user_id));
+    let entries = rows
+        .into_iter()
+        .filter(|row| routes.of(Key::User(row.user_id)).0 == shard)
+        .map(|row| announcement_recipient(send, row))
+        .filter(|recipient| filter.matches(recipient.state))
+        .collect();
+    Ok(ShardPage { entries, complete_to })
+}
+
+/// An announcement's recipient as its materialization says.
+pub(super) fn announcement_recipient(send: &Sent, row: store::MaterializedRow) -> Recipient {
+    let state = match (send.recalled, row.is_read) {
+        (true, _) => RecipientState::Recalled,
+        (false, true) => RecipientState::Read,
+        (false, false) => RecipientState::Unread,
+    };
+    Recipient {
+        user_id: row.user_id,
+        state,
+        delivered_at: Some(row.materialized_at),
+        read_at: if send.recalled { None } else { row.read_at },
+    }
+}
+
+/// `complete_to` of a key range read with a limit: its last row when it
+/// filled the limit, else the end.
+fn full_page_end(rows: usize, limit: u32, last: Option<u64>) -> u64 {
+    match last {
+        Some(last) if rows >= limit as usize => last,
+        _ => u64::MAX,
+    }
+}
+
+/// Merges the shards' parts (each in user order) up to the smallest
+/// `complete_to`, one entry per user; returns the page and the user id the
+/// next page starts after (`None` on the last page).
+pub(super) fn merge(parts: Vec<ShardPage>, page_size: usize) -> (Vec<Recipient>, Option<u64>) {
+    let parts = parts.into_iter().map(|part| (part.entries, part.complete_to)).collect();
+    merge_by(parts, page_size, |recipient: &Recipient| recipient.user_id)
+}
+
+/// A k-way merge of lists in user order, each complete up to its bound:
+/// the entries up to the smallest bound, one per user, at most `limit`;
+/// and the user id the next page starts after (`None`: nothing follows).
+fn merge_by<T>(
+    parts: Vec<(Vec<T>, u64)>,
+    limit: usize,
+    user_of: impl Fn(&T) -> u64,
+) -> (Vec<T>, Option<u64>) {
+    let bound = parts.iter().map(|(_, complete_to)| *complete_to).min().unwrap_or(u64::MAX);
+    let mut lists: Vec<std::vec::IntoIter<T>> =
+        parts.into_iter().map(|(entries, _)| entries.into_iter()).collect();
+    let mut heads = BinaryHeap::new();
+    let mut pending: Vec<Option<T>> = Vec::with_capacity(lists.len());
+    for (index, list) in lists.iter_mut().enumerate() {
+        let head = list.next();
+        if let Some(entry) = &head {
+            heads.push(Reverse((user_of(entry), index)));
+        }
+        pending.push(head);
+    }
+    let mut page: Vec<T> = Vec::new();
+    let mut last_user = None;
+    while let Some(Reverse((user_id, index))) = heads.pop() {
+        if user_id > bound || page.len() > limit {
+            break;
+        }
+        let entry = pending[index].take().expect("a head for each heap entry");
+        if let Some(next) = lists[index].next() {
+            heads.push(Reverse((user_of(&next), index)));
+            pending[index] = Some(next);
+        }
+        // A user on two shards (a bucket move between two batches) once.
+        if last_user != Some(user_id) {
+            last_user = Some(user_id);
+            page.push(entry);
+        }
+    }
+    if page.len() > limit {
+        page.truncate(limit);
+        let last = page.last().map(&user_of);
+        return (page, last);
+    }
+    (page, (bound != u64::MAX).then_some(bound))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn part(users: &[u64], complete_to: u64) -> ShardPage {
+        ShardPage {
+            entries: users.iter().map(|u| Recipient::bare(*u, RecipientState::Unread)).collect(),
+            complete_to,
+        }
+    }
+
+    fn ids(page: &[Recipient]) -> Vec<u64> {
+        page.iter().map(|r| r.user_id).collect()
+    }
+
+    #[test]
+    fn the_merge_stops_at_the_least_complete_shard_and_resumes_there() {
+        let (page, next) = merge(vec![part(&[1, 4, 9], u64::MAX), part(&[2, 3, 7], 5)], 10);
+        assert_eq!(ids(&page), [1, 2, 3, 4]);
+        assert_eq!(next, Some(5));
+    }
+
+    #[test]
+    fn a_full_page_ends_at_its_last_user_and_the_last_page_has_no_token() {
+        let (page, next) = merge(vec![part(&[1, 3, 5], u64::MAX), part(&[2, 4, 6], u64::MAX)], 4);
+        assert_eq!(ids(&page), [1, 2, 3, 4]);
+        assert_eq!(next, Some(4));
+        let (page, next) = merge(vec![part(&[5], u64::MAX), part(&[6], u64::MAX)], 4);
+        assert_eq!(ids(&page), [5, 6]);
+        assert_eq!(next, None);
+    }
+
+    #[test]
+    fn a_user_on_two_shards_is_listed_once() {
+        let (page, next) = merge(vec![part(&[1, 2], u64::MAX), part(&[2, 3], u64::MAX)], 10);
+        assert_eq!(ids(&page), [1, 2, 3]);
+        assert_eq!(next, None);
+    }
+}

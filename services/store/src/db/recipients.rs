@@ -1,0 +1,332 @@
+//! A send's recipients on one shard, read in user order from what the data
+//! already holds: its chunks (each a sorted run of user ids; within one
+//! batch the runs follow each other, found by `idx_chunks_recipients`), the
+//! reads recorded by message (`message_reads`) and the announcements'
+//! materializations (`announcement_recipients`). Item states come from
+//! primary-key lookups in `message_items`, which gets no index for this.
+
+use chrono::NaiveDateTime;
+use sqlx::{FromRow, MySqlPool, QueryBuilder};
+use tracing::instrument;
+
+use super::chunks::decode_user_ids;
+use super::push_ids;
+use notify_domain::domain::MessageId;
+use notify_domain::error::Result;
+
+/// One run of a send's chunks on a shard: the chunks of one batch in one
+/// state, whose user ranges follow each other.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, FromRow)]
+pub struct Run {
+    /// The chunks' state.
+    pub state: u8,
+    /// Their batch (`chunk_id >> 16`; a split chunk is a batch of its own).
+    pub batch: u64,
+}
+
+/// A chunk as the recipient queries read it.
+#[derive(Debug, Clone)]
+pub struct ChunkUsers {
+    /// Its state.
+    pub state: u8,
+    /// Its batch.
+    pub batch: u64,
+    /// Its recipients, sorted.
+    pub user_ids: Vec<u64>,
+}
+
+#[derive(FromRow)]
+struct ChunkRow {
+    state: u8,
+    batch: u64,
+    user_ids: Vec<u8>,
+}
+
+impl ChunkRow {
+    fn decode(self) -> Result<ChunkUsers> {
+        Ok(ChunkUsers {
+            state: self.state,
+            batch: self.batch,
+            user_ids: decode_user_ids(&self.user_ids)?,
+        })
+    }
+}
+
+/// The runs of a send's chunks on this shard in `states`: an index-only read
+/// of the send's entries in `idx_chunks_recipients` (one per chunk, that is
+/// per 500 recipients on the shard; MariaDB does not skip-scan it).
+#[instrument(level = "debug", skip_all, fields(db.system = "mysql"))]
+pub async fn runs(pool: &MySqlPool, message_id: MessageId, states: &[u8]) -> Result<Vec<Run>> {
+    if states.is_empty() {
+        return Ok(Vec::new());
+    }
+    let mut sql = QueryBuilder::new(
+        "SELECT state, batch FROM message_chunks FORCE INDEX (idx_chunks_recipients) \
+         WHERE message_id = ",
+    );
+    sql.push_bind(message_id.get()).push(" AND state IN (");
+    let mut list = sql.separated(", ");
+    for state in states {
+        list.push_bind(*state);
+    }
+    sql.push(") GROUP BY state, batch");
+    Ok(sql.build_query_as().fetch_all(pool).await?)
+}
+
+/// Where a chunk's users lie, without them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, FromRow)]
+pub struct ChunkHead {
+    /// The chunk.
+    pub chunk_id: u64,
+    /// Its state.
+    pub state: u8,
+    /// Its batch.
+    pub batch: u64,
+    /// Its first user.
+    pub first_user: u64,
+    /// Its last user.
+    pub last_user: u64,
+}
+
+/// Up to `per_run` chunks of each run whose last user is past `after`, each
+/// run's in user order: one index range per run, in one statement, reading
+/// no user ids (see [`chunk_users`]).
+#[instrument(level = "debug", skip_all, fields(db.system = "mysql", runs = runs.len()))]
+pub async fn chunk_heads_after(
+    pool: &MySqlPool,
+    message_id: MessageId,
+    runs: &[Run],
+    after: u64,
+    per_run: u32,
+) -> Result<Vec<ChunkHead>> {
+    if runs.is_empty() {
+        return Ok(Vec::new());
+    }
+    let mut sql = QueryBuilder::new("");
+    for (index, run) in runs.iter().enumerate() {
+        if index > 0 {
+            sql.push(" UNION ALL ");
+        }
+        sql.push(
+            "(SELECT chunk_id, state, batch, first_user, last_user FROM message_chunks \
+             FORCE INDEX (idx_chunks_recipients) WHERE message_id = ",
+        )
+        .push_bind(message_id.get())
+        .push(" AND state = ")
+        .push_bind(run.state)
+        .push(" AND batch = ")
+        .push_bind(run.batch)
+        .push(" AND last_user > ")
+        .push_bind(after)
+        .push(" ORDER BY last_user LIMIT ")
+        .push_bind(per_run)
+        .push(")");
+    }
+    Ok(sql.build_query_as().fetch_all(pool).await?)
+}
+
+/// The users of these chunks of a send, by primary key.
+#[instrument(level = "debug", skip_all, fields(db.system = "mysql", chunks = chunk_ids.len()))]
+pub async fn chunk_users(
+    pool: &MySqlPool,
+    message_id: MessageId,
+    chunk_ids: &[u64],
+) -> Result<Vec<ChunkUsers>> {
+    if chunk_ids.is_empty() {
+        return Ok(Vec::new());
+    }
+    let mut sql =
+        QueryBuilder::new("SELECT state, batch, user_ids FROM message_chunks WHERE message_id = ");
+    sql.push_bind(message_id.get()).push(" AND chunk_id IN (");
+    push_ids(&mut sql, chunk_ids);
+    sql.push(")");
+    let rows: Vec<ChunkRow> = sql.build_query_as().fetch_all(pool).await?;
+    rows.into_iter().map(ChunkRow::decode).collect()
+}
+
+/// Where a chunk's users end, as `idx_chunks_recipients` holds it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, FromRow)]
+pub struct ChunkEnd {
+    /// The chunk.
+    pub chunk_id: u64,
+    /// Its state.
+    pub state: u8,
+    /// Its batch.
+    pub batch: u64,
+    /// Its last user.
+    pub last_user: u64,
+}
+
+/// The send's chunks on this shard in `states` whose last user is `low` or
+/// more: an index-only read.
+#[instrument(level = "debug", skip_all, fields(db.system = "mysql"))]
+pub async fn chunk_ends_from(
+    pool: &MySqlPool,
+    message_id: MessageId,
+    states: &[u8],
+    low: u64,
+) -> Result<Vec<ChunkEnd>> {
+    if states.is_empty() {
+        return Ok(Vec::new());
+    }
+    let mut sql = QueryBuilder::new(
+        "SELECT chunk_id, state, batch, last_user FROM message_chunks \
+         FORCE INDEX (idx_chunks_recipients) WHERE message_id = ",
+    );
+    sql.push_bind(message_id.get()).push(" AND state IN (");
+    let mut list = sql.separated(", ");
+    for state in states {
+        list.push_bind(*state);
+    }
+    sql.push(") AND last_user >= ").push_bind(low);
+    Ok(sql.build_query_as().fetch_all(pool).await?)
+}
+
+/// The first user of each of these chunks, by primary key (no user ids
+/// travel).
+#[instrument(level = "debug", skip_all, fields(db.system = "mysql", chunks = chunk_ids.len()))]
+pub async fn first_users(
+    pool: &MySqlPool,
+    message_id: MessageId,
+    chunk_ids: &[u64],
+) -> Result<Vec<(u64, u64)>> {
+    if chunk_ids.is_empty() {
+        return Ok(Vec::new());
+    }
+    let mut sql =
+        QueryBuilder::new("SELECT chunk_id, first_user FROM message_chunks WHERE message_id = ");
+    sql.push_bind(message_id.get()).push(" AND chunk_id IN (");
+    push_ids(&mut sql, chunk_ids);
+    sql.push(")");
+    Ok(sql.build_query_as().fetch_all(pool).await?)
+}
+
+/// A recipient's item of a send, as the recipient queries read it.
+#[derive(Debug, Clone, FromRow)]
+pub struct ItemRow {
+    /// The recipient.
+    pub user_id: u64,
+    /// Read (and not marked unread since).
+    pub is_read: bool,
+    /// When the item was written (delivered or materialized).
+    pub created_at: NaiveDateTime,
+    /// When it was read.
+    pub read_at: Option<NaiveDateTime>,
+}
+
+/// The items of a send these users have on this shard (deleted ones
+/// included: they were delivered): primary-key lookups.
+#[instrument(level = "debug", skip_all, fields(db.system = "mysql", users = user_ids.len()))]
+pub async fn items(
+    pool: &MySqlPool,
+    message_id: MessageId,
+    user_ids: &[u64],
+) -> Result<Vec<ItemRow>> {
+    if user_ids.is_empty() {
+        return Ok(Vec::new());
+    }
+    let mut sql = QueryBuilder::new(
+        "SELECT user_id, is_read, created_at, read_at FROM message_items FORCE INDEX (PRIMARY) \
+         WHERE message_id = ",
+    );
+    sql.push_bind(message_id.get()).push(" AND user_id IN (");
+    push_ids(&mut sql, user_ids);
+    sql.push(")");
+    Ok(sql.build_query_as().fetch_all(pool).await?)
+}
+
+/// A recorded read, with its item.
+#[derive(Debug, Clone, FromRow)]
+pub struct ReadRow {
+    /// The reader.
+    pub user_id: u64,
+    /// When they read it (the item's time, else the record's).
+    pub read_at: NaiveDateTime,
+    /// When the item was written; `None` if it is gone meanwhile.
+    pub created_at: Option<NaiveDateTime>,
+    /// The item is there and read.
+    pub is_read: bool,
+}
+
+/// Up to `limit` readers of a send on this shard after user `after`, in user
+/// order: a range of `message_reads`' primary key, and one item lookup each.
+#[instrument(level = "debug", skip_all, fields(db.system = "mysql"))]
+pub async fn reads_after(
+    pool: &MySqlPool,
+    message_id: MessageId,
+    after: u64,
+    limit: u32,
+) -> Result<Vec<ReadRow>> {
+    Ok(sqlx::query_as(
+        "SELECT r.user_id, COALESCE(i.read_at, r.read_at) AS read_at, i.created_at, \
+         COALESCE(i.is_read, 0) = 1 AS is_read \
+         FROM message_reads r FORCE INDEX (PRIMARY) \
+         LEFT JOIN message_items i FORCE INDEX (PRIMARY) \
+         ON i.user_id = r.user_id AND i.message_id = r.message_id \
+         WHERE r.message_id = ? AND r.user_id > ? ORDER BY r.user_id LIMIT ?",
+    )
+    .bind(message_id.get())
+    .bind(after)
+    .bind(limit)
+    .fetch_all(pool)
+    .await?)
+}
+
+/// A user who has an announcement materialized, with the item.
+#[derive(Debug, Clone, FromRow)]
+pub struct MaterializedRow {
+    /// The user.
+    pub user_id: u64,
+    /// When it was materialized.
+    pub materialized_at: NaiveDateTime,
+    /// Read (false when the item is gone meanwhile).
+    pub is_read: bool,
+    /// When it was read.
+    pub read_at: Option<NaiveDateTime>,
+}
+
+/// Up to `limit` users after `after` who have an announcement materialized
+/// on this shard, in user order: a range of `announcement_recipients`'
+/// primary key, and one item lookup each.
+#[instrument(level = "debug", skip_all, fields(db.system = "mysql"))]
+pub async fn materialized_after(
+    pool: &MySqlPool,
+    message_id: MessageId,
+    after: u64,
+    limit: u32,
+) -> Result<Vec<MaterializedRow>> {
+    Ok(sqlx::query_as(
+        "SELECT r.user_id, r.materialized_at, COALESCE(i.is_read, 0) = 1 AS is_read, i.read_at \
+         FROM announcement_recipients r FORCE INDEX (PRIMARY) \
+         LEFT JOIN message_items i FORCE INDEX (PRIMARY) \
+         ON i.user_id = r.user_id AND i.message_id = r.message_id \
+         WHERE r.message_id = ? AND r.user_id > ? ORDER BY r.user_id LIMIT ?",
+    )
+    .bind(message_id.get())
+    .bind(after)
+    .bind(limit)
+    .fetch_all(pool)
+    .await?)
+}
+
+/// Those of `user_ids` who have an announcement materialized on this shard.
+#[instrument(level = "debug", skip_all, fields(db.system = "mysql", users = user_ids.len()))]
+pub async fn materialized(
+    pool: &MySqlPool,
+    message_id: MessageId,
+    user_ids: &[u64],
+) -> Result<Vec<MaterializedRow>> {
+    if user_ids.is_empty() {
+        return Ok(Vec::new());
+    }
+    let mut sql = QueryBuilder::new(
+        "SELECT r.user_id, r.materialized_at, COALESCE(i.is_read, 0) = 1 AS is_read, i.read_at \
+         FROM announcement_recipients r FORCE INDEX (PRIMARY) \
+         LEFT JOIN message_items i FORCE INDEX (PRIMARY) \
+         ON i.user_id = r.user_id AND i.message_id = r.message_id WHERE r.message_id = ",
+    );
+    sql.push_bind(message_id.get()).push(" AND r.user_id IN (");
+    push_ids(&mut sql, user_ids);
+    sql.push(")");
+    Ok(sql.build_query_as().fetch_all(pool).await?)
+}
