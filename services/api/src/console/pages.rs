@@ -9,9 +9,11 @@ use axum::Form;
 use axum::extract::{Path, Query, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Redirect, Response};
+use notify_core::Context;
 use notify_core::audit::{self, Target};
 use notify_core::lookups::{self, LiveProgress};
 use notify_core::recall;
+use notify_core::recipients;
 use notify_core::send::{self, MessageView};
 use notify_domain::Error;
 use notify_domain::domain::{AudienceKind, MessageId, SendStatus, UserId};
@@ -24,8 +26,8 @@ use super::Console;
 use super::session::{CurrentSession, Session, check_csrf};
 use super::views::{
     Action, AuditLine, Bar, ErrorPage, GroupLine, GroupMessageLine, GroupPage, ItemLine, Moment,
-    Nav, ReplicaLine, SendPage, SendRow, SendsPage, ShardBar, ShardLine, ShardsPage, UserPage,
-    group_digits, percent, render, when,
+    Nav, RecipientLine, RecipientsView, ReplicaLine, SendPage, SendRow, SendsPage, ShardBar,
+    ShardLine, ShardsPage, UserPage, group_digits, percent, render, when,
 };
 
 /// Sends on one page of the list.
@@ -170,6 +172,101 @@ pub(crate) struct SendQuery {
     /// What the last button press did (`paused`, ...).
     #[serde(default)]
     done: String,
+    /// The recipients' state listed (`all` when empty).
+    #[serde(default)]
+    state: String,
+    /// The recipients page token to list after.
+    #[serde(default)]
+    after: String,
+    /// User ids to look up among the recipients (commas or spaces).
+    #[serde(default)]
+    users: String,
+}
+
+/// Recipients listed on a send's page.
+const RECIPIENTS_PAGE: u32 = 50;
+
+/// The states the recipients list shows, as the console names them.
+const RECIPIENT_FILTERS: &[&str] = &[
+    "all",
+    "delivered",
+    "read",
+    "unread",
+    "pending",
+    "failed",
+    "suppressed",
+    "cancelled",
+    "recalled",
+];
+
+fn recipient_filter(name: &str) -> Option<recipients::Filter> {
+    use recipients::Filter as F;
+    Some(match name {
+        "" | "all" => F::All,
+        "delivered" => F::Delivered,
+        "read" => F::Read,
+        "unread" => F::Unread,
+        "pending" => F::Pending,
+        "failed" => F::Failed,
+        "suppressed" => F::Suppressed,
+        "cancelled" => F::Cancelled,
+        "recalled" => F::Recalled,
+        _ => return None,
+    })
+}
+
+/// The recipients section: a page of the chosen state (the query the API's
+/// `ListRecipients` answers) and the users looked up (`GetRecipientStatus`).
+async fn recipients_view(ctx: &Context, id: MessageId, query: &SendQuery) -> RecipientsView {
+    let mut view = RecipientsView {
+        filter: if query.state.is_empty() { "all".to_owned() } else { query.state.clone() },
+        filters: RECIPIENT_FILTERS,
+        after: query.after.clone(),
+        page_size: RECIPIENTS_PAGE,
+        check: query.users.clone(),
+        ..RecipientsView::default()
+    };
+    let Some(filter) = recipient_filter(&query.state) else {
+        let reason = format!("must be one of {}", RECIPIENT_FILTERS.join(", "));
+        view.error = Error::invalid("state", &reason).to_string();
+        return view;
+    };
+    let users: Result<Vec<u64>, _> = query
+        .users
+        .split(|c: char| c == ',' || c.is_whitespace())
+        .filter(|part| !part.is_empty())
+        .map(str::parse::<u64>)
+        .collect();
+    let Ok(users) = users else {
+        view.error = Error::invalid("users", "must be user ids (numbers)").to_string();
+        return view;
+    };
+    let page = recipients::list(ctx, id, None, filter, RECIPIENTS_PAGE, &query.after);
+    let statuses = async {
+        if users.is_empty() {
+            Ok(Vec::new())
+        } else {
+            recipients::status(ctx, id, None, &users).await
+        }
+    };
+    let (page, statuses) = futures::future::join(page, statuses).await;
+    match page {
+        Ok(page) => {
+            view.rows = page.recipients.iter().map(RecipientLine::new).collect();
+            view.next = (!page.next_page_token.is_empty()).then(|| {
+                form_urlencoded::Serializer::new(String::new())
+                    .append_pair("state", &view.filter)
+                    .append_pair("after", &page.next_page_token)
+                    .finish()
+            });
+        }
+        Err(e) => view.error = e.to_string(),
+    }
+    match statuses {
+        Ok(found) => view.statuses = found.iter().map(RecipientLine::new).collect(),
+        Err(e) => view.error = e.to_string(),
+    }
+    view
 }
 
 /// The buttons a send in `status` offers.
@@ -288,7 +385,9 @@ pub(crate) async fn send(
     let Some(live) = live else {
         return error_page(Some(nav), &Error::NotFound(format!("message {id}")));
     };
-    render(&send_page(nav, &view, &live, &records, &session, &query.done))
+    let mut page = send_page(nav, &view, &live, &records, &session, &query.done);
+    page.recipients = recipients_view(ctx, id, &query).await;
+    render(&page)
 }
 
 fn send_page(
@@ -349,6 +448,7 @@ fn send_page(
         actions: actions(view, session.manage),
         read_only: !session.manage,
         notice: notice.to_owned(),
+        recipients: RecipientsView::default(),
     }
 }
 

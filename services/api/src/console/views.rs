@@ -5,6 +5,7 @@ use askama::Template;
 use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use chrono::NaiveDateTime;
+use notify_core::recipients;
 use notify_core::send::{MessageView, Progress};
 use notify_domain::domain::{AudienceKind, SendStatus};
 
@@ -274,6 +275,63 @@ pub(crate) struct SendPage {
     pub read_only: bool,
     /// A notice after a button press (`paused`, or why it failed).
     pub notice: String,
+    pub recipients: RecipientsView,
+}
+
+/// One recipient of a send as shown.
+#[derive(Debug, Clone)]
+pub(crate) struct RecipientLine {
+    pub user_id: u64,
+    pub state: &'static str,
+    pub delivered: String,
+    pub read: String,
+}
+
+impl RecipientLine {
+    pub(crate) fn new(r: &recipients::Recipient) -> Self {
+        Self {
+            user_id: r.user_id,
+            state: state_name(r.state),
+            delivered: when(r.delivered_at),
+            read: when(r.read_at),
+        }
+    }
+}
+
+/// How the console names a recipient's state.
+pub(crate) fn state_name(state: recipients::RecipientState) -> &'static str {
+    use recipients::RecipientState as S;
+    match state {
+        S::Unread => "unread",
+        S::Read => "read",
+        S::Pending => "pending",
+        S::Failed => "failed",
+        S::Suppressed => "suppressed",
+        S::Cancelled => "cancelled",
+        S::Recalled => "recalled",
+        S::NotARecipient => "not a recipient",
+    }
+}
+
+/// The recipients section of a send's page: a page of one state, and the
+/// states of the users looked up.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct RecipientsView {
+    /// The state listed.
+    pub filter: String,
+    /// Every state the list can show.
+    pub filters: &'static [&'static str],
+    /// The page token this page started after ("" on the first).
+    pub after: String,
+    pub rows: Vec<RecipientLine>,
+    /// The query of the next page.
+    pub next: Option<String>,
+    pub page_size: u32,
+    /// The user ids looked up, as typed.
+    pub check: String,
+    pub statuses: Vec<RecipientLine>,
+    /// Why the list or the look-up failed.
+    pub error: String,
 }
 
 /// A user's item as shown.

@@ -568,3 +568,80 @@ async fn open_pages_share_one_poller_that_reads_each_shard_once_per_interval() {
     assert_eq!(reads, polls * shards, "{reads} reads for {polls} polls of {shards} shards");
     app.cleanup().await;
 }
+
+/// The user ids of a recipients table of a send's page (`class`), in order.
+fn recipient_rows(body: &str, class: &str) -> Vec<(u64, String)> {
+    let Some(start) = body.find(&format!("<table class=\"{class}\">")) else {
+        return Vec::new();
+    };
+    let table = &body[start..start + body[start..].find("</table>").expect("closed")];
+    table
+        .split("<tr data-user-id=\"")
+        .skip(1)
+        .map(|row| {
+            let (id, rest) = row.split_once('"').expect("id");
+            let state = rest.split("data-state=\"").nth(1).and_then(|s| s.split('"').next());
+            (id.parse().expect("a user id"), state.expect("a state").to_owned())
+        })
+        .collect()
+}
+
+/// The next recipients page's path, if the page links one.
+fn next_recipients(body: &str, id: u64) -> Option<String> {
+    let prefix = format!("href=\"/console/sends/{id}?");
+    let start = body.find(&prefix)? + "href=\"".len();
+    let end = start + body[start..].find('"')?;
+    Some(body[start..end].replace("&#38;", "&").replace("&amp;", "&").replace("#recipients", ""))
+}
+
+#[tokio::test]
+async fn a_sends_recipients_are_listed_by_state_in_user_order_and_looked_up() {
+    let console = Console::start(true, |_| {}).await;
+    let users: Vec<u64> = (200..320).collect();
+    let id = console.send(users.clone()).await;
+    console.completed(id).await;
+    let readers = [203, 250, 317];
+    let mut inbox = v1::inbox_service_client::InboxServiceClient::new(console.grpc());
+    for user_id in readers {
+        let request = v1::MarkReadRequest { user_id, message_ids: vec![id] };
+        inbox.mark_read(request).await.expect("mark read");
+    }
+    let client = console.login("viewer").await;
+
+    // Every recipient, 50 a page, in user order across the shards.
+    let mut listed = Vec::new();
+    let mut path = format!("/console/sends/{id}");
+    for pages in 1.. {
+        assert!(pages <= 4, "120 recipients take 3 pages of 50 (path {path})");
+        let page = client.get(&path).await;
+        assert_eq!(page.status, 200, "{}", page.body);
+        let rows = recipient_rows(&page.body, "recipients");
+        assert!(rows.len() <= 50, "a page holds 50 at most");
+        listed.extend(rows);
+        match next_recipients(&page.body, id) {
+            Some(next) => path = next,
+            None => break,
+        }
+    }
+    let ids: Vec<u64> = listed.iter().map(|(user, _)| *user).collect();
+    assert_eq!(ids, users, "every recipient once, in order, over the pages");
+    for (user, state) in &listed {
+        let want = if readers.contains(user) { "read" } else { "unread" };
+        assert_eq!(state, want, "user {user}");
+    }
+
+    let page = client.get(&format!("/console/sends/{id}?state=read")).await;
+    let read: Vec<u64> = recipient_rows(&page.body, "recipients").iter().map(|r| r.0).collect();
+    assert_eq!(read, readers, "only the readers");
+    let page = client.get(&format!("/console/sends/{id}?state=pending")).await;
+    assert!(recipient_rows(&page.body, "recipients").is_empty());
+    assert!(page.body.contains("No recipient is pending."), "{}", page.body);
+
+    let page = client.get(&format!("/console/sends/{id}?users=250,%20999")).await;
+    let found = recipient_rows(&page.body, "recipient-status");
+    assert_eq!(found, vec![(250, "read".to_owned()), (999, "not a recipient".to_owned())]);
+
+    let page = client.get(&format!("/console/sends/{id}?state=opened")).await;
+    assert!(page.body.contains("state: must be one of all, delivered"), "{}", page.body);
+    console.app.cleanup().await;
+}
