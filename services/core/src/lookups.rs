@@ -107,13 +107,15 @@ pub struct UserState {
 }
 
 /// Reads a user's badge, groups, preferences and newest items of `view`.
-pub async fn user(ctx: &Context, user_id: UserId, view: View, limit: u32) -> Result<UserState> {
+pub async fn user(
+    ctx: &Context,
+    user_id: UserId,
+    view: View,
+    before: u64,
+    limit: u32,
+) -> Result<UserState> {
     let pool = ctx.pools.for_user(user_id.get());
-    let query = InboxQuery {
-        before: u64::MAX,
-        limit,
-        filter: ItemFilter { view, ..ItemFilter::default() },
-    };
+    let query = InboxQuery { before, limit, filter: ItemFilter { view, ..ItemFilter::default() } };
     let (badge, groups, preferences, items) = futures::future::try_join4(
         inbox::badge(ctx, user_id),
         groups::unread(ctx, user_id),

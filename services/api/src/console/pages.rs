@@ -560,6 +560,9 @@ pub(crate) struct UserQuery {
     user_id: String,
     #[serde(default)]
     view: String,
+    /// Items with ids below this one (the older pages).
+    #[serde(default)]
+    before: Option<u64>,
 }
 
 /// A user's badge, groups, preferences and newest items.
@@ -590,6 +593,8 @@ pub(crate) async fn user(
         groups: Vec::new(),
         muted_categories: Vec::new(),
         muted_groups: Vec::new(),
+        older: None,
+        newer: query.before.is_some(),
     };
     if raw.is_empty() {
         return render(&page);
@@ -602,11 +607,15 @@ pub(crate) async fn user(
         Ok(id) => id,
         Err(e) => return error_page(Some(page.nav), &e),
     };
-    let state = match lookups::user(&console.ctx, user_id, view, USER_ITEMS).await {
+    let before = query.before.unwrap_or(u64::MAX);
+    let state = match lookups::user(&console.ctx, user_id, view, before, USER_ITEMS).await {
         Ok(state) => state,
         Err(e) => return error_page(Some(page.nav), &e),
     };
     page.user_id = Some(user_id.get());
+    page.older = (state.items.len() == USER_ITEMS as usize)
+        .then(|| state.items.last().map(|item| item.message_id))
+        .flatten();
     page.unread = state.badge.unread;
     page.unseen = state.badge.unseen;
     page.group_unread = state.badge.group_unread;

@@ -371,6 +371,10 @@ pub(crate) struct UserPage {
     pub groups: Vec<GroupLine>,
     pub muted_categories: Vec<String>,
     pub muted_groups: Vec<u64>,
+    /// The cursor of the next, older page of items.
+    pub older: Option<u64>,
+    /// This is not the newest page.
+    pub newer: bool,
 }
 
 /// A group message as shown.

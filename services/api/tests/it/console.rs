@@ -465,6 +465,10 @@ async fn the_pages_show_sends_users_groups_and_shards_as_stored() {
     assert!(!page.body.contains(&format!("data-item=\"{other}\"")), "not this user's");
     assert!(page.body.contains("<span class=\"tag\">billing</span>"), "the mute");
     assert!(page.body.contains(&format!("/console/groups?group_id={group}")));
+    assert!(!page.body.contains("Older items"), "one item: one page");
+    let page = client.get(&format!("/console/users?user_id=100&before={id}")).await;
+    assert!(page.body.contains("No item in this view."), "nothing older than its only item");
+    assert!(page.body.contains("Newest items</a>"), "a way back to the first page");
     let page = client.get("/console/users?user_id=100&view=archive").await;
     assert!(page.body.contains("No item in this view."));
 
