@@ -283,7 +283,7 @@ async fn count_items(settings: &Settings, message_id: u64) -> anyhow::Result<u64
 }
 
 /// The reference of a mutes run: services stopped, the send's databases
-/// dropped, services started again on fresh ones (so both sends start from
+/// dropped and its Redis keys deleted, services started again on fresh ones (so both sends start from
 /// the same state and each worker's `/metrics` holds its own send only),
 /// the same preference rows written again (`--reference same`), then the
 /// same send in a category nobody mutes.
@@ -298,6 +298,7 @@ async fn run_reference(
     env.stop_services().await;
     let settings = env.settings.clone();
     env.drop_databases_of(&settings).await?;
+    harness::delete_redis_keys(&settings).await?;
     env.start_services().await?;
     let (tracked, rss) = track_services(env);
     let with_rows = args.reference == RefPrefs::Same;
