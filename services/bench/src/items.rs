@@ -83,7 +83,7 @@ struct Timed {
     group: String,
     hist: Histogram<u64>,
     /// Round trips per call to each shard, net of the services' own
-    /// background rate.
+    /// background rate (over an idle window as long as the run, after it).
     per_call: Vec<f64>,
     cpu: CpuUse,
 }
@@ -282,15 +282,7 @@ impl Run<'_> {
         actions: &[v1::ItemAction],
         calls: u32,
     ) -> anyhow::Result<Vec<Timed>> {
-        // The services' round trips without calls (their background
-        // loops) over an idle second, per shard.
-        let idle = Duration::from_secs(1);
         let counts = || self.proxies.iter().map(CountingProxy::commands).collect::<Vec<_>>();
-        let a = counts();
-        tokio::time::sleep(idle).await;
-        let background: Vec<f64> =
-            counts().iter().zip(&a).map(|(b, a)| (b - a) as f64 / idle.as_secs_f64()).collect();
-
         let mut hists: Vec<Histogram<u64>> = actions.iter().map(|_| new_hist()).collect();
         let cpu0 = self.tracked.snap();
         let count0 = counts();
@@ -303,6 +295,16 @@ impl Run<'_> {
         let secs = started.elapsed().as_secs_f64();
         let count1 = counts();
         let cpu = self.tracked.between(&cpu0, &self.tracked.snap());
+        // The services' own round trips (their background loops, which
+        // come in bursts) over an idle window as long as the run (at least
+        // 2 s) right after it, per shard.
+        let idle = Duration::from_secs_f64(secs.max(2.0));
+        tokio::time::sleep(idle).await;
+        let background: Vec<f64> = counts()
+            .iter()
+            .zip(&count1)
+            .map(|(b, a)| (b - a) as f64 / idle.as_secs_f64())
+            .collect();
         let total_calls = f64::from(calls) * actions.len() as f64;
         let group: Vec<&str> = actions.iter().map(|a| a.as_str_name()).collect();
         let group = group.join(" + ");
@@ -371,7 +373,7 @@ fn summary(args: &ItemsArgs, user_slot: usize, timed: &[Timed], machine_max: usi
     let _ = writeln!(
         s,
         "round trips per call by shard slot (MySQL commands counted by each shard's proxy over the \
-         run, net of the services' rate in an idle second before it; the user's shard is slot \
+         run, net of the services' rate over an idle window as long as the run, right after it; the user's shard is slot \
          {user_slot}):"
     );
     let mut groups: Vec<&str> = Vec::new();
