@@ -1,6 +1,9 @@
 //! `notify-bench fanout`: one send to N recipients through the real api and
 //! worker, against a raw multi-row INSERT of the same rows into the same
-//! MariaDB, in the same run.
+//! MariaDB, in the same run. With `--muted-percent`, that share of the
+//! recipients mute the send's category ([`mutes`]).
+
+mod mutes;
 
 use std::fmt::Write as _;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -18,6 +21,7 @@ use sqlx::MySqlConnection;
 use sqlx::QueryBuilder;
 use sqlx::mysql::MySqlPool;
 
+use self::mutes::{ChunkCost, MuteReport, Mutes, Reference};
 use crate::harness::{self, Env, mysql_delta, mysql_status, quiesce, thousands, verdict};
 use crate::metrics::histogram_quantile;
 use crate::procstat::{CpuUse, RssSampler, Tracked};
@@ -58,6 +62,25 @@ pub struct FanoutArgs {
     /// Longest wait for InnoDB to flush dirty pages before each timed phase.
     #[arg(long, default_value_t = 60)]
     quiesce_secs: u64,
+    /// Share of the recipients (0..=100, spread evenly over the ids) that
+    /// mute the send's category before it; the baseline inserts only the
+    /// rows delivered.
+    #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(u64).range(0..=100))]
+    muted_percent: u64,
+    /// With --muted-percent: the reference send to the same users in a
+    /// category nobody mutes, on fresh databases and services, to compare
+    /// the cost per chunk: `same` (the muting users' preference rows are
+    /// there too), `none` (no user has preferences) or `skip`.
+    #[arg(long, value_enum, default_value_t = RefPrefs::Same)]
+    reference: RefPrefs,
+}
+
+/// The preferences the reference send of `--muted-percent` runs with.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum RefPrefs {
+    Same,
+    None,
+    Skip,
 }
 
 /// When the baseline runs, relative to the send.
@@ -79,6 +102,8 @@ enum Order {
 /// Rows per chunk / statement, as `send.chunk_size`.
 const CHUNK: usize = 500;
 const CATEGORY: &str = "bench";
+/// The reference send's category, which nobody mutes.
+const OPEN_CATEGORY: &str = "bench_open";
 
 struct Phase {
     secs: f64,
@@ -137,68 +162,67 @@ async fn body(
     baseline_settings: &Settings,
 ) -> anyhow::Result<String> {
     env.start_services().await?;
-    let api_pid = env.pid("notify-api");
-    let worker_pid = env.pid("notify-worker");
-    println!(
-        "services up: notify-api pid {api_pid} ({}), notify-worker pid {worker_pid}; logs in {}",
-        env.settings.api.listen,
-        env.dir.display()
-    );
-    let tracked = Tracked::new(&[("api", api_pid), ("worker", worker_pid)]);
-    let rss = RssSampler::start(vec![api_pid, worker_pid]);
+    let (tracked, rss) = track_services(env);
     let mut server = harness::server_connection(&env.settings).await?;
     // Whole seconds: DATETIME(3) stores the same value either way.
     let expire_at = (Utc::now() + chrono::Duration::days(30)).naive_utc();
     let expire_at = expire_at
         - chrono::Duration::nanoseconds(i64::from(expire_at.and_utc().timestamp_subsec_nanos()));
     let users: Vec<u64> = (1..=args.recipients).collect();
+    let mutes = Mutes { percent: args.muted_percent };
+    let delivered = mutes.delivered(&users);
+    let ctx = BaselineCtx { settings: baseline_settings, tracked: &tracked, users: &users, mutes };
 
     let mut baselines = Vec::new();
     if matches!(args.baseline, When::Both | When::Before) {
-        let label = "before";
-        baselines.push(
-            run_baseline(
-                env,
-                args,
-                baseline_settings,
-                &tracked,
-                &mut server,
-                &users,
-                expire_at,
-                label,
-            )
-            .await?,
-        );
+        baselines.push(run_baseline(env, args, &ctx, &mut server, expire_at, "before").await?);
     }
 
+    let (muting, seed_secs) = if mutes.percent > 0 {
+        let (rows, secs) = mutes::seed_preferences(&env.settings, &users, mutes, CATEGORY).await?;
+        println!(
+            "preferences: {} users mute {CATEGORY:?} ({}%), written in {secs:.2} s",
+            thousands(rows),
+            mutes.percent
+        );
+        (rows, secs)
+    } else {
+        (0, 0.0)
+    };
     let (waited, dirty) = quiesce(&mut server, Duration::from_secs(args.quiesce_secs)).await?;
     println!("quiesce before notify: {waited:.1} s, {dirty} dirty pages left");
-    let notify = run_notify(env, args, &tracked, &mut server, &users, expire_at).await?;
-    let notify_rate = args.recipients as f64 / notify.total.secs;
+    let notify = run_notify(env, args, &tracked, &mut server, &users, expire_at, CATEGORY).await?;
     println!(
-        "notify: {} recipients in {:.2} s = {} rows/s",
+        "notify: {} recipients ({} delivered) in {:.2} s = {} delivered rows/s",
         thousands(args.recipients),
+        thousands(notify.final_progress.delivered),
         notify.total.secs,
-        thousands(notify_rate as u64)
+        thousands((delivered as f64 / notify.total.secs) as u64)
     );
 
     // Verification, outside the timed section.
-    let pools = harness::shard_pools(&env.settings, 2).await?;
-    let mut items = 0u64;
-    for pool in &pools {
-        let n: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM message_items WHERE message_id = ?")
-            .bind(notify.message_id)
-            .fetch_one(pool)
-            .await?;
-        items += n as u64;
-    }
-    for pool in pools {
-        pool.close().await;
-    }
+    let items = count_items(&env.settings, notify.message_id).await?;
     let peaks = rss.peaks();
     let worker_metrics = env.scrape("notify-worker").await;
     let api_metrics = env.scrape("notify-api").await;
     drop(rss);
+
+    let mute_report = if mutes.percent > 0 {
+        let reference = if args.reference == RefPrefs::Skip {
+            None
+        } else {
+            Some(run_reference(env, args, &mut server, &users, expire_at, mutes).await?)
+        };
+        Some(MuteReport {
+            mutes,
+            muting,
+            seed_secs,
+            muted_cost: ChunkCost::of(&notify, &worker_metrics),
+            reference,
+        })
+    } else {
+        None
+    };
 
     if matches!(args.baseline, When::Both | When::After) {
         // Same clean state as before the send: stop the services and drop
@@ -207,57 +231,131 @@ async fn body(
         env.stop_services().await;
         let settings = env.settings.clone();
         env.drop_databases_of(&settings).await?;
-        let label = "after";
-        baselines.push(
-            run_baseline(
-                env,
-                args,
-                baseline_settings,
-                &tracked,
-                &mut server,
-                &users,
-                expire_at,
-                label,
-            )
-            .await?,
-        );
+        baselines.push(run_baseline(env, args, &ctx, &mut server, expire_at, "after").await?);
     }
 
-    Ok(summary(
+    let mut report = summary(
         args,
         &baselines,
         &notify,
-        items,
+        (items, delivered),
         &peaks,
         &worker_metrics,
         &api_metrics,
         tracked.machine_max(),
-    ))
+    );
+    if let Some(mute_report) = mute_report {
+        let lines = mute_report.lines(args.recipients, notify.total.secs);
+        let end = report.rfind("\n=====").unwrap_or(report.len());
+        report.insert_str(end + 1, &lines);
+    }
+    Ok(report)
 }
 
-#[allow(clippy::too_many_arguments)]
-async fn run_baseline(
+/// CPU and RSS tracking of the api and worker running now.
+fn track_services(env: &Env) -> (Tracked, RssSampler) {
+    let api_pid = env.pid("notify-api");
+    let worker_pid = env.pid("notify-worker");
+    println!(
+        "services up: notify-api pid {api_pid} ({}), notify-worker pid {worker_pid}; logs in {}",
+        env.settings.api.listen,
+        env.dir.display()
+    );
+    let tracked = Tracked::new(&[("api", api_pid), ("worker", worker_pid)]);
+    (tracked, RssSampler::start(vec![api_pid, worker_pid]))
+}
+
+/// `COUNT(*)` of the items of `message_id` over all shards.
+async fn count_items(settings: &Settings, message_id: u64) -> anyhow::Result<u64> {
+    let pools = harness::shard_pools(settings, 2).await?;
+    let mut items = 0u64;
+    for pool in &pools {
+        let n: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM message_items WHERE message_id = ?")
+            .bind(message_id)
+            .fetch_one(pool)
+            .await?;
+        items += n as u64;
+    }
+    for pool in pools {
+        pool.close().await;
+    }
+    Ok(items)
+}
+
+/// The reference of a mutes run: services stopped, the send's databases
+/// dropped and its Redis keys deleted, services started again on fresh ones (so both sends start from
+/// the same state and each worker's `/metrics` holds its own send only),
+/// the same preference rows written again (`--reference same`), then the
+/// same send in a category nobody mutes.
+async fn run_reference(
     env: &mut Env,
     args: &FanoutArgs,
-    settings: &Settings,
-    tracked: &Tracked,
     server: &mut MySqlConnection,
     users: &[u64],
     expire_at: NaiveDateTime,
+    mutes: Mutes,
+) -> anyhow::Result<Reference> {
+    env.stop_services().await;
+    let settings = env.settings.clone();
+    env.drop_databases_of(&settings).await?;
+    harness::delete_redis_keys(&settings).await?;
+    env.start_services().await?;
+    let (tracked, rss) = track_services(env);
+    let with_rows = args.reference == RefPrefs::Same;
+    if with_rows {
+        mutes::seed_preferences(&env.settings, users, mutes, CATEGORY).await?;
+    }
+    let (waited, dirty) = quiesce(server, Duration::from_secs(args.quiesce_secs)).await?;
+    println!("quiesce before the reference send: {waited:.1} s, {dirty} dirty pages left");
+    let run = run_notify(env, args, &tracked, server, users, expire_at, OPEN_CATEGORY).await?;
+    println!(
+        "reference: {} recipients in {:.2} s = {} rows/s",
+        thousands(args.recipients),
+        run.total.secs,
+        thousands((args.recipients as f64 / run.total.secs) as u64)
+    );
+    let items = count_items(&env.settings, run.message_id).await?;
+    let worker = env.scrape("notify-worker").await;
+    drop(rss);
+    let cost = ChunkCost::of(&run, &worker);
+    Ok(Reference { run, items, cost, with_rows })
+}
+
+/// What every baseline run shares: its databases' settings, the CPU
+/// tracking, the recipients, and who of them mutes (their rows are left
+/// out of the api's chunks: the baseline inserts the delivered rows only).
+struct BaselineCtx<'a> {
+    settings: &'a Settings,
+    tracked: &'a Tracked,
+    users: &'a [u64],
+    mutes: Mutes,
+}
+
+async fn run_baseline(
+    env: &mut Env,
+    args: &FanoutArgs,
+    ctx: &BaselineCtx<'_>,
+    server: &mut MySqlConnection,
+    expire_at: NaiveDateTime,
     label: &'static str,
 ) -> anyhow::Result<Baseline> {
+    let BaselineCtx { settings, tracked, users, mutes } = *ctx;
     env.migrate(settings, "baseline.toml").await?;
     let pools = harness::shard_pools(settings, args.concurrency as u32).await?;
     harness::warm_pools(&pools, args.concurrency).await?;
     let map = settings.shard_map().map_err(|e| anyhow::anyhow!("{e}"))?;
 
     // The same chunks the api plans (same shard function, same 500-row cut
-    // per appended batch), in the order the worker receives them.
+    // per appended batch), in the order the worker receives them; with
+    // mutes, each statement without the rows of the recipients who mute.
     let mut per_shard: Vec<Vec<Vec<u64>>> = vec![Vec::new(); settings.database.shards.len()];
     for (index, batch) in users.chunks(args.batch_size).enumerate() {
         for (shard, chunks) in plan_batch(&map, index as u64 + 1, batch, CHUNK)? {
             let slot = map.slot_of(shard).context("shard slot")?;
-            per_shard[slot].extend(chunks.into_iter().map(|c| c.user_ids));
+            let delivered = chunks.into_iter().map(|chunk| {
+                chunk.user_ids.into_iter().filter(|u| !mutes.mutes(*u)).collect::<Vec<_>>()
+            });
+            per_shard[slot].extend(delivered.filter(|ids| !ids.is_empty()));
         }
     }
     let work: Vec<(usize, Vec<u64>)> = match args.baseline_order {
@@ -314,7 +412,8 @@ async fn run_baseline(
     for pool in pools {
         pool.close().await;
     }
-    ensure!(rows == users.len() as u64, "baseline wrote {rows} rows, expected {}", users.len());
+    let expected = mutes.delivered(users);
+    ensure!(rows == expected, "baseline wrote {rows} rows, expected {expected}");
     env.drop_databases_of(settings).await?;
     println!(
         "baseline ({label}): {} rows in {secs:.2} s = {} rows/s ({} statements of <= {CHUNK} rows, {} inserters)",
@@ -344,6 +443,7 @@ async fn insert_items(
     Ok(())
 }
 
+#[allow(clippy::too_many_arguments)]
 async fn run_notify(
     env: &mut Env,
     args: &FanoutArgs,
@@ -351,6 +451,7 @@ async fn run_notify(
     server: &mut MySqlConnection,
     users: &[u64],
     expire_at: NaiveDateTime,
+    category: &str,
 ) -> anyhow::Result<NotifyRun> {
     let channel = env.channel().await?;
     let mut client = MessageServiceClient::new(channel)
@@ -361,7 +462,7 @@ async fn run_notify(
         title: "Benchmark fan-out".into(),
         body: "One message to a million users, end to end through notify-api and notify-worker."
             .into(),
-        category: CATEGORY.into(),
+        category: category.into(),
         data: [("source".to_owned(), "notify-bench".to_owned())].into(),
     };
     let expire = prost_types::Timestamp { seconds: expire_at.and_utc().timestamp(), nanos: 0 };
@@ -502,22 +603,26 @@ fn summary(
     args: &FanoutArgs,
     baselines: &[Baseline],
     notify: &NotifyRun,
-    items: u64,
+    (items, delivered): (u64, u64),
     peaks: &[(u64, u64)],
     worker_metrics: &MetricsPage,
     api_metrics: &MetricsPage,
     machine_max: usize,
 ) -> String {
     let n = args.recipients;
-    let rate = |secs: f64| n as f64 / secs;
+    // Rows written: the recipients who do not mute the send's category.
+    let rate = |secs: f64| delivered as f64 / secs;
     let mut s = String::new();
     let _ = writeln!(s, "\n================ notify-bench fanout: summary ================");
     let _ = writeln!(
         s,
-        "recipients {} over {} shards | concurrency {} (worker bulk lane = baseline inserters) | chunk {CHUNK}",
+        "recipients {} over {} shards | concurrency {} (worker bulk lane = baseline inserters) | \
+         chunk {CHUNK} | {}% mute the category: {} rows delivered",
         thousands(n),
         args.shards,
-        args.concurrency
+        args.concurrency,
+        args.muted_percent,
+        thousands(delivered)
     );
     let notify_rate = rate(notify.total.secs);
     if !baselines.is_empty() {
@@ -602,13 +707,15 @@ fn summary(
     let p = &notify.final_progress;
     let _ = writeln!(
         s,
-        "verify    progress total {} delivered {} failed {} pending {} | COUNT(*) message_items {} -> {}",
+        "verify    progress total {} delivered {} suppressed {} failed {} pending {} | COUNT(*) \
+         message_items {} -> {}",
         p.total,
         p.delivered,
+        p.suppressed,
         p.failed,
         p.pending,
         items,
-        verdict(p.delivered == n && items == n)
+        verdict(p.delivered == delivered && items == delivered && p.suppressed == n - delivered)
     );
     let chunks_of = |outcome| worker_metrics.sum("notify_chunks_total", &[("outcome", outcome)]);
     let delivered_chunks = chunks_of("delivered");

@@ -455,7 +455,8 @@ async fn delete_topology(settings: &Settings) -> anyhow::Result<()> {
     Ok(result?)
 }
 
-async fn delete_redis_keys(settings: &Settings) -> anyhow::Result<()> {
+/// Deletes every Redis key under `settings`' key prefix.
+pub async fn delete_redis_keys(settings: &Settings) -> anyhow::Result<()> {
     let client = redis::Client::open(settings.redis.url.expose_secret())?;
     let mut conn = client.get_multiplexed_async_connection().await?;
     let pattern = format!("{}*", settings.redis.key_prefix);

@@ -8,6 +8,8 @@
 //!   and the cost of the first inbox read after an announcement.
 //! - `group`: `SendGroupMessage` latency in a 10-member vs a 100,000-member
 //!   group, and a member pulling a 20,000-message backlog in pages of 200.
+//! - `items`: `UpdateItems` with `all` over a 10,000-item inbox, per call
+//!   latency and MariaDB statements.
 //! - `events`: gateway events of a 100k-recipient send, exactly once.
 //! - `recipients`: `ListRecipients` pages of 1,000 by 4 readers for each
 //!   filter and `GetRecipientStatus` of 1,000 users, on a 1M-recipient send.
@@ -28,6 +30,7 @@ mod events;
 mod fanout;
 mod group;
 mod harness;
+mod items;
 mod metrics;
 mod moves;
 mod procstat;
@@ -69,6 +72,8 @@ enum Command {
     Move(moves::MoveArgs),
     /// The console's live updates: api CPU and shard reads with 50 pages open on a send.
     Console(console::ConsoleArgs),
+    /// UpdateItems with `all` over a 10,000-item inbox: latency and statements per call.
+    Items(items::ItemsArgs),
 }
 
 #[tokio::main]
@@ -85,6 +90,7 @@ async fn main() {
         Command::Calls(args) => calls::run(args).await,
         Command::Move(args) => moves::run(args).await,
         Command::Console(args) => console::run(args).await,
+        Command::Items(args) => items::run(args).await,
     };
     if let Err(e) = result {
         eprintln!("notify-bench: {e:#}");

@@ -1,0 +1,392 @@
+//! `notify-bench items`: `UpdateItems` with `all` over one user's inbox of
+//! 10,000 items (each item from a send of its own), timed call by call, with
+//! the round trips each call makes to each shard (counted by a proxy in
+//! front of each shard, [`counting`]).
+
+mod counting;
+
+use std::fmt::Write as _;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context as _, ensure};
+use chrono::Utc;
+use hdrhistogram::Histogram;
+use notify_domain::Settings;
+use notify_domain::ids::IdGenerator;
+use notify_proto::v1;
+use notify_proto::v1::inbox_service_client::InboxServiceClient;
+use secrecy::{ExposeSecret, SecretString};
+use sqlx::QueryBuilder;
+use sqlx::mysql::MySqlPool;
+use tonic::transport::Channel;
+
+use self::counting::CountingProxy;
+use crate::harness::{self, Env, quiesce, thousands, verdict};
+use crate::procstat::{CpuUse, Tracked};
+
+/// Arguments of `notify-bench items`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct ItemsArgs {
+    /// Items of the user (each from a send of its own).
+    #[arg(long, default_value_t = 10_000)]
+    items: u64,
+    /// Timed calls per pair of actions (read/unread, archive/unarchive),
+    /// alternating so that each call changes every item.
+    #[arg(long, default_value_t = 20)]
+    calls: u32,
+    /// Shard databases (the user's items are on one of them).
+    #[arg(long, default_value_t = 4)]
+    shards: u32,
+    /// The user whose inbox is updated.
+    #[arg(long, default_value_t = 42)]
+    user: u64,
+}
+
+/// Most milliseconds a call may take (issue 33).
+const TARGET_MS: f64 = 50.0;
+/// Categories the sends spread over.
+const CATEGORIES: [&str; 4] = ["billing", "social", "security", "news"];
+
+/// Runs the benchmark and prints its report.
+pub async fn run(args: ItemsArgs) -> anyhow::Result<()> {
+    ensure!(args.items > 0 && args.calls > 0 && args.shards > 0, "flags must be > 0");
+    let base = Settings::load().map_err(|e| anyhow::anyhow!("{e}"))?;
+    let tag = harness::fresh_tag();
+    let mut settings = harness::settings_for(&base, &tag, args.shards);
+    // The services reach each shard through a proxy of its own that counts
+    // their round trips; the bench's own connections go direct.
+    let server_url = settings.database.url.expose_secret().to_owned();
+    let upstream = counting::upstream_of(&server_url);
+    let mut proxies = Vec::new();
+    for shard in &mut settings.database.shards {
+        let proxy = CountingProxy::start(upstream.clone()).await?;
+        shard.url = Some(SecretString::from(counting::url_via(&server_url, proxy.addr())));
+        proxies.push(proxy);
+    }
+    let mut env = Env::new(settings)?;
+    println!(
+        "notify-bench items: tag {tag}, user {} with {} items, {} calls per action pair, loadavg {}",
+        args.user,
+        thousands(args.items),
+        args.calls,
+        crate::procstat::loadavg()
+    );
+    let outcome = crate::guarded(body(&mut env, &args, &proxies)).await;
+    env.finish(outcome).await
+}
+
+/// One action's calls.
+struct Timed {
+    action: v1::ItemAction,
+    /// The actions that took turns with it (their statements are counted
+    /// together).
+    group: String,
+    hist: Histogram<u64>,
+    /// Round trips per call to each shard, net of the services' own
+    /// background rate (over an idle window as long as the run, after it).
+    per_call: Vec<f64>,
+    cpu: CpuUse,
+}
+
+async fn body(
+    env: &mut Env,
+    args: &ItemsArgs,
+    proxies: &[CountingProxy],
+) -> anyhow::Result<String> {
+    env.start_services().await?;
+    let api_pid = env.pid("notify-api");
+    let worker_pid = env.pid("notify-worker");
+    let tracked = Tracked::new(&[("api", api_pid), ("worker", worker_pid)]);
+    let map = env.settings.shard_map().map_err(|e| anyhow::anyhow!("{e}"))?;
+    let shard = map.shard_for_user(args.user);
+    let slot = map.slot_of(shard).context("shard slot")?;
+    let pool = harness::shard_pool(&env.settings, slot, 4).await?;
+    let started = Instant::now();
+    seed(&pool, args).await?;
+    pool.close().await;
+    println!(
+        "seeded: {} items of user {} (one send each, {} categories) on shard {} in {:.1} s",
+        thousands(args.items),
+        args.user,
+        CATEGORIES.len(),
+        shard.0,
+        started.elapsed().as_secs_f64()
+    );
+    let mut client = InboxServiceClient::new(env.channel().await?);
+    let badge = client
+        .get_unread_count(v1::GetUnreadCountRequest { user_id: args.user })
+        .await
+        .context("GetUnreadCount")?
+        .into_inner();
+    ensure!(
+        badge.unread == args.items && badge.unseen == args.items,
+        "seeded user has unread {} unseen {}, expected {} of each",
+        badge.unread,
+        badge.unseen,
+        args.items
+    );
+    let mut server = harness::server_connection(&env.settings).await?;
+    let (waited, dirty) = quiesce(&mut server, Duration::from_secs(30)).await?;
+    println!("quiesce: {waited:.1} s, {dirty} dirty pages left");
+    // Unmeasured: the api's connections, statements and caches warmed
+    // (archive and back leave the items unseen, for the timed MARK_SEEN).
+    let mut state = ItemState::default();
+    for action in [v1::ItemAction::Archive, v1::ItemAction::Unarchive] {
+        update_all(&mut client, args, &mut state, action, None).await?;
+    }
+
+    let mut run = Run { args, tracked: &tracked, state, proxies };
+    let mut timed = Vec::new();
+    // Unread items are still unseen: one call marks every item seen.
+    timed.append(&mut run.actions(&mut client, &[v1::ItemAction::MarkSeen], 1).await?);
+    let pairs = [
+        [v1::ItemAction::MarkRead, v1::ItemAction::MarkUnread],
+        [v1::ItemAction::Archive, v1::ItemAction::Unarchive],
+    ];
+    for pair in pairs {
+        let mut both = run.actions(&mut client, &pair, args.calls).await?;
+        timed.append(&mut both);
+    }
+    // Last: nothing comes back from a delete.
+    timed.append(&mut run.actions(&mut client, &[v1::ItemAction::Delete], 1).await?);
+    env.check_children()?;
+    Ok(summary(args, slot, &timed, tracked.machine_max()))
+}
+
+/// Writes the user's items straight into the shard: `args.items` sends of
+/// one item each (a content copy per send, as the worker leaves them),
+/// their categories taking turns, all unread and unseen.
+async fn seed(pool: &MySqlPool, args: &ItemsArgs) -> anyhow::Result<()> {
+    let generator = IdGenerator::with_instance(rand::random());
+    let messages: Vec<u64> =
+        (0..args.items).map(|_| generator.next_id().expect("unleased ids").get()).collect();
+    let category = |index: usize| CATEGORIES[index % CATEGORIES.len()];
+    let now = Utc::now().naive_utc();
+    for (part, ids) in messages.chunks(1000).enumerate() {
+        let mut insert = QueryBuilder::new(
+            "INSERT INTO message_contents (message_id, title, body, category, data, created_at) ",
+        );
+        insert.push_values(ids.iter().enumerate(), |mut row, (i, id)| {
+            let index = part * 1000 + i;
+            row.push_bind(*id)
+                .push_bind(format!("Items benchmark message {index}"))
+                .push_bind("A body of moderate length, as a notification would have.")
+                .push_bind(category(index))
+                .push_bind(r#"{"link":"app://inbox/bench"}"#)
+                .push_bind(now);
+        });
+        insert.build().execute(pool).await?;
+        let mut insert =
+            QueryBuilder::new("INSERT INTO message_items (user_id, message_id, category) ");
+        insert.push_values(ids.iter().enumerate(), |mut row, (i, id)| {
+            row.push_bind(args.user).push_bind(*id).push_bind(category(part * 1000 + i));
+        });
+        insert.build().execute(pool).await?;
+    }
+    Ok(())
+}
+
+/// The state every item of the user is in (they all change together).
+#[derive(Debug, Clone, Copy, Default)]
+struct ItemState {
+    seen: bool,
+    read: bool,
+    archived: bool,
+    deleted: bool,
+}
+
+impl ItemState {
+    /// The state after `action`, and whether the action changes an item.
+    fn after(self, action: v1::ItemAction) -> (Self, bool) {
+        use v1::ItemAction as A;
+        let mut next = self;
+        match action {
+            A::MarkSeen => next.seen = true,
+            A::MarkRead => (next.read, next.seen) = (true, true),
+            A::MarkUnread => next.read = false,
+            A::Archive => next.archived = true,
+            A::Unarchive => next.archived = false,
+            A::Delete => next.deleted = true,
+            A::Unspecified => {}
+        }
+        // Seen is `seen OR read`; a deleted item never changes again.
+        let changed = !self.deleted
+            && (next.read != self.read
+                || (next.seen || next.read) != (self.seen || self.read)
+                || next.archived != self.archived
+                || next.deleted);
+        (next, changed)
+    }
+
+    /// Unread and unseen of `n` items in this state.
+    fn counts(self, n: u64) -> (u64, u64) {
+        if self.archived || self.deleted || self.read {
+            return (0, 0);
+        }
+        (n, if self.seen { 0 } else { n })
+    }
+}
+
+/// One `UpdateItems(action, all)` of every item in every view; checks that
+/// it changed every item and the counts it answers.
+async fn update_all(
+    client: &mut InboxServiceClient<Channel>,
+    args: &ItemsArgs,
+    state: &mut ItemState,
+    action: v1::ItemAction,
+    hist: Option<&mut Histogram<u64>>,
+) -> anyhow::Result<()> {
+    let started = Instant::now();
+    let reply = client
+        .update_items(v1::UpdateItemsRequest {
+            user_id: args.user,
+            action: action as i32,
+            message_ids: Vec::new(),
+            all: Some(v1::ItemFilter { view: v1::InboxView::All as i32, ..Default::default() }),
+        })
+        .await
+        .with_context(|| format!("UpdateItems({})", action.as_str_name()))?
+        .into_inner();
+    if let Some(hist) = hist {
+        hist.saturating_record((started.elapsed().as_nanos() as u64 / 1000).max(1));
+    }
+    let (next, changes) = state.after(action);
+    *state = next;
+    let n = if changes { args.items } else { 0 };
+    let (unread, unseen) = next.counts(args.items);
+    ensure!(
+        reply.changed == n && reply.unread == unread && reply.unseen == unseen,
+        "UpdateItems({}) changed {} with unread {} unseen {}; expected {n}, {unread}, {unseen}",
+        action.as_str_name(),
+        reply.changed,
+        reply.unread,
+        reply.unseen
+    );
+    Ok(())
+}
+
+/// The timed part, with what it needs.
+struct Run<'a> {
+    args: &'a ItemsArgs,
+    tracked: &'a Tracked,
+    state: ItemState,
+    proxies: &'a [CountingProxy],
+}
+
+impl Run<'_> {
+    /// `calls` calls of each of `actions`, taking turns; one [`Timed`] per
+    /// action (the statements counted over all of them, split evenly).
+    async fn actions(
+        &mut self,
+        client: &mut InboxServiceClient<Channel>,
+        actions: &[v1::ItemAction],
+        calls: u32,
+    ) -> anyhow::Result<Vec<Timed>> {
+        let counts = || self.proxies.iter().map(CountingProxy::commands).collect::<Vec<_>>();
+        let mut hists: Vec<Histogram<u64>> = actions.iter().map(|_| new_hist()).collect();
+        let cpu0 = self.tracked.snap();
+        let count0 = counts();
+        let started = Instant::now();
+        for _ in 0..calls {
+            for (action, hist) in actions.iter().zip(&mut hists) {
+                update_all(client, self.args, &mut self.state, *action, Some(hist)).await?;
+            }
+        }
+        let secs = started.elapsed().as_secs_f64();
+        let count1 = counts();
+        let cpu = self.tracked.between(&cpu0, &self.tracked.snap());
+        // The services' own round trips (their background loops, which
+        // come in bursts) over an idle window as long as the run (at least
+        // 2 s) right after it, per shard.
+        let idle = Duration::from_secs_f64(secs.max(2.0));
+        tokio::time::sleep(idle).await;
+        let background: Vec<f64> = counts()
+            .iter()
+            .zip(&count1)
+            .map(|(b, a)| (b - a) as f64 / idle.as_secs_f64())
+            .collect();
+        let total_calls = f64::from(calls) * actions.len() as f64;
+        let group: Vec<&str> = actions.iter().map(|a| a.as_str_name()).collect();
+        let group = group.join(" + ");
+        let per_call: Vec<f64> = (0..self.proxies.len())
+            .map(|shard| {
+                let made = (count1[shard] - count0[shard]) as f64;
+                (made - background[shard] * secs).max(0.0) / total_calls
+            })
+            .collect();
+        Ok(actions
+            .iter()
+            .zip(hists)
+            .map(|(action, hist)| Timed {
+                action: *action,
+                group: group.clone(),
+                hist,
+                per_call: per_call.clone(),
+                cpu: cpu.clone(),
+            })
+            .collect())
+    }
+}
+
+fn new_hist() -> Histogram<u64> {
+    Histogram::new_with_bounds(1, 60_000_000, 3).expect("valid histogram bounds")
+}
+
+fn summary(args: &ItemsArgs, user_slot: usize, timed: &[Timed], machine_max: usize) -> String {
+    let mut s = String::new();
+    let _ = writeln!(s, "\n================ notify-bench items: summary ================");
+    let _ = writeln!(
+        s,
+        "UpdateItems(all, view ALL) over user {}'s {} items (one send each, all on shard slot \
+         {user_slot}); each call changes every item; client-side latency, one call at a time; the \
+         api reaches each shard through a counting proxy (one more loopback hop per round trip)",
+        args.user,
+        thousands(args.items)
+    );
+    for t in timed {
+        let ms = |q: f64| t.hist.value_at_quantile(q) as f64 / 1000.0;
+        // A shard is touched when a call makes at least half a round trip
+        // to it on average (the background rate is already taken out).
+        let touched = t.per_call.iter().filter(|n| **n >= 0.5).count().max(1);
+        let trips: f64 = t.per_call.iter().sum();
+        // One call is too short a run to take the services' bursty
+        // background loops out of the counts: not judged.
+        let trips_verdict = if t.hist.len() < 10 {
+            "not judged, 1 call"
+        } else {
+            verdict(trips <= touched as f64 + 0.05)
+        };
+        let _ = writeln!(
+            s,
+            "{:<24} {:>3} calls  p50 {:>6.1} ms  p99 {:>6.1} ms  max {:>6.1} ms (target < {TARGET_MS} \
+             ms: {}) | {trips:.1} round trips a call over {touched} shard(s) touched (target 1 per \
+             shard touched: {})",
+            t.action.as_str_name(),
+            t.hist.len(),
+            ms(0.5),
+            ms(0.99),
+            t.hist.max() as f64 / 1000.0,
+            verdict(ms(0.99) < TARGET_MS),
+            trips_verdict
+        );
+    }
+    let _ = writeln!(
+        s,
+        "round trips per call by shard slot (MySQL commands counted by each shard's proxy over the \
+         run, net of the services' rate over an idle window as long as the run, right after it; the user's shard is slot \
+         {user_slot}):"
+    );
+    let mut groups: Vec<&str> = Vec::new();
+    for t in timed {
+        if groups.contains(&t.group.as_str()) {
+            continue;
+        }
+        groups.push(&t.group);
+        let trips: Vec<String> =
+            t.per_call.iter().enumerate().map(|(slot, n)| format!("{slot}: {n:.2}")).collect();
+        let _ = writeln!(s, "  {}: {}", t.group, trips.join(", "));
+        let _ = writeln!(s, "    cpu: {}", t.cpu.line(machine_max));
+    }
+    let _ = write!(s, "==============================================================");
+    s
+}
