@@ -1,12 +1,13 @@
-//! One shard's part of a recipients page, and the k-way merge of every
-//! shard's part into the page.
+//! One shard's part of a recipients page, the k-way merge of every shard's
+//! part into the page, and the item lookups after it.
 //!
 //! Each shard answers the recipients it is sure of up to some user id
 //! (`complete_to`): past the last chunk read of a run that may have more,
-//! past the last user looked up when its lookup budget ran out, past the
-//! last row when it filled the page. The page is the merge of every shard's
-//! recipients up to the smallest of these, so no recipient is skipped or
-//! listed twice across pages, and no shard does more than O(page) work.
+//! past the last row when it filled its part. The page is the merge of every
+//! shard's recipients up to the smallest of these (then, where the filter
+//! depends on the item, cut where the lookup budget ran out), so no
+//! recipient is listed twice across pages and none whose state holds is
+//! skipped, and no shard does more than O(page) work.
 
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap};
