@@ -220,13 +220,17 @@ pub async fn list(
     let announcement = row.audience == AudienceKind::AllUsers as u8;
     let routes = ctx.pools.snapshot();
     let (recipients, next) = if filter == Filter::Read || announcement {
+        // Users spread evenly over shards (by hash): each shard is asked for
+        // twice its share of a page, not a whole page.
+        let shards = ctx.pools.iter().count().max(1) as u32;
+        let per_shard = (page_size.div_ceil(shards) * 2).min(page_size);
         let pages = ctx.pools.iter().map(|(shard, pool)| {
             let routes = &routes;
             async move {
                 if filter == Filter::Read {
-                    page::readers(routes, shard, pool, &send, after, page_size).await
+                    page::readers(routes, shard, pool, &send, after, per_shard).await
                 } else {
-                    page::materialized(routes, shard, pool, &send, filter, after, page_size).await
+                    page::materialized(routes, shard, pool, &send, filter, after, per_shard).await
                 }
             }
         });

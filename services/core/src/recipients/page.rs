@@ -1,12 +1,13 @@
-//! One shard's part of a recipients page, and the k-way merge of every
-//! shard's part into the page.
+//! One shard's part of a recipients page, the k-way merge of every shard's
+//! part into the page, and the item lookups after it.
 //!
 //! Each shard answers the recipients it is sure of up to some user id
 //! (`complete_to`): past the last chunk read of a run that may have more,
-//! past the last user looked up when its lookup budget ran out, past the
-//! last row when it filled the page. The page is the merge of every shard's
-//! recipients up to the smallest of these, so no recipient is skipped or
-//! listed twice across pages, and no shard does more than O(page) work.
+//! past the last row when it filled its part. The page is the merge of every
+//! shard's recipients up to the smallest of these (then, where the filter
+//! depends on the item, cut where the lookup budget ran out), so no
+//! recipient is listed twice across pages and none whose state holds is
+//! skipped, and no shard does more than O(page) work.
 
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap};
@@ -73,13 +74,15 @@ pub(super) async fn from_chunks(
     page_size: u32,
 ) -> Result<ShardCandidates> {
     let states = filter.chunk_states(send.recalled);
-    let runs = store::runs(pool, send.message_id, &states).await?;
+    // One snapshot for the three reads (REPEATABLE READ).
+    let mut tx = pool.begin().await?;
+    let runs = store::runs(&mut *tx, send.message_id, &states).await?;
     if runs.is_empty() {
         return Ok(ShardCandidates { users: Vec::new(), complete_to: u64::MAX });
     }
     // The cursor's chunk is read partly: one more than a page needs.
     let per_run = page_size.div_ceil(CHUNK_USERS) + 1;
-    let heads = store::chunk_heads_after(pool, send.message_id, &runs, after, per_run).await?;
+    let heads = store::chunk_heads_after(&mut *tx, send.message_id, &runs, after, per_run).await?;
     let mut read_per_run: HashMap<(u8, u64), (u32, u64)> = HashMap::new();
     for head in &heads {
         let entry = read_per_run.entry((head.state, head.batch)).or_default();
@@ -98,7 +101,8 @@ pub(super) async fn from_chunks(
         .filter(|head| head.first_user <= complete_to)
         .map(|head| head.chunk_id)
         .collect();
-    let chunks = store::chunk_users(pool, send.message_id, &needed).await?;
+    let chunks = store::chunk_users(&mut *tx, send.message_id, &needed).await?;
+    tx.commit().await?;
     let mut users: Vec<(u64, u8)> = chunks
         .iter()
         .flat_map(|chunk| chunk.user_ids.iter().map(move |user| (*user, chunk.state)))

@@ -121,8 +121,10 @@ async fn chunks_holding(
     let Some(low) = users.first().copied() else {
         return Ok(Vec::new());
     };
+    // One snapshot for the three reads (REPEATABLE READ).
+    let mut tx = pool.begin().await?;
     let mut runs: HashMap<(u8, u64), Vec<store::ChunkEnd>> = HashMap::new();
-    for end in store::chunk_ends_from(pool, send.message_id, states, low).await? {
+    for end in store::chunk_ends_from(&mut *tx, send.message_id, states, low).await? {
         runs.entry((end.state, end.batch)).or_default().push(end);
     }
     let mut maybe: HashMap<u64, Vec<u64>> = HashMap::new();
@@ -136,14 +138,16 @@ async fn chunks_holding(
         }
     }
     let chunk_ids: Vec<u64> = maybe.keys().copied().collect();
-    let firsts = store::first_users(pool, send.message_id, &chunk_ids).await?;
+    let firsts = store::first_users(&mut *tx, send.message_id, &chunk_ids).await?;
     let needed: Vec<u64> = firsts
         .into_iter()
         .filter(|(chunk_id, first)| maybe[chunk_id].iter().any(|user| user >= first))
         .map(|(chunk_id, _)| chunk_id)
         .collect();
     let mut held = Vec::new();
-    for chunk in store::chunk_users(pool, send.message_id, &needed).await? {
+    let chunks = store::chunk_users(&mut *tx, send.message_id, &needed).await?;
+    tx.commit().await?;
+    for chunk in chunks {
         for user in users {
             if chunk.user_ids.binary_search(user).is_ok() {
                 held.push((*user, chunk.state));

@@ -4,6 +4,9 @@
 //! reads recorded by message (`message_reads`) and the announcements'
 //! materializations (`announcement_recipients`). Item states come from
 //! primary-key lookups in `message_items`, which gets no index for this.
+//! The chunk queries take any executor: callers run one page's in a
+//! read-only transaction, so a chunk changing state between them (a worker
+//! applying or recalling it) is seen in one state, not missed.
 
 use chrono::NaiveDateTime;
 use sqlx::{FromRow, MySqlPool, QueryBuilder};
@@ -56,7 +59,11 @@ impl ChunkRow {
 /// of the send's entries in `idx_chunks_recipients` (one per chunk, that is
 /// per 500 recipients on the shard; MariaDB does not skip-scan it).
 #[instrument(level = "debug", skip_all, fields(db.system = "mysql"))]
-pub async fn runs(pool: &MySqlPool, message_id: MessageId, states: &[u8]) -> Result<Vec<Run>> {
+pub async fn runs<'e>(
+    pool: impl sqlx::MySqlExecutor<'e>,
+    message_id: MessageId,
+    states: &[u8],
+) -> Result<Vec<Run>> {
     if states.is_empty() {
         return Ok(Vec::new());
     }
@@ -92,8 +99,8 @@ pub struct ChunkHead {
 /// run's in user order: one index range per run, in one statement, reading
 /// no user ids (see [`chunk_users`]).
 #[instrument(level = "debug", skip_all, fields(db.system = "mysql", runs = runs.len()))]
-pub async fn chunk_heads_after(
-    pool: &MySqlPool,
+pub async fn chunk_heads_after<'e>(
+    pool: impl sqlx::MySqlExecutor<'e>,
     message_id: MessageId,
     runs: &[Run],
     after: u64,
@@ -127,8 +134,8 @@ pub async fn chunk_heads_after(
 
 /// The users of these chunks of a send, by primary key.
 #[instrument(level = "debug", skip_all, fields(db.system = "mysql", chunks = chunk_ids.len()))]
-pub async fn chunk_users(
-    pool: &MySqlPool,
+pub async fn chunk_users<'e>(
+    pool: impl sqlx::MySqlExecutor<'e>,
     message_id: MessageId,
     chunk_ids: &[u64],
 ) -> Result<Vec<ChunkUsers>> {
@@ -160,8 +167,8 @@ pub struct ChunkEnd {
 /// The send's chunks on this shard in `states` whose last user is `low` or
 /// more: an index-only read.
 #[instrument(level = "debug", skip_all, fields(db.system = "mysql"))]
-pub async fn chunk_ends_from(
-    pool: &MySqlPool,
+pub async fn chunk_ends_from<'e>(
+    pool: impl sqlx::MySqlExecutor<'e>,
     message_id: MessageId,
     states: &[u8],
     low: u64,
@@ -185,8 +192,8 @@ pub async fn chunk_ends_from(
 /// The first user of each of these chunks, by primary key (no user ids
 /// travel).
 #[instrument(level = "debug", skip_all, fields(db.system = "mysql", chunks = chunk_ids.len()))]
-pub async fn first_users(
-    pool: &MySqlPool,
+pub async fn first_users<'e>(
+    pool: impl sqlx::MySqlExecutor<'e>,
     message_id: MessageId,
     chunk_ids: &[u64],
 ) -> Result<Vec<(u64, u64)>> {
