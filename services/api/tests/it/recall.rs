@@ -97,9 +97,13 @@ async fn a_sending_or_paused_send_stops_delivering_and_what_was_delivered_goes_b
     let mut settings = test_settings();
     settings.send.chunk_size = 100;
     settings.send.small_send_threshold = 10;
-    // A worker whose every MySQL answer comes 30 ms late: a chunk takes
-    // several of those, so the pause lands half-way on any machine.
+    // A worker whose every MySQL answer comes 30 ms late, applying one chunk
+    // at a time in a transaction of its own: each of the 30 chunks takes
+    // several of those answers, so the send lasts seconds and the pause and
+    // the recall land half-way on any machine.
     let mut slow = settings.clone();
+    slow.worker.concurrency = 1;
+    slow.worker.chunks_per_transaction = 1;
     let _proxies = notify_testkit::faults::slow_shards(&mut slow, 30).await;
     let mut app = spawn_app_with(settings, false).await;
     app.start_worker_with(slow).await;
