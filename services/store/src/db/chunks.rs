@@ -1103,11 +1103,23 @@ pub struct Unsettled {
 /// than `older_than_ms` (younger ones are in the hands of their worker).
 #[instrument(level = "debug", skip_all, fields(db.system = "mysql"))]
 pub async fn unsettled(pool: &MySqlPool, older_than_ms: u64, limit: u32) -> Result<Vec<Unsettled>> {
+    left_in_state(pool, state::UNSETTLED, older_than_ms, limit).await
+}
+
+/// Up to `limit` chunks of this shard in `state` since longer than
+/// `older_than_ms`, oldest first.
+pub(crate) async fn left_in_state(
+    pool: &MySqlPool,
+    state: u8,
+    older_than_ms: u64,
+    limit: u32,
+) -> Result<Vec<Unsettled>> {
     let rows: Vec<(u64, u64, Vec<u8>)> = sqlx::query_as(
         "SELECT message_id, chunk_id, user_ids FROM message_chunks FORCE INDEX (idx_chunks_state) \
-         WHERE state = 4 AND updated_at < UTC_TIMESTAMP(3) - INTERVAL ? MICROSECOND \
+         WHERE state = ? AND updated_at < UTC_TIMESTAMP(3) - INTERVAL ? MICROSECOND \
          ORDER BY updated_at LIMIT ?",
     )
+    .bind(state)
     .bind(older_than_ms * 1000)
     .bind(limit)
     .fetch_all(pool)

@@ -173,15 +173,7 @@ pub async fn unrecalled_chunks(pool: &MySqlPool, message_id: MessageId) -> Resul
 }
 
 /// A recalled chunk whose recipients' badges still need invalidating.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct RecallUnsettled {
-    /// The send.
-    pub message_id: MessageId,
-    /// The chunk.
-    pub chunk_id: u64,
-    /// Its recipients.
-    pub user_ids: Vec<u64>,
-}
+pub type RecallUnsettled = super::chunks::Unsettled;
 
 /// Recalled chunks left with badges to invalidate for longer than
 /// `older_than_ms` (their worker could not reach Redis), oldest first.
@@ -191,22 +183,5 @@ pub async fn recall_unsettled(
     older_than_ms: u64,
     limit: u32,
 ) -> Result<Vec<RecallUnsettled>> {
-    let rows: Vec<(u64, u64, Vec<u8>)> = sqlx::query_as(
-        "SELECT message_id, chunk_id, user_ids FROM message_chunks FORCE INDEX (idx_chunks_state) \
-         WHERE state = 6 AND updated_at < UTC_TIMESTAMP(3) - INTERVAL ? MICROSECOND \
-         ORDER BY updated_at LIMIT ?",
-    )
-    .bind(older_than_ms * 1000)
-    .bind(limit)
-    .fetch_all(pool)
-    .await?;
-    rows.into_iter()
-        .map(|(message_id, chunk_id, packed)| {
-            Ok(RecallUnsettled {
-                message_id: MessageId::from_raw(message_id),
-                chunk_id,
-                user_ids: decode_user_ids(&packed)?,
-            })
-        })
-        .collect()
+    super::chunks::left_in_state(pool, state::RECALL_UNSETTLED, older_than_ms, limit).await
 }

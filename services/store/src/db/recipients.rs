@@ -142,11 +142,8 @@ pub async fn chunk_users<'e>(
     if chunk_ids.is_empty() {
         return Ok(Vec::new());
     }
-    let mut sql =
-        QueryBuilder::new("SELECT state, batch, user_ids FROM message_chunks WHERE message_id = ");
-    sql.push_bind(message_id.get()).push(" AND chunk_id IN (");
-    push_ids(&mut sql, chunk_ids);
-    sql.push(")");
+    let select = "SELECT state, batch, user_ids FROM message_chunks WHERE message_id = ";
+    let mut sql = of_send(select, message_id, "chunk_id", chunk_ids);
     let rows: Vec<ChunkRow> = sql.build_query_as().fetch_all(pool).await?;
     rows.into_iter().map(ChunkRow::decode).collect()
 }
@@ -200,11 +197,8 @@ pub async fn first_users<'e>(
     if chunk_ids.is_empty() {
         return Ok(Vec::new());
     }
-    let mut sql =
-        QueryBuilder::new("SELECT chunk_id, first_user FROM message_chunks WHERE message_id = ");
-    sql.push_bind(message_id.get()).push(" AND chunk_id IN (");
-    push_ids(&mut sql, chunk_ids);
-    sql.push(")");
+    let select = "SELECT chunk_id, first_user FROM message_chunks WHERE message_id = ";
+    let mut sql = of_send(select, message_id, "chunk_id", chunk_ids);
     Ok(sql.build_query_as().fetch_all(pool).await?)
 }
 
@@ -232,13 +226,9 @@ pub async fn items(
     if user_ids.is_empty() {
         return Ok(Vec::new());
     }
-    let mut sql = QueryBuilder::new(
-        "SELECT user_id, is_read, created_at, read_at FROM message_items FORCE INDEX (PRIMARY) \
-         WHERE message_id = ",
-    );
-    sql.push_bind(message_id.get()).push(" AND user_id IN (");
-    push_ids(&mut sql, user_ids);
-    sql.push(")");
+    let select = "SELECT user_id, is_read, created_at, read_at FROM message_items \
+         FORCE INDEX (PRIMARY) WHERE message_id = ";
+    let mut sql = of_send(select, message_id, "user_id", user_ids);
     Ok(sql.build_query_as().fetch_all(pool).await?)
 }
 
@@ -326,14 +316,25 @@ pub async fn materialized(
     if user_ids.is_empty() {
         return Ok(Vec::new());
     }
-    let mut sql = QueryBuilder::new(
-        "SELECT r.user_id, r.materialized_at, COALESCE(i.is_read, 0) = 1 AS is_read, i.read_at \
-         FROM announcement_recipients r FORCE INDEX (PRIMARY) \
+    let select = "SELECT r.user_id, r.materialized_at, COALESCE(i.is_read, 0) = 1 AS is_read, \
+         i.read_at FROM announcement_recipients r FORCE INDEX (PRIMARY) \
          LEFT JOIN message_items i FORCE INDEX (PRIMARY) \
-         ON i.user_id = r.user_id AND i.message_id = r.message_id WHERE r.message_id = ",
-    );
-    sql.push_bind(message_id.get()).push(" AND r.user_id IN (");
-    push_ids(&mut sql, user_ids);
-    sql.push(")");
+         ON i.user_id = r.user_id AND i.message_id = r.message_id WHERE r.message_id = ";
+    let mut sql = of_send(select, message_id, "r.user_id", user_ids);
     Ok(sql.build_query_as().fetch_all(pool).await?)
+}
+
+/// `select` (ending in `... message_id = `) for one send, with `column`
+/// in `ids`: the shape of every by-id read here.
+fn of_send(
+    select: &str,
+    message_id: MessageId,
+    column: &str,
+    ids: &[u64],
+) -> QueryBuilder<sqlx::MySql> {
+    let mut sql = QueryBuilder::new(select);
+    sql.push_bind(message_id.get()).push(format!(" AND {column} IN ("));
+    push_ids(&mut sql, ids);
+    sql.push(")");
+    sql
 }
