@@ -420,13 +420,23 @@ impl Publisher {
         if tasks.is_empty() {
             return Ok(());
         }
-        match self.publish_once(lane, tasks).await {
+        self.with_one_retry("tasks", || self.publish_once(lane, tasks)).await
+    }
+
+    /// Runs a publish; when it fails, drops the channel (its connection may
+    /// be broken) and runs it once more on a new one.
+    async fn with_one_retry<F, Fut>(&self, what: &str, once: F) -> Result<()>
+    where
+        F: Fn() -> Fut,
+        Fut: Future<Output = Result<()>>,
+    {
+        match once().await {
             Ok(()) => Ok(()),
             Err(first) => {
-                warn!(error = %first, tasks = tasks.len(), "publish failed, retrying on a new channel");
+                warn!(error = %first, what, "publish failed, retrying on a new channel");
                 self.channel.lock().await.take();
                 tokio::time::sleep(Duration::from_millis(100)).await;
-                self.publish_once(lane, tasks).await
+                once().await
             }
         }
     }
@@ -464,15 +474,7 @@ impl Publisher {
                 Err(Error::Unavailable("rabbitmq refused an event".to_owned()))
             }
         };
-        let published = match once().await {
-            Ok(()) => Ok(()),
-            Err(first) => {
-                warn!(error = %first, kind, "event publish failed, retrying on a new channel");
-                self.channel.lock().await.take();
-                tokio::time::sleep(Duration::from_millis(100)).await;
-                once().await
-            }
-        };
+        let published = self.with_one_retry(kind, once).await;
         if published.is_ok() {
             metrics::counter!("notify_events_published_total", "kind" => kind).increment(1);
         }
@@ -519,15 +521,7 @@ impl Publisher {
                 }
             }
         };
-        match once().await {
-            Ok(()) => Ok(()),
-            Err(first) => {
-                warn!(error = %first, exchange, "publish failed, retrying on a new channel");
-                self.channel.lock().await.take();
-                tokio::time::sleep(Duration::from_millis(100)).await;
-                once().await
-            }
-        }
+        self.with_one_retry(exchange, once).await
     }
 
     async fn publish_once(&self, lane: Lane, tasks: &[ChunkTask]) -> Result<()> {
