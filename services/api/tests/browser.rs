@@ -8,9 +8,10 @@
 //! Content-Security-Policy violation, and a violation provoked on purpose is
 //! reported and counted (so the check can fail).
 //!
-//! With `NOTIFY_CONSOLE_SCREENSHOTS=<dir>` the send and user pages are
-//! saved there as PNGs (`docs/console-send.png` and `docs/console-user.png`
-//! come from this test).
+//! With `NOTIFY_CONSOLE_SCREENSHOTS=<dir>` the send, recipients and user
+//! pages are saved there as PNGs (`docs/console-send.png`,
+//! `docs/console-recipients.png` and `docs/console-user.png` come from this
+//! test).
 
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
@@ -147,10 +148,13 @@ async fn an_operator_watches_pauses_resumes_and_looks_up_a_recipient() {
     for client in &mut settings.auth.clients {
         client.senders = vec!["tests".to_owned()];
     }
-    // The worker answers slowly (every MySQL reply 40 ms late), so the send
-    // takes seconds and the test can watch it and pause it half-way.
+    // The worker answers slowly (every MySQL reply 40 ms late) and applies
+    // one chunk at a time, so the send takes seconds whatever the machine
+    // and the test can watch it and pause it half-way.
     let mut slow = settings.clone();
     slow.worker.operation_timeout_secs = 300;
+    slow.worker.concurrency = 1;
+    slow.worker.chunks_per_transaction = 1;
     let proxies = notify_testkit::faults::slow_shards(&mut slow, 40).await;
     let mut app = spawn_app_with(settings, false).await;
     let console = format!("http://{}", app.console_addr.expect("console on"));
@@ -248,6 +252,33 @@ async fn an_operator_watches_pauses_resumes_and_looks_up_a_recipient() {
     for moment in ["created", "started", "paused by operator", "resumed by operator", "completed"] {
         assert!(timeline.contains(moment), "timeline lacks {moment}: {timeline}\naudit: {audit}");
     }
+
+    // Its recipients, by state, in pages that follow each other.
+    let unread = format!("{console}/console/sends/{id}?state=unread#recipients");
+    web.goto(&unread).await.expect("goto");
+    let row = "table.recipients tr[data-state=\"unread\"]";
+    browser.wait_for(row, Duration::from_secs(10)).await;
+    let user_ids = |rows: Vec<fantoccini::elements::Element>| async move {
+        let mut ids = Vec::new();
+        for row in rows {
+            let id = row.attr("data-user-id").await.expect("attr").expect("a user id");
+            ids.push(id.parse::<u64>().expect("a number"));
+        }
+        ids
+    };
+    let first = user_ids(web.find_all(Locator::Css(row)).await.expect("rows")).await;
+    assert_eq!(first.len(), 50, "a full page of unread recipients");
+    assert!(first.windows(2).all(|w| w[0] < w[1]), "in user order");
+    browser.screenshot("console-recipients.png").await;
+    web.find(Locator::LinkText("Next recipients →"))
+        .await
+        .expect("next")
+        .click()
+        .await
+        .expect("click");
+    browser.wait_for(row, Duration::from_secs(10)).await;
+    let second = user_ids(web.find_all(Locator::Css(row)).await.expect("rows")).await;
+    assert!(second[0] > first[49], "the next page starts after the first");
 
     // A recipient's inbox.
     web.goto(&format!("{console}/console/users?user_id={FIRST_USER}")).await.expect("goto");
