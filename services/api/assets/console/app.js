@@ -25,6 +25,10 @@ if (send) {
 function followSend(page) {
   const url = page.dataset.live;
   const renderedStatus = page.dataset.status;
+  // When the server began reading what this page shows (Unix ms): an
+  // update read before it is older than the page (the poller's last value,
+  // say, from before the button press that rendered it) and is skipped.
+  const renderedAt = Number(page.dataset.renderedAt || 0);
   const state = document.getElementById("live-state");
   const toggle = document.getElementById("live-toggle");
   const updatedAt = document.getElementById("updated-at");
@@ -61,6 +65,9 @@ function followSend(page) {
   };
 
   const apply = (update) => {
+    if (update.at_ms < renderedAt) {
+      return;
+    }
     const total = update.total;
     for (const [name, value] of Object.entries(total)) {
       setText(page.querySelector(`[data-counter="${name}"]`), number.format(value));

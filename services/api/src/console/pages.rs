@@ -370,6 +370,7 @@ pub(crate) async fn send(
         Ok(id) => id,
         Err(e) => return error_page(Some(nav), &e),
     };
+    let rendered_at_ms = chrono::Utc::now().timestamp_millis();
     let ctx = &console.ctx;
     let view = match send::get(ctx, id, None).await {
         Ok(view) => view,
@@ -387,6 +388,7 @@ pub(crate) async fn send(
     };
     let mut page = send_page(nav, &view, &live, &records, &session, &query.done);
     page.recipients = recipients_view(ctx, id, &query).await;
+    page.rendered_at_ms = rendered_at_ms;
     render(&page)
 }
 
@@ -449,6 +451,7 @@ fn send_page(
         read_only: !session.manage,
         notice: notice.to_owned(),
         recipients: RecipientsView::default(),
+        rendered_at_ms: 0,
     }
 }
 

@@ -276,6 +276,9 @@ pub(crate) struct SendPage {
     /// A notice after a button press (`paused`, or why it failed).
     pub notice: String,
     pub recipients: RecipientsView,
+    /// When the handler began reading the send (Unix ms): live updates
+    /// read before it are older than the page.
+    pub rendered_at_ms: i64,
 }
 
 /// One recipient of a send as shown.
