@@ -424,7 +424,8 @@ impl Publisher {
     }
 
     /// Runs a publish; when it fails, drops the channel (its connection may
-    /// be broken) and runs it once more on a new one.
+    /// be broken) and runs it once more on a new one, dropping that one too
+    /// when it fails again.
     async fn with_one_retry<F, Fut>(&self, what: &str, once: F) -> Result<()>
     where
         F: Fn() -> Fut,
@@ -436,7 +437,13 @@ impl Publisher {
                 warn!(error = %first, what, "publish failed, retrying on a new channel");
                 self.channel.lock().await.take();
                 tokio::time::sleep(Duration::from_millis(100)).await;
-                once().await
+                let again = once().await;
+                if again.is_err() {
+                    // The next call must not start on a channel that just
+                    // failed and may not know yet that its socket is gone.
+                    self.channel.lock().await.take();
+                }
+                again
             }
         }
     }
