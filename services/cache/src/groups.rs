@@ -4,13 +4,18 @@
 //! # Protocol
 //!
 //! Keys (under `redis.key_prefix`, see [`super::Keys`]):
-//! - `{g:ID}:seq`: the group's max seq. Seqs only grow, so every writer
-//!   merges with `max(cached, new)`: while the key exists, a late or stale
-//!   write cannot lower it. A send raises it after commit; a miss is filled
-//!   from MySQL. It can be low in two cases, both bounded by its TTL
-//!   (`groups.seq_cache_ttl_secs`) or the group's next send: the raise after
-//!   a commit failed, or the key vanished (flush, expiry) between a late
-//!   writer's read and its write. Unread counts are then briefly low, never
+//! - `{g:ID}:seq`: the group's seq state, `max` or `max:r1,r2` with the
+//!   seqs of its recalled messages ([`GroupSeq`]). Both parts only grow, so
+//!   every writer merges (`max(cached, new)`, the union of the recalled
+//!   seqs): while the key exists, a late or stale write cannot lower the max
+//!   or bring a recalled message back. A miss is filled whole from MySQL; a
+//!   recall merges its group's whole state after its commit; a send raises
+//!   the max only where the key exists (it does not know the recalled
+//!   seqs, so it never creates the key). The key can be behind MySQL in two
+//!   cases, both bounded by its TTL (`groups.seq_cache_ttl_secs`) or the
+//!   group's next send or recall: the write after a commit failed, or the
+//!   key vanished (flush, expiry) between a late writer's read and its
+//!   write. Unread counts are then briefly off by those messages, never
 //!   negative; pulls and acks never trust it (an ack above it re-reads
 //!   MySQL).
 //! - `{u:ID}:gmem`: a hash of the user's groups, `group -> last_ack_seq`,
@@ -37,7 +42,7 @@ use tracing::instrument;
 use futures::future::try_join_all;
 use redis::{AsyncCommands, Script};
 
-use notify_domain::domain::GroupCursor;
+use notify_domain::domain::{GroupCursor, GroupSeq};
 
 use super::near::Held;
 use super::values::{
@@ -122,13 +127,57 @@ end
 return 1
 ";
 
-/// Raises cached max seqs. KEYS: seq keys. ARGV: ttl secs, then one seq per
-/// key.
+/// Merges seq states into the cached ones (the larger max, the union of
+/// the recalled seqs; numbers stay strings, so no seq passes through a
+/// double's formatting). KEYS: seq keys. ARGV: ttl secs, '1' to create keys
+/// not cached (whole states) or '0' to raise only those cached, then one
+/// encoded state per key.
 const RAISE_SEQS: &str = r"
+local function parse(value)
+  local max, list = string.match(value, '^(%d+):?([%d,]*)$')
+  local seqs = {}
+  for seq in string.gmatch(list or '', '%d+') do
+    seqs[#seqs + 1] = seq
+  end
+  return max, seqs
+end
 for i = 1, #KEYS do
+  local new = ARGV[i + 2]
   local current = redis.call('GET', KEYS[i])
-  if not current or tonumber(ARGV[i + 1]) > tonumber(current) then
-    redis.call('SET', KEYS[i], ARGV[i + 1], 'EX', ARGV[1])
+  local max, seqs
+  if current then
+    max, seqs = parse(current)
+  end
+  if not max then
+    if ARGV[2] == '1' then
+      redis.call('SET', KEYS[i], new, 'EX', ARGV[1])
+    end
+  else
+    local new_max, new_seqs = parse(new)
+    local changed = false
+    if tonumber(new_max) > tonumber(max) then
+      max = new_max
+      changed = true
+    end
+    local held = {}
+    for _, seq in ipairs(seqs) do
+      held[seq] = true
+    end
+    for _, seq in ipairs(new_seqs) do
+      if not held[seq] then
+        held[seq] = true
+        seqs[#seqs + 1] = seq
+        changed = true
+      end
+    end
+    if changed then
+      table.sort(seqs, function(a, b) return tonumber(a) < tonumber(b) end)
+      local value = max
+      if #seqs > 0 then
+        value = max .. ':' .. table.concat(seqs, ',')
+      end
+      redis.call('SET', KEYS[i], value, 'EX', ARGV[1])
+    end
   end
 end
 return 1
@@ -251,16 +300,45 @@ impl Cache {
         Ok(())
     }
 
-    /// Raises cached group max seqs to at least the given values.
+    /// Merges whole seq states (read from MySQL, or a recall's) into the
+    /// cached ones, caching those not cached yet.
     #[instrument(level = "debug", skip_all, fields(db.system = "redis"))]
-    pub async fn raise_group_seqs(&self, seqs: &HashMap<u64, u64>, ttl_secs: u64) -> Result<()> {
+    pub async fn raise_group_seqs(
+        &self,
+        seqs: &HashMap<u64, GroupSeq>,
+        ttl_secs: u64,
+    ) -> Result<()> {
+        let encoded: HashMap<u64, String> =
+            seqs.iter().map(|(group_id, seq)| (*group_id, seq.encode())).collect();
+        self.merge_group_seqs(&encoded, ttl_secs, true).await
+    }
+
+    /// Raises a group's cached max seq after a send; a group not cached
+    /// stays uncached (its recalled seqs are not known here).
+    #[instrument(level = "debug", skip_all, fields(db.system = "redis"))]
+    pub async fn raise_cached_max_seq(
+        &self,
+        group_id: u64,
+        max_seq: u64,
+        ttl_secs: u64,
+    ) -> Result<()> {
+        let raised = HashMap::from([(group_id, max_seq.to_string())]);
+        self.merge_group_seqs(&raised, ttl_secs, false).await
+    }
+
+    async fn merge_group_seqs(
+        &self,
+        seqs: &HashMap<u64, String>,
+        ttl_secs: u64,
+        create: bool,
+    ) -> Result<()> {
         let groups = self
             .by_slot(seqs.iter(), USERS_PER_CALL, |(group_id, _)| self.keys.group_seq(**group_id));
         let calls = groups.into_iter().map(|group| {
             let mut invocation = self.groups.raise_seqs.prepare_invoke();
-            invocation.arg(ttl_secs.max(1));
+            invocation.arg(ttl_secs.max(1)).arg(if create { "1" } else { "0" });
             for (group_id, seq) in group {
-                invocation.key(self.keys.group_seq(*group_id)).arg(*seq);
+                invocation.key(self.keys.group_seq(*group_id)).arg(seq);
             }
             let mut conn = self.conn.clone();
             async move { invocation.invoke_async::<i64>(&mut conn).await }
@@ -270,11 +348,12 @@ impl Cache {
         Ok(())
     }
 
-    /// Reads one group's cached max seq.
+    /// Reads one group's cached seq state.
     #[instrument(level = "debug", skip_all, fields(db.system = "redis"))]
-    pub async fn cached_group_seq(&self, group_id: u64) -> Result<Option<u64>> {
+    pub async fn cached_group_seq(&self, group_id: u64) -> Result<Option<GroupSeq>> {
         let mut conn = self.conn.clone();
-        Ok(conn.get(self.keys.group_seq(group_id)).await?)
+        let value: Option<String> = conn.get(self.keys.group_seq(group_id)).await?;
+        Ok(value.as_deref().and_then(GroupSeq::parse))
     }
 
     /// Reads the cached state of `user_ids`, in input order: one script call
@@ -322,10 +401,14 @@ impl Cache {
             let keys: Vec<String> =
                 groups.iter().map(|group| self.keys.group_seq(*group)).collect();
             let mut conn = self.conn.clone();
-            let seqs: Vec<Option<u64>> = conn.mget(keys).await?;
-            let seqs: HashMap<u64, Option<u64>> = groups.into_iter().zip(seqs).collect();
+            let seqs: Vec<Option<String>> = conn.mget(keys).await?;
+            let seqs: HashMap<u64, Option<GroupSeq>> = groups
+                .into_iter()
+                .zip(seqs)
+                .map(|(group, seq)| (group, seq.as_deref().and_then(GroupSeq::parse)))
+                .collect();
             for group in states.values_mut().flat_map(|state| state.groups.iter_mut().flatten()) {
-                group.max_seq = seqs.get(&group.group_id).copied().flatten();
+                group.seq = seqs.get(&group.group_id).cloned().flatten();
             }
         }
         user_ids
@@ -381,8 +464,8 @@ fn parse_user_states(
                 return Err(malformed());
             };
             if let Some((group_id, last_ack_seq, muted)) = parse_cursor(group, ack) {
-                let max_seq = seq.parse().ok();
-                groups.push(CachedGroup { group_id, last_ack_seq, max_seq, muted });
+                let seq = GroupSeq::parse(seq);
+                groups.push(CachedGroup { group_id, last_ack_seq, seq, muted });
             }
         }
         states.push(CachedUserState {
@@ -403,8 +486,9 @@ mod tests {
 
     #[test]
     fn user_states_split_per_user_in_order() {
-        let flat =
-            strings(&["7", "7:3:2", "1", "2", "10", "4", "9", "11", "5:m", "", "6:8:8", "0", "0"]);
+        let flat = strings(&[
+            "7", "7:3:2", "1", "2", "10", "4", "9:3,5", "11", "5:m", "", "6:8:8", "0", "0",
+        ]);
         let states = parse_user_states(&flat, 2, None).unwrap();
         assert_eq!(states.len(), 2);
         assert_eq!(states[0].badge.epoch, 7);
@@ -412,8 +496,13 @@ mod tests {
         assert_eq!(
             states[0].groups,
             Some(vec![
-                CachedGroup { group_id: 10, last_ack_seq: 4, max_seq: Some(9), muted: false },
-                CachedGroup { group_id: 11, last_ack_seq: 5, max_seq: None, muted: true },
+                CachedGroup {
+                    group_id: 10,
+                    last_ack_seq: 4,
+                    seq: Some(GroupSeq { max_seq: 9, recalled: vec![3, 5] }),
+                    muted: false
+                },
+                CachedGroup { group_id: 11, last_ack_seq: 5, seq: None, muted: true },
             ])
         );
         assert_eq!(states[1].badge.counts, vec![None]);

@@ -2,6 +2,8 @@
 //! [`crate::groups`]) and the api's near copy of it ([`crate::near`]): cached
 //! counts and user states, and how a stored count or cursor is read.
 
+use notify_domain::domain::GroupSeq;
+
 /// A user's two badge counts: `unread` is what the list shows as unread,
 /// `unseen` what the bell shows (never more than `unread`: reading implies
 /// seeing).
@@ -59,15 +61,15 @@ pub struct CachedCounts {
     pub counts: Vec<Option<Counts>>,
 }
 
-/// One of a user's groups as cached: the cursor, and the max seq if cached.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// One of a user's groups as cached: the cursor, and the seq state if cached.
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct CachedGroup {
     /// The group.
     pub group_id: u64,
     /// The user's acknowledged seq.
     pub last_ack_seq: u64,
-    /// The group's max seq, `None` on a miss.
-    pub max_seq: Option<u64>,
+    /// The group's max seq and recalled seqs, `None` on a miss.
+    pub seq: Option<GroupSeq>,
     /// The user mutes the group: its unread stays out of the badge total.
     pub muted: bool,
 }

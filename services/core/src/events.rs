@@ -65,6 +65,20 @@ pub enum BusEvent {
         #[serde(rename = "m")]
         message_id: u64,
     },
+    /// A group message was recalled: a tombstone now, out of the members'
+    /// unread counts.
+    #[serde(rename = "group_recalled")]
+    GroupMessageRecalled {
+        /// The group.
+        #[serde(rename = "g")]
+        group_id: u64,
+        /// Its seq in the group (kept by the tombstone).
+        #[serde(rename = "s")]
+        seq: u64,
+        /// The message.
+        #[serde(rename = "m")]
+        message_id: u64,
+    },
     /// Members joined or left a group.
     #[serde(rename = "members")]
     MembersChanged {
@@ -168,6 +182,7 @@ impl BusEvent {
             Self::ItemsDelivered { .. } => "items",
             Self::BadgesChanged { .. } => "badges",
             Self::GroupMessage { .. } => "group",
+            Self::GroupMessageRecalled { .. } => "group_recalled",
             Self::MembersChanged { .. } => "members",
             Self::Announced { .. } => "announced",
             Self::Revoked { .. } => "revoked",

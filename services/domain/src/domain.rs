@@ -233,6 +233,81 @@ pub struct GroupCursor {
     pub muted: bool,
 }
 
+/// A group's seq state as the badge reads it: the max seq and the seqs of
+/// the messages recalled from it (tombstones keep their seq, so a member's
+/// unread is the seqs after their cursor that are not recalled).
+///
+/// Both parts only grow (retention prunes recalled seqs that every cursor
+/// has passed), so two copies merge by taking the larger max and the union
+/// of the recalled seqs: a stale copy never undoes a newer one. Encoded as
+/// `12` or `12:4,9` (the recalled seqs ascending).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct GroupSeq {
+    /// The group's max seq.
+    pub max_seq: u64,
+    /// Recalled seqs, ascending, distinct.
+    pub recalled: Vec<u64>,
+}
+
+impl GroupSeq {
+    /// A group's state without recalls.
+    pub fn new(max_seq: u64) -> Self {
+        Self { max_seq, recalled: Vec::new() }
+    }
+
+    /// Messages after `ack` that are not recalled, never negative.
+    pub fn unread_after(&self, ack: u64) -> u64 {
+        let recalled_after =
+            self.recalled.iter().filter(|seq| **seq > ack && **seq <= self.max_seq).count();
+        self.max_seq.saturating_sub(ack).saturating_sub(recalled_after as u64)
+    }
+
+    /// Parses `12` or `12:4,9`; `None` when malformed.
+    pub fn parse(value: &str) -> Option<Self> {
+        let (max, recalled) = value.split_once(':').unwrap_or((value, ""));
+        Some(Self { max_seq: max.parse().ok()?, recalled: parse_seq_list(recalled)? })
+    }
+
+    /// The encoded form [`Self::parse`] reads.
+    pub fn encode(&self) -> String {
+        if self.recalled.is_empty() {
+            return self.max_seq.to_string();
+        }
+        format!("{}:{}", self.max_seq, encode_seq_list(&self.recalled))
+    }
+
+    /// Adds a recalled seq (a no-op when it is in already); returns true
+    /// when it was new.
+    pub fn recall(&mut self, seq: u64) -> bool {
+        match self.recalled.binary_search(&seq) {
+            Ok(_) => false,
+            Err(at) => {
+                self.recalled.insert(at, seq);
+                true
+            }
+        }
+    }
+}
+
+/// Parses a comma-separated list of seqs (empty: none) into ascending,
+/// distinct seqs; `None` when an entry is not a number.
+pub fn parse_seq_list(list: &str) -> Option<Vec<u64>> {
+    let mut seqs = list
+        .split(',')
+        .filter(|s| !s.is_empty())
+        .map(str::parse)
+        .collect::<std::result::Result<Vec<u64>, _>>()
+        .ok()?;
+    seqs.sort_unstable();
+    seqs.dedup();
+    Some(seqs)
+}
+
+/// The comma-separated form of ascending seqs.
+pub fn encode_seq_list(seqs: &[u64]) -> String {
+    seqs.iter().map(u64::to_string).collect::<Vec<_>>().join(",")
+}
+
 /// Checks a category: empty, or up to 64 bytes of `[a-z0-9_.-]`.
 pub fn validate_category(category: &str, field: &str) -> Result<()> {
     if category.len() > MAX_CATEGORY_BYTES {
@@ -341,5 +416,37 @@ mod tests {
             assert_eq!(SendStatus::from_db(value).unwrap().to_db(), value);
         }
         assert!(SendStatus::from_db(9).is_err());
+    }
+
+    #[test]
+    fn group_seqs_count_unread_without_recalled_seqs() {
+        let mut seq = GroupSeq::new(12);
+        assert_eq!(seq.unread_after(4), 8);
+        assert!(seq.recall(9));
+        assert!(seq.recall(4));
+        assert!(!seq.recall(9), "a repeat is a no-op");
+        assert_eq!(seq.recalled, vec![4, 9]);
+        // Recalled seqs at or before the cursor were not unread anyway.
+        assert_eq!(seq.unread_after(4), 7);
+        assert_eq!(seq.unread_after(3), 7);
+        assert_eq!(seq.unread_after(9), 3);
+        assert_eq!(seq.unread_after(12), 0);
+        assert_eq!(seq.unread_after(20), 0);
+        // A recalled seq above a (stale) max never makes the count negative.
+        let ahead = GroupSeq { max_seq: 2, recalled: vec![3] };
+        assert_eq!(ahead.unread_after(0), 2);
+    }
+
+    #[test]
+    fn group_seqs_round_trip_their_encoding() {
+        assert_eq!(GroupSeq::parse("12"), Some(GroupSeq::new(12)));
+        let seq = GroupSeq::parse("12:9,4,9").unwrap();
+        assert_eq!(seq.recalled, vec![4, 9]);
+        assert_eq!(seq.encode(), "12:4,9");
+        assert_eq!(GroupSeq::parse(&GroupSeq::new(3).encode()), Some(GroupSeq::new(3)));
+        assert_eq!(GroupSeq::parse("12:"), Some(GroupSeq::new(12)));
+        for bad in ["", "x", "12:4,x", ":4"] {
+            assert_eq!(GroupSeq::parse(bad), None, "{bad:?}");
+        }
     }
 }

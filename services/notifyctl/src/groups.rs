@@ -1,4 +1,5 @@
-//! `group ...`: create groups, manage members, send, pull, ack and unread.
+//! `group ...`: create groups, manage members, send, recall, pull, ack and
+//! unread.
 
 use crate::connect::Api;
 use clap::{Args, Subcommand};
@@ -42,6 +43,15 @@ pub enum GroupCommand {
     },
     /// Sends a message to a group; prints its id and seq.
     Send(SendArgs),
+    /// Recalls the message at SEQ: it stays as a tombstone without content,
+    /// out of every member's unread count (sends.manage for the client's own
+    /// messages, sends.all for others').
+    Recall {
+        /// Group id.
+        group_id: u64,
+        /// The message's seq.
+        seq: u64,
+    },
     /// Pulls a member's messages after their cursor (or --after).
     Pull {
         /// User id.
@@ -122,13 +132,27 @@ pub async fn run(channel: Api, command: GroupCommand) -> anyhow::Result<()> {
             let sent = client.send_group_message(request).await?.into_inner();
             println!("message {} seq {}", sent.message_id, sent.seq);
         }
+        GroupCommand::Recall { group_id, seq } => {
+            let request = v1::RecallGroupMessageRequest { group_id, seq };
+            let recalled = client.recall_group_message(request).await?.into_inner();
+            let how = if recalled.recalled_now { "recalled" } else { "was recalled already" };
+            println!("message {} (group {group_id} seq {seq}) {how}", recalled.message_id);
+        }
         GroupCommand::Pull { user_id, group_id, after, limit, ack } => {
             let request =
                 v1::PullGroupMessagesRequest { user_id, group_id, after_seq: after, limit };
             let page = client.pull_group_messages(request).await?.into_inner();
             for message in &page.messages {
-                let content = message.content.clone().unwrap_or_default();
                 let at = inbox::rfc3339(message.created_at);
+                if message.recalled {
+                    let recalled = inbox::rfc3339(message.recalled_at);
+                    println!(
+                        "{:>8} {} {at} {} (recalled {recalled})",
+                        message.seq, message.message_id, message.sender
+                    );
+                    continue;
+                }
+                let content = message.content.clone().unwrap_or_default();
                 println!(
                     "{:>8} {} {at} {} [{}] {}",
                     message.seq,

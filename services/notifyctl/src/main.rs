@@ -119,7 +119,8 @@ enum Command {
     /// Users: erase one everywhere (admin scope).
     #[command(subcommand)]
     User(admin::UserCommand),
-    /// Group messages: create, add/remove members, send, pull, ack, unread.
+    /// Group messages: create, add/remove members, send, recall, pull, ack,
+    /// unread.
     #[command(subcommand)]
     Group(groups::GroupCommand),
     /// Shows users' unread and unseen badge counts.

@@ -723,6 +723,7 @@ pub(crate) async fn group(
             sender: m.sender.clone(),
             title: m.title.clone(),
             created: when(Some(m.created_at)),
+            recalled: m.recalled_at.map(|at| when(Some(at))).unwrap_or_default(),
         })
         .collect();
     render(&page)

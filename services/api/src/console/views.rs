@@ -388,6 +388,8 @@ pub(crate) struct GroupMessageLine {
     pub sender: String,
     pub title: String,
     pub created: String,
+    /// When it was recalled (a tombstone), or empty.
+    pub recalled: String,
 }
 
 /// A group's page.

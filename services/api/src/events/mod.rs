@@ -392,6 +392,26 @@ impl Hub {
                 };
                 self.badges_changed(members);
             }
+            BusEvent::GroupMessageRecalled { group_id, seq: _, message_id } => {
+                let members = {
+                    let tables = self.read();
+                    let members: Vec<u64> = tables
+                        .groups
+                        .get(&group_id)
+                        .map(|members| members.iter().copied().collect())
+                        .unwrap_or_default();
+                    // Once per stream, however many of its users are members.
+                    let mut streams: Vec<&Arc<Stream>> =
+                        members.iter().flat_map(|user_id| streams_of(&tables, *user_id)).collect();
+                    streams.sort_unstable_by_key(|stream| stream.id);
+                    streams.dedup_by_key(|stream| stream.id);
+                    for stream in streams {
+                        stream.offer_to_all(Event::ItemRevoked(v1::ItemRevoked { message_id }));
+                    }
+                    members
+                };
+                self.badges_changed(members);
+            }
             BusEvent::MembersChanged { group_id, added, removed } => {
                 let mut changed = Vec::new();
                 {

@@ -42,19 +42,23 @@ fn member_ids(raw: &[u64]) -> Result<Vec<u64>, Status> {
 }
 
 fn group_message(row: notify_store::db::groups::GroupMessageRow) -> v1::GroupMessage {
-    v1::GroupMessage {
-        message_id: row.message_id,
-        seq: row.seq,
-        content: Some(convert::content_to_proto(domain::Content {
+    // A tombstone keeps its seq, id, sender and time, and no content.
+    let content = row.recalled_at.is_none().then(|| {
+        convert::content_to_proto(domain::Content {
             title: row.title,
             body: row.body,
             category: row.category,
             data: domain::Content::data_from_json(&row.data),
-        })),
+        })
+    });
+    v1::GroupMessage {
+        message_id: row.message_id,
+        seq: row.seq,
+        content,
         sender: row.sender,
         created_at: Some(convert::timestamp(row.created_at)),
-        recalled: false,
-        recalled_at: None,
+        recalled: row.recalled_at.is_some(),
+        recalled_at: row.recalled_at.map(convert::timestamp),
     }
 }
 
@@ -120,6 +124,7 @@ impl GroupService for GroupApi {
         let message = groups::NewMessage {
             group_id: group,
             sender,
+            client: caller.name().to_owned(),
             idempotency_key: (!req.idempotency_key.is_empty()).then_some(req.idempotency_key),
             content,
         };
@@ -188,10 +193,34 @@ impl GroupService for GroupApi {
         }))
     }
 
+    #[instrument(
+        skip_all,
+        fields(group_id = request.get_ref().group_id, seq = request.get_ref().seq)
+    )]
     async fn recall_group_message(
         &self,
-        _request: Request<v1::RecallGroupMessageRequest>,
+        request: Request<v1::RecallGroupMessageRequest>,
     ) -> Result<Response<v1::RecallGroupMessageResponse>, Status> {
-        Err(Status::unimplemented("RecallGroupMessage: not built yet"))
+        let caller = caller(&request)?;
+        let req = request.into_inner();
+        let group = group_id(req.group_id)?;
+        let owner = caller.sends_owner_filter();
+        let result = groups::recall(&self.ctx, group, req.seq, owner).await;
+        let detail = match &result {
+            Ok(recalled) => format!(
+                "seq={} message_id={}{}",
+                req.seq,
+                recalled.message_id,
+                if recalled.recalled_now { "" } else { " (recalled before)" }
+            ),
+            Err(_) => format!("seq={}", req.seq),
+        };
+        let target = Target::Group(group);
+        audit(&self.ctx, &caller, "group.message.recall", target, &result, detail).await;
+        let recalled = result.into_status()?;
+        Ok(Response::new(v1::RecallGroupMessageResponse {
+            message_id: recalled.message_id,
+            recalled_now: recalled.recalled_now,
+        }))
     }
 }

@@ -534,3 +534,54 @@ async fn a_recall_revokes_the_item_on_streams_and_an_edit_updates_it() {
         .await;
     app.cleanup().await;
 }
+
+#[tokio::test]
+async fn a_recalled_group_message_is_revoked_once_per_members_stream_and_their_badges_drop() {
+    let app = spawn_app().await;
+    let mut groups = app.groups();
+    let request = v1::CreateGroupRequest { group_id: 0, name: "recalled".into() };
+    let group_id = groups.create_group(request).await.unwrap().into_inner().group_id;
+    let (first, second, outsider) = (8_300_001, 8_300_002, 8_300_003);
+    let members =
+        v1::AddGroupMembersRequest { group_id, user_ids: vec![first, second], with_history: false };
+    groups.add_group_members(members).await.unwrap();
+    let message = v1::SendGroupMessageRequest {
+        group_id,
+        sender: "tests".into(),
+        idempotency_key: String::new(),
+        content: Some(content("oops")),
+    };
+    let sent = groups.send_group_message(message).await.unwrap().into_inner();
+    // One stream follows both members, another only a non-member.
+    let mut stream = Subscriber::open(app.channel(), &[first, second]).await;
+    let snapshots = stream.snapshots(&[first, second]).await;
+    assert_eq!(snapshots[&first].group_unread, 1);
+    let mut elsewhere = Subscriber::open(app.channel(), &[outsider]).await;
+    elsewhere.snapshots(&[outsider]).await;
+
+    let recall = v1::RecallGroupMessageRequest { group_id, seq: sent.seq };
+    groups.recall_group_message(recall).await.unwrap();
+    let mut dropped = HashSet::new();
+    let (_, seen) = stream
+        .until(|e| {
+            if let Some((_, 0)) = badge_of(e, first) {
+                dropped.insert(first);
+            }
+            if let Some((_, 0)) = badge_of(e, second) {
+                dropped.insert(second);
+            }
+            (dropped.len() == 2).then_some(())
+        })
+        .await;
+    let revoked = seen
+        .iter()
+        .filter(|e| matches!(e, Event::ItemRevoked(r) if r.message_id == sent.message_id))
+        .count();
+    assert_eq!(revoked, 1, "once per stream: {seen:?}");
+    // The other stream learns nothing of it: events reach a stream in bus
+    // order, so a later delivery to its user comes with nothing before it.
+    let id = send_and_wait(&app, vec![outsider]).await;
+    let (_, seen) = elsewhere.until(|e| delivered(e, outsider, id).then_some(())).await;
+    assert!(!seen.iter().any(|e| matches!(e, Event::ItemRevoked(_))), "{seen:?}");
+    app.cleanup().await;
+}

@@ -15,17 +15,22 @@ async fn spawn() -> TestApp {
     spawn_app_with(test_settings(), false).await
 }
 
-async fn create_group(app: &TestApp, name: &str) -> u64 {
+pub(crate) async fn create_group(app: &TestApp, name: &str) -> u64 {
     let request = v1::CreateGroupRequest { group_id: 0, name: name.into() };
     app.groups().create_group(request).await.unwrap().into_inner().group_id
 }
 
-async fn add(app: &TestApp, group_id: u64, user_ids: Vec<u64>, with_history: bool) -> u64 {
+pub(crate) async fn add(
+    app: &TestApp,
+    group_id: u64,
+    user_ids: Vec<u64>,
+    with_history: bool,
+) -> u64 {
     let request = v1::AddGroupMembersRequest { group_id, user_ids, with_history };
     app.groups().add_group_members(request).await.unwrap().into_inner().added
 }
 
-fn send_request(group_id: u64, title: &str, key: &str) -> v1::SendGroupMessageRequest {
+pub(crate) fn send_request(group_id: u64, title: &str, key: &str) -> v1::SendGroupMessageRequest {
     v1::SendGroupMessageRequest {
         group_id,
         sender: "tests".into(),
@@ -34,7 +39,11 @@ fn send_request(group_id: u64, title: &str, key: &str) -> v1::SendGroupMessageRe
     }
 }
 
-async fn send(client: &mut GroupServiceClient<Channel>, group_id: u64, key: &str) -> (u64, u64) {
+pub(crate) async fn send(
+    client: &mut GroupServiceClient<Channel>,
+    group_id: u64,
+    key: &str,
+) -> (u64, u64) {
     let sent =
         client.send_group_message(send_request(group_id, key, key)).await.unwrap().into_inner();
     (sent.message_id, sent.seq)
@@ -49,7 +58,7 @@ fn pull_request(
     v1::PullGroupMessagesRequest { user_id, group_id, after_seq: after, limit }
 }
 
-async fn pull(
+pub(crate) async fn pull(
     app: &TestApp,
     user_id: u64,
     group_id: u64,
@@ -63,12 +72,17 @@ async fn pull(
         .into_inner()
 }
 
-async fn ack(app: &TestApp, user_id: u64, group_id: u64, seq: u64) -> Result<u64, tonic::Status> {
+pub(crate) async fn ack(
+    app: &TestApp,
+    user_id: u64,
+    group_id: u64,
+    seq: u64,
+) -> Result<u64, tonic::Status> {
     let request = v1::AckGroupMessagesRequest { user_id, group_id, seq };
     app.groups().ack_group_messages(request).await.map(|r| r.into_inner().last_ack_seq)
 }
 
-async fn unread(app: &TestApp, user_id: u64) -> v1::GetGroupUnreadResponse {
+pub(crate) async fn unread(app: &TestApp, user_id: u64) -> v1::GetGroupUnreadResponse {
     let request = v1::GetGroupUnreadRequest { user_id };
     app.groups().get_group_unread(request).await.unwrap().into_inner()
 }
@@ -309,8 +323,10 @@ async fn acks_only_move_forward_and_never_past_the_max_seq() {
     assert_eq!(badge.into_inner().group_unread, 0);
     for (user, expected) in [(5, vec![(group, 4, Some(4))]), (6, vec![])] {
         let cached = app.ctx.cache.cached_user_state(user).await.unwrap().groups.unwrap();
-        let cached: Vec<_> =
-            cached.iter().map(|g| (g.group_id, g.last_ack_seq, g.max_seq)).collect();
+        let cached: Vec<_> = cached
+            .iter()
+            .map(|g| (g.group_id, g.last_ack_seq, g.seq.as_ref().map(|s| s.max_seq)))
+            .collect();
         assert_eq!(cached, expected, "user {user}'s cursors are cached");
     }
     app.cleanup().await;
@@ -439,7 +455,7 @@ async fn concurrent_retries_of_one_send_store_it_once() {
 }
 
 /// Returns `n` user ids that live on `n` different shards.
-fn users_on_distinct_shards(app: &TestApp, n: usize) -> Vec<u64> {
+pub(crate) fn users_on_distinct_shards(app: &TestApp, n: usize) -> Vec<u64> {
     let map = app.ctx.pools.map();
     let mut shards = HashSet::new();
     (1..).filter(|user| shards.insert(map.shard_for_user(*user))).take(n).collect()
@@ -527,8 +543,11 @@ async fn messages_past_retention_go_and_members_behind_them_move_past_them() {
             .await
             .unwrap();
     }
-    assert_eq!(unread(&app, offline).await.total, 4, "cached before the run");
-    assert_eq!(unread(&app, halfway).await.total, 3);
+    // Seq 2 was recalled: a tombstone that goes with its neighbours.
+    let recall = v1::RecallGroupMessageRequest { group_id, seq: 2 };
+    app.groups().recall_group_message(recall).await.unwrap();
+    assert_eq!(unread(&app, offline).await.total, 3, "cached before the run");
+    assert_eq!(unread(&app, halfway).await.total, 2);
 
     let mut settings = app.settings.retention.clone();
     settings.group_messages_days = 100;
@@ -556,6 +575,16 @@ async fn messages_past_retention_go_and_members_behind_them_move_past_them() {
         .await
         .unwrap();
     assert_eq!(kept, 1);
+    // Every cursor passed the recalled seq: the group's row forgets it.
+    let recalled: Option<String> =
+        sqlx::query_scalar("SELECT recalled_seqs FROM group_seqs WHERE group_id = ?")
+            .bind(group_id)
+            .fetch_one(home)
+            .await
+            .unwrap();
+    assert_eq!(recalled, None);
+    app.flush_cache().await;
+    assert_eq!(unread(&app, offline).await.total, 1, "from mysql too");
 
     let again = run().await.unwrap();
     assert_eq!((again.group_messages_deleted, again.group_cursors_advanced), (0, 0));

@@ -8,6 +8,7 @@ mod console;
 mod erase;
 mod events;
 mod faults;
+mod group_recall;
 mod groups;
 mod helpers;
 mod ids;

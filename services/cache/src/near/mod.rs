@@ -60,6 +60,7 @@ use self::tables::{Slot, Tables};
 use self::tracking::{Inner, maintain};
 use super::Keys;
 use super::values::{CachedCounts, CachedGroup, CachedUserState, count_at, parse_cursor};
+use notify_domain::domain::GroupSeq;
 use notify_domain::error::{Error, Result};
 use notify_domain::settings::RedisSettings;
 
@@ -176,13 +177,13 @@ impl Near {
             read.users.iter().flat_map(|user| user.cursors.iter().flatten().map(|c| c.0)).collect();
         wanted.sort_unstable();
         wanted.dedup();
-        let mut seqs: HashMap<u64, Option<u64>> = HashMap::with_capacity(wanted.len());
+        let mut seqs: HashMap<u64, Option<GroupSeq>> = HashMap::with_capacity(wanted.len());
         if let Some(mut tables) = self.tables_for(generation) {
             let now = Instant::now();
             wanted.retain(|group| {
                 let held = tables.seqs.entry(*group).or_default();
                 if let Some(seq) = held.as_ref().and_then(|slot| slot.fresh(now)) {
-                    seqs.insert(*group, *seq);
+                    seqs.insert(*group, seq.clone());
                     return false;
                 }
                 Slot::claim(held, token, now);
@@ -201,9 +202,10 @@ impl Near {
                 return Err(Error::Internal("malformed reply of a near cache read".to_owned()));
             }
             for (group, reply) in wanted.iter().zip(replies.chunks(2)) {
-                let seq: Option<u64> = from_value(reply[0].clone())?;
+                let seq: Option<String> = from_value(reply[0].clone())?;
+                let seq = seq.as_deref().and_then(GroupSeq::parse);
                 let pttl: i64 = from_value(reply[1].clone())?;
-                seqs.insert(*group, seq);
+                seqs.insert(*group, seq.clone());
                 seq_expiry.push((*group, seq, expiry(sent, pttl)));
             }
         }
@@ -237,7 +239,7 @@ impl Near {
                         .map(|(group_id, last_ack_seq, muted)| CachedGroup {
                             group_id,
                             last_ack_seq,
-                            max_seq: seqs.get(&group_id).copied().flatten(),
+                            seq: seqs.get(&group_id).cloned().flatten(),
                             muted,
                         })
                         .collect()

@@ -7,6 +7,7 @@ use std::time::Instant;
 #[cfg(test)]
 use crate::values::Counts;
 use crate::values::{CachedCounts, CachedGroup, CachedUserState, count_at};
+use notify_domain::domain::GroupSeq;
 
 /// A copy of one key: being read (by the read holding the token), or read.
 #[derive(Debug, Clone)]
@@ -61,7 +62,7 @@ pub(super) struct Tables {
     active: Option<Slot<Option<String>>>,
     active_epoch: u64,
     pub(super) users: HashMap<u64, UserSlots>,
-    pub(super) seqs: HashMap<u64, Option<Slot<Option<u64>>>>,
+    pub(super) seqs: HashMap<u64, Option<Slot<Option<GroupSeq>>>>,
     pub(super) next_token: u64,
     /// The tracking connection whose reads may claim and fill slots (0:
     /// none): a read still running on an older connection, whose keys Redis
@@ -142,11 +143,11 @@ impl Tables {
             Some(cursors) => {
                 let mut groups = Vec::with_capacity(cursors.len());
                 for (group_id, last_ack_seq, muted) in cursors {
-                    let max_seq = *self.seqs.get(group_id)?.as_ref()?.fresh(now)?;
+                    let seq = self.seqs.get(group_id)?.as_ref()?.fresh(now)?.clone();
                     groups.push(CachedGroup {
                         group_id: *group_id,
                         last_ack_seq: *last_ack_seq,
-                        max_seq,
+                        seq,
                         muted: *muted,
                     });
                 }
@@ -293,12 +294,17 @@ mod tests {
             },
         );
         assert!(tables.user_state(1, now).is_none(), "group 9's seq is not held");
-        tables.seqs.insert(9, ready(Some(5)));
+        tables.seqs.insert(9, ready(Some(GroupSeq::new(5))));
         let state = tables.user_state(1, now).unwrap();
         assert_eq!(state.badge.counts, vec![Some(Counts { unread: 4, unseen: 1 })]);
         assert_eq!(
             state.groups,
-            Some(vec![CachedGroup { group_id: 9, last_ack_seq: 2, max_seq: Some(5), muted: true }])
+            Some(vec![CachedGroup {
+                group_id: 9,
+                last_ack_seq: 2,
+                seq: Some(GroupSeq::new(5)),
+                muted: true
+            }])
         );
         forget(&mut tables, Held::Epoch);
         assert!(tables.user_state(1, now).is_none());

@@ -14,7 +14,7 @@ use tracing::{instrument, warn};
 
 use crate::context::Context;
 use crate::events::{self, BusEvent};
-use notify_domain::domain::{Content, UserId};
+use notify_domain::domain::{Content, GroupSeq, UserId};
 use notify_domain::error::{Error, Result};
 use notify_store::db::groups::{
     self as store, CreatedGroup, GroupMessageRow, Membership, NewGroupMessage,
@@ -235,6 +235,8 @@ pub struct NewMessage {
     pub group_id: u64,
     /// The calling service.
     pub sender: String,
+    /// The calling client (who may recall it with `sends.manage`).
+    pub client: String,
     /// Optional idempotency key (per group and sender).
     pub idempotency_key: Option<String>,
     /// What members see.
@@ -263,12 +265,13 @@ pub async fn send(ctx: &Context, message: &NewMessage) -> Result<Sent> {
             group_id: message.group_id,
             message_id: ctx.ids.next_id()?.get(),
             sender: &message.sender,
+            client: &message.client,
             idempotency_key: message.idempotency_key.as_deref(),
             content: &message.content,
         },
     )
     .await?;
-    raise_cached_seqs(ctx, HashMap::from([(message.group_id, appended.seq)])).await;
+    raise_cached_max_seq(ctx, message.group_id, appended.seq).await;
     if !appended.deduplicated {
         let event = BusEvent::GroupMessage {
             group_id: message.group_id,
@@ -284,12 +287,58 @@ pub async fn send(ctx: &Context, message: &NewMessage) -> Result<Sent> {
     })
 }
 
-async fn raise_cached_seqs(ctx: &Context, seqs: HashMap<u64, u64>) {
+/// Merges seq states read whole (from MySQL, or a recall's) into the cache.
+async fn raise_cached_seqs(ctx: &Context, seqs: HashMap<u64, GroupSeq>) {
     let ttl = ctx.settings.groups.seq_cache_ttl_secs;
     if let Err(e) = ctx.cache.raise_group_seqs(&seqs, ttl).await {
         metrics::counter!("notify_group_seq_cache_errors_total").increment(1);
         warn!(error = %e, groups = seqs.len(), "could not raise cached group seqs");
     }
+}
+
+/// Raises a cached max seq after a send; a group not cached stays so (its
+/// recalled seqs are not known here: the next reader fills it whole).
+async fn raise_cached_max_seq(ctx: &Context, group_id: u64, max_seq: u64) {
+    let ttl = ctx.settings.groups.seq_cache_ttl_secs;
+    if let Err(e) = ctx.cache.raise_cached_max_seq(group_id, max_seq, ttl).await {
+        metrics::counter!("notify_group_seq_cache_errors_total").increment(1);
+        warn!(error = %e, group_id, "could not raise a cached group seq");
+    }
+}
+
+/// A recalled group message.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Recalled {
+    /// The message.
+    pub message_id: u64,
+    /// False when it was recalled before (a repeat changes nothing).
+    pub recalled_now: bool,
+}
+
+/// Recalls the message at `seq`: it stays in the seq sequence as a tombstone
+/// without content (pulls return it so), and the unread counts of members
+/// whose cursor is before it drop by one, at once: the recalled seq joins
+/// the cached seq state every badge reads, so no badge reads MySQL for it.
+/// With an `owner`, only that client's messages may be recalled. A repeat
+/// is harmless and repairs a cache write that failed the first time.
+#[instrument(skip_all, fields(group_id = group_id, seq = seq))]
+pub async fn recall(
+    ctx: &Context,
+    group_id: u64,
+    seq: u64,
+    owner: Option<&str>,
+) -> Result<Recalled> {
+    if seq == 0 {
+        return Err(Error::invalid("seq", "must not be 0 (seqs start at 1)"));
+    }
+    let home = ctx.writable(Key::Group(group_id)).await?;
+    let recall = store::recall_message(&home, group_id, seq, owner).await?;
+    raise_cached_seqs(ctx, HashMap::from([(group_id, recall.seq)])).await;
+    if recall.recalled_now {
+        let event = BusEvent::GroupMessageRecalled { group_id, seq, message_id: recall.message_id };
+        events::publish_best_effort(ctx, &event).await;
+    }
+    Ok(Recalled { message_id: recall.message_id, recalled_now: recall.recalled_now })
 }
 
 /// Reads a user's membership, or explains why there is none: `NotFound` for
@@ -374,14 +423,16 @@ pub async fn ack(ctx: &Context, user_id: UserId, group_id: u64, seq: u64) -> Res
 /// else MySQL's (which also refreshes the cache).
 async fn current_max_seq(ctx: &Context, group_id: u64, at_least: u64) -> Result<u64> {
     match ctx.cache.cached_group_seq(group_id).await {
-        Ok(Some(cached)) if cached >= at_least => return Ok(cached),
+        Ok(Some(cached)) if cached.max_seq >= at_least => return Ok(cached.max_seq),
         Ok(_) => {}
         Err(e) => warn!(error = %e, group_id, "group seq cache unavailable"),
     }
     let home = ctx.pools.for_group(group_id);
-    let max_seq = store::max_seq(&*home, group_id)
+    let (_, state) = store::seq_states(&home, &[group_id])
         .await?
+        .pop()
         .ok_or_else(|| Error::NotFound(format!("group {group_id}")))?;
-    raise_cached_seqs(ctx, HashMap::from([(group_id, max_seq)])).await;
+    let max_seq = state.max_seq;
+    raise_cached_seqs(ctx, HashMap::from([(group_id, state)])).await;
     Ok(max_seq)
 }

@@ -1,5 +1,6 @@
-//! Group unread counts: `max_seq - last_ack_seq` per group, from cached
-//! cursors and max seqs, with MySQL filling whatever the cache misses.
+//! Group unread counts: the seqs after the member's cursor that are not
+//! recalled, per group, from cached cursors and seq states, with MySQL
+//! filling whatever the cache misses.
 
 use std::collections::HashMap;
 
@@ -9,7 +10,7 @@ use tracing::{instrument, warn};
 use super::{raise_cached_seqs, shard_pool};
 use crate::context::Context;
 use notify_cache::CachedGroup;
-use notify_domain::domain::{GroupCursor, UserId};
+use notify_domain::domain::{GroupCursor, GroupSeq, UserId};
 use notify_domain::error::Result;
 use notify_store::db::groups as store;
 
@@ -18,7 +19,7 @@ use notify_store::db::groups as store;
 pub struct GroupUnread {
     /// The group.
     pub group_id: u64,
-    /// `max_seq - last_ack_seq`, never negative.
+    /// The seqs after `last_ack_seq` up to `max_seq` that are not recalled.
     pub unread: u64,
     /// The group's max seq.
     pub max_seq: u64,
@@ -53,7 +54,7 @@ pub async fn unread_from(
     user_id: UserId,
     cached: Result<Option<Vec<CachedGroup>>>,
 ) -> Result<UnreadSummary> {
-    let cursors: Vec<(GroupCursor, Option<u64>)> = match cached {
+    let cursors: Vec<(GroupCursor, Option<GroupSeq>)> = match cached {
         Ok(Some(cached)) => {
             notify_domain::hot_counter!("notify_group_cursor_cache_hits_total").increment(1);
             cached
@@ -64,7 +65,7 @@ pub async fn unread_from(
                         last_ack_seq: g.last_ack_seq,
                         muted: g.muted,
                     };
-                    (cursor, g.max_seq)
+                    (cursor, g.seq)
                 })
                 .collect()
         }
@@ -79,15 +80,15 @@ pub async fn unread_from(
     };
     let missing: Vec<u64> =
         cursors.iter().filter(|(_, seq)| seq.is_none()).map(|(c, _)| c.group_id).collect();
-    let loaded = load_max_seqs(ctx, &missing).await?;
+    let mut loaded = load_seq_states(ctx, &missing).await?;
     let mut groups: Vec<GroupUnread> = cursors
         .into_iter()
         .map(|(cursor, cached)| {
-            let max_seq = cached.or_else(|| loaded.get(&cursor.group_id).copied()).unwrap_or(0);
+            let seq = cached.or_else(|| loaded.remove(&cursor.group_id)).unwrap_or_default();
             GroupUnread {
                 group_id: cursor.group_id,
-                unread: max_seq.saturating_sub(cursor.last_ack_seq),
-                max_seq,
+                unread: seq.unread_after(cursor.last_ack_seq),
+                max_seq: seq.max_seq,
                 last_ack_seq: cursor.last_ack_seq,
                 muted: cursor.muted,
             }
@@ -103,7 +104,7 @@ async fn rebuild_cursors(
     ctx: &Context,
     user_id: UserId,
     cache: bool,
-) -> Result<Vec<(GroupCursor, Option<u64>)>> {
+) -> Result<Vec<(GroupCursor, Option<GroupSeq>)>> {
     let lease =
         if cache { ctx.cache.take_membership_lease(user_id.get()).await.ok() } else { None };
     let pool = ctx.pools.for_user(user_id.get());
@@ -118,9 +119,9 @@ async fn rebuild_cursors(
     Ok(memberships.into_iter().map(|cursor| (cursor, None)).collect())
 }
 
-/// Reads groups' max seqs from their home shards (one query per shard) and
-/// caches them.
-async fn load_max_seqs(ctx: &Context, group_ids: &[u64]) -> Result<HashMap<u64, u64>> {
+/// Reads groups' seq states from their home shards (one query per shard)
+/// and caches them.
+async fn load_seq_states(ctx: &Context, group_ids: &[u64]) -> Result<HashMap<u64, GroupSeq>> {
     if group_ids.is_empty() {
         return Ok(HashMap::new());
     }
@@ -129,11 +130,11 @@ async fn load_max_seqs(ctx: &Context, group_ids: &[u64]) -> Result<HashMap<u64, 
     let by_shard = routes.map().partition_groups(group_ids);
     let found =
         try_join_all(by_shard.iter().map(|(shard, ids)| async move {
-            store::max_seqs(shard_pool(ctx, *shard)?, ids).await
+            store::seq_states(shard_pool(ctx, *shard)?, ids).await
         }))
         .await?;
     drop(routes);
-    let seqs: HashMap<u64, u64> = found.into_iter().flatten().collect();
+    let seqs: HashMap<u64, GroupSeq> = found.into_iter().flatten().collect();
     raise_cached_seqs(ctx, seqs.clone()).await;
     Ok(seqs)
 }

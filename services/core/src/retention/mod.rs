@@ -404,6 +404,10 @@ async fn purge_group_messages(
                 .execute(home)
                 .await?
                 .rows_affected();
+                // Every cursor has passed them: recalled seqs up to here no
+                // longer count (a cached copy that still lists them counts
+                // them for nobody either).
+                notify_store::db::groups::forget_recalls_through(home, group_id, seq).await?;
             }
             report.group_messages_deleted += deleted;
             if deleted == 0 {

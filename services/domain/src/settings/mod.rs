@@ -246,7 +246,8 @@ pub struct InboxSettings {
 pub struct GroupSettings {
     /// Most members a group may have.
     pub max_members: u64,
-    /// Longest a cached group max seq lives (a backstop: sends raise it).
+    /// Longest a cached group seq state lives (a backstop: sends raise it,
+    /// recalls merge into it).
     pub seq_cache_ttl_secs: u64,
     /// Longest a user's cached memberships and cursors live (a backstop:
     /// every change invalidates them).

@@ -6,7 +6,7 @@ use sqlx::{FromRow, MySqlConnection, MySqlPool, QueryBuilder};
 use tracing::instrument;
 
 use super::push_ids;
-use notify_domain::domain::{Content, GroupCursor};
+use notify_domain::domain::{Content, GroupCursor, GroupSeq, encode_seq_list, parse_seq_list};
 use notify_domain::error::{Error, Result};
 
 /// Rows (or ids) per statement when adding or removing members, or reading
@@ -100,18 +100,30 @@ pub async fn before_oldest_kept<'e>(
     Ok(oldest.map(|seq| seq - 1))
 }
 
-/// Reads the max seqs of groups on one shard (unknown groups are left out).
+/// Reads the seq states (max seq and recalled seqs) of groups on one shard
+/// (unknown groups are left out).
 #[instrument(level = "debug", skip_all, fields(db.system = "mysql"))]
-pub async fn max_seqs(pool: &MySqlPool, group_ids: &[u64]) -> Result<Vec<(u64, u64)>> {
+pub async fn seq_states(pool: &MySqlPool, group_ids: &[u64]) -> Result<Vec<(u64, GroupSeq)>> {
     let mut found = Vec::with_capacity(group_ids.len());
     for batch in group_ids.chunks(MEMBER_ROWS_PER_STATEMENT) {
-        let mut select =
-            QueryBuilder::new("SELECT group_id, max_seq FROM group_seqs WHERE group_id IN (");
+        let mut select = QueryBuilder::new(
+            "SELECT group_id, max_seq, recalled_seqs FROM group_seqs WHERE group_id IN (",
+        );
         push_ids(&mut select, batch);
         select.push(")");
-        found.extend(select.build_query_as::<(u64, u64)>().fetch_all(pool).await?);
+        let rows: Vec<(u64, u64, Option<String>)> = select.build_query_as().fetch_all(pool).await?;
+        for (group_id, max_seq, recalled) in rows {
+            found.push((group_id, seq_state(group_id, max_seq, recalled.as_deref())?));
+        }
     }
     Ok(found)
+}
+
+fn seq_state(group_id: u64, max_seq: u64, recalled: Option<&str>) -> Result<GroupSeq> {
+    let recalled = parse_seq_list(recalled.unwrap_or("")).ok_or_else(|| {
+        Error::Internal(format!("group {group_id}: malformed recalled_seqs {recalled:?}"))
+    })?;
+    Ok(GroupSeq { max_seq, recalled })
 }
 
 /// A group message to store.
@@ -123,6 +135,8 @@ pub struct NewGroupMessage<'a> {
     pub message_id: u64,
     /// The calling service.
     pub sender: &'a str,
+    /// The client that sends it (who may recall it with `sends.manage`).
+    pub client: &'a str,
     /// Optional idempotency key, unique per group and sender.
     pub idempotency_key: Option<&'a str>,
     /// What members see.
@@ -169,14 +183,15 @@ pub async fn append_message(pool: &MySqlPool, message: &NewGroupMessage<'_>) -> 
     }
     let content = message.content;
     let inserted = sqlx::query(
-        "INSERT INTO group_messages (group_id, seq, message_id, sender, idempotency_key, \
-         title, body, category, data, created_at) \
-         VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, UTC_TIMESTAMP(3))",
+        "INSERT INTO group_messages (group_id, seq, message_id, sender, client, \
+         idempotency_key, title, body, category, data, created_at) \
+         VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, UTC_TIMESTAMP(3))",
     )
     .bind(message.group_id)
     .bind(seq)
     .bind(message.message_id)
     .bind(message.sender)
+    .bind(message.client)
     .bind(message.idempotency_key)
     .bind(&content.title)
     .bind(&content.body)
@@ -240,6 +255,8 @@ pub struct GroupMessageRow {
     pub data: String,
     /// When it was sent.
     pub created_at: NaiveDateTime,
+    /// When it was recalled: a tombstone, its content cleared.
+    pub recalled_at: Option<NaiveDateTime>,
 }
 
 /// Reads up to `limit` messages with seq above `after`, ascending (a range
@@ -252,7 +269,7 @@ pub async fn messages_after(
     limit: u32,
 ) -> Result<Vec<GroupMessageRow>> {
     Ok(sqlx::query_as(
-        "SELECT seq, message_id, sender, title, body, category, data, created_at \
+        "SELECT seq, message_id, sender, title, body, category, data, created_at, recalled_at \
          FROM group_messages WHERE group_id = ? AND seq > ? ORDER BY seq LIMIT ?",
     )
     .bind(group_id)
@@ -260,6 +277,118 @@ pub async fn messages_after(
     .bind(limit)
     .fetch_all(pool)
     .await?)
+}
+
+/// What a recall did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GroupRecall {
+    /// The recalled message.
+    pub message_id: u64,
+    /// False when it was recalled before (nothing changed).
+    pub recalled_now: bool,
+    /// The group's seq state after the recall.
+    pub seq: GroupSeq,
+}
+
+/// Recalls the message at `seq`, in one transaction on the group's home
+/// shard: the message becomes a tombstone (content cleared, its seq kept)
+/// and its seq joins the group's recalled seqs. With an `owner`, only a
+/// message that client sent may be recalled. Taking the counter row's lock
+/// first, as a send does, orders recalls and sends of a group.
+#[instrument(level = "debug", skip_all, fields(db.system = "mysql"))]
+pub async fn recall_message(
+    pool: &MySqlPool,
+    group_id: u64,
+    seq: u64,
+    owner: Option<&str>,
+) -> Result<GroupRecall> {
+    let mut tx = pool.begin().await?;
+    let counter: Option<(u64, Option<String>)> = sqlx::query_as(
+        "SELECT max_seq, recalled_seqs FROM group_seqs WHERE group_id = ? FOR UPDATE",
+    )
+    .bind(group_id)
+    .fetch_optional(&mut *tx)
+    .await?;
+    let Some((max_seq, recalled)) = counter else {
+        tx.rollback().await?;
+        return Err(Error::NotFound(format!("group {group_id}")));
+    };
+    let mut state = seq_state(group_id, max_seq, recalled.as_deref())?;
+    let message: Option<(u64, String, bool)> = sqlx::query_as(
+        "SELECT message_id, client, recalled_at IS NOT NULL FROM group_messages \
+         WHERE group_id = ? AND seq = ? FOR UPDATE",
+    )
+    .bind(group_id)
+    .bind(seq)
+    .fetch_optional(&mut *tx)
+    .await?;
+    let Some((message_id, client, recalled_before)) = message else {
+        tx.rollback().await?;
+        let why = if seq > max_seq { "its max seq is lower" } else { "retention removed it" };
+        return Err(Error::NotFound(format!(
+            "group {group_id} has no message at seq {seq} ({why})"
+        )));
+    };
+    if let Some(owner) = owner.filter(|owner| *owner != client) {
+        tx.rollback().await?;
+        return Err(Error::PermissionDenied(format!(
+            "client {owner} did not send the message at seq {seq} of group {group_id}; \
+             recalling another client's message needs the scope sends.all"
+        )));
+    }
+    if recalled_before {
+        tx.rollback().await?;
+        // Repaired here if a failure once left the list without it.
+        state.recall(seq);
+        return Ok(GroupRecall { message_id, recalled_now: false, seq: state });
+    }
+    sqlx::query(
+        "UPDATE group_messages SET recalled_at = UTC_TIMESTAMP(3), \
+         title = '', body = '', category = '', data = '{}' WHERE group_id = ? AND seq = ?",
+    )
+    .bind(group_id)
+    .bind(seq)
+    .execute(&mut *tx)
+    .await?;
+    state.recall(seq);
+    sqlx::query("UPDATE group_seqs SET recalled_seqs = ? WHERE group_id = ?")
+        .bind(encode_seq_list(&state.recalled))
+        .bind(group_id)
+        .execute(&mut *tx)
+        .await?;
+    tx.commit().await?;
+    Ok(GroupRecall { message_id, recalled_now: true, seq: state })
+}
+
+/// Drops recalled seqs up to `through` from a group's list (retention: every
+/// cursor has passed them, so they no longer count).
+#[instrument(level = "debug", skip_all, fields(db.system = "mysql"))]
+pub async fn forget_recalls_through(pool: &MySqlPool, group_id: u64, through: u64) -> Result<()> {
+    let mut tx = pool.begin().await?;
+    let recalled: Option<Option<String>> =
+        sqlx::query_scalar("SELECT recalled_seqs FROM group_seqs WHERE group_id = ? FOR UPDATE")
+            .bind(group_id)
+            .fetch_optional(&mut *tx)
+            .await?;
+    let Some(Some(recalled)) = recalled else {
+        tx.rollback().await?;
+        return Ok(());
+    };
+    let mut state = seq_state(group_id, 0, Some(&recalled))?;
+    let before = state.recalled.len();
+    state.recalled.retain(|seq| *seq > through);
+    if state.recalled.len() == before {
+        tx.rollback().await?;
+        return Ok(());
+    }
+    let kept = (!state.recalled.is_empty()).then(|| encode_seq_list(&state.recalled));
+    sqlx::query("UPDATE group_seqs SET recalled_seqs = ? WHERE group_id = ?")
+        .bind(kept)
+        .bind(group_id)
+        .execute(&mut *tx)
+        .await?;
+    tx.commit().await?;
+    Ok(())
 }
 
 /// A member's cursor.
