@@ -14,7 +14,7 @@ use crate::groups;
 use notify_cache::{CachedCounts, Counts, RebuiltCount};
 use notify_domain::domain::UserId;
 use notify_domain::error::{Error, Result};
-use notify_store::db::items;
+use notify_store::db::items::{self, BadgeState};
 
 /// A user's whole badge: the inbox counts and the group total.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -94,6 +94,31 @@ async fn counts_from(
         .collect())
 }
 
+/// A badge from its MySQL state: the items' counts plus the live
+/// announcements the user has no item for and does not mute (both unread
+/// and unseen); and when the counts change next by an expiry, in ms since
+/// the epoch.
+pub(crate) fn counted(state: &BadgeState, live: &[announce::Active]) -> (Counts, Option<i64>) {
+    let pending: Vec<_> = live
+        .iter()
+        .filter(|a| !state.present.contains(&a.message_id))
+        .filter(|a| !state.suppression.holds_back(a.message_id, &a.category, a.critical))
+        .collect();
+    let expiries = pending.iter().filter_map(|a| a.expire_at_ms);
+    let next_expiry_ms = state
+        .truth
+        .next_expiry
+        .map(|at| at.and_utc().timestamp_millis())
+        .into_iter()
+        .chain(expiries)
+        .min();
+    let counts = Counts {
+        unread: state.truth.unread + pending.len() as u64,
+        unseen: state.truth.unseen + pending.len() as u64,
+    };
+    (counts, next_expiry_ms)
+}
+
 /// Counts badges in MySQL (items plus the live announcements the user has
 /// not materialized and does not mute: both unread and unseen) and caches
 /// them under leases taken before counting.
@@ -111,23 +136,7 @@ async fn rebuild(
             let pool = ctx.pools.for_user(*user_id);
             let ids: Vec<u64> = live.iter().map(|a| a.message_id).collect();
             let state = items::badge_state(&pool, *user_id, &ids).await?;
-            let pending: Vec<_> = live
-                .iter()
-                .filter(|a| !state.present.contains(&a.message_id))
-                .filter(|a| !state.suppression.holds_back(a.message_id, &a.category, a.critical))
-                .collect();
-            let expiries = pending.iter().filter_map(|a| a.expire_at_ms);
-            let next_expiry_ms = state
-                .truth
-                .next_expiry
-                .map(|at| at.and_utc().timestamp_millis())
-                .into_iter()
-                .chain(expiries)
-                .min();
-            let counts = Counts {
-                unread: state.truth.unread + pending.len() as u64,
-                unseen: state.truth.unseen + pending.len() as u64,
-            };
+            let (counts, next_expiry_ms) = counted(&state, live);
             Ok::<_, Error>((*user_id, counts, next_expiry_ms))
         }
     });

@@ -2,19 +2,21 @@
 //! deleted, for a list of ids or for everything a list filter selects. Each
 //! is one transaction on the user's shard between the badge's "before" and
 //! "after commit" invalidations, publishes one event for gateways (never one
-//! per item) and answers the user's new counts.
+//! per item) and answers the user's new counts; for a filter, the counts are
+//! read in the update's transaction, and the whole update is one round trip
+//! to the user's shard.
 
 use shard_router::Key;
 use tracing::{instrument, warn};
 
-use super::badge::counts;
+use super::badge::{counted, counts};
 use crate::announce;
 use crate::context::Context;
 use crate::events::{self, BusEvent, BusFilter};
 use notify_cache::Counts;
 use notify_domain::domain::UserId;
 use notify_domain::error::Result;
-use notify_store::db::item_updates::{self, Action, Target};
+use notify_store::db::item_updates::{self, Action, Target, Updated};
 use notify_store::db::items::{ItemFilter, View};
 
 /// What an update changed, and the user's counts after it.
@@ -44,13 +46,34 @@ pub async fn update_items(
         warn!(error = %e, user_id = user, "could not materialize announcements before an update");
     }
     let pool = ctx.writable(Key::User(user)).await?;
+    // A filtered update reads the badge in its transaction, which needs the
+    // live announcements (as a rebuild of the badge does).
+    let live = match target {
+        Target::All(_) => Some(announce::active(ctx).await?),
+        Target::Ids(_) => None,
+    };
     ctx.cache.begin_count_change(user).await?;
-    let result =
-        notify_store::db::retry_on_deadlock(|| item_updates::update(&pool, user, action, target))
-            .await;
+    let result = match target {
+        Target::Ids(ids) => notify_store::db::retry_on_deadlock(|| {
+            item_updates::update_ids(&pool, user, action, ids)
+        })
+        .await
+        .map(|updated| (updated, None)),
+        Target::All(filter) => {
+            let live: Vec<u64> = live.iter().flatten().map(|a| a.message_id).collect();
+            notify_store::db::retry_on_deadlock(|| {
+                item_updates::update_all(&pool, user, action, &filter, &live)
+            })
+            .await
+            .map(|all| {
+                let updated = Updated { changed: all.changed, ..Updated::default() };
+                (updated, Some(all.badge))
+            })
+        }
+    };
     finish_count_change(ctx, user).await;
     drop(pool);
-    let updated = result?;
+    let (updated, badge) = result?;
     if updated.changed > 0 {
         let (message_ids, filter) = match target {
             Target::Ids(_) => (updated.changed_ids.clone(), None),
@@ -64,7 +87,10 @@ pub async fn update_items(
         let event = BusEvent::ItemsUpdated { user_id: user, action, message_ids, filter };
         events::publish_best_effort(ctx, &event).await;
     }
-    let counts = counts(ctx, &[user]).await?.first().copied().unwrap_or_default();
+    let counts = match (badge, live) {
+        (Some(badge), Some(live)) => counted(&badge, &live).0,
+        _ => counts(ctx, &[user]).await?.first().copied().unwrap_or_default(),
+    };
     Ok(Changed { changed: updated.changed, unknown: updated.unknown, counts })
 }
 

@@ -4,14 +4,19 @@
 //! "all" is exactly what the user was shown). Each call is one transaction;
 //! read counts of the sends follow in it (slot 0 of `message_shard_stats`),
 //! and so do the reads recorded by message (`message_reads`: a read adds
-//! the row, a mark-unread removes it), which answer "who read it".
+//! the row, a mark-unread removes it), which answer "who read it". A
+//! filtered update also reads the user's badge state in its transaction,
+//! and the whole of it is one round trip ([`update_all`]).
 
-use sqlx::{MySql, MySqlPool, QueryBuilder, Transaction};
+use futures::TryStreamExt;
+use sqlx::mysql::MySqlRow;
+use sqlx::{AssertSqlSafe, Either, MySql, MySqlPool, QueryBuilder, Row, Transaction};
 use tracing::instrument;
 
-use super::items::ItemFilter;
+use super::items::{BadgeState, COUNT_UNREAD, ItemFilter, UnreadTruth};
+use super::preferences::{SUPPRESSION, Suppression};
 use super::push_ids;
-use notify_domain::error::Result;
+use notify_domain::error::{Error, Result};
 
 /// What to do to items.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
@@ -45,20 +50,21 @@ impl Action {
         }
     }
 
-    /// The assignments, evaluated left to right (a single-table `UPDATE`).
+    /// The assignments to the items `i`, evaluated left to right.
     fn assignments(self) -> &'static str {
         match self {
-            Action::MarkSeen => "is_seen = 1, seen_at = UTC_TIMESTAMP(3)",
+            Action::MarkSeen => "i.is_seen = 1, i.seen_at = UTC_TIMESTAMP(3)",
             Action::MarkRead => {
-                "seen_at = COALESCE(seen_at, UTC_TIMESTAMP(3)), is_seen = 1, is_read = 1, \
-                 read_at = UTC_TIMESTAMP(3)"
+                "i.seen_at = COALESCE(i.seen_at, UTC_TIMESTAMP(3)), i.is_seen = 1, i.is_read = 1, \
+                 i.read_at = UTC_TIMESTAMP(3)"
             }
             Action::MarkUnread => {
-                "seen_at = COALESCE(seen_at, read_at), is_seen = 1, is_read = 0, read_at = NULL"
+                "i.seen_at = COALESCE(i.seen_at, i.read_at), i.is_seen = 1, i.is_read = 0, \
+                 i.read_at = NULL"
             }
-            Action::Archive => "is_archived = 1, archived_at = UTC_TIMESTAMP(3)",
-            Action::Unarchive => "is_archived = 0, archived_at = NULL",
-            Action::Delete => "deleted_at = UTC_TIMESTAMP(3)",
+            Action::Archive => "i.is_archived = 1, i.archived_at = UTC_TIMESTAMP(3)",
+            Action::Unarchive => "i.is_archived = 0, i.archived_at = NULL",
+            Action::Delete => "i.deleted_at = UTC_TIMESTAMP(3)",
         }
     }
 
@@ -124,28 +130,22 @@ struct ItemState {
     is_archived: bool,
 }
 
-/// Applies `action` to a user's items in one transaction: for ids, reads
-/// and locks them, then changes those the action changes; for a filter,
-/// changes every visible item it selects in one statement (two when read
-/// counts move: they are added first, from the same selection, under the
-/// same locks).
+/// Applies `action` to the user's items `message_ids` in one transaction:
+/// reads and locks them, then changes those the action changes.
 #[instrument(level = "debug", skip_all, fields(db.system = "mysql", action = action.name()))]
-pub async fn update(
+pub async fn update_ids(
     pool: &MySqlPool,
     user_id: u64,
     action: Action,
-    target: Target<'_>,
+    message_ids: &[u64],
 ) -> Result<Updated> {
     let mut tx = pool.begin().await?;
-    let updated = match target {
-        Target::Ids(ids) => update_ids(&mut tx, user_id, action, ids).await?,
-        Target::All(filter) => update_all(&mut tx, user_id, action, &filter).await?,
-    };
+    let updated = update_ids_in(&mut tx, user_id, action, message_ids).await?;
     tx.commit().await?;
     Ok(updated)
 }
 
-async fn update_ids(
+async fn update_ids_in(
     tx: &mut Transaction<'_, MySql>,
     user_id: u64,
     action: Action,
@@ -171,10 +171,10 @@ async fn update_ids(
         found.iter().filter(|item| action.would_change(item)).map(|item| item.message_id).collect();
     if !changed_ids.is_empty() {
         let mut update = QueryBuilder::new(format!(
-            "UPDATE message_items SET {} WHERE user_id = ",
+            "UPDATE message_items i SET {} WHERE i.user_id = ",
             action.assignments()
         ));
-        update.push_bind(user_id).push(" AND message_id IN (");
+        update.push_bind(user_id).push(" AND i.message_id IN (");
         push_ids(&mut update, &changed_ids);
         update.push(")");
         update.build().execute(&mut **tx).await?;
@@ -194,65 +194,158 @@ async fn update_ids(
     Ok(Updated { changed: changed_ids.len() as u64, changed_ids, unknown })
 }
 
-/// `WHERE` of a filtered update: the user's items the filter selects (a
-/// list's conditions), whose send was not withdrawn, that the action changes.
-fn push_selection(
-    sql: &mut QueryBuilder<MySql>,
-    user_id: u64,
-    action: Action,
-    filter: &ItemFilter<'_>,
-) {
-    sql.push(" WHERE i.user_id = ").push_bind(user_id);
-    filter.push_item_conditions(sql);
-    sql.push(action.changes()).push(
-        " AND NOT EXISTS (SELECT 1 FROM message_contents c \
-         WHERE c.message_id = i.message_id AND c.revoked = 1)",
-    );
+/// A filtered update's outcome.
+#[derive(Debug, Clone)]
+pub struct UpdatedAll {
+    /// Items that changed.
+    pub changed: u64,
+    /// The user's badge state right after the change, in its transaction.
+    pub badge: BadgeState,
 }
 
-async fn update_all(
-    tx: &mut Transaction<'_, MySql>,
+/// What one statement of a filtered update's script is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Step {
+    Begin,
+    ReadCounts,
+    Reads,
+    Update,
+    Count,
+    Present,
+    Suppression,
+    Commit,
+}
+
+/// Applies `action` to every item `filter` selects (what a list with it
+/// shows: the items joined to their send's content copy, not withdrawn)
+/// and reads the user's badge state in the same transaction, as
+/// [`super::items::badge_state`] does for `announcement_ids`: ONE round
+/// trip. The transaction goes as one script (values written in, see
+/// [`ItemFilter::item_conditions`]): the read counts and reads by message of
+/// exactly the items about to change first (which locks them, so the update
+/// changes the same ones), then the update, then the badge's reads.
+#[instrument(level = "debug", skip_all, fields(db.system = "mysql", action = action.name()))]
+pub async fn update_all(
+    pool: &MySqlPool,
     user_id: u64,
     action: Action,
     filter: &ItemFilter<'_>,
-) -> Result<Updated> {
+    announcement_ids: &[u64],
+) -> Result<UpdatedAll> {
+    let (steps, script) = script(user_id, action, filter, announcement_ids)?;
+    let mut conn = pool.acquire().await?;
+    let ran = run(&mut conn, &steps, script).await;
+    if ran.is_err() {
+        // The script stopped at the failing statement, inside its
+        // transaction: end it, or drop the connection if that fails too.
+        if sqlx::raw_sql("ROLLBACK").execute(&mut *conn).await.is_err() {
+            conn.close_on_drop();
+        }
+    }
+    ran
+}
+
+/// The statements of a filtered update, and their script.
+fn script(
+    user_id: u64,
+    action: Action,
+    filter: &ItemFilter<'_>,
+    announcement_ids: &[u64],
+) -> Result<(Vec<Step>, String)> {
+    // What a list with the filter shows (items joined to their content
+    // copies, not withdrawn) that the action changes.
+    const ITEMS: &str = "message_items i JOIN message_contents c ON c.message_id = i.message_id";
+    let selected = format!(
+        "WHERE i.user_id = {user_id}{}{} AND c.revoked = 0",
+        filter.item_conditions()?,
+        action.changes()
+    );
+    let mut steps = vec![(Step::Begin, "START TRANSACTION".to_owned())];
     let delta = action.read_delta();
     if delta != 0 {
-        // The read counts of exactly the items about to change: this locks
-        // them, so the update below changes the same ones.
-        let mut stats = QueryBuilder::new(
-            "INSERT INTO message_shard_stats (message_id, slot, read_count) SELECT i.message_id, 0, ",
-        );
-        stats.push_bind(delta).push(" FROM message_items i");
-        push_selection(&mut stats, user_id, action, filter);
-        stats.push(" ON DUPLICATE KEY UPDATE read_count = read_count + VALUES(read_count)");
-        stats.build().execute(&mut **tx).await?;
-        // The reads by message of the same items, before the update moves
-        // them out of the selection.
-        let mut reads = match action {
-            Action::MarkRead => QueryBuilder::new(
-                "INSERT INTO message_reads (message_id, user_id, read_at) \
-                 SELECT i.message_id, i.user_id, UTC_TIMESTAMP(3) FROM message_items i",
+        steps.push((
+            Step::ReadCounts,
+            format!(
+                "INSERT INTO message_shard_stats (message_id, slot, read_count) \
+                 SELECT i.message_id, 0, {delta} FROM {ITEMS} {selected} \
+                 ON DUPLICATE KEY UPDATE read_count = read_count + VALUES(read_count)"
             ),
-            _ => QueryBuilder::new("DELETE FROM message_reads WHERE user_id = "),
-        };
-        if action == Action::MarkRead {
-            push_selection(&mut reads, user_id, action, filter);
-            reads.push(" ON DUPLICATE KEY UPDATE read_at = VALUES(read_at)");
+        ));
+        let reads = if action == Action::MarkRead {
+            format!(
+                "INSERT INTO message_reads (message_id, user_id, read_at) \
+                 SELECT i.message_id, i.user_id, UTC_TIMESTAMP(3) FROM {ITEMS} {selected} \
+                 ON DUPLICATE KEY UPDATE read_at = VALUES(read_at)"
+            )
         } else {
-            reads
-                .push_bind(user_id)
-                .push(" AND message_id IN (SELECT i.message_id FROM message_items i");
-            push_selection(&mut reads, user_id, action, filter);
-            reads.push(")");
-        }
-        reads.build().execute(&mut **tx).await?;
+            format!(
+                "DELETE r FROM {ITEMS} JOIN message_reads r \
+                 ON r.message_id = i.message_id AND r.user_id = i.user_id {selected}"
+            )
+        };
+        steps.push((Step::Reads, reads));
     }
-    let mut update =
-        QueryBuilder::new(format!("UPDATE message_items i SET {}", action.assignments()));
-    push_selection(&mut update, user_id, action, filter);
-    let changed = update.build().execute(&mut **tx).await?.rows_affected();
-    Ok(Updated { changed, changed_ids: Vec::new(), unknown: Vec::new() })
+    steps.push((Step::Update, format!("UPDATE {ITEMS} SET {} {selected}", action.assignments())));
+    let user = user_id.to_string();
+    steps.push((Step::Count, COUNT_UNREAD.replacen('?', &user, 1)));
+    if !announcement_ids.is_empty() {
+        let ids: Vec<String> = announcement_ids.iter().map(u64::to_string).collect();
+        steps.push((
+            Step::Present,
+            format!(
+                "SELECT message_id FROM message_items WHERE user_id = {user_id} \
+                 AND message_id IN ({})",
+                ids.join(", ")
+            ),
+        ));
+        steps.push((Step::Suppression, SUPPRESSION.replacen('?', &user, 1)));
+    }
+    steps.push((Step::Commit, "COMMIT".to_owned()));
+    let script = steps.iter().map(|(_, sql)| sql.as_str()).collect::<Vec<_>>().join(";\n");
+    Ok((steps.into_iter().map(|(step, _)| step).collect(), script))
+}
+
+/// Runs a filtered update's script and reads what its statements answer.
+async fn run(
+    conn: &mut sqlx::MySqlConnection,
+    steps: &[Step],
+    script: String,
+) -> Result<UpdatedAll> {
+    let malformed = |what: &str| Error::Internal(format!("a filtered update's script: {what}"));
+    let mut results = sqlx::raw_sql(AssertSqlSafe(script)).fetch_many(&mut *conn);
+    let mut at = 0;
+    let mut changed = None;
+    let mut truth = None;
+    let mut present = Vec::new();
+    let mut suppression = None;
+    while let Some(result) = results.try_next().await? {
+        let step = *steps.get(at).ok_or_else(|| malformed("more results than statements"))?;
+        match result {
+            Either::Left(done) => {
+                if step == Step::Update {
+                    changed = Some(done.rows_affected());
+                }
+                at += 1;
+            }
+            Either::Right(row) => match step {
+                Step::Count => truth = Some(UnreadTruth::from_row(count_row(&row)?)),
+                Step::Present => present.push(row.try_get::<u64, _>(0)?),
+                Step::Suppression => suppression = Some((row.try_get(0)?, row.try_get(1)?)),
+                _ => return Err(malformed("a row from a statement that has none")),
+            },
+        }
+    }
+    if at != steps.len() {
+        return Err(malformed("fewer results than statements"));
+    }
+    let changed = changed.ok_or_else(|| malformed("no update"))?;
+    let truth = truth.ok_or_else(|| malformed("no count"))?;
+    let suppression = Suppression::from_row(suppression);
+    Ok(UpdatedAll { changed, badge: BadgeState { truth, present, suppression } })
+}
+
+fn count_row(row: &MySqlRow) -> Result<(i64, i64, Option<chrono::NaiveDateTime>)> {
+    Ok((row.try_get(0)?, row.try_get(1)?, row.try_get(2)?))
 }
 
 /// Records reads by message for items a list of ids changed: a read adds
@@ -283,4 +376,41 @@ async fn record_reads_of_ids(
         _ => {}
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::db::items::View;
+
+    #[test]
+    fn a_filtered_update_is_one_script_with_a_result_per_statement() {
+        let filter =
+            ItemFilter { view: View::Inbox, category: Some("billing.eu"), ..Default::default() };
+        let (steps, sql) = script(42, Action::MarkRead, &filter, &[7, 9]).unwrap();
+        let expected = [
+            Step::Begin,
+            Step::ReadCounts,
+            Step::Reads,
+            Step::Update,
+            Step::Count,
+            Step::Present,
+            Step::Suppression,
+            Step::Commit,
+        ];
+        assert_eq!(steps, expected);
+        assert_eq!(sql.split(";\n").count(), steps.len());
+        assert!(!sql.contains('?'), "every value is written in: {sql}");
+        assert!(sql.contains("i.category = 'billing.eu'"), "{sql}");
+        let (steps, _) = script(42, Action::Archive, &filter, &[]).unwrap();
+        assert_eq!(steps, [Step::Begin, Step::Update, Step::Count, Step::Commit]);
+    }
+
+    #[test]
+    fn a_category_that_could_end_its_literal_is_refused() {
+        for category in ["a'b", "a\\b", "A", "a;b", "a b"] {
+            let filter = ItemFilter { category: Some(category), ..Default::default() };
+            assert!(script(42, Action::Delete, &filter, &[]).is_err(), "{category:?}");
+        }
+    }
 }

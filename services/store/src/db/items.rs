@@ -15,7 +15,7 @@ use tracing::instrument;
 
 use super::preferences::{self, Suppression};
 use super::push_ids;
-use notify_domain::error::Result;
+use notify_domain::error::{Error, Result};
 
 /// One inbox entry with its content.
 #[derive(Debug, Clone, FromRow)]
@@ -98,26 +98,40 @@ impl ItemFilter<'_> {
     /// deleted nor expired. Whether the content copy was revoked (a
     /// cancelled announcement) is the caller's to add: a list joins the copy
     /// `c` anyway ([`CONTENT_VISIBLE`]), an update asks for it by id.
-    pub(crate) fn push_item_conditions(&self, sql: &mut QueryBuilder<sqlx::MySql>) {
-        sql.push(" AND i.deleted_at IS NULL");
+    pub(crate) fn push_item_conditions(&self, sql: &mut QueryBuilder<sqlx::MySql>) -> Result<()> {
+        sql.push(self.item_conditions()?);
+        Ok(())
+    }
+
+    /// [`Self::push_item_conditions`] as text, its values written in: ids
+    /// are numbers, and a category is checked here (again) to be
+    /// `[a-z0-9_.-]`, so no value can end its literal. A bulk update sends
+    /// its whole transaction as one script, which takes no bound values.
+    pub(crate) fn item_conditions(&self) -> Result<String> {
+        let mut sql = String::from(" AND i.deleted_at IS NULL");
         match self.view {
-            View::Inbox => sql.push(" AND i.is_archived = 0"),
-            View::Archive => sql.push(" AND i.is_archived = 1"),
-            View::All => sql,
-        };
+            View::Inbox => sql.push_str(" AND i.is_archived = 0"),
+            View::Archive => sql.push_str(" AND i.is_archived = 1"),
+            View::All => {}
+        }
         if self.unread_only {
-            sql.push(" AND i.is_read = 0");
+            sql.push_str(" AND i.is_read = 0");
         }
         if self.read_only {
-            sql.push(" AND i.is_read = 1");
+            sql.push_str(" AND i.is_read = 1");
         }
         if let Some(category) = self.category {
-            sql.push(" AND i.category = ").push_bind(category.to_owned());
+            let plain = |b: u8| b.is_ascii_lowercase() || b.is_ascii_digit() || b"_.-".contains(&b);
+            if !category.bytes().all(plain) {
+                return Err(Error::invalid("category", "must be [a-z0-9_.-] only"));
+            }
+            sql.push_str(&format!(" AND i.category = '{category}'"));
         }
         if let Some(up_to) = self.up_to {
-            sql.push(" AND i.message_id <= ").push_bind(up_to);
+            sql.push_str(&format!(" AND i.message_id <= {up_to}"));
         }
-        sql.push(" AND (i.expire_at IS NULL OR i.expire_at > UTC_TIMESTAMP(3))");
+        sql.push_str(" AND (i.expire_at IS NULL OR i.expire_at > UTC_TIMESTAMP(3))");
+        Ok(sql)
     }
 }
 
@@ -162,7 +176,7 @@ pub async fn list<'e>(
          JOIN message_contents c ON c.message_id = i.message_id WHERE i.user_id = "
     ));
     sql.push_bind(user_id).push(" AND i.message_id < ").push_bind(query.before);
-    query.filter.push_item_conditions(&mut sql);
+    query.filter.push_item_conditions(&mut sql)?;
     sql.push(CONTENT_VISIBLE).push(" ORDER BY i.message_id DESC LIMIT ").push_bind(query.limit);
     Ok(sql.build_query_as().fetch_all(db).await?)
 }
@@ -222,17 +236,24 @@ pub async fn count_unread<'e>(
     pool: impl sqlx::MySqlExecutor<'e>,
     user_id: u64,
 ) -> Result<UnreadTruth> {
-    let (unread, unseen, next_expiry): (i64, i64, Option<NaiveDateTime>) = sqlx::query_as(
-        "SELECT COUNT(*), CAST(COALESCE(SUM(i.is_seen = 0), 0) AS SIGNED), MIN(i.expire_at) \
-         FROM message_items i FORCE INDEX (idx_items_unread) \
-         JOIN message_contents c ON c.message_id = i.message_id \
-         WHERE i.user_id = ? AND i.is_read = 0 AND i.is_archived = 0 AND i.deleted_at IS NULL \
-         AND c.revoked = 0 AND (i.expire_at IS NULL OR i.expire_at > UTC_TIMESTAMP(3))",
-    )
-    .bind(user_id)
-    .fetch_one(pool)
-    .await?;
-    Ok(UnreadTruth { unread: unread.max(0) as u64, unseen: unseen.max(0) as u64, next_expiry })
+    let counted = sqlx::query_as(COUNT_UNREAD).bind(user_id).fetch_one(pool).await?;
+    Ok(UnreadTruth::from_row(counted))
+}
+
+/// The count [`count_unread`] runs, for one user id (`?`).
+pub(crate) const COUNT_UNREAD: &str = "SELECT COUNT(*), CAST(COALESCE(SUM(i.is_seen = 0), 0) AS SIGNED), MIN(i.expire_at) \
+     FROM message_items i FORCE INDEX (idx_items_unread) \
+     JOIN message_contents c ON c.message_id = i.message_id \
+     WHERE i.user_id = ? AND i.is_read = 0 AND i.is_archived = 0 AND i.deleted_at IS NULL \
+     AND c.revoked = 0 AND (i.expire_at IS NULL OR i.expire_at > UTC_TIMESTAMP(3))";
+
+impl UnreadTruth {
+    /// From a row of [`COUNT_UNREAD`].
+    pub(crate) fn from_row(
+        (unread, unseen, next_expiry): (i64, i64, Option<NaiveDateTime>),
+    ) -> Self {
+        Self { unread: unread.max(0) as u64, unseen: unseen.max(0) as u64, next_expiry }
+    }
 }
 
 /// Returns which of `message_ids` the user has an item for (deleted ones

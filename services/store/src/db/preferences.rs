@@ -72,16 +72,22 @@ pub async fn suppression<'e>(
     db: impl sqlx::MySqlExecutor<'e>,
     user_id: u64,
 ) -> Result<Suppression> {
-    let row: Option<(String, u64)> = sqlx::query_as(
-        "SELECT muted_categories, erased_before FROM user_preferences WHERE user_id = ?",
-    )
-    .bind(user_id)
-    .fetch_optional(db)
-    .await?;
-    Ok(row.map_or_else(Suppression::default, |(categories, erased_before)| Suppression {
-        muted_categories: split_list(&categories),
-        erased_before,
-    }))
+    let row = sqlx::query_as(SUPPRESSION).bind(user_id).fetch_optional(db).await?;
+    Ok(Suppression::from_row(row))
+}
+
+/// The read [`suppression`] runs, for one user id (`?`).
+pub(crate) const SUPPRESSION: &str =
+    "SELECT muted_categories, erased_before FROM user_preferences WHERE user_id = ?";
+
+impl Suppression {
+    /// From the row of [`SUPPRESSION`], if the user has one.
+    pub(crate) fn from_row(row: Option<(String, u64)>) -> Self {
+        row.map_or_else(Self::default, |(categories, erased_before)| Self {
+            muted_categories: split_list(&categories),
+            erased_before,
+        })
+    }
 }
 
 /// Leaves only the erasure marker of a user: no mutes, and items of sends
