@@ -61,12 +61,18 @@ pub async fn update_items(
         .map(|updated| (updated, None)),
         Target::All(filter) => {
             let live: Vec<u64> = live.iter().flatten().map(|a| a.message_id).collect();
+            // Reads by filter feed item.read webhooks too, when any listens.
+            let ids = action == Action::MarkRead && ctx.webhook_reads.is_some();
             notify_store::db::retry_on_deadlock(|| {
-                item_updates::update_all(&pool, user, action, &filter, &live)
+                item_updates::update_all(&pool, user, action, &filter, &live, ids)
             })
             .await
             .map(|all| {
-                let updated = Updated { changed: all.changed, ..Updated::default() };
+                let updated = Updated {
+                    changed: all.changed,
+                    changed_ids: all.changed_ids,
+                    unknown: Vec::new(),
+                };
                 (updated, Some(all.badge))
             })
         }
@@ -75,15 +81,15 @@ pub async fn update_items(
     drop(pool);
     let (updated, badge) = result?;
     if updated.changed > 0 {
-        let (message_ids, filter) = match target {
-            Target::Ids(_) => (updated.changed_ids.clone(), None),
-            Target::All(filter) => (Vec::new(), Some(BusFilter::from(&filter))),
-        };
         if action == Action::MarkRead
             && let Some(sink) = &ctx.webhook_reads
         {
-            sink.record(user, &message_ids);
+            sink.record(user, &updated.changed_ids);
         }
+        let (message_ids, filter) = match target {
+            Target::Ids(_) => (updated.changed_ids, None),
+            Target::All(filter) => (Vec::new(), Some(BusFilter::from(&filter))),
+        };
         let event = BusEvent::ItemsUpdated { user_id: user, action, message_ids, filter };
         events::publish_best_effort(ctx, &event).await;
     }

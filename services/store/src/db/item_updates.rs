@@ -199,6 +199,8 @@ async fn update_ids_in(
 pub struct UpdatedAll {
     /// Items that changed.
     pub changed: u64,
+    /// Their ids, when asked for.
+    pub changed_ids: Vec<u64>,
     /// The user's badge state right after the change, in its transaction.
     pub badge: BadgeState,
 }
@@ -209,6 +211,7 @@ enum Step {
     Begin,
     ReadCounts,
     Reads,
+    Changed,
     Update,
     Count,
     Present,
@@ -223,7 +226,9 @@ enum Step {
 /// trip. The transaction goes as one script (values written in, see
 /// [`ItemFilter::item_conditions`]): the read counts and reads by message of
 /// exactly the items about to change first (which locks them, so the update
-/// changes the same ones), then the update, then the badge's reads.
+/// changes the same ones), then the update, then the badge's reads. With
+/// `changed_ids`, it also answers the ids that changed (for `item.read`
+/// webhooks: a feed that only then pays for them).
 #[instrument(level = "debug", skip_all, fields(db.system = "mysql", action = action.name()))]
 pub async fn update_all(
     pool: &MySqlPool,
@@ -231,8 +236,9 @@ pub async fn update_all(
     action: Action,
     filter: &ItemFilter<'_>,
     announcement_ids: &[u64],
+    changed_ids: bool,
 ) -> Result<UpdatedAll> {
-    let (steps, script) = script(user_id, action, filter, announcement_ids)?;
+    let (steps, script) = script(user_id, action, filter, announcement_ids, changed_ids)?;
     let mut conn = pool.acquire().await?;
     let ran = run(&mut conn, &steps, script).await;
     if ran.is_err() {
@@ -251,6 +257,7 @@ fn script(
     action: Action,
     filter: &ItemFilter<'_>,
     announcement_ids: &[u64],
+    changed_ids: bool,
 ) -> Result<(Vec<Step>, String)> {
     // What a list with the filter shows (items joined to their content
     // copies, not withdrawn) that the action changes.
@@ -285,6 +292,13 @@ fn script(
         };
         steps.push((Step::Reads, reads));
     }
+    if changed_ids {
+        // Read before the update moves them out of the selection, as a
+        // locking read (shared: the content copies stay readable to others)
+        // that sees what the update will.
+        let select = format!("SELECT i.message_id FROM {ITEMS} {selected} LOCK IN SHARE MODE");
+        steps.push((Step::Changed, select));
+    }
     steps.push((Step::Update, format!("UPDATE {ITEMS} SET {} {selected}", action.assignments())));
     let user = user_id.to_string();
     steps.push((Step::Count, COUNT_UNREAD.replacen('?', &user, 1)));
@@ -317,6 +331,7 @@ async fn run(
     let mut changed = None;
     let mut truth = None;
     let mut present = Vec::new();
+    let mut changed_ids = Vec::new();
     let mut suppression = None;
     while let Some(result) = results.try_next().await? {
         let step = *steps.get(at).ok_or_else(|| malformed("more results than statements"))?;
@@ -330,6 +345,7 @@ async fn run(
             Either::Right(row) => match step {
                 Step::Count => truth = Some(UnreadTruth::from_row(count_row(&row)?)),
                 Step::Present => present.push(row.try_get::<u64, _>(0)?),
+                Step::Changed => changed_ids.push(row.try_get::<u64, _>(0)?),
                 Step::Suppression => suppression = Some((row.try_get(0)?, row.try_get(1)?)),
                 _ => return Err(malformed("a row from a statement that has none")),
             },
@@ -341,7 +357,8 @@ async fn run(
     let changed = changed.ok_or_else(|| malformed("no update"))?;
     let truth = truth.ok_or_else(|| malformed("no count"))?;
     let suppression = Suppression::from_row(suppression);
-    Ok(UpdatedAll { changed, badge: BadgeState { truth, present, suppression } })
+    let badge = BadgeState { truth, present, suppression };
+    Ok(UpdatedAll { changed, changed_ids, badge })
 }
 
 fn count_row(row: &MySqlRow) -> Result<(i64, i64, Option<chrono::NaiveDateTime>)> {
@@ -387,11 +404,12 @@ mod tests {
     fn a_filtered_update_is_one_script_with_a_result_per_statement() {
         let filter =
             ItemFilter { view: View::Inbox, category: Some("billing.eu"), ..Default::default() };
-        let (steps, sql) = script(42, Action::MarkRead, &filter, &[7, 9]).unwrap();
+        let (steps, sql) = script(42, Action::MarkRead, &filter, &[7, 9], true).unwrap();
         let expected = [
             Step::Begin,
             Step::ReadCounts,
             Step::Reads,
+            Step::Changed,
             Step::Update,
             Step::Count,
             Step::Present,
@@ -402,7 +420,7 @@ mod tests {
         assert_eq!(sql.split(";\n").count(), steps.len());
         assert!(!sql.contains('?'), "every value is written in: {sql}");
         assert!(sql.contains("i.category = 'billing.eu'"), "{sql}");
-        let (steps, _) = script(42, Action::Archive, &filter, &[]).unwrap();
+        let (steps, _) = script(42, Action::Archive, &filter, &[], false).unwrap();
         assert_eq!(steps, [Step::Begin, Step::Update, Step::Count, Step::Commit]);
     }
 
@@ -410,7 +428,7 @@ mod tests {
     fn a_category_that_could_end_its_literal_is_refused() {
         for category in ["a'b", "a\\b", "A", "a;b", "a b"] {
             let filter = ItemFilter { category: Some(category), ..Default::default() };
-            assert!(script(42, Action::Delete, &filter, &[]).is_err(), "{category:?}");
+            assert!(script(42, Action::Delete, &filter, &[], false).is_err(), "{category:?}");
         }
     }
 }

@@ -455,3 +455,41 @@ async fn reads_gathered_by_an_api_that_shuts_down_are_queued_on_the_way_out() {
     assert_eq!(hook.json()["data"]["user_ids"], serde_json::json!(users));
     app.cleanup().await;
 }
+
+#[tokio::test]
+async fn reads_by_a_filter_are_reported_like_reads_by_id() {
+    let mut alpha = Receiver::start(&[], Answer::Ok).await;
+    let (mut settings, tokens) = two_clients();
+    settings.webhooks.read_flush_ms = 200;
+    settings.auth.clients[0].webhooks = vec![alpha.endpoint(&["message.completed", "item.read"])];
+    let app = spawn_app_with(settings, true).await;
+    let message_id = send(&app, &tokens["alpha"], vec![11, 12, 13]).await;
+    assert_eq!(alpha.next(WAIT).await.event(), "message.completed");
+
+    let mut inbox = InboxServiceClient::new(authed(app.channel(), &tokens["alpha"]));
+    let all = v1::MarkAllReadRequest { user_id: 11, ..Default::default() };
+    assert_eq!(inbox.mark_all_read(all).await.unwrap().into_inner().marked, 1);
+    let filtered = v1::UpdateItemsRequest {
+        user_id: 12,
+        action: v1::ItemAction::MarkRead as i32,
+        all: Some(v1::ItemFilter::default()),
+        ..Default::default()
+    };
+    assert_eq!(inbox.update_items(filtered).await.unwrap().into_inner().changed, 1);
+    // Reading again changes nothing and reports nothing.
+    let again = v1::MarkAllReadRequest { user_id: 11, ..Default::default() };
+    assert_eq!(inbox.mark_all_read(again).await.unwrap().into_inner().marked, 0);
+
+    let mut seen = BTreeSet::new();
+    while seen.len() < 2 {
+        let hook = alpha.next(WAIT).await;
+        alpha.verify(&hook);
+        assert_eq!((hook.event().as_str(), hook.message_id()), ("item.read", message_id));
+        for user in hook.json()["data"]["user_ids"].as_array().unwrap() {
+            assert!(seen.insert(user.as_str().unwrap().parse::<u64>().unwrap()), "{user} twice");
+        }
+    }
+    assert_eq!(seen, BTreeSet::from([11, 12]), "the two readers, not user 13");
+    alpha.assert_quiet(Duration::from_millis(600)).await;
+    app.cleanup().await;
+}
