@@ -377,11 +377,7 @@ impl Hub {
             BusEvent::GroupMessage { group_id, seq, message_id } => {
                 let members = {
                     let tables = self.read();
-                    let members: Vec<u64> = tables
-                        .groups
-                        .get(&group_id)
-                        .map(|members| members.iter().copied().collect())
-                        .unwrap_or_default();
+                    let members = followed_members(&tables, group_id);
                     for &user_id in &members {
                         for stream in streams_of(&tables, user_id) {
                             let event = v1::GroupMessageSent { user_id, group_id, seq, message_id };
@@ -395,11 +391,7 @@ impl Hub {
             BusEvent::GroupMessageRecalled { group_id, seq: _, message_id } => {
                 let members = {
                     let tables = self.read();
-                    let members: Vec<u64> = tables
-                        .groups
-                        .get(&group_id)
-                        .map(|members| members.iter().copied().collect())
-                        .unwrap_or_default();
+                    let members = followed_members(&tables, group_id);
                     // Once per stream, however many of its users are members.
                     let mut streams: Vec<&Arc<Stream>> =
                         members.iter().flat_map(|user_id| streams_of(&tables, *user_id)).collect();
@@ -759,6 +751,15 @@ impl Hub {
 }
 
 /// The streams following `user_id`.
+/// The followed members of a group.
+fn followed_members(tables: &Tables, group_id: u64) -> Vec<u64> {
+    tables
+        .groups
+        .get(&group_id)
+        .map(|members| members.iter().copied().collect())
+        .unwrap_or_default()
+}
+
 fn streams_of(tables: &Tables, user_id: u64) -> Vec<&Arc<Stream>> {
     tables
         .users
