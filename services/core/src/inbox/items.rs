@@ -9,14 +9,14 @@
 use shard_router::Key;
 use tracing::{instrument, warn};
 
-use super::badge::{counted, counts};
+use super::badge::counted;
 use crate::announce;
 use crate::context::Context;
 use crate::events::{self, BusEvent, BusFilter};
 use notify_cache::Counts;
 use notify_domain::domain::UserId;
 use notify_domain::error::Result;
-use notify_store::db::item_updates::{self, Action, Target, Updated};
+use notify_store::db::item_updates::{self, Action, Target};
 use notify_store::db::items::{ItemFilter, View};
 
 /// What an update changed, and the user's counts after it.
@@ -46,40 +46,20 @@ pub async fn update_items(
         warn!(error = %e, user_id = user, "could not materialize announcements before an update");
     }
     let pool = ctx.writable(Key::User(user)).await?;
-    // A filtered update reads the badge in its transaction, which needs the
-    // live announcements (as a rebuild of the badge does).
-    let live = match target {
-        Target::All(_) => Some(announce::active(ctx).await?),
-        Target::Ids(_) => None,
-    };
+    // The badge is read in the update's transaction, which needs the live
+    // announcements (as a rebuild of the badge does).
+    let live = announce::active(ctx).await?;
+    let live_ids: Vec<u64> = live.iter().map(|a| a.message_id).collect();
+    // Reads by filter feed item.read webhooks too, when any listens.
+    let ids = action == Action::MarkRead && ctx.webhook_reads.is_some();
     ctx.cache.begin_count_change(user).await?;
-    let result = match target {
-        Target::Ids(ids) => notify_store::db::retry_on_deadlock(|| {
-            item_updates::update_ids(&pool, user, action, ids)
-        })
-        .await
-        .map(|updated| (updated, None)),
-        Target::All(filter) => {
-            let live: Vec<u64> = live.iter().flatten().map(|a| a.message_id).collect();
-            // Reads by filter feed item.read webhooks too, when any listens.
-            let ids = action == Action::MarkRead && ctx.webhook_reads.is_some();
-            notify_store::db::retry_on_deadlock(|| {
-                item_updates::update_all(&pool, user, action, &filter, &live, ids)
-            })
-            .await
-            .map(|all| {
-                let updated = Updated {
-                    changed: all.changed,
-                    changed_ids: all.changed_ids,
-                    unknown: Vec::new(),
-                };
-                (updated, Some(all.badge))
-            })
-        }
-    };
+    let result = notify_store::db::retry_on_deadlock(|| {
+        item_updates::update(&pool, user, action, target, &live_ids, ids)
+    })
+    .await;
     finish_count_change(ctx, user).await;
     drop(pool);
-    let (updated, badge) = result?;
+    let updated = result?;
     if updated.changed > 0 {
         if action == Action::MarkRead
             && let Some(sink) = &ctx.webhook_reads
@@ -93,10 +73,7 @@ pub async fn update_items(
         let event = BusEvent::ItemsUpdated { user_id: user, action, message_ids, filter };
         events::publish_best_effort(ctx, &event).await;
     }
-    let counts = match (badge, live) {
-        (Some(badge), Some(live)) => counted(&badge, &live).0,
-        _ => counts(ctx, &[user]).await?.first().copied().unwrap_or_default(),
-    };
+    let counts = counted(&updated.badge, &live).0;
     Ok(Changed { changed: updated.changed, unknown: updated.unknown, counts })
 }
 
