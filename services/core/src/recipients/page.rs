@@ -115,8 +115,8 @@ pub(super) async fn from_chunks(
 
 /// A page from every shard's chunk candidates: merged in user order up to
 /// the least complete shard, then, where the filter depends on the item,
-/// items looked up a page of users at a time (at most [`LOOKUP_PAGES`]
-/// pages). Returns the page and the user id the next starts after.
+/// items looked up: a page of users, then, if that did not fill the page,
+/// up to [`LOOKUP_PAGES`] pages in all in one more round. Returns the page and the user id the next starts after.
 pub(super) async fn from_candidates(
     routes: &Snapshot<'_, MySqlPool>,
     send: &Sent,
@@ -140,10 +140,11 @@ pub(super) async fn from_candidates(
     let budget = if filter == Filter::All { page_size } else { page_size * LOOKUP_PAGES };
     let mut entries = Vec::new();
     let mut looked = 0;
-    for window in candidates.chunks(page_size) {
-        if entries.len() >= page_size || looked >= budget {
-            break;
-        }
+    while looked < candidates.len() && looked < budget && entries.len() < page_size {
+        // A page's worth first; when that did not fill the page (a sparse
+        // filter), the rest of the budget in one more round.
+        let take = if looked == 0 { page_size } else { budget - looked };
+        let window = &candidates[looked..(looked + take).min(candidates.len())];
         let delivered: Vec<u64> = window
             .iter()
             .filter(|(_, state)| matches!(*state, chunk::DONE | chunk::UNSETTLED))

@@ -30,6 +30,8 @@ pub struct Run {
 /// A chunk as the recipient queries read it.
 #[derive(Debug, Clone)]
 pub struct ChunkUsers {
+    /// The chunk.
+    pub chunk_id: u64,
     /// Its state.
     pub state: u8,
     /// Its batch.
@@ -40,6 +42,7 @@ pub struct ChunkUsers {
 
 #[derive(FromRow)]
 struct ChunkRow {
+    chunk_id: u64,
     state: u8,
     batch: u64,
     user_ids: Vec<u8>,
@@ -48,6 +51,7 @@ struct ChunkRow {
 impl ChunkRow {
     fn decode(self) -> Result<ChunkUsers> {
         Ok(ChunkUsers {
+            chunk_id: self.chunk_id,
             state: self.state,
             batch: self.batch,
             user_ids: decode_user_ids(&self.user_ids)?,
@@ -142,7 +146,7 @@ pub async fn chunk_users<'e>(
     if chunk_ids.is_empty() {
         return Ok(Vec::new());
     }
-    let select = "SELECT state, batch, user_ids FROM message_chunks WHERE message_id = ";
+    let select = "SELECT chunk_id, state, batch, user_ids FROM message_chunks WHERE message_id = ";
     let mut sql = of_send(select, message_id, "chunk_id", chunk_ids);
     let rows: Vec<ChunkRow> = sql.build_query_as().fetch_all(pool).await?;
     rows.into_iter().map(ChunkRow::decode).collect()
@@ -186,20 +190,76 @@ pub async fn chunk_ends_from<'e>(
     Ok(sql.build_query_as().fetch_all(pool).await?)
 }
 
-/// The first user of each of these chunks, by primary key (no user ids
-/// travel).
-#[instrument(level = "debug", skip_all, fields(db.system = "mysql", chunks = chunk_ids.len()))]
-pub async fn first_users<'e>(
-    pool: impl sqlx::MySqlExecutor<'e>,
+/// A user found in a chunk of a send by [`chunks_holding`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, FromRow)]
+pub struct Held {
+    /// The user.
+    pub user_id: u64,
+    /// The chunk.
+    pub chunk_id: u64,
+    /// Its state.
+    pub state: u8,
+    /// Where the user's 8 bytes first occur in the chunk's `user_ids`
+    /// (1-based): at an aligned offset the user is in the chunk; elsewhere
+    /// (the bytes straddle two ids) the caller must decode the chunk.
+    pub position: u64,
+}
+
+/// Which of these (chunk, user) pairs of a send hold the user, tested in
+/// the database (the chunks' user ids never travel): one statement whatever
+/// the number of pairs (a JSON array joined by primary key, so its prepared
+/// form is reused), reading each chunk once when the pairs come sorted by
+/// chunk, and skipping chunks that start past the user before searching.
+#[instrument(level = "debug", skip_all, fields(db.system = "mysql", pairs = pairs.len()))]
+pub async fn chunks_holding(
+    pool: &MySqlPool,
     message_id: MessageId,
-    chunk_ids: &[u64],
-) -> Result<Vec<(u64, u64)>> {
-    if chunk_ids.is_empty() {
+    pairs: &[(u64, u64)],
+) -> Result<Vec<Held>> {
+    if pairs.is_empty() {
         return Ok(Vec::new());
     }
-    let select = "SELECT chunk_id, first_user FROM message_chunks WHERE message_id = ";
-    let mut sql = of_send(select, message_id, "chunk_id", chunk_ids);
-    Ok(sql.build_query_as().fetch_all(pool).await?)
+    let mut json = String::with_capacity(pairs.len() * 48);
+    json.push('[');
+    for (index, (chunk_id, user_id)) in pairs.iter().enumerate() {
+        if index > 0 {
+            json.push(',');
+        }
+        let bytes = hex(&user_id.to_le_bytes());
+        json.push_str(&format!("[{chunk_id},{user_id},\"{bytes}\"]"));
+    }
+    json.push(']');
+    Ok(sqlx::query_as(
+        "SELECT p.user_id, c.chunk_id, c.state, INSTR(c.user_ids, UNHEX(p.bytes)) AS position \
+         FROM JSON_TABLE(?, '$[*]' COLUMNS (chunk_id BIGINT UNSIGNED PATH '$[0]', \
+         user_id BIGINT UNSIGNED PATH '$[1]', bytes CHAR(16) PATH '$[2]')) AS p \
+         JOIN message_chunks c FORCE INDEX (PRIMARY) \
+         ON c.message_id = ? AND c.chunk_id = p.chunk_id \
+         WHERE c.first_user <= p.user_id AND c.last_user >= p.user_id \
+         AND INSTR(c.user_ids, UNHEX(p.bytes)) > 0",
+    )
+    .bind(json)
+    .bind(message_id.get())
+    .fetch_all(pool)
+    .await?)
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// `ids` as a JSON array of numbers.
+fn json_ids(ids: &[u64]) -> String {
+    let mut json = String::with_capacity(ids.len() * 12 + 2);
+    json.push('[');
+    for (index, id) in ids.iter().enumerate() {
+        if index > 0 {
+            json.push(',');
+        }
+        json.push_str(&id.to_string());
+    }
+    json.push(']');
+    json
 }
 
 /// A recipient's item of a send, as the recipient queries read it.
@@ -216,7 +276,10 @@ pub struct ItemRow {
 }
 
 /// The items of a send these users have on this shard (deleted ones
-/// included: they were delivered): primary-key lookups.
+/// included: they were delivered): primary-key lookups, in one statement
+/// whatever the number of users (a JSON array joined by primary key), so
+/// its prepared form is reused rather than prepared again for each length
+/// of an `IN` list.
 #[instrument(level = "debug", skip_all, fields(db.system = "mysql", users = user_ids.len()))]
 pub async fn items(
     pool: &MySqlPool,
@@ -226,10 +289,16 @@ pub async fn items(
     if user_ids.is_empty() {
         return Ok(Vec::new());
     }
-    let select = "SELECT user_id, is_read, created_at, read_at FROM message_items \
-         FORCE INDEX (PRIMARY) WHERE message_id = ";
-    let mut sql = of_send(select, message_id, "user_id", user_ids);
-    Ok(sql.build_query_as().fetch_all(pool).await?)
+    Ok(sqlx::query_as(
+        "SELECT i.user_id, i.is_read, i.created_at, i.read_at \
+         FROM JSON_TABLE(?, '$[*]' COLUMNS (user_id BIGINT UNSIGNED PATH '$')) AS j \
+         JOIN message_items i FORCE INDEX (PRIMARY) \
+         ON i.user_id = j.user_id AND i.message_id = ?",
+    )
+    .bind(json_ids(user_ids))
+    .bind(message_id.get())
+    .fetch_all(pool)
+    .await?)
 }
 
 /// A recorded read, with its item.
