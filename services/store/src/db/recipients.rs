@@ -230,7 +230,8 @@ pub async fn chunks_holding(
     }
     json.push(']');
     Ok(sqlx::query_as(
-        "SELECT p.user_id, c.chunk_id, c.state, INSTR(c.user_ids, UNHEX(p.bytes)) AS position \
+        "SELECT p.user_id, c.chunk_id, c.state, \
+         CAST(INSTR(c.user_ids, UNHEX(p.bytes)) AS UNSIGNED) AS position \
          FROM JSON_TABLE(?, '$[*]' COLUMNS (chunk_id BIGINT UNSIGNED PATH '$[0]', \
          user_id BIGINT UNSIGNED PATH '$[1]', bytes CHAR(16) PATH '$[2]')) AS p \
          JOIN message_chunks c FORCE INDEX (PRIMARY) \
