@@ -517,7 +517,8 @@ async fn recipient_status_is_exact_where_a_users_bytes_straddle_two_ids_of_a_chu
     // off alignment, so a byte search alone would find that user there.
     let before = 8_700_001;
     let shard = shard_of(before);
-    let after = (before + 1..).find(|u| shard_of(*u) == shard && shard_of(u * 256) == shard).unwrap();
+    let after =
+        (before + 1..).find(|u| shard_of(*u) == shard && shard_of(u * 256) == shard).unwrap();
     let lookalike = after * 256;
     let beyond = (lookalike + 1..).find(|u| shard_of(*u) == shard).unwrap();
     let without = start_batches(&app, &[vec![before, after, beyond]]).await;

@@ -64,8 +64,8 @@ pub(super) struct ShardCandidates {
 }
 
 /// A shard's recipients past the cursor from its chunks: per run, the
-/// heads of the next chunks (index only), then the users of those that
-/// start within what the shard can answer completely.
+/// next chunks that start within what the shard can answer completely, in
+/// one statement.
 pub(super) async fn from_chunks(
     pool: &MySqlPool,
     send: &Sent,
@@ -74,35 +74,10 @@ pub(super) async fn from_chunks(
     page_size: u32,
 ) -> Result<ShardCandidates> {
     let states = filter.chunk_states(send.recalled);
-    // One snapshot for the three reads (REPEATABLE READ).
-    let mut tx = pool.begin().await?;
-    let runs = store::runs(&mut *tx, send.message_id, &states).await?;
-    if runs.is_empty() {
-        return Ok(ShardCandidates { users: Vec::new(), complete_to: u64::MAX });
-    }
     // The cursor's chunk is read partly: one more than a page needs.
     let per_run = page_size.div_ceil(CHUNK_USERS) + 1;
-    let heads = store::chunk_heads_after(&mut *tx, send.message_id, &runs, after, per_run).await?;
-    let mut read_per_run: HashMap<(u8, u64), (u32, u64)> = HashMap::new();
-    for head in &heads {
-        let entry = read_per_run.entry((head.state, head.batch)).or_default();
-        entry.0 += 1;
-        entry.1 = entry.1.max(head.last_user);
-    }
-    // A run that gave as many chunks as asked may have more past its last.
-    let complete_to = read_per_run
-        .values()
-        .filter(|(count, _)| *count >= per_run)
-        .map(|(_, last)| *last)
-        .min()
-        .unwrap_or(u64::MAX);
-    let needed: Vec<u64> = heads
-        .iter()
-        .filter(|head| head.first_user <= complete_to)
-        .map(|head| head.chunk_id)
-        .collect();
-    let chunks = store::chunk_users(&mut *tx, send.message_id, &needed).await?;
-    tx.commit().await?;
+    let (chunks, complete_to) =
+        store::chunks_after(pool, send.message_id, &states, after, per_run).await?;
     let mut users: Vec<(u64, u8)> = chunks
         .iter()
         .flat_map(|chunk| chunk.user_ids.iter().map(move |user| (*user, chunk.state)))

@@ -4,9 +4,9 @@
 //! reads recorded by message (`message_reads`) and the announcements'
 //! materializations (`announcement_recipients`). Item states come from
 //! primary-key lookups in `message_items`, which gets no index for this.
-//! The chunk queries take any executor: callers run one page's in a
-//! read-only transaction, so a chunk changing state between them (a worker
-//! applying or recalling it) is seen in one state, not missed.
+//! A page's chunks come in one statement, so a chunk changing state
+//! meanwhile (a worker applying or recalling it) is seen in one state, not
+//! missed.
 
 use chrono::NaiveDateTime;
 use sqlx::{FromRow, MySqlPool, QueryBuilder};
@@ -16,16 +16,6 @@ use super::chunks::decode_user_ids;
 use super::push_ids;
 use notify_domain::domain::MessageId;
 use notify_domain::error::Result;
-
-/// One run of a send's chunks on a shard: the chunks of one batch in one
-/// state, whose user ranges follow each other.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, FromRow)]
-pub struct Run {
-    /// The chunks' state.
-    pub state: u8,
-    /// Their batch (`chunk_id >> 16`; a split chunk is a batch of its own).
-    pub batch: u64,
-}
 
 /// A chunk as the recipient queries read it.
 #[derive(Debug, Clone)]
@@ -59,81 +49,64 @@ impl ChunkRow {
     }
 }
 
-/// The runs of a send's chunks on this shard in `states`: an index-only read
-/// of the send's entries in `idx_chunks_recipients` (one per chunk, that is
-/// per 500 recipients on the shard; MariaDB does not skip-scan it).
+/// The chunks of a send on this shard in `states` that a page after user
+/// `after` needs, with their users, and the user id up to which they hold
+/// every recipient of the shard in those states (`u64::MAX`: all): in one
+/// statement (one snapshot, one round trip). Per run (the chunks of one
+/// batch in one state, whose user ranges follow each other), the first
+/// `per_run` chunks ending past `after` (from `idx_chunks_recipients`, one
+/// index entry per chunk of the send past the cursor: MariaDB does not
+/// skip-scan it); a run that has that many may have more past its last,
+/// so the least of those lasts bounds what is complete; of the heads, the
+/// chunks starting within that bound.
 #[instrument(level = "debug", skip_all, fields(db.system = "mysql"))]
-pub async fn runs<'e>(
-    pool: impl sqlx::MySqlExecutor<'e>,
+pub async fn chunks_after(
+    pool: &MySqlPool,
     message_id: MessageId,
     states: &[u8],
-) -> Result<Vec<Run>> {
+    after: u64,
+    per_run: u32,
+) -> Result<(Vec<ChunkUsers>, u64)> {
     if states.is_empty() {
-        return Ok(Vec::new());
+        return Ok((Vec::new(), u64::MAX));
     }
     let mut sql = QueryBuilder::new(
-        "SELECT state, batch FROM message_chunks FORCE INDEX (idx_chunks_recipients) \
-         WHERE message_id = ",
+        "WITH heads AS (SELECT chunk_id, last_user, \
+         ROW_NUMBER() OVER (PARTITION BY state, batch ORDER BY last_user) AS n \
+         FROM message_chunks FORCE INDEX (idx_chunks_recipients) WHERE message_id = ",
     );
     sql.push_bind(message_id.get()).push(" AND state IN (");
     let mut list = sql.separated(", ");
     for state in states {
         list.push_bind(*state);
     }
-    sql.push(") GROUP BY state, batch");
-    Ok(sql.build_query_as().fetch_all(pool).await?)
-}
-
-/// Where a chunk's users lie, without them.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, FromRow)]
-pub struct ChunkHead {
-    /// The chunk.
-    pub chunk_id: u64,
-    /// Its state.
-    pub state: u8,
-    /// Its batch.
-    pub batch: u64,
-    /// Its first user.
-    pub first_user: u64,
-    /// Its last user.
-    pub last_user: u64,
-}
-
-/// Up to `per_run` chunks of each run whose last user is past `after`, each
-/// run's in user order: one index range per run, in one statement, reading
-/// no user ids (see [`chunk_users`]).
-#[instrument(level = "debug", skip_all, fields(db.system = "mysql", runs = runs.len()))]
-pub async fn chunk_heads_after<'e>(
-    pool: impl sqlx::MySqlExecutor<'e>,
-    message_id: MessageId,
-    runs: &[Run],
-    after: u64,
-    per_run: u32,
-) -> Result<Vec<ChunkHead>> {
-    if runs.is_empty() {
-        return Ok(Vec::new());
-    }
-    let mut sql = QueryBuilder::new("");
-    for (index, run) in runs.iter().enumerate() {
-        if index > 0 {
-            sql.push(" UNION ALL ");
-        }
-        sql.push(
-            "(SELECT chunk_id, state, batch, first_user, last_user FROM message_chunks \
-             FORCE INDEX (idx_chunks_recipients) WHERE message_id = ",
+    sql.push(") AND last_user > ")
+        .push_bind(after)
+        .push(
+            "), bound AS (SELECT CAST(COALESCE(MIN(last_user), 18446744073709551615) AS UNSIGNED) \
+             AS complete_to FROM heads WHERE n = ",
+        )
+        .push_bind(per_run)
+        .push(
+            ") SELECT c.chunk_id, c.state, c.batch, c.user_ids, bound.complete_to \
+             FROM heads STRAIGHT_JOIN bound STRAIGHT_JOIN message_chunks c FORCE INDEX (PRIMARY) \
+             ON c.message_id = ",
         )
         .push_bind(message_id.get())
-        .push(" AND state = ")
-        .push_bind(run.state)
-        .push(" AND batch = ")
-        .push_bind(run.batch)
-        .push(" AND last_user > ")
-        .push_bind(after)
-        .push(" ORDER BY last_user LIMIT ")
+        .push(" AND c.chunk_id = heads.chunk_id WHERE heads.n <= ")
         .push_bind(per_run)
-        .push(")");
-    }
-    Ok(sql.build_query_as().fetch_all(pool).await?)
+        .push(" AND c.first_user <= bound.complete_to");
+    let rows: Vec<BoundedChunkRow> = sql.build_query_as().fetch_all(pool).await?;
+    let complete_to = rows.first().map_or(u64::MAX, |row| row.complete_to);
+    let chunks = rows.into_iter().map(|row| row.chunk.decode()).collect::<Result<Vec<_>>>()?;
+    Ok((chunks, complete_to))
+}
+
+#[derive(FromRow)]
+struct BoundedChunkRow {
+    #[sqlx(flatten)]
+    chunk: ChunkRow,
+    complete_to: u64,
 }
 
 /// The users of these chunks of a send, by primary key.
