@@ -90,8 +90,9 @@ pub(super) async fn from_chunks(
 
 /// A page from every shard's chunk candidates: merged in user order up to
 /// the least complete shard, then, where the filter depends on the item,
-/// items looked up: a page of users, then, if that did not fill the page,
-/// up to [`LOOKUP_PAGES`] pages in all in one more round. Returns the page and the user id the next starts after.
+/// items looked up: a page of users, then, while the page is not full,
+/// as many as the yield so far says it lacks, up to [`LOOKUP_PAGES`] pages
+/// in all. Returns the page and the user id the next starts after.
 pub(super) async fn from_candidates(
     routes: &Snapshot<'_, MySqlPool>,
     send: &Sent,
@@ -116,9 +117,15 @@ pub(super) async fn from_candidates(
     let mut entries = Vec::new();
     let mut looked = 0;
     while looked < candidates.len() && looked < budget && entries.len() < page_size {
-        // A page's worth first; when that did not fill the page (a sparse
-        // filter), the rest of the budget in one more round.
-        let take = if looked == 0 { page_size } else { budget - looked };
+        // A page's worth first; when that did not fill the page, what it
+        // still lacks at the yield so far (twice over, 100 at least): a
+        // dense filter's few more, a sparse one's whole budget in one round.
+        let take = if looked == 0 {
+            page_size
+        } else {
+            let lacking = page_size - entries.len();
+            (lacking * looked * 2 / entries.len().max(1)).max(100).min(budget - looked)
+        };
         let window = &candidates[looked..(looked + take).min(candidates.len())];
         let delivered: Vec<u64> = window
             .iter()
