@@ -458,3 +458,79 @@ async fn erasure_removes_the_users_reads_and_materializations() {
     assert_eq!(users_of(&list_all(&app, id, F::Suppressed, 10).await), [user]);
     app.cleanup().await;
 }
+
+/// Starts a draft of these batches (no worker runs in the apps below, so its
+/// chunks stay pending and every state comes from them).
+async fn start_batches(app: &TestApp, batches: &[Vec<u64>]) -> u64 {
+    let id = crate::helpers::create_draft(app, "recipients").await;
+    for (index, user_ids) in batches.iter().enumerate() {
+        let request = v1::AppendRecipientsRequest {
+            message_id: id,
+            batch_number: index as u64 + 1,
+            user_ids: user_ids.clone(),
+        };
+        app.messages().append_recipients(request).await.unwrap();
+    }
+    app.messages().start_message(v1::StartMessageRequest { message_id: id }).await.unwrap();
+    id
+}
+
+#[tokio::test]
+async fn recipient_status_finds_each_user_in_the_one_chunk_of_each_batch_that_can_hold_them() {
+    let app = spawn_app_with(test_settings(), false).await;
+    // Two interleaved batches, with the users between them no recipient:
+    // every user falls inside the runs of chunks of both batches.
+    let first: Vec<u64> = (0..900).map(|i| 8_600_000 + 3 * i).collect();
+    let second: Vec<u64> = (0..900).map(|i| 8_600_001 + 3 * i).collect();
+    let id = start_batches(&app, &[first.clone(), second.clone()]).await;
+    // One shard's chunks dead-lettered.
+    let (shard, pool) = app.ctx.pools.iter().next().unwrap();
+    sqlx::query("UPDATE message_chunks SET state = 2 WHERE message_id = ?")
+        .bind(id)
+        .execute(pool)
+        .await
+        .unwrap();
+    let asked: Vec<u64> = (8_600_000..8_601_000).collect();
+    let expected: Vec<(u64, i32)> = asked
+        .iter()
+        .map(|user| {
+            let state = if (user - 8_600_000) % 3 == 2 {
+                S::NotARecipient
+            } else if app.ctx.pools.for_user(*user).shard() == shard {
+                S::Failed
+            } else {
+                S::Pending
+            };
+            (*user, state as i32)
+        })
+        .collect();
+    assert_eq!(states(&status(&app, id, asked).await), expected);
+    app.cleanup().await;
+}
+
+#[tokio::test]
+async fn recipient_status_is_exact_where_a_users_bytes_straddle_two_ids_of_a_chunk() {
+    let app = spawn_app_with(test_settings(), false).await;
+    let shard_of = |user: u64| app.ctx.pools.for_user(user).shard();
+    // Chunks store ids as little-endian u64s: the high (zero) byte of
+    // `before` and the 7 low bytes of `after` spell 256 * `after`, one byte
+    // off alignment, so a byte search alone would find that user there.
+    let before = 8_700_001;
+    let shard = shard_of(before);
+    let after =
+        (before + 1..).find(|u| shard_of(*u) == shard && shard_of(u * 256) == shard).unwrap();
+    let lookalike = after * 256;
+    let beyond = (lookalike + 1..).find(|u| shard_of(*u) == shard).unwrap();
+    let without = start_batches(&app, &[vec![before, after, beyond]]).await;
+    assert_eq!(
+        states(&status(&app, without, vec![lookalike, after]).await),
+        [(lookalike, S::NotARecipient as i32), (after, S::Pending as i32)]
+    );
+    // Also there as a recipient: found past the straddling bytes.
+    let with = start_batches(&app, &[vec![before, after, lookalike]]).await;
+    assert_eq!(
+        states(&status(&app, with, vec![lookalike, before]).await),
+        [(lookalike, S::Pending as i32), (before, S::Pending as i32)]
+    );
+    app.cleanup().await;
+}

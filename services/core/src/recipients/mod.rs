@@ -215,34 +215,35 @@ pub async fn list(
 ) -> Result<RecipientPage> {
     let page_size = self::page_size(page_size)?;
     let after = token::decode(page_token, message_id, filter)?;
-    let row = send::fetch_visible(ctx, message_id, owner).await?;
+    let routes = ctx.pools.snapshot();
+    // The shard reads start with the send's record, as for a send that is
+    // not recalled (the usual case): they are read again when it is, and
+    // dropped unread when the send is not the caller's or the filter is
+    // answered otherwise (an announcement's).
+    let (row, guess) = futures::future::try_join(
+        send::fetch_visible(ctx, message_id, owner),
+        shard_parts(ctx, &routes, &Sent { message_id, recalled: false }, filter, after, page_size),
+    )
+    .await?;
     let send = Sent { message_id, recalled: row.status()? == SendStatus::Recalled };
     let announcement = row.audience == AudienceKind::AllUsers as u8;
-    let routes = ctx.pools.snapshot();
-    let (recipients, next) = if filter == Filter::Read || announcement {
-        // Users spread evenly over shards (by hash): each shard is asked for
-        // twice its share of a page, not a whole page.
+    let parts = if announcement && filter != Filter::Read {
         let shards = ctx.pools.iter().count().max(1) as u32;
         let per_shard = (page_size.div_ceil(shards) * 2).min(page_size);
         let pages = ctx.pools.iter().map(|(shard, pool)| {
-            let routes = &routes;
-            async move {
-                if filter == Filter::Read {
-                    page::readers(routes, shard, pool, &send, after, per_shard).await
-                } else {
-                    page::materialized(routes, shard, pool, &send, filter, after, per_shard).await
-                }
-            }
+            page::materialized(&routes, shard, pool, &send, filter, after, per_shard)
         });
-        let pages = futures::future::try_join_all(pages).await?;
-        page::merge(pages, page_size as usize)
+        Parts::Readers(futures::future::try_join_all(pages).await?)
+    } else if send.recalled {
+        shard_parts(ctx, &routes, &send, filter, after, page_size).await?
     } else {
-        let parts = ctx
-            .pools
-            .iter()
-            .map(|(_, pool)| page::from_chunks(pool, &send, filter, after, page_size));
-        let parts = futures::future::try_join_all(parts).await?;
-        page::from_candidates(&routes, &send, filter, parts, page_size).await?
+        guess
+    };
+    let (recipients, next) = match parts {
+        Parts::Readers(pages) => page::merge(pages, page_size as usize),
+        Parts::Chunks(parts) => {
+            page::from_candidates(&routes, &send, filter, parts, page_size).await?
+        }
     };
     Ok(RecipientPage {
         recipients,
@@ -250,4 +251,38 @@ pub async fn list(
             .map(|last| token::encode(message_id, filter, last))
             .unwrap_or_default(),
     })
+}
+
+/// Every shard's part of a page before the merge.
+enum Parts {
+    /// Readers (or an announcement's materializations), items read.
+    Readers(Vec<page::ShardPage>),
+    /// Recipients from chunks, items still to look up.
+    Chunks(Vec<page::ShardCandidates>),
+}
+
+/// Every shard's part of a page of a send (not an announcement, but for the
+/// readers, who are recorded alike for both).
+async fn shard_parts(
+    ctx: &Context,
+    routes: &shard_router::Snapshot<'_, sqlx::MySqlPool>,
+    send: &Sent,
+    filter: Filter,
+    after: u64,
+    page_size: u32,
+) -> Result<Parts> {
+    if filter == Filter::Read {
+        // Users spread evenly over shards (by hash): each shard is asked for
+        // twice its share of a page, not a whole page.
+        let shards = ctx.pools.iter().count().max(1) as u32;
+        let per_shard = (page_size.div_ceil(shards) * 2).min(page_size);
+        let pages = ctx
+            .pools
+            .iter()
+            .map(|(shard, pool)| page::readers(routes, shard, pool, send, after, per_shard));
+        return Ok(Parts::Readers(futures::future::try_join_all(pages).await?));
+    }
+    let parts =
+        ctx.pools.iter().map(|(_, pool)| page::from_chunks(pool, send, filter, after, page_size));
+    Ok(Parts::Chunks(futures::future::try_join_all(parts).await?))
 }

@@ -64,8 +64,8 @@ pub(super) struct ShardCandidates {
 }
 
 /// A shard's recipients past the cursor from its chunks: per run, the
-/// heads of the next chunks (index only), then the users of those that
-/// start within what the shard can answer completely.
+/// next chunks that start within what the shard can answer completely, in
+/// one statement.
 pub(super) async fn from_chunks(
     pool: &MySqlPool,
     send: &Sent,
@@ -74,35 +74,10 @@ pub(super) async fn from_chunks(
     page_size: u32,
 ) -> Result<ShardCandidates> {
     let states = filter.chunk_states(send.recalled);
-    // One snapshot for the three reads (REPEATABLE READ).
-    let mut tx = pool.begin().await?;
-    let runs = store::runs(&mut *tx, send.message_id, &states).await?;
-    if runs.is_empty() {
-        return Ok(ShardCandidates { users: Vec::new(), complete_to: u64::MAX });
-    }
     // The cursor's chunk is read partly: one more than a page needs.
     let per_run = page_size.div_ceil(CHUNK_USERS) + 1;
-    let heads = store::chunk_heads_after(&mut *tx, send.message_id, &runs, after, per_run).await?;
-    let mut read_per_run: HashMap<(u8, u64), (u32, u64)> = HashMap::new();
-    for head in &heads {
-        let entry = read_per_run.entry((head.state, head.batch)).or_default();
-        entry.0 += 1;
-        entry.1 = entry.1.max(head.last_user);
-    }
-    // A run that gave as many chunks as asked may have more past its last.
-    let complete_to = read_per_run
-        .values()
-        .filter(|(count, _)| *count >= per_run)
-        .map(|(_, last)| *last)
-        .min()
-        .unwrap_or(u64::MAX);
-    let needed: Vec<u64> = heads
-        .iter()
-        .filter(|head| head.first_user <= complete_to)
-        .map(|head| head.chunk_id)
-        .collect();
-    let chunks = store::chunk_users(&mut *tx, send.message_id, &needed).await?;
-    tx.commit().await?;
+    let (chunks, complete_to) =
+        store::chunks_after(pool, send.message_id, &states, after, per_run).await?;
     let mut users: Vec<(u64, u8)> = chunks
         .iter()
         .flat_map(|chunk| chunk.user_ids.iter().map(move |user| (*user, chunk.state)))
@@ -115,8 +90,9 @@ pub(super) async fn from_chunks(
 
 /// A page from every shard's chunk candidates: merged in user order up to
 /// the least complete shard, then, where the filter depends on the item,
-/// items looked up a page of users at a time (at most [`LOOKUP_PAGES`]
-/// pages). Returns the page and the user id the next starts after.
+/// items looked up: a page of users, then, while the page is not full,
+/// as many as the yield so far says it lacks, up to [`LOOKUP_PAGES`] pages
+/// in all. Returns the page and the user id the next starts after.
 pub(super) async fn from_candidates(
     routes: &Snapshot<'_, MySqlPool>,
     send: &Sent,
@@ -140,10 +116,17 @@ pub(super) async fn from_candidates(
     let budget = if filter == Filter::All { page_size } else { page_size * LOOKUP_PAGES };
     let mut entries = Vec::new();
     let mut looked = 0;
-    for window in candidates.chunks(page_size) {
-        if entries.len() >= page_size || looked >= budget {
-            break;
-        }
+    while looked < candidates.len() && looked < budget && entries.len() < page_size {
+        // A page's worth first; when that did not fill the page, what it
+        // still lacks at the yield so far (twice over, 100 at least): a
+        // dense filter's few more, a sparse one's whole budget in one round.
+        let take = if looked == 0 {
+            page_size
+        } else {
+            let lacking = page_size - entries.len();
+            (lacking * looked * 2 / entries.len().max(1)).max(100).min(budget - looked)
+        };
+        let window = &candidates[looked..(looked + take).min(candidates.len())];
         let delivered: Vec<u64> = window
             .iter()
             .filter(|(_, state)| matches!(*state, chunk::DONE | chunk::UNSETTLED))

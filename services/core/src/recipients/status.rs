@@ -3,23 +3,33 @@
 
 use std::collections::HashMap;
 
+use shard_router::{ShardId, Snapshot};
 use sqlx::MySqlPool;
 use tracing::instrument;
 
-use super::page::{announcement_recipient, items, rank};
+use super::page::{announcement_recipient, rank};
 use super::{MAX_PAGE_SIZE, Recipient, RecipientState, Sent};
 use crate::context::Context;
 use crate::send;
 use notify_domain::domain::{AudienceKind, MessageId, SendStatus, validate_user_ids};
 use notify_domain::error::Result;
 use notify_store::db::chunks::state as chunk;
-use notify_store::db::recipients as store;
+use notify_store::db::recipients::{self as store, ItemRow};
 
 const FIELD: &str = "user_ids";
 
 /// Returns, in request order and once per distinct id, where the send
 /// stands for each of up to [`MAX_PAGE_SIZE`] users, or
 /// [`RecipientState::NotARecipient`]. `owner` as in [`super::list`].
+///
+/// Two rounds of reads, each concurrent over the shards, whatever the
+/// number of users: the send's record with, on each shard, the items of
+/// the users routed there and the chunk index of the send; then, on each
+/// shard, one statement that tests the users without an item against the
+/// only chunks of each batch that can hold them. The reads are not one
+/// snapshot: a chunk applied between them reads as its users' state after
+/// it (delivered, with no item yet seen: suppressed), as a page would
+/// have a moment earlier or later.
 #[instrument(skip_all, fields(message_id = %message_id, users = user_ids.len()))]
 pub async fn status(
     ctx: &Context,
@@ -28,12 +38,19 @@ pub async fn status(
     user_ids: &[u64],
 ) -> Result<Vec<Recipient>> {
     let sorted = validate_user_ids(user_ids, MAX_PAGE_SIZE as usize, FIELD, "")?;
-    let row = send::fetch_visible(ctx, message_id, owner).await?;
+    let routes = ctx.pools.snapshot();
+    // The shard reads do not depend on the record: they start with it (and
+    // are dropped unread when it is not the caller's, or an announcement).
+    let (row, first) = futures::future::try_join(
+        send::fetch_visible(ctx, message_id, owner),
+        first_round(ctx, &routes, message_id, &sorted),
+    )
+    .await?;
     let send = Sent { message_id, recalled: row.status()? == SendStatus::Recalled };
     let found = if row.audience == AudienceKind::AllUsers as u8 {
         of_announcement(ctx, &send, &sorted).await?
     } else {
-        of_send(ctx, &send, &sorted).await?
+        of_send(ctx, &send, &sorted, first).await?
     };
     let mut seen = std::collections::HashSet::with_capacity(sorted.len());
     Ok(user_ids
@@ -66,9 +83,56 @@ async fn of_announcement(
         .collect())
 }
 
-async fn of_send(ctx: &Context, send: &Sent, users: &[u64]) -> Result<HashMap<u64, Recipient>> {
-    let routes = ctx.pools.snapshot();
-    let items = items(&routes, send, users).await?;
+/// What the first round read: the items found, and each shard's chunks of
+/// the send (the index: no user ids) that end at or past the first user.
+struct FirstRound {
+    items: HashMap<u64, ItemRow>,
+    ends: Vec<(ShardId, Vec<store::ChunkEnd>)>,
+}
+
+/// On every shard at once: the items of the users routed there, and the
+/// chunk index of the send (chunks stay on the shard they were cut for, so
+/// every shard's is read: a bucket move carries items, not chunks).
+async fn first_round(
+    ctx: &Context,
+    routes: &Snapshot<'_, MySqlPool>,
+    message_id: MessageId,
+    users: &[u64],
+) -> Result<FirstRound> {
+    let Some(low) = users.first().copied() else {
+        return Ok(FirstRound { items: HashMap::new(), ends: Vec::new() });
+    };
+    let mut by_shard: HashMap<ShardId, Vec<u64>> =
+        routes.partition_users(users).into_iter().collect();
+    // Every chunk state: a recalled send's chunks read as their state says.
+    let states = super::Filter::All.chunk_states(false);
+    let reads = ctx.pools.iter().map(|(shard, pool)| {
+        let mine = by_shard.remove(&shard).unwrap_or_default();
+        let states = &states;
+        async move {
+            let (items, ends) = futures::future::try_join(
+                store::items(pool, message_id, &mine),
+                store::chunk_ends_from(pool, message_id, states, low),
+            )
+            .await?;
+            Ok::<_, notify_domain::error::Error>((shard, items, ends))
+        }
+    });
+    let mut first = FirstRound { items: HashMap::new(), ends: Vec::new() };
+    for (shard, items, ends) in futures::future::try_join_all(reads).await? {
+        first.items.extend(items.into_iter().map(|item| (item.user_id, item)));
+        first.ends.push((shard, ends));
+    }
+    Ok(first)
+}
+
+async fn of_send(
+    ctx: &Context,
+    send: &Sent,
+    users: &[u64],
+    first: FirstRound,
+) -> Result<HashMap<u64, Recipient>> {
+    let FirstRound { items, ends } = first;
     let mut found: HashMap<u64, Recipient> = items
         .values()
         .map(|item| {
@@ -83,16 +147,18 @@ async fn of_send(ctx: &Context, send: &Sent, users: &[u64]) -> Result<HashMap<u6
         })
         .collect();
     // The others: in a chunk not delivered (or delivered without an item:
-    // held back), or no recipient at all. Chunks stay on the shard they
-    // were cut for, so every shard is asked.
+    // held back), or no recipient at all.
     let rest: Vec<u64> = users.iter().copied().filter(|u| !items.contains_key(u)).collect();
     if rest.is_empty() {
         return Ok(found);
     }
-    let all_states = super::Filter::All.chunk_states(send.recalled);
-    let scans = ctx.pools.iter().map(|(_, pool)| chunks_holding(pool, send, &all_states, &rest));
+    let tests = ends.into_iter().filter_map(|(shard, ends)| {
+        let pool = ctx.pools.get(shard)?;
+        let pairs = candidate_pairs(ends, &rest);
+        Some(async move { held_on(pool, send, &pairs).await })
+    });
     let mut best: HashMap<u64, u8> = HashMap::new();
-    for (user, chunk_state) in futures::future::try_join_all(scans).await?.into_iter().flatten() {
+    for (user, chunk_state) in futures::future::try_join_all(tests).await?.into_iter().flatten() {
         best.entry(user)
             .and_modify(|state| {
                 if rank(chunk_state) < rank(*state) {
@@ -107,52 +173,74 @@ async fn of_send(ctx: &Context, send: &Sent, users: &[u64]) -> Result<HashMap<u6
     Ok(found)
 }
 
-/// Which of `users` (sorted) this shard's chunks of the send hold, with the
-/// chunk's state: from the index, the chunk of each run that may hold each
-/// user (the first whose last user is at or past them), then the first
-/// users of those chunks (rows, no user ids), then the user ids of the
-/// chunks that do start at or before one of them.
-async fn chunks_holding(
-    pool: &MySqlPool,
-    send: &Sent,
-    states: &[u8],
-    users: &[u64],
-) -> Result<Vec<(u64, u8)>> {
-    let Some(low) = users.first().copied() else {
-        return Ok(Vec::new());
-    };
-    // One snapshot for the three reads (REPEATABLE READ).
-    let mut tx = pool.begin().await?;
-    let mut runs: HashMap<(u8, u64), Vec<store::ChunkEnd>> = HashMap::new();
-    for end in store::chunk_ends_from(&mut *tx, send.message_id, states, low).await? {
-        runs.entry((end.state, end.batch)).or_default().push(end);
-    }
-    let mut maybe: HashMap<u64, Vec<u64>> = HashMap::new();
-    for ends in runs.values_mut() {
-        ends.sort_unstable_by_key(|end| end.last_user);
+/// The (chunk, user) pairs to test on a shard, sorted by chunk: in each
+/// batch (its chunks, whatever their state, are consecutive runs of its
+/// sorted users, so they do not overlap), the one chunk that can hold each
+/// user, the first whose last user is at or past them. `ends` are the
+/// shard's chunks that end at or past the first of `users` (sorted).
+pub(super) fn candidate_pairs(mut ends: Vec<store::ChunkEnd>, users: &[u64]) -> Vec<(u64, u64)> {
+    ends.sort_unstable_by_key(|end| (end.batch, end.last_user));
+    let mut pairs = Vec::new();
+    for batch in ends.chunk_by(|a, b| a.batch == b.batch) {
         for user in users {
-            let at = ends.partition_point(|end| end.last_user < *user);
-            if let Some(end) = ends.get(at) {
-                maybe.entry(end.chunk_id).or_default().push(*user);
+            let at = batch.partition_point(|end| end.last_user < *user);
+            match batch.get(at) {
+                Some(end) => pairs.push((end.chunk_id, *user)),
+                None => break,
             }
         }
     }
-    let chunk_ids: Vec<u64> = maybe.keys().copied().collect();
-    let firsts = store::first_users(&mut *tx, send.message_id, &chunk_ids).await?;
-    let needed: Vec<u64> = firsts
-        .into_iter()
-        .filter(|(chunk_id, first)| maybe[chunk_id].iter().any(|user| user >= first))
-        .map(|(chunk_id, _)| chunk_id)
-        .collect();
-    let mut held = Vec::new();
-    let chunks = store::chunk_users(&mut *tx, send.message_id, &needed).await?;
-    tx.commit().await?;
-    for chunk in chunks {
-        for user in users {
+    pairs.sort_unstable();
+    pairs
+}
+
+/// Which users of `pairs` their chunk holds on this shard, with its state:
+/// tested in the database; the rare match at an unaligned offset (the
+/// user's bytes straddling two ids) is settled by decoding that chunk.
+async fn held_on(pool: &MySqlPool, send: &Sent, pairs: &[(u64, u64)]) -> Result<Vec<(u64, u8)>> {
+    let rows = store::chunks_holding(pool, send.message_id, pairs).await?;
+    let mut held = Vec::with_capacity(rows.len());
+    let mut unsure: HashMap<u64, Vec<u64>> = HashMap::new();
+    for row in rows {
+        if (row.position - 1) % 8 == 0 {
+            held.push((row.user_id, row.state));
+        } else {
+            unsure.entry(row.chunk_id).or_default().push(row.user_id);
+        }
+    }
+    if unsure.is_empty() {
+        return Ok(held);
+    }
+    let chunk_ids: Vec<u64> = unsure.keys().copied().collect();
+    for chunk in store::chunk_users(pool, send.message_id, &chunk_ids).await? {
+        for user in unsure.get(&chunk.chunk_id).into_iter().flatten() {
             if chunk.user_ids.binary_search(user).is_ok() {
                 held.push((*user, chunk.state));
             }
         }
     }
     Ok(held)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn end(chunk_id: u64, batch: u64, last_user: u64) -> store::ChunkEnd {
+        store::ChunkEnd { chunk_id, state: chunk::DONE, batch, last_user }
+    }
+
+    #[test]
+    fn each_user_is_tested_against_one_chunk_per_batch_that_reaches_them() {
+        // Batch 1: chunks ending at 10, 20, 30 (any states); batch 2: 25, 40.
+        let ends = vec![end(3, 1, 30), end(1, 1, 10), end(2, 1, 20), end(5, 2, 40), end(4, 2, 25)];
+        let pairs = candidate_pairs(ends, &[10, 11, 26, 41]);
+        assert_eq!(pairs, [(1, 10), (2, 11), (3, 26), (4, 10), (4, 11), (5, 26)]);
+    }
+
+    #[test]
+    fn users_past_every_chunk_are_tested_nowhere() {
+        assert!(candidate_pairs(vec![end(1, 1, 10)], &[11, 12]).is_empty());
+        assert!(candidate_pairs(Vec::new(), &[1]).is_empty());
+    }
 }

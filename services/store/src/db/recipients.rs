@@ -4,9 +4,9 @@
 //! reads recorded by message (`message_reads`) and the announcements'
 //! materializations (`announcement_recipients`). Item states come from
 //! primary-key lookups in `message_items`, which gets no index for this.
-//! The chunk queries take any executor: callers run one page's in a
-//! read-only transaction, so a chunk changing state between them (a worker
-//! applying or recalling it) is seen in one state, not missed.
+//! A page's chunks come in one statement, so a chunk changing state
+//! meanwhile (a worker applying or recalling it) is seen in one state, not
+//! missed.
 
 use chrono::NaiveDateTime;
 use sqlx::{FromRow, MySqlPool, QueryBuilder};
@@ -17,19 +17,11 @@ use super::push_ids;
 use notify_domain::domain::MessageId;
 use notify_domain::error::Result;
 
-/// One run of a send's chunks on a shard: the chunks of one batch in one
-/// state, whose user ranges follow each other.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, FromRow)]
-pub struct Run {
-    /// The chunks' state.
-    pub state: u8,
-    /// Their batch (`chunk_id >> 16`; a split chunk is a batch of its own).
-    pub batch: u64,
-}
-
 /// A chunk as the recipient queries read it.
 #[derive(Debug, Clone)]
 pub struct ChunkUsers {
+    /// The chunk.
+    pub chunk_id: u64,
     /// Its state.
     pub state: u8,
     /// Its batch.
@@ -40,6 +32,7 @@ pub struct ChunkUsers {
 
 #[derive(FromRow)]
 struct ChunkRow {
+    chunk_id: u64,
     state: u8,
     batch: u64,
     user_ids: Vec<u8>,
@@ -48,6 +41,7 @@ struct ChunkRow {
 impl ChunkRow {
     fn decode(self) -> Result<ChunkUsers> {
         Ok(ChunkUsers {
+            chunk_id: self.chunk_id,
             state: self.state,
             batch: self.batch,
             user_ids: decode_user_ids(&self.user_ids)?,
@@ -55,81 +49,64 @@ impl ChunkRow {
     }
 }
 
-/// The runs of a send's chunks on this shard in `states`: an index-only read
-/// of the send's entries in `idx_chunks_recipients` (one per chunk, that is
-/// per 500 recipients on the shard; MariaDB does not skip-scan it).
+/// The chunks of a send on this shard in `states` that a page after user
+/// `after` needs, with their users, and the user id up to which they hold
+/// every recipient of the shard in those states (`u64::MAX`: all): in one
+/// statement (one snapshot, one round trip). Per run (the chunks of one
+/// batch in one state, whose user ranges follow each other), the first
+/// `per_run` chunks ending past `after` (from `idx_chunks_recipients`, one
+/// index entry per chunk of the send past the cursor: MariaDB does not
+/// skip-scan it); a run that has that many may have more past its last,
+/// so the least of those lasts bounds what is complete; of the heads, the
+/// chunks starting within that bound.
 #[instrument(level = "debug", skip_all, fields(db.system = "mysql"))]
-pub async fn runs<'e>(
-    pool: impl sqlx::MySqlExecutor<'e>,
+pub async fn chunks_after(
+    pool: &MySqlPool,
     message_id: MessageId,
     states: &[u8],
-) -> Result<Vec<Run>> {
+    after: u64,
+    per_run: u32,
+) -> Result<(Vec<ChunkUsers>, u64)> {
     if states.is_empty() {
-        return Ok(Vec::new());
+        return Ok((Vec::new(), u64::MAX));
     }
     let mut sql = QueryBuilder::new(
-        "SELECT state, batch FROM message_chunks FORCE INDEX (idx_chunks_recipients) \
-         WHERE message_id = ",
+        "WITH heads AS (SELECT chunk_id, last_user, \
+         ROW_NUMBER() OVER (PARTITION BY state, batch ORDER BY last_user) AS n \
+         FROM message_chunks FORCE INDEX (idx_chunks_recipients) WHERE message_id = ",
     );
     sql.push_bind(message_id.get()).push(" AND state IN (");
     let mut list = sql.separated(", ");
     for state in states {
         list.push_bind(*state);
     }
-    sql.push(") GROUP BY state, batch");
-    Ok(sql.build_query_as().fetch_all(pool).await?)
-}
-
-/// Where a chunk's users lie, without them.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, FromRow)]
-pub struct ChunkHead {
-    /// The chunk.
-    pub chunk_id: u64,
-    /// Its state.
-    pub state: u8,
-    /// Its batch.
-    pub batch: u64,
-    /// Its first user.
-    pub first_user: u64,
-    /// Its last user.
-    pub last_user: u64,
-}
-
-/// Up to `per_run` chunks of each run whose last user is past `after`, each
-/// run's in user order: one index range per run, in one statement, reading
-/// no user ids (see [`chunk_users`]).
-#[instrument(level = "debug", skip_all, fields(db.system = "mysql", runs = runs.len()))]
-pub async fn chunk_heads_after<'e>(
-    pool: impl sqlx::MySqlExecutor<'e>,
-    message_id: MessageId,
-    runs: &[Run],
-    after: u64,
-    per_run: u32,
-) -> Result<Vec<ChunkHead>> {
-    if runs.is_empty() {
-        return Ok(Vec::new());
-    }
-    let mut sql = QueryBuilder::new("");
-    for (index, run) in runs.iter().enumerate() {
-        if index > 0 {
-            sql.push(" UNION ALL ");
-        }
-        sql.push(
-            "(SELECT chunk_id, state, batch, first_user, last_user FROM message_chunks \
-             FORCE INDEX (idx_chunks_recipients) WHERE message_id = ",
+    sql.push(") AND last_user > ")
+        .push_bind(after)
+        .push(
+            "), bound AS (SELECT CAST(COALESCE(MIN(last_user), 18446744073709551615) AS UNSIGNED) \
+             AS complete_to FROM heads WHERE n = ",
+        )
+        .push_bind(per_run)
+        .push(
+            ") SELECT c.chunk_id, c.state, c.batch, c.user_ids, bound.complete_to \
+             FROM heads STRAIGHT_JOIN bound STRAIGHT_JOIN message_chunks c FORCE INDEX (PRIMARY) \
+             ON c.message_id = ",
         )
         .push_bind(message_id.get())
-        .push(" AND state = ")
-        .push_bind(run.state)
-        .push(" AND batch = ")
-        .push_bind(run.batch)
-        .push(" AND last_user > ")
-        .push_bind(after)
-        .push(" ORDER BY last_user LIMIT ")
+        .push(" AND c.chunk_id = heads.chunk_id WHERE heads.n <= ")
         .push_bind(per_run)
-        .push(")");
-    }
-    Ok(sql.build_query_as().fetch_all(pool).await?)
+        .push(" AND c.first_user <= bound.complete_to");
+    let rows: Vec<BoundedChunkRow> = sql.build_query_as().fetch_all(pool).await?;
+    let complete_to = rows.first().map_or(u64::MAX, |row| row.complete_to);
+    let chunks = rows.into_iter().map(|row| row.chunk.decode()).collect::<Result<Vec<_>>>()?;
+    Ok((chunks, complete_to))
+}
+
+#[derive(FromRow)]
+struct BoundedChunkRow {
+    #[sqlx(flatten)]
+    chunk: ChunkRow,
+    complete_to: u64,
 }
 
 /// The users of these chunks of a send, by primary key.
@@ -142,7 +119,7 @@ pub async fn chunk_users<'e>(
     if chunk_ids.is_empty() {
         return Ok(Vec::new());
     }
-    let select = "SELECT state, batch, user_ids FROM message_chunks WHERE message_id = ";
+    let select = "SELECT chunk_id, state, batch, user_ids FROM message_chunks WHERE message_id = ";
     let mut sql = of_send(select, message_id, "chunk_id", chunk_ids);
     let rows: Vec<ChunkRow> = sql.build_query_as().fetch_all(pool).await?;
     rows.into_iter().map(ChunkRow::decode).collect()
@@ -186,20 +163,77 @@ pub async fn chunk_ends_from<'e>(
     Ok(sql.build_query_as().fetch_all(pool).await?)
 }
 
-/// The first user of each of these chunks, by primary key (no user ids
-/// travel).
-#[instrument(level = "debug", skip_all, fields(db.system = "mysql", chunks = chunk_ids.len()))]
-pub async fn first_users<'e>(
-    pool: impl sqlx::MySqlExecutor<'e>,
+/// A user found in a chunk of a send by [`chunks_holding`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, FromRow)]
+pub struct Held {
+    /// The user.
+    pub user_id: u64,
+    /// The chunk.
+    pub chunk_id: u64,
+    /// Its state.
+    pub state: u8,
+    /// Where the user's 8 bytes first occur in the chunk's `user_ids`
+    /// (1-based): at an aligned offset the user is in the chunk; elsewhere
+    /// (the bytes straddle two ids) the caller must decode the chunk.
+    pub position: u64,
+}
+
+/// Which of these (chunk, user) pairs of a send hold the user, tested in
+/// the database (the chunks' user ids never travel): one statement whatever
+/// the number of pairs (a JSON array joined by primary key, so its prepared
+/// form is reused), reading each chunk once when the pairs come sorted by
+/// chunk, and skipping chunks that start past the user before searching.
+#[instrument(level = "debug", skip_all, fields(db.system = "mysql", pairs = pairs.len()))]
+pub async fn chunks_holding(
+    pool: &MySqlPool,
     message_id: MessageId,
-    chunk_ids: &[u64],
-) -> Result<Vec<(u64, u64)>> {
-    if chunk_ids.is_empty() {
+    pairs: &[(u64, u64)],
+) -> Result<Vec<Held>> {
+    if pairs.is_empty() {
         return Ok(Vec::new());
     }
-    let select = "SELECT chunk_id, first_user FROM message_chunks WHERE message_id = ";
-    let mut sql = of_send(select, message_id, "chunk_id", chunk_ids);
-    Ok(sql.build_query_as().fetch_all(pool).await?)
+    let mut json = String::with_capacity(pairs.len() * 48);
+    json.push('[');
+    for (index, (chunk_id, user_id)) in pairs.iter().enumerate() {
+        if index > 0 {
+            json.push(',');
+        }
+        let bytes = hex(&user_id.to_le_bytes());
+        json.push_str(&format!("[{chunk_id},{user_id},\"{bytes}\"]"));
+    }
+    json.push(']');
+    Ok(sqlx::query_as(
+        "SELECT p.user_id, c.chunk_id, c.state, \
+         CAST(INSTR(c.user_ids, UNHEX(p.bytes)) AS UNSIGNED) AS position \
+         FROM JSON_TABLE(?, '$[*]' COLUMNS (chunk_id BIGINT UNSIGNED PATH '$[0]', \
+         user_id BIGINT UNSIGNED PATH '$[1]', bytes CHAR(16) PATH '$[2]')) AS p \
+         JOIN message_chunks c FORCE INDEX (PRIMARY) \
+         ON c.message_id = ? AND c.chunk_id = p.chunk_id \
+         WHERE c.first_user <= p.user_id AND c.last_user >= p.user_id \
+         AND INSTR(c.user_ids, UNHEX(p.bytes)) > 0",
+    )
+    .bind(json)
+    .bind(message_id.get())
+    .fetch_all(pool)
+    .await?)
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// `ids` as a JSON array of numbers.
+fn json_ids(ids: &[u64]) -> String {
+    let mut json = String::with_capacity(ids.len() * 12 + 2);
+    json.push('[');
+    for (index, id) in ids.iter().enumerate() {
+        if index > 0 {
+            json.push(',');
+        }
+        json.push_str(&id.to_string());
+    }
+    json.push(']');
+    json
 }
 
 /// A recipient's item of a send, as the recipient queries read it.
@@ -216,7 +250,10 @@ pub struct ItemRow {
 }
 
 /// The items of a send these users have on this shard (deleted ones
-/// included: they were delivered): primary-key lookups.
+/// included: they were delivered): primary-key lookups, in one statement
+/// whatever the number of users (a JSON array joined by primary key), so
+/// its prepared form is reused rather than prepared again for each length
+/// of an `IN` list.
 #[instrument(level = "debug", skip_all, fields(db.system = "mysql", users = user_ids.len()))]
 pub async fn items(
     pool: &MySqlPool,
@@ -226,10 +263,16 @@ pub async fn items(
     if user_ids.is_empty() {
         return Ok(Vec::new());
     }
-    let select = "SELECT user_id, is_read, created_at, read_at FROM message_items \
-         FORCE INDEX (PRIMARY) WHERE message_id = ";
-    let mut sql = of_send(select, message_id, "user_id", user_ids);
-    Ok(sql.build_query_as().fetch_all(pool).await?)
+    Ok(sqlx::query_as(
+        "SELECT i.user_id, i.is_read, i.created_at, i.read_at \
+         FROM JSON_TABLE(?, '$[*]' COLUMNS (user_id BIGINT UNSIGNED PATH '$')) AS j \
+         JOIN message_items i FORCE INDEX (PRIMARY) \
+         ON i.user_id = j.user_id AND i.message_id = ?",
+    )
+    .bind(json_ids(user_ids))
+    .bind(message_id.get())
+    .fetch_all(pool)
+    .await?)
 }
 
 /// A recorded read, with its item.
