@@ -13,6 +13,8 @@ use anyhow::{Context as _, anyhow, bail};
 use notify_core::queue::{self, Topology};
 use notify_domain::Settings;
 use notify_domain::settings::ShardSettings;
+use notify_proto::v1;
+use notify_proto::v1::message_service_client::MessageServiceClient;
 use notify_testkit::metrics::MetricsPage;
 use redis::AsyncCommands;
 use secrecy::ExposeSecret;
@@ -545,11 +547,10 @@ pub fn verdict(ok: bool) -> &'static str {
 /// message id.
 pub async fn send_draft(
     channel: &Channel,
-    content: notify_proto::v1::Content,
+    content: v1::Content,
     users: &[u64],
 ) -> anyhow::Result<u64> {
-    use notify_proto::v1;
-    let mut messages = v1::message_service_client::MessageServiceClient::new(channel.clone())
+    let mut messages = MessageServiceClient::new(channel.clone())
         .max_decoding_message_size(64 << 20)
         .max_encoding_message_size(64 << 20);
     let id = messages
@@ -577,4 +578,31 @@ pub async fn send_draft(
         .await
         .context("StartMessage")?;
     Ok(id)
+}
+
+/// Follows a send (`WatchMessage`, every 500 ms) until `done` holds for its
+/// state, which it returns; `what` names that state in the errors.
+pub async fn watch_until(
+    channel: &Channel,
+    message_id: u64,
+    timeout_secs: u64,
+    what: &str,
+    done: impl Fn(&v1::Message) -> bool,
+) -> anyhow::Result<v1::Message> {
+    let mut client = MessageServiceClient::new(channel.clone());
+    let mut stream = client
+        .watch_message(v1::WatchMessageRequest { message_id, interval_ms: 500 })
+        .await
+        .context("WatchMessage")?
+        .into_inner();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(timeout_secs);
+    loop {
+        match tokio::time::timeout_at(deadline, stream.message()).await {
+            Err(_) => anyhow::bail!("send not {what} within {timeout_secs} s"),
+            Ok(Err(status)) => anyhow::bail!("WatchMessage: {status}"),
+            Ok(Ok(None)) => anyhow::bail!("WatchMessage ended before {what}"),
+            Ok(Ok(Some(message))) if done(&message) => return Ok(message),
+            Ok(Ok(Some(_))) => {}
+        }
+    }
 }

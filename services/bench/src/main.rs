@@ -13,6 +13,8 @@
 //! - `events`: gateway events of a 100k-recipient send, exactly once.
 //! - `recipients`: `ListRecipients` pages of 1,000 by 4 readers for each
 //!   filter and `GetRecipientStatus` of 1,000 users, on a 1M-recipient send.
+//! - `recall`: `RecallMessage` of a 1M-recipient COMPLETED send against its
+//!   own fan-out, then every recipient's badge against MySQL.
 //! - `chaos`: a mixed load on two api and two worker processes under random
 //!   faults and SIGKILLs, then invariants checked from MySQL.
 //!
@@ -34,6 +36,7 @@ mod items;
 mod metrics;
 mod moves;
 mod procstat;
+mod recall;
 mod recipients;
 mod wire;
 
@@ -64,6 +67,8 @@ enum Command {
     Events(events::EventsArgs),
     /// ListRecipients pages by 4 readers per filter, GetRecipientStatus of 1,000 users.
     Recipients(recipients::RecipientsArgs),
+    /// RecallMessage of a 1M-recipient COMPLETED send vs its own fan-out; badges after.
+    Recall(recall::RecallArgs),
     /// Mixed load under random faults and SIGKILLs, then invariants from MySQL.
     Chaos(chaos::ChaosArgs),
     /// N GetUnreadCount calls against a running api (for profiling it).
@@ -86,6 +91,7 @@ async fn main() {
         Command::Group(args) => group::run(args).await,
         Command::Events(args) => events::run(args).await,
         Command::Recipients(args) => recipients::run(args).await,
+        Command::Recall(args) => recall::run(args).await,
         Command::Chaos(args) => chaos::run(args).await,
         Command::Calls(args) => calls::run(args).await,
         Command::Move(args) => moves::run(args).await,

@@ -10,7 +10,7 @@
 
 use std::time::{Duration, Instant};
 
-use anyhow::{Context as _, bail, ensure};
+use anyhow::{Context as _, ensure};
 use futures::{StreamExt, TryStreamExt};
 use hdrhistogram::Histogram;
 use notify_domain::Settings;
@@ -125,7 +125,10 @@ async fn body(env: &mut Env, args: &RecipientsArgs) -> anyhow::Result<String> {
     };
     let id = harness::send_draft(&channel, content, &users).await?;
     let sent_at = Instant::now();
-    wait_completed(&channel, id, args.timeout_secs).await?;
+    harness::watch_until(&channel, id, args.timeout_secs, "COMPLETED", |m| {
+        m.status == v1::MessageStatus::Completed as i32
+    })
+    .await?;
     let fanout_secs = sent_at.elapsed().as_secs_f64();
     println!(
         "send {id} completed in {fanout_secs:.1} s (set-up {:.1} s before)",
@@ -202,31 +205,6 @@ async fn body(env: &mut Env, args: &RecipientsArgs) -> anyhow::Result<String> {
         lines.join("\n"),
         verdict(all_ok && status_ok)
     ))
-}
-
-async fn wait_completed(
-    channel: &Channel,
-    message_id: u64,
-    timeout_secs: u64,
-) -> anyhow::Result<()> {
-    let mut client = MessageServiceClient::new(channel.clone());
-    let mut stream = client
-        .watch_message(v1::WatchMessageRequest { message_id, interval_ms: 500 })
-        .await
-        .context("WatchMessage")?
-        .into_inner();
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(timeout_secs);
-    loop {
-        match tokio::time::timeout_at(deadline, stream.message()).await {
-            Err(_) => bail!("send not COMPLETED within {timeout_secs} s"),
-            Ok(Err(status)) => bail!("WatchMessage: {status}"),
-            Ok(Ok(None)) => bail!("WatchMessage ended before COMPLETED"),
-            Ok(Ok(Some(message))) if message.status == v1::MessageStatus::Completed as i32 => {
-                return Ok(());
-            }
-            Ok(Ok(Some(_))) => {}
-        }
-    }
 }
 
 /// Stores a tenth of each shard's chunks as failed and another tenth as
