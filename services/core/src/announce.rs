@@ -237,10 +237,16 @@ pub async fn unmaterialized(ctx: &Context, user_id: u64, live: &[Active]) -> Res
 /// false when a shard that homes some could not be read (they are left out).
 #[instrument(skip_all, fields(user_id))]
 pub async fn materialize(ctx: &Context, user_id: u64) -> Result<bool> {
+    materialize_live(ctx, user_id).await.map(|(_, complete)| complete)
+}
+
+/// [`materialize`], also handing back the live announcements it worked
+/// from (what a badge read in the caller's transaction needs).
+pub async fn materialize_live(ctx: &Context, user_id: u64) -> Result<(Vec<Active>, bool)> {
     let (live, complete) = active_list(ctx).await?;
     let missing = unmaterialized(ctx, user_id, &live).await?;
     if missing.is_empty() {
-        return Ok(complete);
+        return Ok((live, complete));
     }
     let pool = ctx.writable(Key::User(user_id)).await?;
     let ids: Vec<u64> = missing.iter().map(|a| a.message_id).collect();
@@ -251,7 +257,7 @@ pub async fn materialize(ctx: &Context, user_id: u64) -> Result<bool> {
     if let Err(e) = ctx.cache.end_count_change(user_id).await {
         warn!(error = %e, user_id, "could not clear a badge change marker");
     }
-    written.map(|_| complete)
+    written.map(|_| (live, complete))
 }
 
 /// Rejects operations that do not apply to announcements.

@@ -310,13 +310,17 @@ pub async fn connect(settings: &RabbitSettings, name: &str) -> Result<Connection
     }
 }
 
-/// Waits for one task's confirm (within the broker timeout) and turns a
-/// return or a nack into an error.
-async fn settle(lane: Lane, confirm: PublisherConfirm) -> Result<()> {
-    let confirmation = tokio::time::timeout(BROKER_TIMEOUT, confirm)
+/// Waits for a publish's confirm, within the broker timeout.
+async fn confirmed(confirm: PublisherConfirm) -> Result<Confirmation> {
+    tokio::time::timeout(BROKER_TIMEOUT, confirm)
         .await
-        .map_err(|_| Error::Unavailable("rabbitmq confirms timed out".to_owned()))??;
-    match confirmation {
+        .map_err(|_| Error::Unavailable("rabbitmq confirms timed out".to_owned()))?
+        .map_err(Into::into)
+}
+
+/// Waits for one task's confirm and turns a return or a nack into an error.
+async fn settle(lane: Lane, confirm: PublisherConfirm) -> Result<()> {
+    match confirmed(confirm).await? {
         Confirmation::Ack(None) | Confirmation::NotRequested => Ok(()),
         Confirmation::Ack(Some(returned)) => {
             metrics::counter!("notify_tasks_returned_total", "lane" => lane.name()).increment(1);
@@ -472,10 +476,7 @@ impl Publisher {
                     properties,
                 )
                 .await?;
-            let confirmed = tokio::time::timeout(BROKER_TIMEOUT, confirm)
-                .await
-                .map_err(|_| Error::Unavailable("rabbitmq confirms timed out".to_owned()))??;
-            if confirmed.is_ack() {
+            if confirmed(confirm).await?.is_ack() {
                 Ok(())
             } else {
                 Err(Error::Unavailable("rabbitmq refused an event".to_owned()))
@@ -515,10 +516,7 @@ impl Publisher {
                     properties,
                 )
                 .await?;
-            let confirmed = tokio::time::timeout(BROKER_TIMEOUT, confirm)
-                .await
-                .map_err(|_| Error::Unavailable("rabbitmq confirms timed out".to_owned()))??;
-            match confirmed {
+            match confirmed(confirm).await? {
                 Confirmation::Ack(None) | Confirmation::NotRequested => Ok(()),
                 Confirmation::Ack(Some(_)) => Err(Error::Unavailable(format!(
                     "rabbitmq returned a message to {exchange} as unroutable ({key})"

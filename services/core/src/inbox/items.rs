@@ -42,13 +42,16 @@ pub async fn update_items(
     target: Target<'_>,
 ) -> Result<Changed> {
     let user = user_id.get();
-    if let Err(e) = Box::pin(announce::materialize(ctx, user)).await {
-        warn!(error = %e, user_id = user, "could not materialize announcements before an update");
-    }
-    let pool = ctx.writable(Key::User(user)).await?;
     // The badge is read in the update's transaction, which needs the live
     // announcements (as a rebuild of the badge does).
-    let live = announce::active(ctx).await?;
+    let live = match Box::pin(announce::materialize_live(ctx, user)).await {
+        Ok((live, _)) => live,
+        Err(e) => {
+            warn!(error = %e, user_id = user, "could not materialize announcements before an update");
+            announce::active(ctx).await?
+        }
+    };
+    let pool = ctx.writable(Key::User(user)).await?;
     let live_ids: Vec<u64> = live.iter().map(|a| a.message_id).collect();
     // Reads by filter feed item.read webhooks too, when any listens.
     let ids = action == Action::MarkRead && ctx.webhook_reads.is_some();

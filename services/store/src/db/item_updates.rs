@@ -8,6 +8,8 @@
 //! user's badge state is read in the same transaction, and the whole of it
 //! is one round trip ([`update`]).
 
+use std::collections::HashSet;
+
 use futures::TryStreamExt;
 use sqlx::mysql::MySqlRow;
 use sqlx::{AssertSqlSafe, Either, MySqlPool, Row};
@@ -163,6 +165,7 @@ pub async fn update(
     }
     let (mut updated, found) = ran?;
     if let Target::Ids(ids) = target {
+        let found: HashSet<u64> = found.into_iter().collect();
         updated.unknown = ids.iter().copied().filter(|id| !found.contains(id)).collect();
     }
     Ok(updated)
