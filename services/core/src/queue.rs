@@ -67,7 +67,7 @@ pub struct ChunkTask {
 }
 
 /// What a [`ChunkTask`] asks of a worker.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub enum TaskKind {
     /// Write the chunk's items.
     #[default]

@@ -6,9 +6,10 @@
 //! delivered item from lists and counts at once; retires the cached badges
 //! and pages (the announcement epoch) and tells every gateway stream
 //! (`ItemRevoked`). Then the workers take the items back chunk by chunk
-//! through the same queues as deliveries ([`apply_task`]): one transaction
-//! per chunk deletes its recipients' items, moves the chunk to recalled
-//! (the guard: a redelivered task changes nothing) and counts the items in
+//! through the same queues as deliveries, in groups as deliveries go
+//! ([`apply_group`]): one transaction per group of one send's chunks on a
+//! shard deletes their recipients' items, moves the chunks to recalled (the
+//! guard: a redelivered task changes nothing) and counts the items in
 //! `progress.recalled`; the recipients' badges are invalidated after the
 //! commit, as a delivery's are. A chunk a worker applies concurrently with
 //! the recall is recalled too: the sweeper publishes recall tasks for every
@@ -116,53 +117,86 @@ async fn publish_shard(
     Ok(published)
 }
 
-/// Takes one chunk's items back (a worker's recall task): the transaction,
-/// then the recipients' badges, the gateway streams, and the end of the
-/// recall if this was the last chunk.
-#[instrument(skip_all, fields(message_id = task.message_id, chunk_id = task.chunk_id, shard = task.shard))]
+/// Takes one chunk's items back (a worker's recall task): the group of one.
 pub async fn apply_task(ctx: &Context, task: &ChunkTask) -> Result<TaskOutcome> {
-    let message_id = MessageId::from_raw(task.message_id);
+    let outcomes = apply_group(
+        ctx,
+        ShardId(task.shard),
+        MessageId::from_raw(task.message_id),
+        &[task.chunk_id],
+    )
+    .await?;
+    Ok(outcomes.into_iter().next().unwrap_or(TaskOutcome::Dropped))
+}
+
+/// Takes several chunks of ONE recalled send on ONE shard back as a group
+/// (the recall tasks a worker had ready together, as deliveries go): one
+/// transaction for all of them, then one invalidation of their recipients'
+/// badges, one settle, one event for the gateway streams, and the end of
+/// the recall if these were the last chunks. Returns one outcome per chunk
+/// id, in the order given; the items taken back are counted on the first
+/// chunk recalled now.
+#[instrument(skip_all, fields(message_id = message_id.get(), shard = shard.0, chunks = chunk_ids.len()))]
+pub async fn apply_group(
+    ctx: &Context,
+    shard: ShardId,
+    message_id: MessageId,
+    chunk_ids: &[u64],
+) -> Result<Vec<TaskOutcome>> {
     let pool = ctx
         .pools
-        .get(ShardId(task.shard))
-        .ok_or_else(|| Error::Internal(format!("task names unknown shard {}", task.shard)))?;
-    let (user_ids, items, settle) = match store::recall_chunk(pool, message_id, task.chunk_id)
-        .await?
-    {
-        RecallOutcome::Recalled { user_ids, items } => (user_ids, Some(items), true),
-        RecallOutcome::AlreadyRecalled { user_ids, unsettled } => (user_ids, None, unsettled),
-        RecallOutcome::NotDelivered | RecallOutcome::Missing => return Ok(TaskOutcome::Dropped),
-    };
-    if settle {
-        settle_chunk(ctx, pool, message_id, task.chunk_id, user_ids).await?;
+        .get(shard)
+        .ok_or_else(|| Error::Internal(format!("task names unknown shard {}", shard.0)))?;
+    let recalled = store::recall_many(pool, message_id, chunk_ids).await?;
+    let mut unsettled = Vec::new();
+    let mut users = Vec::new();
+    let mut items = 0;
+    let outcomes = chunk_ids
+        .iter()
+        .zip(&recalled)
+        .map(|(chunk_id, recall)| match recall {
+            RecallOutcome::Recalled { user_ids, items: taken } => {
+                unsettled.push(*chunk_id);
+                users.extend_from_slice(user_ids);
+                items += taken;
+                TaskOutcome::Recalled { items: *taken }
+            }
+            RecallOutcome::AlreadyRecalled { user_ids, unsettled: left } => {
+                if *left {
+                    // An earlier attempt died before invalidating.
+                    unsettled.push(*chunk_id);
+                    users.extend_from_slice(user_ids);
+                }
+                TaskOutcome::AlreadyDone
+            }
+            RecallOutcome::NotDelivered | RecallOutcome::Missing => TaskOutcome::Dropped,
+        })
+        .collect();
+    if !unsettled.is_empty() {
+        settle_chunks(ctx, pool, message_id, &unsettled, users).await?;
     }
     // Tells the sweeper this recall is moving.
-    let _ = ctx.cache.heartbeat(task.message_id, ctx.settings.worker.sweep_timeout_secs).await;
+    let _ = ctx.cache.heartbeat(message_id.get(), ctx.settings.worker.sweep_timeout_secs).await;
     if !store::unrecalled_chunks(pool, message_id).await.is_ok_and(|left| left > 0) {
         finish_if_done(ctx, message_id).await?;
     }
-    Ok(match items {
-        Some(items) => {
-            metrics::counter!("notify_items_recalled_total").increment(items);
-            TaskOutcome::Recalled { items }
-        }
-        None => TaskOutcome::AlreadyDone,
-    })
+    metrics::counter!("notify_items_recalled_total").increment(items);
+    Ok(outcomes)
 }
 
-/// Invalidates a recalled chunk's recipients' badges, then records it, and
-/// tells their gateway streams. Redis away: the chunk waits for the settler.
-async fn settle_chunk(
+/// Invalidates recalled chunks' recipients' badges, then records them, and
+/// tells their gateway streams. Redis away: the chunks wait for the settler.
+async fn settle_chunks(
     ctx: &Context,
     pool: &MySqlPool,
     message_id: MessageId,
-    chunk_id: u64,
+    chunk_ids: &[u64],
     user_ids: Vec<u64>,
 ) -> Result<()> {
     match ctx.cache.invalidate_counts(&user_ids).await {
-        Ok(()) => store::settle_recall(pool, message_id, chunk_id).await?,
+        Ok(()) => store::settle_recall(pool, message_id, chunk_ids).await?,
         Err(e) => {
-            warn!(error = %e, "badges not invalidated, recalled chunk left for the settler");
+            warn!(error = %e, chunks = chunk_ids.len(), "badges not invalidated, recalled chunks left for the settler");
             return Ok(());
         }
     }
@@ -225,7 +259,7 @@ pub async fn settle(ctx: &Context, pool: &MySqlPool, limit: u32) -> Result<u64> 
     let mut settled = 0;
     for chunk in store::recall_unsettled(pool, 1_000, limit).await? {
         ctx.cache.invalidate_counts(&chunk.user_ids).await?;
-        store::settle_recall(pool, chunk.message_id, chunk.chunk_id).await?;
+        store::settle_recall(pool, chunk.message_id, &[chunk.chunk_id]).await?;
         events::badges_changed(ctx, chunk.user_ids).await;
         settled += 1;
         finish_if_done(ctx, chunk.message_id).await?;

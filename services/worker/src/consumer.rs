@@ -318,9 +318,10 @@ fn task_span(lane: Lane, shard: u32, delivery: &Delivery) -> tracing::Span {
 }
 
 /// Handles the deliveries that were ready together: first deliveries of the
-/// same send go as one group (one transaction), everything else (a lone
-/// task, a redelivery, a task of a parked shard, a group that cannot go as
-/// one or failed) one by one, with its retries.
+/// same send's chunks go as one group (one transaction), and so do its
+/// recall tasks; everything else (a lone task, a redelivery, a task of a
+/// parked shard, a group that cannot go as one or failed) one by one, with
+/// its retries.
 async fn handle_ready(
     ctx: &Context,
     lane: Lane,
@@ -330,21 +331,18 @@ async fn handle_ready(
     shutdown: &CancellationToken,
 ) {
     let mut alone = Vec::new();
-    let mut groups: HashMap<u64, Vec<(ChunkTask, Delivery)>> = HashMap::new();
+    let mut groups: HashMap<(TaskKind, u64), Vec<(ChunkTask, Delivery)>> = HashMap::new();
     for delivery in deliveries {
         match ChunkTask::decode(&delivery.data) {
             Ok(task)
-                if task.kind == TaskKind::Deliver
-                    && !delivery.redelivered
-                    && task.shard == shard
-                    && !circuits.is_open(shard) =>
+                if !delivery.redelivered && task.shard == shard && !circuits.is_open(shard) =>
             {
-                groups.entry(task.message_id).or_default().push((task, delivery));
+                groups.entry((task.kind, task.message_id)).or_default().push((task, delivery));
             }
             _ => alone.push(delivery),
         }
     }
-    for (message_id, tasks) in groups {
+    for ((kind, message_id), tasks) in groups {
         if tasks.len() == 1 {
             alone.extend(tasks.into_iter().map(|(_, delivery)| delivery));
             continue;
@@ -352,7 +350,7 @@ async fn handle_ready(
         // The group's span follows its first task's publisher (one send's
         // tasks are published from one place).
         let span = task_span(lane, shard, &tasks[0].1);
-        let left = apply_group(ctx, lane, message_id, tasks).instrument(span).await;
+        let left = apply_group(ctx, lane, kind, message_id, tasks).instrument(span).await;
         alone.extend(left);
     }
     for delivery in alone {
@@ -368,6 +366,7 @@ async fn handle_ready(
 async fn apply_group(
     ctx: &Context,
     lane: Lane,
+    kind: TaskKind,
     message_id: u64,
     tasks: Vec<(ChunkTask, Delivery)>,
 ) -> Vec<Delivery> {
@@ -375,12 +374,13 @@ async fn apply_group(
     let shard = ShardId(tasks[0].0.shard);
     let chunk_ids: Vec<u64> = tasks.iter().map(|(task, _)| task.chunk_id).collect();
     let limit = Duration::from_secs(ctx.settings.worker.operation_timeout_secs);
-    let applying = AssertUnwindSafe(deliver::apply_group(
-        ctx,
-        shard,
-        notify_domain::domain::MessageId::from_raw(message_id),
-        &chunk_ids,
-    ))
+    let send = notify_domain::domain::MessageId::from_raw(message_id);
+    let applying = AssertUnwindSafe(async {
+        match kind {
+            TaskKind::Deliver => deliver::apply_group(ctx, shard, send, &chunk_ids).await,
+            TaskKind::Recall => recall::apply_group(ctx, shard, send, &chunk_ids).await.map(Some),
+        }
+    })
     .catch_unwind();
     let outcomes = match tokio::time::timeout(limit, applying).await {
         Ok(Ok(Ok(Some(outcomes)))) => outcomes,

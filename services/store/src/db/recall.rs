@@ -3,6 +3,8 @@
 //! redelivered task changes nothing), counted once in the shard's stats, and
 //! the queries that publish, settle and finish a recall.
 
+use std::collections::HashMap;
+
 use sqlx::{MySqlPool, QueryBuilder};
 use tracing::instrument;
 
@@ -37,81 +39,116 @@ pub enum RecallOutcome {
     Missing,
 }
 
-/// Takes a delivered chunk's items back in ONE transaction: the chunk row is
-/// locked and moved to [`state::RECALL_UNSETTLED`], its recipients' items and
-/// recorded reads of the send are deleted, and the stats count the items
-/// recalled (and no longer read).
-#[instrument(level = "debug", skip_all, fields(db.system = "mysql"))]
+/// Takes a delivered chunk's items back in ONE transaction (see
+/// [`recall_many`], of which this is the one-chunk case).
 pub async fn recall_chunk(
     pool: &MySqlPool,
     message_id: MessageId,
     chunk_id: u64,
 ) -> Result<RecallOutcome> {
-    let mut tx = pool.begin().await?;
-    let row: Option<(u8, Vec<u8>)> = sqlx::query_as(
-        "SELECT state, user_ids FROM message_chunks WHERE message_id = ? AND chunk_id = ? FOR UPDATE",
-    )
-    .bind(message_id.get())
-    .bind(chunk_id)
-    .fetch_optional(&mut *tx)
-    .await?;
-    let Some((chunk_state, packed)) = row else {
-        return Ok(RecallOutcome::Missing);
-    };
-    let user_ids = decode_user_ids(&packed)?;
-    match chunk_state {
-        state::DONE | state::UNSETTLED => {}
-        state::RECALLED | state::RECALL_UNSETTLED => {
-            tx.rollback().await?;
-            let unsettled = chunk_state == state::RECALL_UNSETTLED;
-            return Ok(RecallOutcome::AlreadyRecalled { user_ids, unsettled });
-        }
-        _ => {
-            tx.rollback().await?;
-            return Ok(RecallOutcome::NotDelivered);
-        }
+    let mut outcomes = recall_many(pool, message_id, &[chunk_id]).await?;
+    Ok(outcomes.pop().unwrap_or(RecallOutcome::Missing))
+}
+
+/// Takes several delivered chunks of one send on this shard back in ONE
+/// transaction (a worker's group of recall tasks, as deliveries go in
+/// groups): the chunk rows are locked, the delivered ones (done or
+/// unsettled) move to [`state::RECALL_UNSETTLED`], their recipients' items
+/// and recorded reads of the send are deleted, and the stats count the
+/// items recalled (and no longer read), in the stats slot of the first
+/// chunk recalled. Returns one outcome per chunk id, in the order given;
+/// the items deleted are counted on the first [`RecallOutcome::Recalled`]
+/// (the others say 0), since one statement deletes them all.
+#[instrument(level = "debug", skip_all, fields(db.system = "mysql", chunks = chunk_ids.len()))]
+pub async fn recall_many(
+    pool: &MySqlPool,
+    message_id: MessageId,
+    chunk_ids: &[u64],
+) -> Result<Vec<RecallOutcome>> {
+    if chunk_ids.is_empty() {
+        return Ok(Vec::new());
     }
-    let read: i64 =
-        in_chunk("SELECT COUNT(*) FROM message_items WHERE is_read = 1", message_id, &user_ids)
-            .build_query_scalar()
-            .fetch_one(&mut *tx)
+    let mut tx = pool.begin().await?;
+    let mut select = QueryBuilder::new(
+        "SELECT chunk_id, state, user_ids FROM message_chunks WHERE message_id = ",
+    );
+    select.push_bind(message_id.get()).push(" AND chunk_id IN (");
+    push_ids(&mut select, chunk_ids);
+    select.push(") ORDER BY chunk_id FOR UPDATE");
+    let rows: Vec<(u64, u8, Vec<u8>)> = select.build_query_as().fetch_all(&mut *tx).await?;
+    let mut found = HashMap::with_capacity(rows.len());
+    let mut recalled = Vec::new();
+    let mut users = Vec::new();
+    for (chunk_id, chunk_state, packed) in rows {
+        let user_ids = decode_user_ids(&packed)?;
+        let outcome = match chunk_state {
+            state::DONE | state::UNSETTLED => {
+                recalled.push(chunk_id);
+                users.extend_from_slice(&user_ids);
+                RecallOutcome::Recalled { user_ids, items: 0 }
+            }
+            state::RECALLED | state::RECALL_UNSETTLED => RecallOutcome::AlreadyRecalled {
+                user_ids,
+                unsettled: chunk_state == state::RECALL_UNSETTLED,
+            },
+            _ => RecallOutcome::NotDelivered,
+        };
+        found.insert(chunk_id, outcome);
+    }
+    let mut items = 0;
+    if recalled.is_empty() {
+        tx.rollback().await?;
+    } else {
+        let read: i64 =
+            in_users("SELECT COUNT(*) FROM message_items WHERE is_read = 1", message_id, &users)
+                .build_query_scalar()
+                .fetch_one(&mut *tx)
+                .await?;
+        items = in_users("DELETE FROM message_items WHERE TRUE", message_id, &users)
+            .build()
+            .execute(&mut *tx)
+            .await?
+            .rows_affected();
+        in_users("DELETE FROM message_reads WHERE TRUE", message_id, &users)
+            .build()
+            .execute(&mut *tx)
             .await?;
-    let items = in_chunk("DELETE FROM message_items WHERE TRUE", message_id, &user_ids)
-        .build()
-        .execute(&mut *tx)
-        .await?
-        .rows_affected();
-    in_chunk("DELETE FROM message_reads WHERE TRUE", message_id, &user_ids)
-        .build()
+        sqlx::query(
+            "INSERT INTO message_shard_stats (message_id, slot, recalled, read_count) \
+             VALUES (?, ?, ?, ?) ON DUPLICATE KEY UPDATE \
+             recalled = recalled + VALUES(recalled), read_count = read_count + VALUES(read_count)",
+        )
+        .bind(message_id.get())
+        .bind(1 + recalled[0] % (STATS_SLOTS - 1))
+        .bind(items as i64)
+        .bind(-read)
         .execute(&mut *tx)
         .await?;
-    sqlx::query(
-        "INSERT INTO message_shard_stats (message_id, slot, recalled, read_count) \
-         VALUES (?, ?, ?, ?) ON DUPLICATE KEY UPDATE \
-         recalled = recalled + VALUES(recalled), read_count = read_count + VALUES(read_count)",
-    )
-    .bind(message_id.get())
-    .bind(1 + chunk_id % (STATS_SLOTS - 1))
-    .bind(items as i64)
-    .bind(-read)
-    .execute(&mut *tx)
-    .await?;
-    sqlx::query(
-        "UPDATE message_chunks SET state = ?, updated_at = UTC_TIMESTAMP(3) \
-         WHERE message_id = ? AND chunk_id = ?",
-    )
-    .bind(state::RECALL_UNSETTLED)
-    .bind(message_id.get())
-    .bind(chunk_id)
-    .execute(&mut *tx)
-    .await?;
-    tx.commit().await?;
-    Ok(RecallOutcome::Recalled { user_ids, items })
+        let mut update = QueryBuilder::new("UPDATE message_chunks SET state = ");
+        update.push_bind(state::RECALL_UNSETTLED);
+        update.push(", updated_at = UTC_TIMESTAMP(3) WHERE message_id = ");
+        update.push_bind(message_id.get()).push(" AND chunk_id IN (");
+        push_ids(&mut update, &recalled);
+        update.push(")");
+        update.build().execute(&mut *tx).await?;
+        tx.commit().await?;
+    }
+    let mut first = Some(items);
+    Ok(chunk_ids
+        .iter()
+        .map(|chunk_id| match found.remove(chunk_id) {
+            Some(RecallOutcome::Recalled { user_ids, .. }) => {
+                RecallOutcome::Recalled { user_ids, items: first.take().unwrap_or(0) }
+            }
+            Some(outcome) => outcome,
+            None => RecallOutcome::Missing,
+        })
+        .collect())
 }
 
 /// `head` (a statement over one user-keyed table, ending in a condition)
-/// narrowed to the send and the chunk's users (primary-key lookups).
-fn in_chunk(head: &str, message_id: MessageId, user_ids: &[u64]) -> QueryBuilder<sqlx::MySql> {
+/// narrowed to the send and the chunks' users (primary-key lookups).
+fn in_users(head: &str, message_id: MessageId, user_ids: &[u64]) -> QueryBuilder<sqlx::MySql> {
     let mut sql = QueryBuilder::new(head);
     sql.push(" AND message_id = ").push_bind(message_id.get()).push(" AND user_id IN (");
     push_ids(&mut sql, user_ids);
@@ -119,20 +156,25 @@ fn in_chunk(head: &str, message_id: MessageId, user_ids: &[u64]) -> QueryBuilder
     sql
 }
 
-/// Moves a recalled chunk's state to [`state::RECALLED`] once its
+/// Moves recalled chunks' state to [`state::RECALLED`] once their
 /// recipients' badges are invalidated.
 #[instrument(level = "debug", skip_all, fields(db.system = "mysql"))]
-pub async fn settle_recall(pool: &MySqlPool, message_id: MessageId, chunk_id: u64) -> Result<()> {
-    sqlx::query(
-        "UPDATE message_chunks SET state = ?, updated_at = UTC_TIMESTAMP(3) \
-         WHERE message_id = ? AND chunk_id = ? AND state = ?",
-    )
-    .bind(state::RECALLED)
-    .bind(message_id.get())
-    .bind(chunk_id)
-    .bind(state::RECALL_UNSETTLED)
-    .execute(pool)
-    .await?;
+pub async fn settle_recall(
+    pool: &MySqlPool,
+    message_id: MessageId,
+    chunk_ids: &[u64],
+) -> Result<()> {
+    if chunk_ids.is_empty() {
+        return Ok(());
+    }
+    let mut update = QueryBuilder::new("UPDATE message_chunks SET state = ");
+    update.push_bind(state::RECALLED);
+    update.push(", updated_at = UTC_TIMESTAMP(3) WHERE state = ");
+    update.push_bind(state::RECALL_UNSETTLED);
+    update.push(" AND message_id = ").push_bind(message_id.get()).push(" AND chunk_id IN (");
+    push_ids(&mut update, chunk_ids);
+    update.push(")");
+    update.build().execute(pool).await?;
     Ok(())
 }
 
