@@ -12,6 +12,7 @@
 //! `1 + webhooks.retry_delays_ms.len()` attempts: a worker that dies with a
 //! job in hand leaves it to the broker to hand out again (at least once).
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use futures::StreamExt;
@@ -55,10 +56,12 @@ pub async fn run_client(
     shutdown: CancellationToken,
 ) {
     let mut backoff = Reconnect::new(RECONNECT_MIN, RECONNECT_MAX);
+    let consuming = AtomicBool::new(false);
     while !shutdown.is_cancelled() {
         let consumed = match broker.get().await {
             Ok(connection) => {
-                let consumed = consume(&ctx, &connection, &http, &client, &shutdown).await;
+                let consumed =
+                    consume(&ctx, &connection, &http, &client, &consuming, &shutdown).await;
                 if matches!(consumed, Err(Error::Unavailable(_))) {
                     broker.discard(&connection).await;
                 }
@@ -66,6 +69,10 @@ pub async fn run_client(
             }
             Err(e) => Err(e),
         };
+        // It got as far as consuming: the next loss starts the waits over.
+        if consuming.swap(false, Ordering::Relaxed) {
+            backoff.reset();
+        }
         match consumed {
             Ok(()) if shutdown.is_cancelled() => break,
             Ok(()) => warn!(client = %client, "webhook consumer stream ended, reconnecting"),
@@ -84,6 +91,7 @@ async fn consume(
     connection: &Connection,
     http: &reqwest::Client,
     client: &str,
+    consuming: &AtomicBool,
     shutdown: &CancellationToken,
 ) -> Result<(), Error> {
     let topology = WebhookTopology::new(&ctx.settings);
@@ -98,6 +106,7 @@ async fn consume(
         FieldTable::default(),
     );
     let consumer = queue::bounded("basic.consume", consume).await?;
+    consuming.store(true, Ordering::Relaxed);
     info!(client = %client, concurrency, "consuming webhook jobs");
     // Stops taking jobs at shutdown and finishes (and settles) those taken;
     // a lost connection ends the stream, and unacked jobs go back.

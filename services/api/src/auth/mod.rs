@@ -31,6 +31,7 @@ use tonic::body::Body;
 use tower::{Layer, Service};
 
 use self::policy::{Requirement, Rule};
+use crate::call_end::{CallEnd, ObservedBody, OnCallEnd};
 use crate::tls::TlsPeer;
 
 /// What the layer needs, shared by every connection.
@@ -178,8 +179,11 @@ impl Guard {
     }
 
     fn record(&self, audited: Audited, outcome: &'static str) {
+        // A call's end may be seen while its body is dropped, outside the
+        // runtime at shutdown: then there is no one left to write it.
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else { return };
         let ctx = self.ctx.clone();
-        tokio::spawn(async move {
+        runtime.spawn(async move {
             let entry = Entry {
                 client: audited.caller.name(),
                 action: audited.action,
@@ -197,6 +201,24 @@ struct Audited {
     caller: Caller,
     action: &'static str,
     detail: String,
+}
+
+/// Records an admin's use of a call it could make only as admin once the
+/// call has ended, with how it ended.
+struct AdminUse {
+    guard: Arc<Guard>,
+    audited: Audited,
+}
+
+impl OnCallEnd for AdminUse {
+    fn ended(self, end: CallEnd) {
+        let outcome = match end.code() {
+            tonic::Code::Ok => "ok",
+            tonic::Code::Cancelled => "cancelled",
+            _ => "failed",
+        };
+        self.guard.record(self.audited, outcome);
+    }
 }
 
 /// Reads `SendMessage`'s gRPC frame far enough to tell whether its audience
@@ -319,14 +341,14 @@ where
                 request.extensions_mut().insert(caller);
             }
             let response = inner.call(request).await?;
-            if let Some(audited) = audited {
-                let outcome = match response.headers().get("grpc-status").map(|v| v.as_bytes()) {
-                    None | Some(b"0") => "ok",
-                    Some(_) => "failed",
-                };
-                guard.record(audited, outcome);
-            }
-            Ok(response)
+            Ok(match audited {
+                // Recorded where the call ends: in the trailers for a
+                // stream, however long it runs.
+                Some(audited) => {
+                    ObservedBody::wrap(response, AdminUse { guard, audited }).map(Body::new)
+                }
+                None => response,
+            })
         })
     }
 }

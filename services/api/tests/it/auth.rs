@@ -10,6 +10,7 @@ use notify_api::auth::policy::{self, Requirement};
 use notify_domain::auth::Scope;
 use notify_proto::v1;
 use notify_proto::v1::admin_service_client::AdminServiceClient;
+use notify_proto::v1::event_service_client::EventServiceClient;
 use notify_proto::v1::group_service_client::GroupServiceClient;
 use notify_proto::v1::inbox_service_client::InboxServiceClient;
 use notify_proto::v1::message_service_client::MessageServiceClient;
@@ -515,8 +516,29 @@ async fn lifecycle_and_admin_actions_leave_audit_records() {
     );
     let reader = audit_actions(&mut admin, Filter::Client("reader".into()), 1).await;
     assert_eq!(reader, vec![("reader".into(), "call.denied".into(), "permission_denied".into())]);
-    let ops = audit_actions(&mut admin, Filter::Client("ops".into()), 1).await;
+    // A stream ops may open only as admin, failing after it opened: its
+    // status is in the trailers, and so is the outcome on record.
+    let (changes, rx) = tokio::sync::mpsc::channel(1);
+    let mut events = EventServiceClient::new(authed(app.channel(), &tokens["ops"]))
+        .subscribe(tokio_stream::wrappers::ReceiverStream::new(rx))
+        .await
+        .expect("the stream opens")
+        .into_inner();
+    changes
+        .send(v1::SubscribeRequest { add_user_ids: vec![0], ..Default::default() })
+        .await
+        .unwrap();
+    let failed = loop {
+        match events.message().await {
+            Ok(Some(_)) => continue,
+            Ok(None) => panic!("the stream ended without an error"),
+            Err(status) => break status,
+        }
+    };
+    assert_eq!(failed.code(), Code::InvalidArgument, "{failed:?}");
+    let ops = audit_actions(&mut admin, Filter::Client("ops".into()), 2).await;
     assert!(ops.contains(&("ops".into(), "admin.use".into(), "ok".into())), "{ops:?}");
+    assert!(ops.contains(&("ops".into(), "admin.use".into(), "failed".into())), "{ops:?}");
     // The audit log itself is for admins only.
     let mut not_admin = AdminServiceClient::new(authed(app.channel(), &tokens["billing"]));
     let request = v1::ListAuditRecordsRequest {
