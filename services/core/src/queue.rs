@@ -64,6 +64,14 @@ pub struct ChunkTask {
     /// sweeper publishes it again for a worker that knows it.
     #[serde(rename = "k", default, skip_serializing_if = "TaskKind::is_deliver")]
     pub kind: TaskKind,
+    /// A recall task published by the recall itself once every cached
+    /// badge and page was retired and every gateway told: the chunk's
+    /// recipients' badges already leave its items out (their content copy
+    /// is revoked), so taking the items back needs no invalidation and no
+    /// event. Left out when false (the sweeper's tasks, and deliveries); a
+    /// worker that does not know it invalidates, which is only redundant.
+    #[serde(rename = "b", default, skip_serializing_if = "std::ops::Not::not")]
+    pub badges_retired: bool,
 }
 
 /// What a [`ChunkTask`] asks of a worker.
@@ -87,12 +95,13 @@ impl TaskKind {
 impl ChunkTask {
     /// A task to deliver a chunk.
     pub fn deliver(message_id: u64, chunk_id: u64, shard: u32) -> Self {
-        Self { message_id, chunk_id, shard, kind: TaskKind::Deliver }
+        Self { message_id, chunk_id, shard, kind: TaskKind::Deliver, badges_retired: false }
     }
 
-    /// A task to take a delivered chunk's items back.
-    pub fn recall(message_id: u64, chunk_id: u64, shard: u32) -> Self {
-        Self { message_id, chunk_id, shard, kind: TaskKind::Recall }
+    /// A task to take a delivered chunk's items back; `badges_retired` as
+    /// the field says.
+    pub fn recall(message_id: u64, chunk_id: u64, shard: u32, badges_retired: bool) -> Self {
+        Self { message_id, chunk_id, shard, kind: TaskKind::Recall, badges_retired }
     }
 
     /// Encodes the task body.

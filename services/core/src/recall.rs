@@ -62,11 +62,25 @@ pub async fn recall(
     for (_, pool) in ctx.pools.iter() {
         chunks::revoke_content(pool, message_id).await?;
     }
-    if let Err(e) = ctx.cache.bump_announcement_epoch().await {
-        // Cached badges and pages catch up when their chunks are recalled.
-        warn!(error = %e, message_id = %message_id, "could not retire cached badges and pages");
-    }
-    events::publish_best_effort(ctx, &BusEvent::Revoked { message_id: message_id.get() }).await;
+    let retired = match ctx.cache.bump_announcement_epoch().await {
+        Ok(_) => true,
+        Err(e) => {
+            // Cached badges and pages catch up when their chunks are recalled.
+            warn!(error = %e, message_id = %message_id, "could not retire cached badges and pages");
+            false
+        }
+    };
+    // Every gateway refreshes the badges of the users it follows.
+    let revoked = BusEvent::Revoked { message_id: message_id.get() };
+    let told = match events::publish(ctx, &revoked).await {
+        Ok(()) => true,
+        Err(e) => {
+            metrics::counter!("notify_event_publish_errors_total", "kind" => revoked.kind())
+                .increment(1);
+            warn!(error = %e, message_id = %message_id, "could not tell the gateways; they hear of it chunk by chunk");
+            false
+        }
+    };
     if row.audience == AudienceKind::AllUsers as u8 {
         let home = ctx.writable(Key::Message(message_id.get())).await?;
         messages::finish_recall(&home, message_id).await?;
@@ -81,7 +95,7 @@ pub async fn recall(
             warn!(error = %e, shard = %shard, message_id = %message_id, "cancelling chunks failed, the sweeper will retry");
         }
     }
-    if let Err(e) = publish(ctx, message_id).await {
+    if let Err(e) = publish(ctx, message_id, retired && told).await {
         warn!(error = %e, message_id = %message_id, "publishing recall tasks failed, the sweeper will retry");
     }
     finish_if_done(ctx, message_id).await?;
@@ -89,11 +103,13 @@ pub async fn recall(
 }
 
 /// Publishes one recall task per delivered chunk of a recalled send, on
-/// every shard, a publish window at a time.
-async fn publish(ctx: &Context, message_id: MessageId) -> Result<u64> {
+/// every shard, a publish window at a time. `badges_retired`: every cached
+/// badge and page was retired after the content copies were revoked, and
+/// every gateway was told ([`ChunkTask::badges_retired`]).
+async fn publish(ctx: &Context, message_id: MessageId, badges_retired: bool) -> Result<u64> {
     let mut published = 0;
     for (shard, pool) in ctx.pools.iter() {
-        published += publish_shard(ctx, shard, pool, message_id).await?;
+        published += publish_shard(ctx, shard, pool, message_id, badges_retired).await?;
     }
     Ok(published)
 }
@@ -103,14 +119,16 @@ async fn publish_shard(
     shard: ShardId,
     pool: &MySqlPool,
     message_id: MessageId,
+    badges_retired: bool,
 ) -> Result<u64> {
     let mut published = 0;
     let mut from = Some(0);
     while let Some(start) = from {
         let ids = store::delivered_page(pool, message_id, start, ctx.publisher.page()).await?;
         from = chunks::next_page_from(&ids);
-        let tasks: Vec<ChunkTask> =
-            ids.iter().map(|chunk| ChunkTask::recall(message_id.get(), *chunk, shard.0)).collect();
+        let task =
+            |chunk: &u64| ChunkTask::recall(message_id.get(), *chunk, shard.0, badges_retired);
+        let tasks: Vec<ChunkTask> = ids.iter().map(task).collect();
         ctx.publisher.publish(Lane::Bulk, &tasks).await?;
         published += tasks.len() as u64;
     }
@@ -119,13 +137,10 @@ async fn publish_shard(
 
 /// Takes one chunk's items back (a worker's recall task): the group of one.
 pub async fn apply_task(ctx: &Context, task: &ChunkTask) -> Result<TaskOutcome> {
-    let outcomes = apply_group(
-        ctx,
-        ShardId(task.shard),
-        MessageId::from_raw(task.message_id),
-        &[task.chunk_id],
-    )
-    .await?;
+    let message_id = MessageId::from_raw(task.message_id);
+    let shard = ShardId(task.shard);
+    let outcomes =
+        apply_group(ctx, shard, message_id, &[task.chunk_id], task.badges_retired).await?;
     Ok(outcomes.into_iter().next().unwrap_or(TaskOutcome::Dropped))
 }
 
@@ -133,21 +148,26 @@ pub async fn apply_task(ctx: &Context, task: &ChunkTask) -> Result<TaskOutcome> 
 /// (the recall tasks a worker had ready together, as deliveries go): one
 /// transaction for all of them, then one invalidation of their recipients'
 /// badges, one settle, one event for the gateway streams, and the end of
-/// the recall if these were the last chunks. Returns one outcome per chunk
-/// id, in the order given; the items taken back are counted on the first
-/// chunk recalled now.
+/// the recall if these were the last chunks. With `badges_retired` (every
+/// task of the group says so, see [`ChunkTask::badges_retired`]) the
+/// transaction settles the chunks itself: their recipients' badges left
+/// the items out from the recall's call on, so there is nothing to
+/// invalidate and nothing new to tell. Returns one outcome per chunk id, in
+/// the order given; the items taken back are counted on the first chunk
+/// recalled now.
 #[instrument(skip_all, fields(message_id = message_id.get(), shard = shard.0, chunks = chunk_ids.len()))]
 pub async fn apply_group(
     ctx: &Context,
     shard: ShardId,
     message_id: MessageId,
     chunk_ids: &[u64],
+    badges_retired: bool,
 ) -> Result<Vec<TaskOutcome>> {
     let pool = ctx
         .pools
         .get(shard)
         .ok_or_else(|| Error::Internal(format!("task names unknown shard {}", shard.0)))?;
-    let recalled = store::recall_many(pool, message_id, chunk_ids).await?;
+    let recalled = store::recall_many(pool, message_id, chunk_ids, badges_retired).await?;
     let mut unsettled = Vec::new();
     let mut users = Vec::new();
     let mut items = 0;
@@ -156,8 +176,10 @@ pub async fn apply_group(
         .zip(&recalled)
         .map(|(chunk_id, recall)| match recall {
             RecallOutcome::Recalled { user_ids, items: taken } => {
-                unsettled.push(*chunk_id);
-                users.extend_from_slice(user_ids);
+                if !badges_retired {
+                    unsettled.push(*chunk_id);
+                    users.extend_from_slice(user_ids);
+                }
                 items += taken;
                 TaskOutcome::Recalled { items: *taken }
             }
@@ -242,7 +264,9 @@ pub async fn sweep(ctx: &Context, home: &MySqlPool, limit: u32) -> Result<u64> {
                 }
                 for (shard, pool) in ctx.pools.iter() {
                     chunks::cancel_pending(pool, message_id, ctx.publisher.page()).await?;
-                    published += publish_shard(ctx, shard, pool, message_id).await?;
+                    // Not known to be retired (the call may have died
+                    // first): these invalidate, which is only redundant.
+                    published += publish_shard(ctx, shard, pool, message_id, false).await?;
                 }
             }
         }

@@ -375,10 +375,13 @@ async fn apply_group(
     let chunk_ids: Vec<u64> = tasks.iter().map(|(task, _)| task.chunk_id).collect();
     let limit = Duration::from_secs(ctx.settings.worker.operation_timeout_secs);
     let send = notify_domain::domain::MessageId::from_raw(message_id);
+    let retired = tasks.iter().all(|(task, _)| task.badges_retired);
     let applying = AssertUnwindSafe(async {
         match kind {
             TaskKind::Deliver => deliver::apply_group(ctx, shard, send, &chunk_ids).await,
-            TaskKind::Recall => recall::apply_group(ctx, shard, send, &chunk_ids).await.map(Some),
+            TaskKind::Recall => {
+                recall::apply_group(ctx, shard, send, &chunk_ids, retired).await.map(Some)
+            }
         }
     })
     .catch_unwind();

@@ -285,3 +285,71 @@ async fn recall_and_edit_of_unknown_or_others_sends_are_not_found() {
     owner.recall_message(v1::RecallMessageRequest { message_id: id }).await.unwrap();
     app.cleanup().await;
 }
+
+#[tokio::test]
+async fn recall_tasks_invalidate_badges_unless_the_call_retired_them() {
+    let mut app = spawn_app_with(test_settings(), false).await;
+    app.start_worker().await;
+    let recipients = users(9_600_000, 1_200);
+    let id = app.send(recipients.clone()).await;
+    wait_for_status(&app, id, v1::MessageStatus::Completed).await;
+    // No worker from here on: the call's recall tasks wait in the queue,
+    // and this test applies the chunks itself, some as the call's tasks
+    // (the badges retired) and some as the sweeper's (not known to be).
+    app.stop_worker().await;
+    recall(&app, id).await;
+    let places = app.item_shards(id).await;
+    let on = |shard: shard_router::ShardId| -> Vec<u64> {
+        places.iter().filter(|(_, at)| at.contains(&shard)).map(|(u, _)| *u).take(10).collect()
+    };
+    let shards: Vec<shard_router::ShardId> = app.ctx.pools.iter().map(|(shard, _)| shard).collect();
+    let (swept, retired) = (shards[0], shards[1]);
+    let (swept_users, retired_users) = (on(swept), on(retired));
+    assert!(!swept_users.is_empty() && !retired_users.is_empty(), "both shards hold recipients");
+    // Cached now, after the call: every one of them already without the item.
+    for user in swept_users.iter().chain(&retired_users) {
+        assert_eq!(served(&app, *user).await, truth(&app, *user).await, "user {user}");
+    }
+    let mut redis = app.ctx.cache.connection();
+    let cached =
+        |users: &[u64]| users.iter().map(|u| app.ctx.cache.keys().unread(*u)).collect::<Vec<_>>();
+    for (shard, badges_retired) in [(swept, false), (retired, true)] {
+        let pool = app.ctx.pools.get(shard).unwrap();
+        let chunks = notify_store::db::recall::delivered_page(
+            pool,
+            notify_domain::domain::MessageId::from_raw(id),
+            0,
+            1_000,
+        )
+        .await
+        .unwrap();
+        assert!(!chunks.is_empty());
+        let message_id = notify_domain::domain::MessageId::from_raw(id);
+        notify_core::recall::apply_group(&app.ctx, shard, message_id, &chunks, badges_retired)
+            .await
+            .unwrap();
+        let states: Vec<u8> =
+            sqlx::query_scalar("SELECT DISTINCT state FROM message_chunks WHERE message_id = ?")
+                .bind(id)
+                .fetch_all(pool)
+                .await
+                .unwrap();
+        assert_eq!(states, [5], "shard {shard}: every chunk recalled and settled");
+    }
+    let present: usize =
+        redis::cmd("EXISTS").arg(cached(&swept_users)).query_async(&mut redis).await.unwrap();
+    assert_eq!(present, 0, "the sweeper's tasks invalidate their recipients' badges");
+    let present: usize =
+        redis::cmd("EXISTS").arg(cached(&retired_users)).query_async(&mut redis).await.unwrap();
+    assert_eq!(present, retired_users.len(), "the call's tasks leave retired badges alone");
+    // The queued tasks of those chunks change nothing; the rest are taken
+    // back, every item once.
+    app.start_worker().await;
+    let last = recalled(&app, id).await.progress.unwrap();
+    assert_eq!(last.recalled, 1_200, "{last:?}");
+    assert_eq!(items_of(&app, id).await, 0);
+    for user in swept_users.iter().chain(&retired_users) {
+        assert_eq!(served(&app, *user).await, truth(&app, *user).await, "user {user}");
+    }
+    app.cleanup().await;
+}

@@ -39,21 +39,12 @@ pub enum RecallOutcome {
     Missing,
 }
 
-/// Takes a delivered chunk's items back in ONE transaction (see
-/// [`recall_many`], of which this is the one-chunk case).
-pub async fn recall_chunk(
-    pool: &MySqlPool,
-    message_id: MessageId,
-    chunk_id: u64,
-) -> Result<RecallOutcome> {
-    let mut outcomes = recall_many(pool, message_id, &[chunk_id]).await?;
-    Ok(outcomes.pop().unwrap_or(RecallOutcome::Missing))
-}
-
 /// Takes several delivered chunks of one send on this shard back in ONE
 /// transaction (a worker's group of recall tasks, as deliveries go in
 /// groups): the chunk rows are locked, the delivered ones (done or
-/// unsettled) move to [`state::RECALL_UNSETTLED`], their recipients' items
+/// unsettled) move to [`state::RECALL_UNSETTLED`] (or straight to
+/// [`state::RECALLED`] when `settled`: no badge needs invalidating, the
+/// caller knows), their recipients' items
 /// and recorded reads of the send are deleted, and the stats count the
 /// items recalled (and no longer read), in the stats slot of the first
 /// chunk recalled. Returns one outcome per chunk id, in the order given;
@@ -64,6 +55,7 @@ pub async fn recall_many(
     pool: &MySqlPool,
     message_id: MessageId,
     chunk_ids: &[u64],
+    settled: bool,
 ) -> Result<Vec<RecallOutcome>> {
     if chunk_ids.is_empty() {
         return Ok(Vec::new());
@@ -125,7 +117,7 @@ pub async fn recall_many(
         .execute(&mut *tx)
         .await?;
         let mut update = QueryBuilder::new("UPDATE message_chunks SET state = ");
-        update.push_bind(state::RECALL_UNSETTLED);
+        update.push_bind(if settled { state::RECALLED } else { state::RECALL_UNSETTLED });
         update.push(", updated_at = UTC_TIMESTAMP(3) WHERE message_id = ");
         update.push_bind(message_id.get()).push(" AND chunk_id IN (");
         push_ids(&mut update, &recalled);
