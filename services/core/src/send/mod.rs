@@ -16,8 +16,8 @@ use notify_domain::error::{Error, Result};
 use notify_store::db::chunks::{self, ContentCopy};
 use notify_store::db::messages::{self, MessageRow, NewMessage};
 
+pub(crate) use lifecycle::{activated, refresh_status_best_effort, transition};
 pub use lifecycle::{complete_if_done, publish_pending, start_due, status_of};
-pub(crate) use lifecycle::{refresh_status_best_effort, transition};
 pub use progress::{Progress, progress};
 
 /// Batch number used for the inline recipients of `SendMessage`; client
