@@ -380,7 +380,7 @@ pub async fn complete_if_done(ctx: &Context, message_id: MessageId) -> Result<bo
         refresh_status_best_effort(ctx, message_id).await;
         info!(message_id = %message_id, "message completed");
         let event = notify_domain::settings::WebhookEvent::MessageCompleted;
-        crate::webhooks::emit_for_send(ctx, message_id, event, Default::default()).await;
+        super::emit_for_send(ctx, message_id, event, Default::default()).await;
     }
     Ok(completed)
 }
