@@ -2,6 +2,13 @@
 //! dispatcher in `notify-worker` to POST to the client's endpoints, signed
 //! as Standard Webhooks says (see `docs/webhooks.md`).
 //!
+//! This module is what every side shares: the [`Job`] the queues carry, its
+//! payload, which endpoints want an event, the queues ([`topology`]) and the
+//! signature ([`sign`]). It names no other module of the crate, so the
+//! publisher ([`crate::queue`]) builds on it; the events are queued above
+//! the publisher, a send's by `send::emit_for_send` and `item.read` in
+//! batches by [`crate::context::webhook_reads`].
+//!
 //! An event is queued once per endpoint that asked for it, as a [`Job`]
 //! carrying its final payload and `webhook-id`, so every retry sends the
 //! same bytes under the same id (receivers dedupe on it). A client without
@@ -9,7 +16,6 @@
 //! published. Queueing happens after the change it reports is committed;
 //! a failed publish is logged and counted, and the change stands.
 
-pub mod reads;
 pub mod sign;
 pub mod topology;
 
