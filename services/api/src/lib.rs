@@ -152,11 +152,8 @@ impl Application {
             drained.clone(),
         ));
         let drained = drained.drop_guard();
-        let metrics = tokio::spawn(notify_core::telemetry::serve_metrics(
-            self.metrics_listener,
-            probes,
-            shutdown.clone(),
-        ));
+        let metrics =
+            tokio::spawn(health::serve_metrics(self.metrics_listener, probes, shutdown.clone()));
         // The console stops with the shutdown token: its open event
         // streams end then, so its drain never waits on them.
         let console = self.console_listener.map(|listener| {

@@ -12,6 +12,8 @@
 //! Starting or cancelling an announcement bumps the cache epoch, which
 //! retires every cached badge at once (see `cache::badge`). Cancelling also
 //! revokes the content copies, which hides every materialized item at once.
+//! Both are the send lifecycle's (`send::lifecycle`), which this module
+//! builds on.
 
 use chrono::{NaiveDateTime, Utc};
 use serde::{Deserialize, Serialize};
@@ -20,7 +22,6 @@ use sqlx::MySqlPool;
 use tracing::{instrument, warn};
 
 use crate::context::Context;
-use crate::events::{self, BusEvent};
 use crate::send::{self, Created, NewSend};
 use notify_domain::domain::{Lane, MessageId, SendStatus};
 use notify_domain::error::{Error, Result};
@@ -74,43 +75,10 @@ pub async fn send(ctx: &Context, new_send: &NewSend) -> Result<(Created, SendSta
     let start_now = row.send_at.is_none_or(|at| at <= send::now());
     messages::request_start(&*home, id, Lane::High as u8, start_now).await?;
     if start_now {
-        activated(ctx, id).await;
+        send::activated(ctx, id).await;
     }
     let status = messages::fetch_existing(&home, id).await?.status()?;
     Ok((created, status))
-}
-
-/// Makes a newly live announcement visible to every badge and stream.
-pub async fn activated(ctx: &Context, message_id: MessageId) {
-    retire_badges(ctx, message_id).await;
-    let home = ctx.pools.for_message(message_id.get());
-    match chunks::content_summary(&home, message_id).await {
-        Ok(Some(summary)) => {
-            let event = BusEvent::Announced { message_id: message_id.get(), summary };
-            events::publish_best_effort(ctx, &event).await;
-        }
-        Ok(None) => {}
-        Err(e) => warn!(error = %e, message_id = %message_id, "could not read the announcement"),
-    }
-}
-
-/// Hides a cancelled announcement everywhere: revokes every content copy
-/// (materialized items disappear), retires cached badges and tells streams.
-pub async fn revoke(ctx: &Context, message_id: MessageId) -> Result<()> {
-    for (_, pool) in ctx.pools.iter() {
-        chunks::revoke_content(pool, message_id).await?;
-    }
-    retire_badges(ctx, message_id).await;
-    events::publish_best_effort(ctx, &BusEvent::Revoked { message_id: message_id.get() }).await;
-    Ok(())
-}
-
-async fn retire_badges(ctx: &Context, message_id: MessageId) {
-    send::refresh_status_best_effort(ctx, message_id).await;
-    if let Err(e) = ctx.cache.bump_announcement_epoch().await {
-        // Cached badges catch up when they expire (inbox.counter_ttl_secs).
-        warn!(error = %e, message_id = %message_id, "could not retire cached badges");
-    }
 }
 
 /// Ends the announcements on `shard` (their home) whose expiry has
@@ -258,14 +226,4 @@ pub async fn materialize_live(ctx: &Context, user_id: u64) -> Result<(Vec<Active
         warn!(error = %e, user_id, "could not clear a badge change marker");
     }
     written.map(|_| (live, complete))
-}
-
-/// Rejects operations that do not apply to announcements.
-pub fn reject_for_announcement(audience: u8, verb: &str, message_id: MessageId) -> Result<()> {
-    if audience == notify_domain::domain::AudienceKind::AllUsers as u8 {
-        return Err(Error::FailedPrecondition(format!(
-            "cannot {verb} message {message_id}: announcements can only be cancelled"
-        )));
-    }
-    Ok(())
 }

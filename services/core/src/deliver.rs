@@ -377,7 +377,7 @@ pub async fn record_failure(ctx: &Context, task: &ChunkTask) -> Result<()> {
         let mut extra = serde_json::Map::new();
         extra.insert("chunk_id".into(), task.chunk_id.to_string().into());
         let event = notify_domain::settings::WebhookEvent::MessageFailed;
-        crate::webhooks::emit_for_send(ctx, message_id, event, extra).await;
+        send::emit_for_send(ctx, message_id, event, extra).await;
         send::complete_if_done(ctx, message_id).await?;
     }
     Ok(())

@@ -1,8 +1,8 @@
 //! Health of a process: whether its backends answer (with hysteresis, so one
 //! slow ping does not flap readiness), and whether its loops are alive
 //! (heartbeats). Kubernetes probes read both through `/readyz` and `/healthz`
-//! on the metrics port; the api also reports the backends through gRPC
-//! health.
+//! on the metrics port ([`serve_metrics`]); the api also reports the
+//! backends through gRPC health.
 //!
 //! Readiness follows the backends a process cannot work without: every MySQL
 //! shard and RabbitMQ. Redis is a cache, and every read falls back to MySQL
@@ -14,11 +14,16 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use axum::Router;
+use axum::http::StatusCode;
+use axum::routing::get;
+use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
 use crate::context::Context;
+use crate::telemetry::metrics_handle;
 use notify_domain::settings::HealthSettings;
 
 /// Longest one check of one backend may take before it counts as failed.
@@ -245,6 +250,29 @@ impl Probes {
         }
         (self.extra_ready)()
     }
+}
+
+/// Serves `GET /metrics`, `GET /healthz` (liveness) and `GET /readyz`
+/// (readiness) on `listener` until `shutdown` is cancelled. A failing probe
+/// answers 503 with the reason.
+pub async fn serve_metrics(
+    listener: TcpListener,
+    probes: Probes,
+    shutdown: CancellationToken,
+) -> std::io::Result<()> {
+    let handle = metrics_handle();
+    let answer = |result: Result<(), String>| match result {
+        Ok(()) => (StatusCode::OK, "ok\n".to_owned()),
+        Err(reason) => (StatusCode::SERVICE_UNAVAILABLE, format!("{reason}\n")),
+    };
+    let live = probes.clone();
+    let app = Router::new()
+        .route("/metrics", get(move || std::future::ready(handle.render())))
+        .route("/healthz", get(move || std::future::ready(answer(live.live()))))
+        .route("/readyz", get(move || std::future::ready(answer(probes.ready()))));
+    axum::serve(listener, app)
+        .with_graceful_shutdown(async move { shutdown.cancelled().await })
+        .await
 }
 
 #[cfg(test)]

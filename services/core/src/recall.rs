@@ -56,7 +56,7 @@ pub async fn recall(
     if now {
         info!(message_id = %message_id, "message recalled");
         let event = notify_domain::settings::WebhookEvent::MessageRecalled;
-        crate::webhooks::emit_for_send(ctx, message_id, event, Default::default()).await;
+        send::emit_for_send(ctx, message_id, event, Default::default()).await;
     }
     // Hidden everywhere at once: every read joins the shard's content copy.
     for (_, pool) in ctx.pools.iter() {

@@ -16,6 +16,7 @@ pub mod domain;
 pub mod error;
 pub mod ids;
 pub mod preferences;
+pub mod scope;
 pub mod settings;
 
 pub use error::{Error, Result};

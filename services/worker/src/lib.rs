@@ -179,9 +179,7 @@ impl Worker {
         let metrics_listener = self.metrics_listener;
         let metrics_shutdown = shutdown.clone();
         tasks.spawn(async move {
-            if let Err(e) =
-                notify_core::telemetry::serve_metrics(metrics_listener, probes, metrics_shutdown)
-                    .await
+            if let Err(e) = health::serve_metrics(metrics_listener, probes, metrics_shutdown).await
             {
                 tracing::warn!(error = %e, "metrics endpoint failed");
             }

@@ -99,7 +99,7 @@ pub(crate) async fn sends(
     CurrentSession(session): CurrentSession,
     Query(query): Query<SendsQuery>,
 ) -> Response {
-    let nav = Nav::new(&session, "sends");
+    let nav = session.nav("sends");
     let id = query.id.trim();
     if !id.is_empty() {
         return match id.parse::<u64>() {
@@ -365,7 +365,7 @@ pub(crate) async fn send(
     Path(id): Path<String>,
     Query(query): Query<SendQuery>,
 ) -> Response {
-    let nav = Nav::new(&session, "sends");
+    let nav = session.nav("sends");
     let id = match parse_message_id(&id) {
         Ok(id) => id,
         Err(e) => return error_page(Some(nav), &e),
@@ -480,7 +480,7 @@ pub(crate) async fn act(
     if let Err(refused) = check_csrf(&headers, &session, &form.csrf) {
         return refused.into_response();
     }
-    let nav = Nav::new(&session, "sends");
+    let nav = session.nav("sends");
     let id = match parse_message_id(&id) {
         Ok(id) => id,
         Err(e) => return error_page(Some(nav), &e),
@@ -574,7 +574,7 @@ pub(crate) async fn user(
     CurrentSession(session): CurrentSession,
     Query(query): Query<UserQuery>,
 ) -> Response {
-    let nav = Nav::new(&session, "users");
+    let nav = session.nav("users");
     let raw = query.user_id.trim();
     let view = match query.view.as_str() {
         "" | "inbox" => View::Inbox,
@@ -678,7 +678,7 @@ pub(crate) async fn group(
     CurrentSession(session): CurrentSession,
     Query(query): Query<GroupQuery>,
 ) -> Response {
-    let nav = Nav::new(&session, "groups");
+    let nav = session.nav("groups");
     let raw = query.group_id.trim();
     let mut page = GroupPage {
         nav,
@@ -734,7 +734,7 @@ pub(crate) async fn shards(
     State(console): State<Arc<Console>>,
     CurrentSession(session): CurrentSession,
 ) -> Response {
-    let nav = Nav::new(&session, "shards");
+    let nav = session.nav("shards");
     let overview = match lookups::shards(&console.ctx).await {
         Ok(overview) => overview,
         Err(e) => return error_page(Some(nav), &e),

@@ -20,7 +20,7 @@ use sha2::{Digest, Sha256};
 use tracing::{info, warn};
 
 use super::Console;
-use super::views::{LoginPage, render};
+use super::views::{LoginPage, Nav, render};
 
 /// The session cookie's name.
 const COOKIE: &str = "notify_console";
@@ -34,6 +34,13 @@ pub(crate) struct Session {
     pub manage: bool,
     /// The token every form of this session carries.
     pub csrf: String,
+}
+
+impl Session {
+    /// The header of one of this session's pages, with `tab` open.
+    pub(crate) fn nav(&self, tab: &'static str) -> Nav {
+        Nav { client: self.client.clone(), csrf: self.csrf.clone(), tab }
+    }
 }
 
 fn random_token() -> String {

@@ -9,8 +9,6 @@ use notify_core::recipients;
 use notify_core::send::{MessageView, Progress};
 use notify_domain::domain::{AudienceKind, SendStatus};
 
-use super::session::Session;
-
 /// Renders a page as HTML (a 500 when a template fails, which a test of
 /// every page would catch first).
 pub(crate) fn render<T: Template>(page: &T) -> Response {
@@ -119,7 +117,7 @@ pub(crate) fn group_digits(n: u64) -> String {
     out
 }
 
-/// What every page's header needs of the session.
+/// What every page's header needs of the session (`Session::nav`).
 #[derive(Debug, Clone)]
 pub(crate) struct Nav {
     /// The logged-in client.
@@ -128,12 +126,6 @@ pub(crate) struct Nav {
     pub csrf: String,
     /// Which tab is open.
     pub tab: &'static str,
-}
-
-impl Nav {
-    pub(crate) fn new(session: &Session, tab: &'static str) -> Self {
-        Self { client: session.client.clone(), csrf: session.csrf.clone(), tab }
-    }
 }
 
 /// The login page.

@@ -1,4 +1,8 @@
-//! Lifecycle transitions of a send and the status checks workers rely on.
+//! Lifecycle transitions of a send and the status checks workers rely on,
+//! and what they do to an announcement (a send to all users): it becomes
+//! visible to every badge and stream when it starts and is hidden when it
+//! is cancelled; pause, resume and redrive do not apply to it.
+//! [`crate::announce`] stores and materializes announcements on top of sends.
 //!
 //! The home shard's `messages.status` is the truth; `status_version` grows
 //! with every change. Every transition writes MySQL first, then caches
@@ -13,6 +17,7 @@ use tracing::{info, instrument, warn};
 
 use super::{MessageView, fetch_visible, get};
 use crate::context::Context;
+use crate::events::{self, BusEvent};
 use crate::queue::ChunkTask;
 use notify_domain::domain::{AudienceKind, Lane, MessageId, Priority, SendStatus};
 use notify_domain::error::{Error, Result};
@@ -65,7 +70,50 @@ async fn reject_announcement(
     verb: &str,
 ) -> Result<()> {
     let row = fetch_visible(ctx, message_id, owner).await?;
-    crate::announce::reject_for_announcement(row.audience, verb, message_id)
+    reject_for_announcement(row.audience, verb, message_id)
+}
+
+/// Makes a newly live announcement visible to every badge and stream.
+pub(crate) async fn activated(ctx: &Context, message_id: MessageId) {
+    retire_badges(ctx, message_id).await;
+    let home = ctx.pools.for_message(message_id.get());
+    match chunks::content_summary(&home, message_id).await {
+        Ok(Some(summary)) => {
+            let event = BusEvent::Announced { message_id: message_id.get(), summary };
+            events::publish_best_effort(ctx, &event).await;
+        }
+        Ok(None) => {}
+        Err(e) => warn!(error = %e, message_id = %message_id, "could not read the announcement"),
+    }
+}
+
+/// Hides a cancelled announcement everywhere: revokes every content copy
+/// (materialized items disappear), retires cached badges and tells streams.
+async fn revoke(ctx: &Context, message_id: MessageId) -> Result<()> {
+    for (_, pool) in ctx.pools.iter() {
+        chunks::revoke_content(pool, message_id).await?;
+    }
+    retire_badges(ctx, message_id).await;
+    events::publish_best_effort(ctx, &BusEvent::Revoked { message_id: message_id.get() }).await;
+    Ok(())
+}
+
+async fn retire_badges(ctx: &Context, message_id: MessageId) {
+    refresh_status_best_effort(ctx, message_id).await;
+    if let Err(e) = ctx.cache.bump_announcement_epoch().await {
+        // Cached badges catch up when they expire (inbox.counter_ttl_secs).
+        warn!(error = %e, message_id = %message_id, "could not retire cached badges");
+    }
+}
+
+/// Rejects operations that do not apply to announcements.
+fn reject_for_announcement(audience: u8, verb: &str, message_id: MessageId) -> Result<()> {
+    if audience == AudienceKind::AllUsers as u8 {
+        return Err(Error::FailedPrecondition(format!(
+            "cannot {verb} message {message_id}: announcements can only be cancelled"
+        )));
+    }
+    Ok(())
 }
 
 /// Moves `from -> to`, or explains why not: NOT_FOUND, or FAILED_PRECONDITION
@@ -181,7 +229,7 @@ pub async fn start_due(ctx: &Context, message_id: MessageId) -> Result<bool> {
     refresh_status_best_effort(ctx, message_id).await;
     let row = messages::fetch_existing(&home, message_id).await?;
     if row.audience == AudienceKind::AllUsers as u8 {
-        crate::announce::activated(ctx, message_id).await;
+        activated(ctx, message_id).await;
         info!("scheduled announcement started");
         return Ok(true);
     }
@@ -268,7 +316,7 @@ pub async fn cancel(
     transition(ctx, message_id, &from, SendStatus::Cancelled, "cancel").await?;
     let home = ctx.pools.for_message(message_id.get());
     if messages::fetch_existing(&home, message_id).await?.audience == AudienceKind::AllUsers as u8 {
-        crate::announce::revoke(ctx, message_id).await?;
+        revoke(ctx, message_id).await?;
         return get(ctx, message_id, None).await;
     }
     for (shard, pool) in ctx.pools.iter() {
@@ -290,7 +338,7 @@ pub async fn redrive(
     let home = ctx.writable(Key::Message(message_id.get())).await?;
     let row = fetch_visible(ctx, message_id, owner).await?;
     let status = row.status()?;
-    crate::announce::reject_for_announcement(row.audience, "redrive", message_id)?;
+    reject_for_announcement(row.audience, "redrive", message_id)?;
     if !matches!(status, SendStatus::Sending | SendStatus::Completed) {
         return Err(Error::FailedPrecondition(format!(
             "cannot redrive message {message_id}: it is {}",
@@ -332,7 +380,7 @@ pub async fn complete_if_done(ctx: &Context, message_id: MessageId) -> Result<bo
         refresh_status_best_effort(ctx, message_id).await;
         info!(message_id = %message_id, "message completed");
         let event = notify_domain::settings::WebhookEvent::MessageCompleted;
-        crate::webhooks::emit_for_send(ctx, message_id, event, Default::default()).await;
+        super::emit_for_send(ctx, message_id, event, Default::default()).await;
     }
     Ok(completed)
 }

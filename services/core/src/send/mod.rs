@@ -5,6 +5,7 @@
 mod lifecycle;
 pub mod plan;
 mod progress;
+mod webhooks;
 
 use chrono::{NaiveDateTime, Utc};
 use shard_router::Key;
@@ -16,9 +17,10 @@ use notify_domain::error::{Error, Result};
 use notify_store::db::chunks::{self, ContentCopy};
 use notify_store::db::messages::{self, MessageRow, NewMessage};
 
+pub(crate) use lifecycle::{activated, refresh_status_best_effort, transition};
 pub use lifecycle::{complete_if_done, publish_pending, start_due, status_of};
-pub(crate) use lifecycle::{refresh_status_best_effort, transition};
 pub use progress::{Progress, progress};
+pub(crate) use webhooks::emit_for_send;
 
 /// Batch number used for the inline recipients of `SendMessage`; client
 /// batches of `AppendRecipients` start at 1.

@@ -1,22 +1,17 @@
-//! Tracing subscriber (logs, and OpenTelemetry traces when configured), the
-//! Prometheus recorder and the `/metrics` endpoint.
+//! Tracing subscriber (logs, and OpenTelemetry traces when configured) and
+//! the Prometheus recorder, whose page `health::serve_metrics` serves.
 
 pub mod trace;
 
 use std::sync::OnceLock;
 use std::time::Duration;
 
-use axum::Router;
-use axum::http::StatusCode;
-use axum::routing::get;
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
-use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 use tracing_subscriber::layer::SubscriberExt as _;
 use tracing_subscriber::util::SubscriberInitExt as _;
 use tracing_subscriber::{EnvFilter, Layer as _};
 
-use crate::health::Probes;
 use notify_domain::settings::{LogSettings, TraceSettings};
 
 pub use trace::TraceExport;
@@ -109,29 +104,6 @@ fn spawn_upkeep(handle: PrometheusHandle) {
     if let Err(e) = spawned {
         tracing::warn!(error = %e, "cannot start the metrics upkeep thread");
     }
-}
-
-/// Serves `GET /metrics`, `GET /healthz` (liveness) and `GET /readyz`
-/// (readiness) on `listener` until `shutdown` is cancelled. A failing probe
-/// answers 503 with the reason.
-pub async fn serve_metrics(
-    listener: TcpListener,
-    probes: Probes,
-    shutdown: CancellationToken,
-) -> std::io::Result<()> {
-    let handle = metrics_handle();
-    let answer = |result: Result<(), String>| match result {
-        Ok(()) => (StatusCode::OK, "ok\n".to_owned()),
-        Err(reason) => (StatusCode::SERVICE_UNAVAILABLE, format!("{reason}\n")),
-    };
-    let live = probes.clone();
-    let app = Router::new()
-        .route("/metrics", get(move || std::future::ready(handle.render())))
-        .route("/healthz", get(move || std::future::ready(answer(live.live()))))
-        .route("/readyz", get(move || std::future::ready(answer(probes.ready()))));
-    axum::serve(listener, app)
-        .with_graceful_shutdown(async move { shutdown.cancelled().await })
-        .await
 }
 
 /// Resolves when SIGTERM or Ctrl-C arrives, then cancels `token`.

@@ -427,7 +427,7 @@ impl Settings {
             .build()?
             .try_deserialize()?;
         settings.read_url_files()?;
-        webhooks::read_secret_files(&mut settings.auth.clients)?;
+        webhooks::read_secret_files(settings.auth.clients.iter_mut().map(|c| &mut c.webhooks))?;
         settings.validate()?;
         Ok(settings)
     }
@@ -539,7 +539,7 @@ impl Settings {
             ));
         }
         self.auth.validate(&self.api.tls)?;
-        webhooks::validate_endpoints(&self.auth.clients)?;
+        webhooks::validate_endpoints(self.auth.clients.iter().map(|c| &c.webhooks))?;
         self.webhooks.validate()?;
         self.api.tls.validate()?;
         if self.api.max_request_bytes < 1024 {

@@ -7,7 +7,7 @@ use std::net::SocketAddr;
 use serde::Deserialize;
 
 use super::{SettingsError, invalid};
-use crate::auth::Scope;
+use crate::scope::Scope;
 
 /// Who may use gRPC reflection.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]

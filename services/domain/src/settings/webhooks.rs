@@ -11,7 +11,7 @@ use base64::engine::general_purpose::STANDARD;
 use secrecy::{ExposeSecret, SecretString};
 use serde::Deserialize;
 
-use super::{ClientSettings, SettingsError, invalid};
+use super::{SettingsError, invalid};
 
 /// The events a webhook endpoint can ask for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -135,10 +135,13 @@ impl WebhookSettings {
     }
 }
 
-/// Reads every endpoint's `secret_file` into its `secret`, trimmed.
-pub(super) fn read_secret_files(clients: &mut [ClientSettings]) -> Result<(), SettingsError> {
-    for (index, client) in clients.iter_mut().enumerate() {
-        for (hook, endpoint) in client.webhooks.iter_mut().enumerate() {
+/// Reads every endpoint's `secret_file` into its `secret`, trimmed; takes
+/// each client's endpoints in `auth.clients` order.
+pub(super) fn read_secret_files<'a>(
+    clients: impl Iterator<Item = &'a mut Vec<WebhookEndpoint>>,
+) -> Result<(), SettingsError> {
+    for (index, endpoints) in clients.enumerate() {
+        for (hook, endpoint) in endpoints.iter_mut().enumerate() {
             if endpoint.secret_file.is_empty() {
                 continue;
             }
@@ -155,10 +158,13 @@ pub(super) fn read_secret_files(clients: &mut [ClientSettings]) -> Result<(), Se
     Ok(())
 }
 
-/// Checks every client's endpoints, naming the field at fault.
-pub(super) fn validate_endpoints(clients: &[ClientSettings]) -> Result<(), SettingsError> {
-    for (index, client) in clients.iter().enumerate() {
-        for (hook, endpoint) in client.webhooks.iter().enumerate() {
+/// Checks every client's endpoints, naming the field at fault; takes each
+/// client's endpoints in `auth.clients` order.
+pub(super) fn validate_endpoints<'a>(
+    clients: impl Iterator<Item = &'a Vec<WebhookEndpoint>>,
+) -> Result<(), SettingsError> {
+    for (index, endpoints) in clients.enumerate() {
+        for (hook, endpoint) in endpoints.iter().enumerate() {
             let fail = |what: &str, reason: String| SettingsError::Invalid {
                 setting: "auth.clients",
                 reason: format!("auth.clients[{index}].webhooks[{hook}].{what}: {reason}"),
@@ -223,7 +229,7 @@ mod tests {
 
     fn with_endpoint(url: &str, secret: &str, events: &[&str]) -> Settings {
         let mut settings = Settings::defaults().unwrap();
-        let client: ClientSettings = serde_json::from_value(serde_json::json!({
+        let client = serde_json::json!({
             "name": "billing",
             "token_sha256": ["a".repeat(64)],
             "webhooks": [{
@@ -231,10 +237,13 @@ mod tests {
                 "secret": secret,
                 "events": events,
             }],
-        }))
-        .unwrap();
-        settings.auth.clients.push(client);
+        });
+        settings.auth.clients.push(serde_json::from_value(client).unwrap());
         settings
+    }
+
+    fn read_secret_files_of(settings: &mut Settings) -> Result<(), SettingsError> {
+        read_secret_files(settings.auth.clients.iter_mut().map(|c| &mut c.webhooks))
     }
 
     #[test]
@@ -290,11 +299,11 @@ mod tests {
         std::fs::write(&path, format!("{SECRET}\n")).unwrap();
         let mut settings = with_endpoint("https://h.example/", "", &["message.completed"]);
         settings.auth.clients[0].webhooks[0].secret_file = path.display().to_string();
-        read_secret_files(&mut settings.auth.clients).unwrap();
+        read_secret_files_of(&mut settings).unwrap();
         settings.validate().unwrap();
         assert_eq!(settings.auth.clients[0].webhooks[0].secret.expose_secret(), SECRET);
         settings.auth.clients[0].webhooks[0].secret_file = dir.join("absent").display().to_string();
-        let err = read_secret_files(&mut settings.auth.clients).unwrap_err().to_string();
+        let err = read_secret_files_of(&mut settings).unwrap_err().to_string();
         assert!(err.starts_with("auth.clients[0].webhooks[0].secret_file: cannot read "), "{err}");
         std::fs::remove_dir_all(&dir).unwrap();
     }

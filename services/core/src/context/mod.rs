@@ -1,5 +1,8 @@
 //! The shared handles every service works with: settings, shard pools, cache,
-//! publisher and id generator. Cheap to clone.
+//! publisher, id generator and the sink of `item.read` webhooks
+//! ([`webhook_reads`]). Cheap to clone.
+
+pub mod webhook_reads;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -38,7 +41,7 @@ pub struct Context {
     pub cross_shard_permits: Arc<Semaphore>,
     /// Where reads go for `item.read` webhooks; `None` when no endpoint
     /// asked for them.
-    pub webhook_reads: Option<crate::webhooks::reads::ReadSink>,
+    pub webhook_reads: Option<webhook_reads::ReadSink>,
 }
 
 impl Context {
@@ -118,11 +121,8 @@ impl Context {
         let reads = db::connect_reads(&settings)?.map(Arc::new);
         let settings = Arc::new(settings);
         let publisher = Arc::new(publisher);
-        let webhook_reads = crate::webhooks::reads::ReadSink::spawn(
-            settings.clone(),
-            pools.clone(),
-            publisher.clone(),
-        );
+        let webhook_reads =
+            webhook_reads::ReadSink::spawn(settings.clone(), pools.clone(), publisher.clone());
         Ok(Self {
             settings,
             reads,

@@ -23,8 +23,8 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 use tracing::warn;
 
-use super::{Job, endpoints_for, new_webhook_id, payload};
 use crate::queue::Publisher;
+use crate::webhooks::{Job, anyone_wants, endpoints_for, new_webhook_id, payload};
 use notify_domain::domain::MessageId;
 use notify_domain::settings::{Settings, WebhookEvent};
 use notify_store::db::{ShardPools, messages};
@@ -51,7 +51,7 @@ impl ReadSink {
         pools: ShardPools,
         publisher: Arc<Publisher>,
     ) -> Option<Self> {
-        if !super::anyone_wants(&settings, WebhookEvent::ItemRead) {
+        if !anyone_wants(&settings, WebhookEvent::ItemRead) {
             return None;
         }
         let (sender, receiver) = mpsc::channel(settings.webhooks.read_buffer);
