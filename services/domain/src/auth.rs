@@ -250,6 +250,19 @@ impl Registry {
         Some(self.clients[index].clone())
     }
 
+    /// Finds the client a token with this SHA-256 digest belongs to (a
+    /// console session remembers the digest of the token that opened it,
+    /// never the token): none once the token is no longer configured.
+    pub fn by_token_digest(&self, digest: &[u8; 32]) -> Option<Caller> {
+        let mut found = None;
+        for (stored, index) in &self.token_digests {
+            if bool::from(stored.ct_eq(digest)) {
+                found = Some(*index);
+            }
+        }
+        Some(self.clients[found?].clone())
+    }
+
     /// Finds the client one of a certificate's names (SANs, CN) belongs to.
     pub fn by_cert_names<'a>(&self, names: impl IntoIterator<Item = &'a str>) -> Option<Caller> {
         names
@@ -318,6 +331,9 @@ mod tests {
         assert_eq!(registry.by_token(new.as_bytes()).unwrap().name(), "billing");
         assert!(registry.by_token(new_token().as_bytes()).is_none());
         assert!(registry.by_token(b"").is_none());
+        let digest: [u8; 32] = Sha256::digest(old.as_bytes()).into();
+        assert_eq!(registry.by_token_digest(&digest).unwrap().name(), "billing");
+        assert!(registry.by_token_digest(&Sha256::digest(b"gone").into()).is_none());
         let by_cert = registry.by_cert_names(["x", "growth.internal"]).unwrap();
         assert_eq!(by_cert.name(), "growth");
     }

@@ -257,7 +257,14 @@ impl TestApp {
 
     /// Starts another api replica sharing this app's databases and names.
     pub async fn spawn_api_replica(&self) -> ApiReplica {
-        let app = Application::build(self.settings.clone()).await.expect("replica builds");
+        self.spawn_api_replica_with(self.settings.clone()).await
+    }
+
+    /// Starts another api on the same databases, queues and Redis with
+    /// settings of its own: the app's, say, with a client's scopes changed
+    /// (a new release of the configuration).
+    pub async fn spawn_api_replica_with(&self, settings: Settings) -> ApiReplica {
+        let app = Application::build(settings).await.expect("replica builds");
         let addr = app.local_addr().expect("replica bound");
         let tls = app.tls().is_some();
         let console_addr = app.console_addr();

@@ -13,7 +13,7 @@ use axum::http::{HeaderMap, Method, StatusCode, header};
 use axum::response::{IntoResponse, Redirect, Response};
 use base64::Engine;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
-use notify_domain::auth::Scope;
+use notify_domain::auth::{Registry, Scope};
 use redis::AsyncCommands;
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
@@ -34,6 +34,28 @@ pub(crate) struct Session {
     pub manage: bool,
     /// The token every form of this session carries.
     pub csrf: String,
+    /// The SHA-256 (base64) of the client token that opened it: the session
+    /// ends when that token is no longer configured (a rotation, a client
+    /// removed). Empty when auth is off.
+    #[serde(default)]
+    pub token_digest: String,
+}
+
+impl Session {
+    /// This session as the replica's configuration allows it now: none when
+    /// its token or client is gone or the client lost the console scopes;
+    /// read-only when it lost `console.manage`.
+    fn as_configured(mut self, registry: &Registry) -> Option<Self> {
+        let caller = if registry.enabled() {
+            let digest: [u8; 32] =
+                URL_SAFE_NO_PAD.decode(&self.token_digest).ok()?.try_into().ok()?;
+            registry.by_token_digest(&digest).filter(|caller| caller.name() == self.client)?
+        } else {
+            registry.local()
+        };
+        self.manage = caller.allows(Scope::ConsoleManage);
+        (self.manage || caller.allows(Scope::ConsoleRead)).then_some(self)
+    }
 }
 
 impl Session {
@@ -77,7 +99,13 @@ impl Console {
                 None
             }
         };
-        serde_json::from_str(&stored?).ok()
+        let session: Session = serde_json::from_str(&stored?).ok()?;
+        let current = session.as_configured(&self.registry);
+        if current.is_none() {
+            // Its token or its scopes were taken away since the login.
+            let _: redis::RedisResult<()> = redis.del(&key).await;
+        }
+        current
     }
 
     fn cookie(&self, id: &str, max_age: u64) -> String {
@@ -134,19 +162,38 @@ pub(crate) fn check_csrf(
     match headers.get("sec-fetch-site").and_then(|v| v.to_str().ok()) {
         Some("same-origin") => {}
         Some(_) => return forbidden("cross-site request refused"),
-        None => {
-            let host = headers.get(header::HOST).and_then(|v| v.to_str().ok()).unwrap_or("");
-            let origin = headers.get(header::ORIGIN).and_then(|v| v.to_str().ok());
-            let origin_host = origin.map(|o| o.split_once("://").map_or(o, |(_, rest)| rest));
-            if origin_host != Some(host) {
-                return forbidden("request without a same-origin Origin refused");
-            }
+        None if !same_origin(headers) => {
+            return forbidden("request without a same-origin Origin refused");
         }
+        None => {}
     }
     if !constant_time_eq::constant_time_eq(token.as_bytes(), session.csrf.as_bytes()) {
         return forbidden("the form's token is not this session's (reload the page)");
     }
     Ok(())
+}
+
+/// Refuses a login posted from another site (login CSRF: a victim logged
+/// into the attacker's session): `Sec-Fetch-Site` must be same-origin or
+/// none (typed in); without it, an `Origin` must name this host. A request
+/// with neither comes from no browser, and a CSRF needs one.
+fn check_login_origin(headers: &HeaderMap) -> Result<(), CsrfRefused> {
+    match headers.get("sec-fetch-site").and_then(|v| v.to_str().ok()) {
+        Some("same-origin" | "none") => Ok(()),
+        Some(_) => Err(CsrfRefused("cross-site login refused")),
+        None if headers.contains_key(header::ORIGIN) && !same_origin(headers) => {
+            Err(CsrfRefused("login from another origin refused"))
+        }
+        None => Ok(()),
+    }
+}
+
+/// True when the request's `Origin` names the host it was sent to.
+fn same_origin(headers: &HeaderMap) -> bool {
+    let host = headers.get(header::HOST).and_then(|v| v.to_str().ok()).unwrap_or("");
+    let origin = headers.get(header::ORIGIN).and_then(|v| v.to_str().ok());
+    let origin_host = origin.map(|o| o.split_once("://").map_or(o, |(_, rest)| rest));
+    origin_host == Some(host)
 }
 
 /// Query of the login page.
@@ -194,12 +241,8 @@ pub(crate) async fn login(
     headers: HeaderMap,
     Form(form): Form<LoginForm>,
 ) -> Response {
-    if headers
-        .get("sec-fetch-site")
-        .and_then(|v| v.to_str().ok())
-        .is_some_and(|s| s != "same-origin" && s != "none")
-    {
-        return (StatusCode::FORBIDDEN, "cross-site login refused").into_response();
+    if let Err(refused) = check_login_origin(&headers) {
+        return refused.into_response();
     }
     let failed = |error: &str| {
         let page = LoginPage {
@@ -231,7 +274,13 @@ pub(crate) async fn login(
             caller.name()
         ));
     }
-    let session = Session { client: caller.name().to_owned(), manage, csrf: random_token() };
+    let token_digest = if console.registry.enabled() {
+        URL_SAFE_NO_PAD.encode(Sha256::digest(form.token.trim().as_bytes()))
+    } else {
+        String::new()
+    };
+    let session =
+        Session { client: caller.name().to_owned(), manage, csrf: random_token(), token_digest };
     let id = random_token();
     let mut redis = console.ctx.cache.connection();
     let stored: redis::RedisResult<()> = redis

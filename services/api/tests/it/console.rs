@@ -482,6 +482,24 @@ async fn the_pages_show_sends_users_groups_and_shards_as_stored() {
     assert!(page.body.contains("Shard map <span class=\"sub\">version 1</span>"), "{}", page.body);
     assert!(page.body.contains("No bucket move under way."));
     assert!(page.body.contains("api"), "the replicas");
+    // A move under way, none of its buckets flipped yet (no mover runs it).
+    let pools = &console.app.ctx.pools;
+    let request = notify_store::shard_move::MoveRequest {
+        from: 768,
+        to: 831,
+        target: shard_router::ShardId(1),
+        batch: 32,
+    };
+    let started = notify_store::shard_move::start(pools, request).await.expect("a move starts");
+    let page = client.get("/console/shards").await;
+    let summary = format!("move {}: buckets 768..=831 to shard 1, running", started.move_id);
+    assert!(page.body.contains(&summary), "{}", page.body);
+    assert!(page.body.contains("0% of its buckets flipped"), "{}", page.body);
+    notify_store::shard_move::abort(&console.app.settings, pools, started.move_id)
+        .await
+        .expect("the move aborts");
+    let page = client.get("/console/shards").await;
+    assert!(page.body.contains("No bucket move under way."), "{}", page.body);
     console.app.cleanup().await;
 }
 
@@ -498,6 +516,64 @@ async fn the_console_is_refused_beyond_loopback_without_auth() {
     let app = spawn_app_with(settings, false).await;
     assert!(app.console_addr.is_none(), "off means no listener");
     app.cleanup().await;
+}
+
+#[tokio::test]
+async fn a_session_ends_with_its_token_and_loses_the_buttons_with_the_scope() {
+    let console = Console::start(false, |_| {}).await;
+    let id = console.send(vec![7, 8]).await;
+    let viewer = console.login("viewer").await;
+    let operator = console.login("operator").await;
+    // A new release of the configuration: the viewer's token rotated away,
+    // the operator down to reading.
+    let mut settings = console.app.settings.clone();
+    for client in &mut settings.auth.clients {
+        match client.name.as_str() {
+            "viewer" => client.token_sha256 = vec![notify_domain::auth::token_sha256_hex("new")],
+            "operator" => client.scopes = vec!["console.read".to_owned()],
+            _ => {}
+        }
+    }
+    let replica = console.app.spawn_api_replica_with(settings).await;
+    let at = replica.console_addr.expect("replica console");
+    let page = viewer.at(at).get("/console/sends").await;
+    assert_eq!(page.status, 303, "a session of a token no longer configured is over");
+    let mut redis = console.app.ctx.cache.connection();
+    let pattern = format!("{}{{console}}:session:*", console.app.settings.redis.key_prefix);
+    let keys: Vec<String> = redis.keys(&pattern).await.expect("keys");
+    assert_eq!(keys.len(), 1, "and gone from Redis, on any replica: {keys:?}");
+    assert_eq!(viewer.get("/console/sends").await.status, 303);
+
+    let operator = operator.at(at);
+    let page = operator.get(&format!("/console/sends/{id}")).await;
+    assert_eq!(page.status, 200, "still console.read");
+    assert!(!page.body.contains("data-action="), "no button without console.manage");
+    let path = format!("/console/sends/{id}/cancel");
+    let page = operator.post(&path, &[("csrf", &page.csrf())], Origin::SameOrigin).await;
+    assert_eq!(page.status, 403, "{}", page.body);
+    assert_eq!(console.status(id).await, v1::MessageStatus::Sending as i32);
+    replica.stop().await;
+    console.app.cleanup().await;
+}
+
+#[tokio::test]
+async fn a_login_from_another_origin_is_refused_and_the_cookie_is_secure_when_asked() {
+    let console = Console::start(false, |s| s.console.secure_cookie = true).await;
+    let token = console.tokens["viewer"].clone();
+    let form = [("token", token.as_str())];
+    let client = ConsoleClient::new(console.addr());
+    let evil = Origin::OriginHeader("http://evil.example");
+    let page = client.post("/console/login", &form, evil).await;
+    assert_eq!(page.status, 403, "an older browser's cross-origin login: {}", page.body);
+    assert!(page.header("set-cookie").is_none());
+    let own = format!("http://{}", console.addr());
+    let page = client.post("/console/login", &form, Origin::OriginHeader(&own)).await;
+    assert_eq!(page.status, 303, "{}", page.body);
+    let page = client.post("/console/login", &form, Origin::Unknown).await;
+    assert_eq!(page.status, 303, "no browser, no CSRF: {}", page.body);
+    let cookie = page.header("set-cookie").expect("a session cookie");
+    assert!(cookie.ends_with("; Secure"), "{cookie}");
+    console.app.cleanup().await;
 }
 
 #[tokio::test]
