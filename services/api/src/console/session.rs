@@ -45,7 +45,7 @@ impl Session {
     /// This session as the replica's configuration allows it now: none when
     /// its token or client is gone or the client lost the console scopes;
     /// read-only when it lost `console.manage`.
-    fn as_configured(mut self, registry: &Registry) -> Option<Self> {
+    fn checked_against(mut self, registry: &Registry) -> Option<Self> {
         let caller = if registry.enabled() {
             let digest: [u8; 32] =
                 URL_SAFE_NO_PAD.decode(&self.token_digest).ok()?.try_into().ok()?;
@@ -100,7 +100,7 @@ impl Console {
             }
         };
         let session: Session = serde_json::from_str(&stored?).ok()?;
-        let current = session.as_configured(&self.registry);
+        let current = session.checked_against(&self.registry);
         if current.is_none() {
             // Its token or its scopes were taken away since the login.
             let _: redis::RedisResult<()> = redis.del(&key).await;
