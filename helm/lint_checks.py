@@ -103,7 +103,7 @@ def item_fields(source_root):
 
 
 def scope_names(source_root):
-    path = pathlib.Path(source_root) / "services/domain/src/auth.rs"
+    path = pathlib.Path(source_root) / "services/domain/src/scope.rs"
     text = path.read_text() if path.exists() else ""
     return set(re.findall(r'Scope::\w+ => "([a-z._]+)"', text))
 
