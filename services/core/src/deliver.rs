@@ -66,10 +66,7 @@ pub async fn apply_task(ctx: &Context, task: &ChunkTask, redelivered: bool) -> R
         debug!("message does not exist, dropping task");
         return Ok(TaskOutcome::Dropped);
     };
-    let pool = ctx
-        .pools
-        .get(ShardId(task.shard))
-        .ok_or_else(|| Error::Internal(format!("task names unknown shard {}", task.shard)))?;
+    let pool = ctx.task_pool(ShardId(task.shard))?;
     if !matches!(status, SendStatus::Sending | SendStatus::Completed) {
         // A redelivery of a chunk applied just before a crash must still
         // invalidate its recipients' badges, paused send or not.
@@ -259,10 +256,7 @@ pub async fn apply_group(
     if send::status_of(ctx, message_id).await? != Some(SendStatus::Sending) {
         return Ok(None);
     }
-    let pool = ctx
-        .pools
-        .get(shard)
-        .ok_or_else(|| Error::Internal(format!("task names unknown shard {}", shard.0)))?;
+    let pool = ctx.task_pool(shard)?;
     let routes = ctx.writable_snapshot(&[]).await?;
     let placed = |user_ids: &[u64]| placed_on(&routes, shard, user_ids);
     let Some(group) = chunks::apply_many(pool, message_id, chunk_ids, placed).await? else {
@@ -369,10 +363,7 @@ async fn announce_items(
 /// recipients show as failed in progress and the send can complete.
 pub async fn record_failure(ctx: &Context, task: &ChunkTask) -> Result<()> {
     let message_id = MessageId::from_raw(task.message_id);
-    let pool = ctx
-        .pools
-        .get(ShardId(task.shard))
-        .ok_or_else(|| Error::Internal(format!("task names unknown shard {}", task.shard)))?;
+    let pool = ctx.task_pool(ShardId(task.shard))?;
     if chunks::mark_failed(pool, message_id, task.chunk_id).await? {
         let mut extra = serde_json::Map::new();
         extra.insert("chunk_id".into(), task.chunk_id.to_string().into());

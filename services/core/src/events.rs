@@ -215,10 +215,16 @@ pub async fn publish(ctx: &Context, event: &BusEvent) -> Result<()> {
 /// Publishes an event about a change that is already committed. A failure is
 /// logged and counted, never returned: the caller's change stands, and
 /// subscribed gateways get fresh snapshots when the bus comes back.
-pub async fn publish_best_effort(ctx: &Context, event: &BusEvent) {
-    if let Err(e) = publish(ctx, event).await {
-        metrics::counter!("notify_event_publish_errors_total", "kind" => event.kind()).increment(1);
-        warn!(error = %e, kind = event.kind(), "could not publish a change event");
+/// Returns whether the broker confirmed it.
+pub async fn publish_best_effort(ctx: &Context, event: &BusEvent) -> bool {
+    match publish(ctx, event).await {
+        Ok(()) => true,
+        Err(e) => {
+            metrics::counter!("notify_event_publish_errors_total", "kind" => event.kind())
+                .increment(1);
+            warn!(error = %e, kind = event.kind(), "could not publish a change event");
+            false
+        }
     }
 }
 

@@ -32,7 +32,7 @@ use crate::events::{self, BusEvent};
 use crate::queue::ChunkTask;
 use crate::send::{self, MessageView};
 use notify_domain::domain::{AudienceKind, Lane, MessageId, SendStatus};
-use notify_domain::error::{Error, Result};
+use notify_domain::error::Result;
 use notify_store::db::recall::{self as store, RecallOutcome};
 use notify_store::db::{chunks, messages};
 
@@ -70,17 +70,10 @@ pub async fn recall(
             false
         }
     };
-    // Every gateway refreshes the badges of the users it follows.
-    let revoked = BusEvent::Revoked { message_id: message_id.get() };
-    let told = match events::publish(ctx, &revoked).await {
-        Ok(()) => true,
-        Err(e) => {
-            metrics::counter!("notify_event_publish_errors_total", "kind" => revoked.kind())
-                .increment(1);
-            warn!(error = %e, message_id = %message_id, "could not tell the gateways; they hear of it chunk by chunk");
-            false
-        }
-    };
+    // Every gateway refreshes the badges of the users it follows; if they
+    // are not told, they hear of it chunk by chunk.
+    let told =
+        events::publish_best_effort(ctx, &BusEvent::Revoked { message_id: message_id.get() }).await;
     if row.audience == AudienceKind::AllUsers as u8 {
         let home = ctx.writable(Key::Message(message_id.get())).await?;
         messages::finish_recall(&home, message_id).await?;
@@ -163,10 +156,7 @@ pub async fn apply_group(
     chunk_ids: &[u64],
     badges_retired: bool,
 ) -> Result<Vec<TaskOutcome>> {
-    let pool = ctx
-        .pools
-        .get(shard)
-        .ok_or_else(|| Error::Internal(format!("task names unknown shard {}", shard.0)))?;
+    let pool = ctx.task_pool(shard)?;
     let recalled = store::recall_many(pool, message_id, chunk_ids, badges_retired).await?;
     let mut unsettled = Vec::new();
     let mut users = Vec::new();

@@ -7,7 +7,7 @@ pub mod webhook_reads;
 use std::sync::Arc;
 use std::time::Duration;
 
-use shard_router::{Key, Routed, Snapshot};
+use shard_router::{Key, Routed, ShardId, Snapshot};
 use sqlx::MySqlPool;
 use tokio::sync::Semaphore;
 
@@ -45,6 +45,14 @@ pub struct Context {
 }
 
 impl Context {
+    /// The pool of the shard a chunk task names (a task of a shard this
+    /// replica's settings do not have is an internal error).
+    pub fn task_pool(&self, shard: ShardId) -> Result<&MySqlPool> {
+        self.pools
+            .get(shard)
+            .ok_or_else(|| Error::Internal(format!("task names unknown shard {}", shard.0)))
+    }
+
     /// Routes a write to `key`'s shard by the map in use. While a bucket
     /// move freezes the key's bucket, waits for the version that ends the
     /// freeze, at most `database.freeze_wait_ms`, then fails UNAVAILABLE.
