@@ -552,21 +552,52 @@ async fn sql_bucket_expression_matches_bucket_of() {
     ids.extend([1, 2, 42, 1_000_000, u64::MAX, u64::MAX - 1, 1 << 63]);
     ids.sort_unstable();
     ids.dedup();
-    sqlx::query(
-        "INSERT IGNORE INTO user_inbox_state (user_id) \
-         SELECT id FROM JSON_TABLE(?, '$[*]' COLUMNS (id BIGINT UNSIGNED PATH '$')) AS j",
+    // Tables written per recipient store the bucket, from a DEFAULT (an
+    // indexed virtual column is evaluated again on every update and delete);
+    // all of them with one expression.
+    let columns: Vec<(String, String, Option<String>)> = sqlx::query_as(
+        "SELECT CAST(TABLE_NAME AS CHAR), CAST(EXTRA AS CHAR), CAST(COLUMN_DEFAULT AS CHAR) \
+         FROM information_schema.COLUMNS WHERE TABLE_SCHEMA = DATABASE() AND COLUMN_NAME = 'bucket'",
     )
-    .bind(format!("[{}]", ids.iter().map(u64::to_string).collect::<Vec<_>>().join(",")))
-    .execute(pool)
+    .fetch_all(pool)
     .await
     .unwrap();
-    let rows: Vec<(u64, u16)> = sqlx::query_as("SELECT user_id, bucket FROM user_inbox_state")
-        .fetch_all(pool)
-        .await
-        .unwrap();
-    assert_eq!(rows.len(), ids.len());
-    for (id, bucket) in rows {
-        assert_eq!(u32::from(bucket), bucket_of(id), "bucket of {id}");
+    let stored = [
+        "message_items",
+        "message_reads",
+        "announcement_recipients",
+        "user_inbox_state",
+        "group_members",
+    ];
+    let defaults: Vec<&Option<String>> = stored
+        .iter()
+        .map(|table| {
+            let (_, extra, default) = columns.iter().find(|(name, ..)| name == table).unwrap();
+            assert!(!extra.contains("GENERATED"), "{table}.bucket is {extra}");
+            default
+        })
+        .collect();
+    assert!(defaults[0].as_deref().is_some_and(|d| d.contains("18397679294719823053")));
+    assert!(defaults.iter().all(|d| *d == defaults[0]), "{defaults:?}");
+    let json = format!("[{}]", ids.iter().map(u64::to_string).collect::<Vec<_>>().join(","));
+    for insert in [
+        "INSERT IGNORE INTO user_inbox_state (user_id) \
+         SELECT id FROM JSON_TABLE(?, '$[*]' COLUMNS (id BIGINT UNSIGNED PATH '$')) AS j",
+        "INSERT IGNORE INTO message_items (user_id, message_id) \
+         SELECT id, 1 FROM JSON_TABLE(?, '$[*]' COLUMNS (id BIGINT UNSIGNED PATH '$')) AS j",
+    ] {
+        sqlx::query(insert).bind(&json).execute(pool).await.unwrap();
+    }
+    for table in ["user_inbox_state", "message_items"] {
+        let rows: Vec<(u64, u16)> =
+            sqlx::query_as(sqlx::AssertSqlSafe(format!("SELECT user_id, bucket FROM {table}")))
+                .fetch_all(pool)
+                .await
+                .unwrap();
+        assert_eq!(rows.len(), ids.len(), "{table}");
+        for (id, bucket) in rows {
+            assert_eq!(u32::from(bucket), bucket_of(id), "bucket of {id} in {table}");
+        }
     }
     app.cleanup().await;
 }
