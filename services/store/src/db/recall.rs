@@ -91,20 +91,22 @@ pub async fn recall_many(
     if recalled.is_empty() {
         tx.rollback().await?;
     } else {
-        let read: i64 =
-            in_users("SELECT COUNT(*) FROM message_items WHERE is_read = 1", message_id, &users)
-                .build_query_scalar()
-                .fetch_one(&mut *tx)
+        // The items go in one pass that says which were read: only their
+        // readers can have a read recorded (a read adds the row, a
+        // mark-unread removes it), and the send's read count loses them.
+        let mut delete = in_users("DELETE FROM message_items WHERE TRUE", message_id, &users);
+        delete.push(" RETURNING user_id, is_read");
+        let taken: Vec<(u64, bool)> = delete.build_query_as().fetch_all(&mut *tx).await?;
+        items = taken.len() as u64;
+        let readers: Vec<u64> =
+            taken.iter().filter(|(_, read)| *read).map(|(user_id, _)| *user_id).collect();
+        if !readers.is_empty() {
+            in_users("DELETE FROM message_reads WHERE TRUE", message_id, &readers)
+                .build()
+                .execute(&mut *tx)
                 .await?;
-        items = in_users("DELETE FROM message_items WHERE TRUE", message_id, &users)
-            .build()
-            .execute(&mut *tx)
-            .await?
-            .rows_affected();
-        in_users("DELETE FROM message_reads WHERE TRUE", message_id, &users)
-            .build()
-            .execute(&mut *tx)
-            .await?;
+        }
+        let read = readers.len() as i64;
         sqlx::query(
             "INSERT INTO message_shard_stats (message_id, slot, recalled, read_count) \
              VALUES (?, ?, ?, ?) ON DUPLICATE KEY UPDATE \
