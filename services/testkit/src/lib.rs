@@ -380,6 +380,11 @@ impl TestApp {
         self.count_rows("SELECT COUNT(*) FROM message_items WHERE message_id = ?", message_id).await
     }
 
+    /// Counts a send's recorded reads over every shard (test assertions only).
+    pub async fn count_reads(&self, message_id: u64) -> u64 {
+        self.count_rows("SELECT COUNT(*) FROM message_reads WHERE message_id = ?", message_id).await
+    }
+
     /// Counts a send's chunk rows over every shard (test assertions only).
     pub async fn count_chunks(&self, message_id: u64) -> u64 {
         self.count_rows("SELECT COUNT(*) FROM message_chunks WHERE message_id = ?", message_id)

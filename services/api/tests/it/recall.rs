@@ -60,10 +60,16 @@ async fn a_completed_send_is_taken_back_from_every_inbox_also_where_it_was_read(
     let other = app.send(vec![recipients[0]]).await;
     wait_for_status(&app, other, v1::MessageStatus::Completed).await;
     // Some read it; every badge cached.
-    for user in &recipients[..5] {
+    for user in &recipients[..7] {
         let read = v1::MarkReadRequest { user_id: *user, message_ids: vec![id] };
         app.inbox().mark_read(read).await.unwrap();
     }
+    // One read it and marked it unread again (no read recorded); one read
+    // it and deleted it (still read, and recorded, behind the tombstone).
+    let (unread_again, deleted) = (recipients[5], recipients[6]);
+    crate::items::update(&app, unread_again, v1::ItemAction::MarkUnread, vec![id], None).await;
+    crate::items::update(&app, deleted, v1::ItemAction::Delete, vec![id], None).await;
+    assert_eq!(app.count_reads(id).await, 6);
     for user in &recipients[..20] {
         served(&app, *user).await;
     }
@@ -82,6 +88,7 @@ async fn a_completed_send_is_taken_back_from_every_inbox_also_where_it_was_read(
     assert_eq!(progress.pending_chunks, 0);
     assert_eq!(progress.read, 0, "no item is read any more");
     assert_eq!(items_of(&app, id).await, 0);
+    assert_eq!(app.count_reads(id).await, 0, "no read recorded any more");
     assert_eq!(crate::helpers::inbox_ids(&app, recipients[0]).await, [other], "others stay");
     for user in &recipients[..20] {
         assert_eq!(served(&app, *user).await, truth(&app, *user).await, "user {user}");
