@@ -11,7 +11,7 @@ use tracing::instrument;
 use super::chunks::{STATS_SLOTS, decode_user_ids, state};
 use super::push_ids;
 use notify_domain::domain::MessageId;
-use notify_domain::error::Result;
+use notify_domain::error::{Error, Result};
 
 /// What recalling a chunk did.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -101,10 +101,20 @@ pub async fn recall_many(
         let readers: Vec<u64> =
             taken.iter().filter(|(_, read)| *read).map(|(user_id, _)| *user_id).collect();
         if !readers.is_empty() {
-            in_users("DELETE FROM message_reads WHERE TRUE", message_id, &readers)
-                .build()
-                .execute(&mut *tx)
-                .await?;
+            // One statement text whatever the number of readers (a JSON
+            // array, read first, each reader's row by primary key), so no
+            // connection caches a prepared statement per count.
+            let readers_json =
+                serde_json::to_string(&readers).map_err(|e| Error::Internal(e.to_string()))?;
+            sqlx::query(
+                "DELETE r FROM JSON_TABLE(?, '$[*]' COLUMNS (user_id BIGINT UNSIGNED PATH '$')) \
+                 AS j STRAIGHT_JOIN message_reads r \
+                 ON r.message_id = ? AND r.user_id = j.user_id",
+            )
+            .bind(readers_json)
+            .bind(message_id.get())
+            .execute(&mut *tx)
+            .await?;
         }
         let read = readers.len() as i64;
         sqlx::query(
