@@ -605,7 +605,7 @@ impl RecipientsJson {
 }
 
 /// The recipients as rows `j.user_id`.
-const RECIPIENT_ROWS: &str =
+pub(super) const RECIPIENT_ROWS: &str =
     "JSON_TABLE(?, '$[*]' COLUMNS (user_id BIGINT UNSIGNED PATH '$')) AS j";
 
 /// SQL condition on a recipient's preferences `p` (joined on `j.user_id`):

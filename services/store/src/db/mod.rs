@@ -24,6 +24,21 @@ use tracing::{info, instrument};
 use notify_domain::error::{Error, Result};
 use notify_domain::settings::{MySqlTlsMode, Settings, ShardSettings};
 
+/// `ids` as a JSON array of numbers, for a `JSON_TABLE` (one statement text
+/// whatever their number, where an `IN` list is a new one per length).
+pub(crate) fn json_ids(ids: &[u64]) -> String {
+    let mut json = String::with_capacity(ids.len() * 12 + 2);
+    json.push('[');
+    for (index, id) in ids.iter().enumerate() {
+        if index > 0 {
+            json.push(',');
+        }
+        json.push_str(&id.to_string());
+    }
+    json.push(']');
+    json
+}
+
 /// Binds `ids` as a comma-separated list (the inside of an `IN (...)`).
 pub fn push_ids(query: &mut sqlx::QueryBuilder<sqlx::MySql>, ids: &[u64]) {
     let mut list = query.separated(", ");

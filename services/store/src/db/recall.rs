@@ -8,10 +8,10 @@ use std::collections::HashMap;
 use sqlx::{MySqlPool, QueryBuilder};
 use tracing::instrument;
 
-use super::chunks::{STATS_SLOTS, decode_user_ids, state};
-use super::push_ids;
+use super::chunks::{RECIPIENT_ROWS, STATS_SLOTS, decode_user_ids, state};
+use super::{json_ids, push_ids};
 use notify_domain::domain::MessageId;
-use notify_domain::error::{Error, Result};
+use notify_domain::error::Result;
 
 /// What recalling a chunk did.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -104,17 +104,15 @@ pub async fn recall_many(
             // One statement text whatever the number of readers (a JSON
             // array, read first, each reader's row by primary key), so no
             // connection caches a prepared statement per count.
-            let readers_json =
-                serde_json::to_string(&readers).map_err(|e| Error::Internal(e.to_string()))?;
-            sqlx::query(
-                "DELETE r FROM JSON_TABLE(?, '$[*]' COLUMNS (user_id BIGINT UNSIGNED PATH '$')) \
-                 AS j STRAIGHT_JOIN message_reads r \
-                 ON r.message_id = ? AND r.user_id = j.user_id",
-            )
-            .bind(readers_json)
-            .bind(message_id.get())
-            .execute(&mut *tx)
-            .await?;
+            let delete = format!(
+                "DELETE r FROM {RECIPIENT_ROWS} STRAIGHT_JOIN message_reads r \
+                 ON r.message_id = ? AND r.user_id = j.user_id"
+            );
+            sqlx::query(sqlx::AssertSqlSafe(delete))
+                .bind(json_ids(&readers))
+                .bind(message_id.get())
+                .execute(&mut *tx)
+                .await?;
         }
         let read = readers.len() as i64;
         sqlx::query(

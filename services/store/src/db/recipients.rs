@@ -13,7 +13,7 @@ use sqlx::{FromRow, MySqlPool, QueryBuilder};
 use tracing::instrument;
 
 use super::chunks::decode_user_ids;
-use super::push_ids;
+use super::{json_ids, push_ids};
 use notify_domain::domain::MessageId;
 use notify_domain::error::Result;
 
@@ -220,20 +220,6 @@ pub async fn chunks_holding(
 
 fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
-}
-
-/// `ids` as a JSON array of numbers.
-fn json_ids(ids: &[u64]) -> String {
-    let mut json = String::with_capacity(ids.len() * 12 + 2);
-    json.push('[');
-    for (index, id) in ids.iter().enumerate() {
-        if index > 0 {
-            json.push(',');
-        }
-        json.push_str(&id.to_string());
-    }
-    json.push(']');
-    json
 }
 
 /// A recipient's item of a send, as the recipient queries read it.
