@@ -64,8 +64,8 @@ pub(super) struct ShardCandidates {
 }
 
 /// A shard's recipients past the cursor from its chunks: per run, the
-/// next chunks that start within what the shard can answer completely, in
-/// one statement.
+/// next chunks that start within what the shard can answer completely
+/// ([`store::chunks_after`]).
 pub(super) async fn from_chunks(
     pool: &MySqlPool,
     send: &Sent,

@@ -4,9 +4,8 @@
 //! reads recorded by message (`message_reads`) and the announcements'
 //! materializations (`announcement_recipients`). Item states come from
 //! primary-key lookups in `message_items`, which gets no index for this.
-//! A page's chunks come in one statement, so a chunk changing state
-//! meanwhile (a worker applying or recalling it) is seen in one state, not
-//! missed.
+//! A page's chunks come from their index entries, then by primary key, so
+//! each statement reads O(page) rows and is cheap to plan.
 
 use chrono::NaiveDateTime;
 use sqlx::{FromRow, MySqlPool, QueryBuilder};
@@ -51,14 +50,18 @@ impl ChunkRow {
 
 /// The chunks of a send on this shard in `states` that a page after user
 /// `after` needs, with their users, and the user id up to which they hold
-/// every recipient of the shard in those states (`u64::MAX`: all): in one
-/// statement (one snapshot, one round trip). Per run (the chunks of one
-/// batch in one state, whose user ranges follow each other), the first
-/// `per_run` chunks ending past `after` (from `idx_chunks_recipients`, one
-/// index entry per chunk of the send past the cursor: MariaDB does not
-/// skip-scan it); a run that has that many may have more past its last,
-/// so the least of those lasts bounds what is complete; of the heads, the
-/// chunks starting within that bound.
+/// every recipient of the shard in those states (`u64::MAX`: all).
+///
+/// Two statements, each simple to plan: the index entries of the send's
+/// chunks past the cursor ([`chunk_ends_from`], index only), then by
+/// primary key the chunks [`page_heads`] picks from them that start within
+/// the bound. One statement with window functions did both, but MariaDB
+/// planned it and materialized its ranking twice on every call, which cost
+/// about twice the two reads. The chunks are read in the states asked for:
+/// one that left them in between (applied, recalled) is left out, as a
+/// page a moment later would leave it; one that entered them in between is
+/// in the next page's reads. Either way each chunk's users are listed in a
+/// state their chunk had during the call.
 #[instrument(level = "debug", skip_all, fields(db.system = "mysql"))]
 pub async fn chunks_after(
     pool: &MySqlPool,
@@ -67,46 +70,56 @@ pub async fn chunks_after(
     after: u64,
     per_run: u32,
 ) -> Result<(Vec<ChunkUsers>, u64)> {
+    let Some(low) = after.checked_add(1) else {
+        return Ok((Vec::new(), u64::MAX));
+    };
     if states.is_empty() {
         return Ok((Vec::new(), u64::MAX));
     }
-    let mut sql = QueryBuilder::new(
-        "WITH heads AS (SELECT chunk_id, last_user, \
-         ROW_NUMBER() OVER (PARTITION BY state, batch ORDER BY last_user) AS n \
-         FROM message_chunks FORCE INDEX (idx_chunks_recipients) WHERE message_id = ",
-    );
-    sql.push_bind(message_id.get()).push(" AND state IN (");
+    let ends = chunk_ends_from(pool, message_id, states, low).await?;
+    let (wanted, complete_to) = page_heads(ends, per_run as usize);
+    if wanted.is_empty() {
+        return Ok((Vec::new(), complete_to));
+    }
+    let mut sql =
+        QueryBuilder::new("SELECT c.chunk_id, c.state, c.batch, c.user_ids FROM JSON_TABLE(");
+    sql.push_bind(json_ids(&wanted))
+        .push(
+            ", '$[*]' COLUMNS (chunk_id BIGINT UNSIGNED PATH '$')) AS j \
+             JOIN message_chunks c FORCE INDEX (PRIMARY) ON c.message_id = ",
+        )
+        .push_bind(message_id.get())
+        .push(" AND c.chunk_id = j.chunk_id WHERE c.first_user <= ")
+        .push_bind(complete_to)
+        .push(" AND c.state IN (");
     let mut list = sql.separated(", ");
     for state in states {
         list.push_bind(*state);
     }
-    sql.push(") AND last_user > ")
-        .push_bind(after)
-        .push(
-            "), bound AS (SELECT CAST(COALESCE(MIN(last_user), 18446744073709551615) AS UNSIGNED) \
-             AS complete_to FROM heads WHERE n = ",
-        )
-        .push_bind(per_run)
-        .push(
-            ") SELECT c.chunk_id, c.state, c.batch, c.user_ids, bound.complete_to \
-             FROM heads STRAIGHT_JOIN bound STRAIGHT_JOIN message_chunks c FORCE INDEX (PRIMARY) \
-             ON c.message_id = ",
-        )
-        .push_bind(message_id.get())
-        .push(" AND c.chunk_id = heads.chunk_id WHERE heads.n <= ")
-        .push_bind(per_run)
-        .push(" AND c.first_user <= bound.complete_to");
-    let rows: Vec<BoundedChunkRow> = sql.build_query_as().fetch_all(pool).await?;
-    let complete_to = rows.first().map_or(u64::MAX, |row| row.complete_to);
-    let chunks = rows.into_iter().map(|row| row.chunk.decode()).collect::<Result<Vec<_>>>()?;
+    sql.push(")");
+    let rows: Vec<ChunkRow> = sql.build_query_as().fetch_all(pool).await?;
+    let chunks = rows.into_iter().map(ChunkRow::decode).collect::<Result<Vec<_>>>()?;
     Ok((chunks, complete_to))
 }
 
-#[derive(FromRow)]
-struct BoundedChunkRow {
-    #[sqlx(flatten)]
-    chunk: ChunkRow,
-    complete_to: u64,
+/// Which of a send's chunks past the cursor (`ends`: their index entries,
+/// any order) a page reads, and the user id up to which those hold every
+/// recipient. Per run (the chunks of one batch in one state, whose user
+/// ranges follow each other), the first `per_run` by last user: a run that
+/// has more may go on past the last of those, so the least such last
+/// bounds what is complete (`u64::MAX`: no run has more).
+pub fn page_heads(mut ends: Vec<ChunkEnd>, per_run: usize) -> (Vec<u64>, u64) {
+    let per_run = per_run.max(1);
+    ends.sort_unstable_by_key(|end| (end.state, end.batch, end.last_user));
+    let mut wanted = Vec::new();
+    let mut complete_to = u64::MAX;
+    for run in ends.chunk_by(|a, b| (a.state, a.batch) == (b.state, b.batch)) {
+        if run.len() > per_run {
+            complete_to = complete_to.min(run[per_run - 1].last_user);
+        }
+        wanted.extend(run.iter().take(per_run).map(|end| end.chunk_id));
+    }
+    (wanted, complete_to)
 }
 
 /// The users of these chunks of a send, by primary key.
@@ -366,4 +379,40 @@ fn of_send(
     push_ids(&mut sql, ids);
     sql.push(")");
     sql
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn end(chunk_id: u64, state: u8, batch: u64, last_user: u64) -> ChunkEnd {
+        ChunkEnd { chunk_id, state, batch, last_user }
+    }
+
+    #[test]
+    fn a_page_reads_the_first_chunks_of_each_run_up_to_the_least_complete_one() {
+        // Run (1, 1): chunks ending at 10, 20, 30, 40; run (1, 2): 15, 25;
+        // run (2, 1): 12, 22, 32.
+        let ends = vec![
+            end(4, 1, 1, 40),
+            end(1, 1, 1, 10),
+            end(12, 1, 2, 25),
+            end(3, 1, 1, 30),
+            end(2, 1, 1, 20),
+            end(11, 1, 2, 15),
+            end(23, 2, 1, 32),
+            end(21, 2, 1, 12),
+            end(22, 2, 1, 22),
+        ];
+        let (wanted, complete_to) = page_heads(ends.clone(), 2);
+        // (1, 1) and (2, 1) have more than two: complete up to the lesser
+        // of their second ends; (1, 2) has two and is complete.
+        assert_eq!(complete_to, 20);
+        assert_eq!(wanted, [1, 2, 11, 12, 21, 22]);
+        // Runs with no more than `per_run` chunks are complete.
+        let (wanted, complete_to) = page_heads(ends, 4);
+        assert_eq!(complete_to, u64::MAX);
+        assert_eq!(wanted.len(), 9);
+        assert_eq!(page_heads(Vec::new(), 3), (Vec::new(), u64::MAX));
+    }
 }
