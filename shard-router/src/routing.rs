@@ -213,6 +213,12 @@ impl<'a, T> Snapshot<'a, T> {
     pub fn get(&self, shard: ShardId) -> Option<&'a T> {
         self.members.iter().find(|(id, _)| *id == shard).map(|(_, value)| value)
     }
+
+    /// Every shard and its value, in configuration order, whether or not
+    /// this version gives it buckets.
+    pub fn iter(&self) -> impl Iterator<Item = (ShardId, &'a T)> + use<'a, T> {
+        self.members.iter().map(|(shard, value)| (*shard, value))
+    }
 }
 
 impl<T> Shards<T> {

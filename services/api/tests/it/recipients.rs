@@ -534,3 +534,100 @@ async fn recipient_status_is_exact_where_a_users_bytes_straddle_two_ids_of_a_chu
     );
     app.cleanup().await;
 }
+
+/// Sets every chunk of a send on every shard back to what a chunk applied
+/// before recorded deliveries (or by an older worker) holds: no apply time,
+/// no held-back users. Returns (chunks recorded, chunks holding some back)
+/// before.
+async fn forget_recorded_applies(app: &TestApp, message_id: u64) -> (i64, i64) {
+    let (mut recorded, mut holding) = (0, 0);
+    for (_, pool) in app.ctx.pools.iter() {
+        let (r, h): (i64, i64) = sqlx::query_as(
+            "SELECT CAST(COALESCE(SUM(applied_at IS NOT NULL), 0) AS SIGNED), \
+             CAST(COALESCE(SUM(held_back IS NOT NULL), 0) AS SIGNED) \
+             FROM message_chunks WHERE message_id = ?",
+        )
+        .bind(message_id)
+        .fetch_one(pool)
+        .await
+        .unwrap();
+        recorded += r;
+        holding += h;
+        sqlx::query(
+            "UPDATE message_chunks SET applied_at = NULL, held_back = NULL WHERE message_id = ?",
+        )
+        .bind(message_id)
+        .execute(pool)
+        .await
+        .unwrap();
+    }
+    (recorded, holding)
+}
+
+#[tokio::test]
+async fn recorded_applies_and_item_lookups_list_the_same_states() {
+    let app = spawn_app().await;
+    let users: Vec<u64> = (0..1200).map(|i| 8_900_001 + i).collect();
+    let muted: BTreeSet<u64> = users.iter().copied().step_by(37).collect();
+    for user in &muted {
+        let preferences =
+            v1::Preferences { muted_categories: vec!["billing".into()], muted_group_ids: vec![] };
+        let request = v1::SetPreferencesRequest { user_id: *user, preferences: Some(preferences) };
+        app.inbox().set_preferences(request).await.unwrap();
+    }
+    let mut request = notify_testkit::send_request(users.clone());
+    request.content.as_mut().unwrap().category = "billing".into();
+    let id = app.messages().send_message(request).await.unwrap().into_inner().message_id;
+    wait_for_status(&app, id, v1::MessageStatus::Completed).await;
+    let readers: BTreeSet<u64> =
+        users.iter().copied().step_by(11).filter(|u| !muted.contains(u)).collect();
+    for user in &readers {
+        mark_read(&app, *user, id).await;
+    }
+    // Erased after the delivery: their item goes, they count as suppressed.
+    let erased = users[5];
+    assert!(!muted.contains(&erased) && !readers.contains(&erased));
+    AdminServiceClient::new(app.channel())
+        .erase_user(v1::EraseUserRequest { user_id: erased })
+        .await
+        .unwrap();
+    let expected = |user: u64| {
+        if muted.contains(&user) || user == erased {
+            S::Suppressed
+        } else if readers.contains(&user) {
+            S::Read
+        } else {
+            S::Unread
+        }
+    };
+    let check = |listed: &[v1::Recipient], how: &str| {
+        assert_eq!(users_of(listed), users, "{how}: every recipient once, in order");
+        for recipient in listed {
+            let state = expected(recipient.user_id);
+            assert_eq!(recipient.state, state as i32, "{how}: user {}", recipient.user_id);
+            let delivered = state != S::Suppressed;
+            assert_eq!(recipient.delivered_at.is_some(), delivered, "{how}: {}", recipient.user_id);
+            assert_eq!(
+                recipient.read_at.is_some(),
+                state == S::Read,
+                "{how}: {}",
+                recipient.user_id
+            );
+        }
+    };
+    let suppressed: Vec<u64> =
+        users.iter().copied().filter(|u| expected(*u) == S::Suppressed).collect();
+    for page_size in [100, 1000] {
+        check(&list_all(&app, id, F::Unspecified, page_size).await, "recorded");
+        assert_eq!(users_of(&list_all(&app, id, F::Suppressed, page_size).await), suppressed);
+    }
+
+    let (recorded, holding) = forget_recorded_applies(&app, id).await;
+    assert!(recorded >= 3, "every chunk applied now records it ({recorded})");
+    assert!(holding >= 3, "chunks with muting recipients record them ({holding})");
+    for page_size in [100, 1000] {
+        check(&list_all(&app, id, F::Unspecified, page_size).await, "looked up");
+        assert_eq!(users_of(&list_all(&app, id, F::Suppressed, page_size).await), suppressed);
+    }
+    app.cleanup().await;
+}

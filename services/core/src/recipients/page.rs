@@ -12,6 +12,7 @@
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap};
 
+use chrono::NaiveDateTime;
 use shard_router::{Key, ShardId, Snapshot};
 use sqlx::MySqlPool;
 
@@ -54,13 +55,30 @@ pub(super) fn rank(chunk_state: u8) -> u8 {
     }
 }
 
-/// A shard's recipients from its chunks, before their items are read.
+/// A shard's recipients from its chunks, before their states are settled.
 #[derive(Debug, Default)]
 pub(super) struct ShardCandidates {
-    /// Users past the cursor with the state of their chunk, in user order.
-    users: Vec<(u64, u8)>,
+    /// Users past the cursor, in user order.
+    users: Vec<Candidate>,
     /// Every recipient of the shard up to this user id is in `users`.
     complete_to: u64,
+}
+
+/// A recipient as their chunk says.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct Candidate {
+    user_id: u64,
+    /// The state of their chunk.
+    chunk_state: u8,
+    /// When their chunk was applied and whether they were held back, when
+    /// the apply recorded it (`None`: their item says).
+    recorded: Option<(NaiveDateTime, bool)>,
+}
+
+impl Candidate {
+    fn delivered(&self) -> bool {
+        matches!(self.chunk_state, chunk::DONE | chunk::UNSETTLED)
+    }
 }
 
 /// A shard's recipients past the cursor from its chunks: per run, the
@@ -78,21 +96,29 @@ pub(super) async fn from_chunks(
     let per_run = page_size.div_ceil(CHUNK_USERS) + 1;
     let (chunks, complete_to) =
         store::chunks_after(pool, send.message_id, &states, after, per_run).await?;
-    let mut users: Vec<(u64, u8)> = chunks
+    let mut users: Vec<Candidate> = chunks
         .iter()
-        .flat_map(|chunk| chunk.user_ids.iter().map(move |user| (*user, chunk.state)))
-        .filter(|(user, _)| *user > after && *user <= complete_to)
+        .flat_map(|chunk| {
+            chunk.user_ids.iter().map(move |user| Candidate {
+                user_id: *user,
+                chunk_state: chunk.state,
+                recorded: chunk.applied.as_ref().map(|applied| (applied.at, applied.held(*user))),
+            })
+        })
+        .filter(|c| c.user_id > after && c.user_id <= complete_to)
         .collect();
-    users.sort_unstable_by_key(|(user, state)| (*user, rank(*state)));
-    users.dedup_by_key(|(user, _)| *user);
+    users.sort_unstable_by_key(|c| (c.user_id, rank(c.chunk_state)));
+    users.dedup_by_key(|c| c.user_id);
     Ok(ShardCandidates { users, complete_to })
 }
 
 /// A page from every shard's chunk candidates: merged in user order up to
-/// the least complete shard, then, where the filter depends on the item,
-/// items looked up: a page of users, then, while the page is not full,
-/// as many as the yield so far says it lacks, up to [`LOOKUP_PAGES`] pages
-/// in all. Returns the page and the user id the next starts after.
+/// the least complete shard, then, where the filter depends on more than
+/// the chunk, the delivered users' states settled ([`settle`]): a page of
+/// users, then, while the page is not full, as many as the yield so far
+/// says it lacks, up to [`LOOKUP_PAGES`] pages of item lookups in all
+/// (candidates whose chunk recorded its apply need none: all of them, if
+/// need be). Returns the page and the user id the next starts after.
 pub(super) async fn from_candidates(
     routes: &Snapshot<'_, MySqlPool>,
     send: &Sent,
@@ -102,18 +128,25 @@ pub(super) async fn from_candidates(
 ) -> Result<(Vec<Recipient>, Option<u64>)> {
     let page_size = page_size as usize;
     let parts = parts.into_iter().map(|part| (part.users, part.complete_to)).collect();
-    let (candidates, end) = merge_by(parts, usize::MAX, |(user, _)| *user);
-    let needs_items = !send.recalled
+    let (candidates, end) = merge_by(parts, usize::MAX, |c: &Candidate| c.user_id);
+    let needs_more = !send.recalled
         && matches!(filter, Filter::All | Filter::Delivered | Filter::Unread | Filter::Suppressed);
-    if !needs_items {
+    if !needs_more {
         let entries: Vec<Recipient> = candidates
             .into_iter()
-            .map(|(user, state)| Recipient::bare(user, send.state_of(state, None)))
+            .map(|c| Recipient::bare(c.user_id, send.state_of(c.chunk_state, None)))
             .filter(|recipient| filter.matches(recipient.state))
             .collect();
         return Ok(cut(entries, page_size, end));
     }
-    let budget = if filter == Filter::All { page_size } else { page_size * LOOKUP_PAGES };
+    let lookups_needed = candidates.iter().any(|c| c.delivered() && c.recorded.is_none());
+    let budget = if !lookups_needed {
+        candidates.len()
+    } else if filter == Filter::All {
+        page_size
+    } else {
+        page_size * LOOKUP_PAGES
+    };
     let mut entries = Vec::new();
     let mut looked = 0;
     while looked < candidates.len() && looked < budget && entries.len() < page_size {
@@ -127,31 +160,112 @@ pub(super) async fn from_candidates(
             (lacking * looked * 2 / entries.len().max(1)).max(100).min(budget - looked)
         };
         let window = &candidates[looked..(looked + take).min(candidates.len())];
-        let delivered: Vec<u64> = window
-            .iter()
-            .filter(|(_, state)| matches!(*state, chunk::DONE | chunk::UNSETTLED))
-            .map(|(user, _)| *user)
-            .collect();
-        let found = items(routes, send, &delivered).await?;
-        for (user, state) in window {
-            let item = found.get(user);
-            let state = send.state_of(*state, item.map(|item| item.is_read));
-            if filter.matches(state) {
-                entries.push(Recipient {
-                    user_id: *user,
-                    state,
-                    delivered_at: item.map(|item| item.created_at),
-                    read_at: item.and_then(|item| item.read_at),
-                });
-            }
-        }
+        let settled = settle(routes, send, window).await?;
+        entries.extend(settled.into_iter().filter(|recipient| filter.matches(recipient.state)));
         looked += window.len();
     }
     if looked < candidates.len() && entries.len() <= page_size {
-        // Users up to the last looked up are complete.
-        return Ok((entries, Some(candidates[looked - 1].0)));
+        // Users up to the last settled are complete.
+        return Ok((entries, Some(candidates[looked - 1].user_id)));
     }
     Ok(cut(entries, page_size, end))
+}
+
+/// The recipients of `window` (in user order, delivered or not) with their
+/// states. A delivered one whose chunk recorded its apply is held back
+/// (suppressed), or else erased since (suppressed), read (a read recorded by
+/// message) or unread, delivered when the chunk was applied: one range read
+/// per shard of the reads and erasures in the window's users. The others'
+/// items are looked up by primary key, as before chunks recorded this.
+async fn settle(
+    routes: &Snapshot<'_, MySqlPool>,
+    send: &Sent,
+    window: &[Candidate],
+) -> Result<Vec<Recipient>> {
+    let unrecorded: Vec<u64> = window
+        .iter()
+        .filter(|c| c.delivered() && c.recorded.is_none())
+        .map(|c| c.user_id)
+        .collect();
+    let mut recorded = window.iter().filter(|c| c.delivered() && c.recorded.is_some());
+    let range = recorded.next().map(|first| {
+        let last = recorded.next_back().unwrap_or(first);
+        (first.user_id, last.user_id)
+    });
+    let (found, marks) =
+        futures::future::try_join(items(routes, send, &unrecorded), marks(routes, send, range))
+            .await?;
+    Ok(window
+        .iter()
+        .map(|c| match c.recorded {
+            Some((applied_at, held)) if c.delivered() => {
+                let mark = marks.get(&c.user_id);
+                let state = match mark {
+                    _ if held => RecipientState::Suppressed,
+                    Some(Settled { erased: true, .. }) => RecipientState::Suppressed,
+                    Some(Settled { read_at: Some(_), .. }) => RecipientState::Read,
+                    _ => RecipientState::Unread,
+                };
+                let delivered = state != RecipientState::Suppressed;
+                Recipient {
+                    user_id: c.user_id,
+                    state,
+                    delivered_at: delivered.then_some(applied_at),
+                    read_at: if state == RecipientState::Read {
+                        mark.and_then(|m| m.read_at)
+                    } else {
+                        None
+                    },
+                }
+            }
+            _ => {
+                let item = found.get(&c.user_id);
+                Recipient {
+                    user_id: c.user_id,
+                    state: send.state_of(c.chunk_state, item.map(|item| item.is_read)),
+                    delivered_at: item.map(|item| item.created_at),
+                    read_at: item.and_then(|item| item.read_at),
+                }
+            }
+        })
+        .collect())
+}
+
+/// What a shard records of a delivered user besides the chunk.
+#[derive(Debug, Clone, Copy, Default)]
+struct Settled {
+    read_at: Option<NaiveDateTime>,
+    erased: bool,
+}
+
+/// The reads and erasures of users in `range` (inclusive), from every
+/// shard, each kept where the map routes its user now.
+async fn marks(
+    routes: &Snapshot<'_, MySqlPool>,
+    send: &Sent,
+    range: Option<(u64, u64)>,
+) -> Result<HashMap<u64, Settled>> {
+    let Some((from, to)) = range else {
+        return Ok(HashMap::new());
+    };
+    let reads = routes.iter().map(|(shard, pool)| async move {
+        let marks = store::marks_between(pool, send.message_id, from, to).await?;
+        Ok::<_, notify_domain::error::Error>((shard, marks))
+    });
+    let mut settled: HashMap<u64, Settled> = HashMap::new();
+    for (shard, marks) in futures::future::try_join_all(reads).await? {
+        for mark in marks {
+            if routes.of(Key::User(mark.user_id)).0 != shard {
+                continue;
+            }
+            let entry = settled.entry(mark.user_id).or_default();
+            entry.erased |= mark.erased;
+            if mark.read_at.is_some() {
+                entry.read_at = mark.read_at;
+            }
+        }
+    }
+    Ok(settled)
 }
 
 /// At most `page_size` entries; the next page starts after the last of a

@@ -382,9 +382,10 @@ pub async fn apply(
         write_items(&mut tx, message_id, &content, user_ids.iter().copied(), chunk_id, 1).await?;
 
     sqlx::query(
-        "UPDATE message_chunks SET state = 4, updated_at = UTC_TIMESTAMP(3) \
-         WHERE message_id = ? AND chunk_id = ?",
+        "UPDATE message_chunks SET state = 4, updated_at = UTC_TIMESTAMP(3), \
+         applied_at = UTC_TIMESTAMP(3), held_back = ? WHERE message_id = ? AND chunk_id = ?",
     )
+    .bind(packed_held_back(&held_back))
     .bind(message_id.get())
     .bind(chunk_id)
     .execute(&mut *tx)
@@ -497,9 +498,20 @@ pub async fn apply_many(
         write_items(&mut tx, message_id, &content, all, pending[0].chunk_id, pending.len() as u64)
             .await?;
     let mut update = QueryBuilder::new(
-        "UPDATE message_chunks SET state = 4, updated_at = UTC_TIMESTAMP(3) WHERE message_id = ",
+        "UPDATE message_chunks SET state = 4, updated_at = UTC_TIMESTAMP(3), \
+         applied_at = UTC_TIMESTAMP(3)",
     );
-    update.push_bind(message_id.get()).push(" AND chunk_id IN (");
+    let held_by_chunk = held_by_chunk(&pending, &held_back);
+    if !held_by_chunk.is_empty() {
+        // Only a send some recipients mute has any: one CASE arm per chunk
+        // that held someone back.
+        update.push(", held_back = CASE chunk_id");
+        for (chunk_id, held) in held_by_chunk {
+            update.push(" WHEN ").push_bind(chunk_id).push(" THEN ").push_bind(held);
+        }
+        update.push(" END");
+    }
+    update.push(" WHERE message_id = ").push_bind(message_id.get()).push(" AND chunk_id IN (");
     let mut ids = update.separated(", ");
     for chunk in &pending {
         ids.push_bind(chunk.chunk_id);
@@ -509,6 +521,36 @@ pub async fn apply_many(
 
     tx.commit().await?;
     Ok(Some(GroupApplied { chunks, delivered, held_back, summary }))
+}
+
+/// A chunk's recipients held back by their preferences, as its `held_back`
+/// stores them (sorted, packed like `user_ids`); `None` when there are none.
+fn packed_held_back(held: &[u64]) -> Option<Vec<u8>> {
+    if held.is_empty() {
+        return None;
+    }
+    let mut sorted = held.to_vec();
+    sorted.sort_unstable();
+    Some(encode_user_ids(&sorted))
+}
+
+/// The recipients held back in a group apply, by the chunk they are in
+/// (`held_back` of each chunk that held someone back).
+fn held_by_chunk(chunks: &[&GroupChunk], held: &[u64]) -> Vec<(u64, Vec<u8>)> {
+    if held.is_empty() {
+        return Vec::new();
+    }
+    chunks
+        .iter()
+        .filter_map(|chunk| {
+            let mine: Vec<u64> = held
+                .iter()
+                .copied()
+                .filter(|user| chunk.user_ids.binary_search(user).is_ok())
+                .collect();
+            packed_held_back(&mine).map(|packed| (chunk.chunk_id, packed))
+        })
+        .collect()
 }
 
 /// What a gateway shows of a message (bodies stay behind `ListInbox`).

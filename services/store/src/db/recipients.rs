@@ -27,6 +27,24 @@ pub struct ChunkUsers {
     pub batch: u64,
     /// Its recipients, sorted.
     pub user_ids: Vec<u64>,
+    /// What its apply recorded, when this version applied it.
+    pub applied: Option<Applied>,
+}
+
+/// What the transaction that applied a chunk recorded on it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Applied {
+    /// When: the items of the chunk were written in that transaction.
+    pub at: NaiveDateTime,
+    /// The recipients their preferences held back (no item), sorted.
+    pub held_back: Vec<u64>,
+}
+
+impl Applied {
+    /// True when `user_id` was held back.
+    pub fn held(&self, user_id: u64) -> bool {
+        self.held_back.binary_search(&user_id).is_ok()
+    }
 }
 
 #[derive(FromRow)]
@@ -35,18 +53,31 @@ struct ChunkRow {
     state: u8,
     batch: u64,
     user_ids: Vec<u8>,
+    applied_at: Option<NaiveDateTime>,
+    held_back: Option<Vec<u8>>,
 }
 
 impl ChunkRow {
     fn decode(self) -> Result<ChunkUsers> {
+        let applied = match self.applied_at {
+            Some(at) => {
+                let held_back = self.held_back.as_deref().map(decode_user_ids).transpose()?;
+                Some(Applied { at, held_back: held_back.unwrap_or_default() })
+            }
+            None => None,
+        };
         Ok(ChunkUsers {
             chunk_id: self.chunk_id,
             state: self.state,
             batch: self.batch,
             user_ids: decode_user_ids(&self.user_ids)?,
+            applied,
         })
     }
 }
+
+/// The columns of a [`ChunkRow`] of `message_chunks c`.
+const CHUNK_COLUMNS: &str = "c.chunk_id, c.state, c.batch, c.user_ids, c.applied_at, c.held_back";
 
 /// The chunks of a send on this shard in `states` that a page after user
 /// `after` needs, with their users, and the user id up to which they hold
@@ -81,8 +112,7 @@ pub async fn chunks_after(
     if wanted.is_empty() {
         return Ok((Vec::new(), complete_to));
     }
-    let mut sql =
-        QueryBuilder::new("SELECT c.chunk_id, c.state, c.batch, c.user_ids FROM JSON_TABLE(");
+    let mut sql = QueryBuilder::new(format!("SELECT {CHUNK_COLUMNS} FROM JSON_TABLE("));
     sql.push_bind(json_ids(&wanted))
         .push(
             ", '$[*]' COLUMNS (chunk_id BIGINT UNSIGNED PATH '$')) AS j \
@@ -132,8 +162,8 @@ pub async fn chunk_users<'e>(
     if chunk_ids.is_empty() {
         return Ok(Vec::new());
     }
-    let select = "SELECT chunk_id, state, batch, user_ids FROM message_chunks WHERE message_id = ";
-    let mut sql = of_send(select, message_id, "chunk_id", chunk_ids);
+    let select = format!("SELECT {CHUNK_COLUMNS} FROM message_chunks c WHERE c.message_id = ");
+    let mut sql = of_send(&select, message_id, "c.chunk_id", chunk_ids);
     let rows: Vec<ChunkRow> = sql.build_query_as().fetch_all(pool).await?;
     rows.into_iter().map(ChunkRow::decode).collect()
 }
@@ -270,6 +300,50 @@ pub async fn items(
     )
     .bind(json_ids(user_ids))
     .bind(message_id.get())
+    .fetch_all(pool)
+    .await?)
+}
+
+/// What a shard records of a send's recipients in a range of user ids
+/// besides their chunks: reads and erasures ([`marks_between`]).
+#[derive(Debug, Clone, FromRow)]
+pub struct Mark {
+    /// The user.
+    pub user_id: u64,
+    /// When they read it (a read recorded by message); `None` for an
+    /// erasure.
+    pub read_at: Option<NaiveDateTime>,
+    /// The user was erased after the send was written (their item, if they
+    /// had one, is gone).
+    pub erased: bool,
+}
+
+/// The reads of a send recorded on this shard for users in `from..=to` (a
+/// range of `message_reads`' primary key: at most one row per recipient in
+/// the range), and the users in that range erased since the send was
+/// written (`idx_user_preferences_erased`: only users erased after it), in
+/// one statement. The caller keeps the rows of users routed to this shard
+/// (a bucket move leaves copies behind for a while).
+#[instrument(level = "debug", skip_all, fields(db.system = "mysql"))]
+pub async fn marks_between(
+    pool: &MySqlPool,
+    message_id: MessageId,
+    from: u64,
+    to: u64,
+) -> Result<Vec<Mark>> {
+    Ok(sqlx::query_as(
+        "SELECT r.user_id, r.read_at, FALSE AS erased FROM message_reads r FORCE INDEX (PRIMARY) \
+         WHERE r.message_id = ? AND r.user_id BETWEEN ? AND ? \
+         UNION ALL SELECT p.user_id, NULL, TRUE FROM user_preferences p \
+         FORCE INDEX (idx_user_preferences_erased) \
+         WHERE p.erased_before > ? AND p.user_id BETWEEN ? AND ?",
+    )
+    .bind(message_id.get())
+    .bind(from)
+    .bind(to)
+    .bind(message_id.get())
+    .bind(from)
+    .bind(to)
     .fetch_all(pool)
     .await?)
 }
