@@ -2,10 +2,15 @@
 //! user order merged across shards ([`list`]), and the state of given users
 //! ([`status`]). Nothing here scans a send: a page reads, on each shard, the
 //! chunks whose user runs reach past the cursor (`idx_chunks_recipients`),
-//! or the reads recorded by message, or an announcement's materializations,
-//! plus primary-key item lookups, so it costs O(page) per shard whatever the
-//! filter and however few match (a sparse filter returns a shorter page with
-//! a token, never a longer scan). The api and the console call it.
+//! or the reads recorded by message, or an announcement's materializations;
+//! a delivered user's state comes from what their chunk's apply recorded
+//! (when, and whom preferences held back) with the range of reads and
+//! erasures among the page's users, or, for a chunk applied before that was
+//! recorded, from a primary-key item lookup. So a page costs O(page) per
+//! shard whatever the filter and however few match (a sparse filter returns
+//! a shorter page with a token, never a longer scan), beside the index-only
+//! read of the chunk entries past the cursor (one per 500 recipients). The
+//! api and the console call it.
 
 mod page;
 mod status;

@@ -107,7 +107,11 @@ pub(super) async fn from_chunks(
         })
         .filter(|c| c.user_id > after && c.user_id <= complete_to)
         .collect();
-    users.sort_unstable_by_key(|c| (c.user_id, rank(c.chunk_state)));
+    // A user in two delivered chunks (two batches) whom one held back and
+    // the other delivered to (unmuted in between) has the item: the one
+    // that delivered wins.
+    let held = |c: &Candidate| c.recorded.is_some_and(|(_, held)| held);
+    users.sort_unstable_by_key(|c| (c.user_id, rank(c.chunk_state), held(c)));
     users.dedup_by_key(|c| c.user_id);
     Ok(ShardCandidates { users, complete_to })
 }

@@ -2,10 +2,12 @@
 //! already holds: its chunks (each a sorted run of user ids; within one
 //! batch the runs follow each other, found by `idx_chunks_recipients`), the
 //! reads recorded by message (`message_reads`) and the announcements'
-//! materializations (`announcement_recipients`). Item states come from
-//! primary-key lookups in `message_items`, which gets no index for this.
-//! A page's chunks come from their index entries, then by primary key, so
-//! each statement reads O(page) rows and is cheap to plan.
+//! materializations (`announcement_recipients`), the record a chunk's apply
+//! leaves on it (`applied_at`, `held_back`) and the users erased since a
+//! send; item states of chunks without that record come from primary-key
+//! lookups in `message_items`, which gets no index for this. A page's
+//! chunks come from their index entries (one per 500 recipients past the
+//! cursor), then by primary key: simple statements, cheap to plan.
 
 use chrono::NaiveDateTime;
 use sqlx::{FromRow, MySqlPool, QueryBuilder};
