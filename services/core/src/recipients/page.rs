@@ -203,23 +203,15 @@ async fn settle(
         .iter()
         .map(|c| match c.recorded {
             Some((applied_at, held)) if c.delivered() => {
-                let mark = marks.get(&c.user_id);
-                let state = match mark {
-                    _ if held => RecipientState::Suppressed,
-                    Some(Settled { erased: true, .. }) => RecipientState::Suppressed,
-                    Some(Settled { read_at: Some(_), .. }) => RecipientState::Read,
-                    _ => RecipientState::Unread,
-                };
-                let delivered = state != RecipientState::Suppressed;
+                // As an item would say: none when held back or erased since,
+                // else read or not.
+                let mark = marks.get(&c.user_id).copied().unwrap_or_default();
+                let item_read = (!held && !mark.erased).then_some(mark.read_at.is_some());
                 Recipient {
                     user_id: c.user_id,
-                    state,
-                    delivered_at: delivered.then_some(applied_at),
-                    read_at: if state == RecipientState::Read {
-                        mark.and_then(|m| m.read_at)
-                    } else {
-                        None
-                    },
+                    state: send.state_of(c.chunk_state, item_read),
+                    delivered_at: item_read.map(|_| applied_at),
+                    read_at: mark.read_at.filter(|_| item_read == Some(true)),
                 }
             }
             _ => {
