@@ -364,11 +364,13 @@ async fn announce_items(
 pub async fn record_failure(ctx: &Context, task: &ChunkTask) -> Result<()> {
     let message_id = MessageId::from_raw(task.message_id);
     let pool = ctx.task_pool(ShardId(task.shard))?;
-    if chunks::mark_failed(pool, message_id, task.chunk_id).await? {
-        let mut extra = serde_json::Map::new();
-        extra.insert("chunk_id".into(), task.chunk_id.to_string().into());
-        let event = notify_domain::settings::WebhookEvent::MessageFailed;
-        send::emit_for_send(ctx, message_id, event, extra).await;
+    let event = notify_domain::settings::WebhookEvent::MessageFailed;
+    let webhook = send::Outboxed::new(ctx, message_id, event, Some(task.chunk_id));
+    let record = send::record_of(ctx, &webhook);
+    if chunks::mark_failed(pool, message_id, task.chunk_id, record).await? {
+        if let Some(webhook) = webhook {
+            webhook.queue(ctx, pool).await;
+        }
         send::complete_if_done(ctx, message_id).await?;
     }
     Ok(())

@@ -33,6 +33,7 @@ use crate::queue::ChunkTask;
 use crate::send::{self, MessageView};
 use notify_domain::domain::{AudienceKind, Lane, MessageId, SendStatus};
 use notify_domain::error::Result;
+use notify_domain::settings::WebhookEvent;
 use notify_store::db::recall::{self as store, RecallOutcome};
 use notify_store::db::{chunks, messages};
 
@@ -52,11 +53,11 @@ pub async fn recall(
         SendStatus::Completed,
         SendStatus::Cancelled,
     ];
-    let now = send::transition(ctx, message_id, &from, SendStatus::Recalled, "recall").await?;
+    let webhook = Some(WebhookEvent::MessageRecalled);
+    let now =
+        send::transition(ctx, message_id, &from, SendStatus::Recalled, "recall", webhook).await?;
     if now {
         info!(message_id = %message_id, "message recalled");
-        let event = notify_domain::settings::WebhookEvent::MessageRecalled;
-        send::emit_for_send(ctx, message_id, event, Default::default()).await;
     }
     // Hidden everywhere at once: every read joins the shard's content copy.
     for (_, pool) in ctx.pools.iter() {

@@ -1,5 +1,6 @@
 //! `notify-worker`: consumes chunk tasks from both lanes, runs the
-//! scheduler and the sweeper, and calls clients' webhooks. [`Worker::build`] connects;
+//! scheduler and the sweeper, calls clients' webhooks and relays those their
+//! processes did not queue. [`Worker::build`] connects;
 //! [`Worker::run_until_stopped`] works until the shutdown token is cancelled,
 //! then stops consuming, finishes and acks in-flight chunks, and joins.
 
@@ -12,8 +13,8 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use notify_core::Context;
 use notify_core::health::{self, Heartbeats, Probes};
+use notify_core::{Context, send};
 use notify_domain::Settings;
 use notify_domain::domain::Lane;
 use tokio::net::TcpListener;
@@ -144,6 +145,20 @@ impl Worker {
                 move || {
                     let ctx = ctx.clone();
                     async move { background::sweep_once(&ctx).await.map(|_| ()) }
+                },
+            ));
+        }
+        {
+            // A send's webhook events its own process did not queue.
+            let ctx = ctx.clone();
+            tasks.spawn(background::every(
+                "webhook relay",
+                Duration::from_millis(ctx.settings.webhooks.outbox_retry_ms),
+                heartbeats.clone(),
+                shutdown.clone(),
+                move || {
+                    let ctx = ctx.clone();
+                    async move { send::relay_webhooks(&ctx).await.map(|_| ()) }
                 },
             ));
         }

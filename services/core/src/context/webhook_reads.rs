@@ -138,7 +138,7 @@ impl Batcher {
             "message_id": message_id.to_string(),
             "user_ids": users.iter().map(u64::to_string).collect::<Vec<_>>(),
         });
-        let body = payload(WebhookEvent::ItemRead, data);
+        let body = payload(WebhookEvent::ItemRead, data, chrono::Utc::now());
         for url in urls {
             let job = Job {
                 id: new_webhook_id(),

@@ -15,12 +15,14 @@
 use shard_router::Key;
 use tracing::{info, instrument, warn};
 
+use super::webhooks::{Outboxed, record_of};
 use super::{MessageView, fetch_visible, get};
 use crate::context::Context;
 use crate::events::{self, BusEvent};
 use crate::queue::ChunkTask;
 use notify_domain::domain::{AudienceKind, Lane, MessageId, Priority, SendStatus};
 use notify_domain::error::{Error, Result};
+use notify_domain::settings::WebhookEvent;
 use notify_store::db::{chunks, messages};
 
 /// Returns a send's status: from the cache, else from its home shard (then
@@ -119,15 +121,22 @@ fn reject_for_announcement(audience: u8, verb: &str, message_id: MessageId) -> R
 /// Moves `from -> to`, or explains why not: NOT_FOUND, or FAILED_PRECONDITION
 /// naming the current status. Returns true if this call changed the status,
 /// false if it already was `to` (repeating a pause or cancel is harmless).
+/// A `webhook` event (when an endpoint asked for it) is recorded with the
+/// change and queued after its commit (see [`super::webhooks`]).
 pub(crate) async fn transition(
     ctx: &Context,
     message_id: MessageId,
     from: &[SendStatus],
     to: SendStatus,
     verb: &str,
+    webhook: Option<WebhookEvent>,
 ) -> Result<bool> {
     let home = ctx.writable(Key::Message(message_id.get())).await?;
-    if messages::transition(&home, message_id, from, to).await? {
+    let webhook = webhook.and_then(|event| Outboxed::new(ctx, message_id, event, None));
+    if messages::transition(&home, message_id, from, to, record_of(ctx, &webhook)).await? {
+        if let Some(webhook) = webhook {
+            webhook.queue(ctx, &home).await;
+        }
         refresh_status(ctx, message_id).await?;
         return Ok(true);
     }
@@ -279,7 +288,7 @@ pub async fn pause(
     owner: Option<&str>,
 ) -> Result<MessageView> {
     reject_announcement(ctx, message_id, owner, "pause").await?;
-    transition(ctx, message_id, &[SendStatus::Sending], SendStatus::Paused, "pause").await?;
+    transition(ctx, message_id, &[SendStatus::Sending], SendStatus::Paused, "pause", None).await?;
     get(ctx, message_id, None).await
 }
 
@@ -293,7 +302,7 @@ pub async fn resume(
     reject_announcement(ctx, message_id, owner, "resume").await?;
     // A repeated resume publishes again too: the first may have died before
     // publishing, and duplicate tasks are no-ops.
-    transition(ctx, message_id, &[SendStatus::Paused], SendStatus::Sending, "resume").await?;
+    transition(ctx, message_id, &[SendStatus::Paused], SendStatus::Sending, "resume", None).await?;
     // Not held across complete_if_done, which waits out a freeze.
     let home = ctx.pools.for_message(message_id.get());
     let lane = Lane::from_db(messages::fetch_existing(&home, message_id).await?.lane);
@@ -313,7 +322,7 @@ pub async fn cancel(
 ) -> Result<MessageView> {
     fetch_visible(ctx, message_id, owner).await?;
     let from = [SendStatus::NotStarted, SendStatus::Sending, SendStatus::Paused];
-    transition(ctx, message_id, &from, SendStatus::Cancelled, "cancel").await?;
+    transition(ctx, message_id, &from, SendStatus::Cancelled, "cancel", None).await?;
     let home = ctx.pools.for_message(message_id.get());
     if messages::fetch_existing(&home, message_id).await?.audience == AudienceKind::AllUsers as u8 {
         revoke(ctx, message_id).await?;
@@ -375,12 +384,15 @@ pub async fn complete_if_done(ctx: &Context, message_id: MessageId) -> Result<bo
             return Ok(false);
         }
     }
-    let completed = messages::complete(&home, message_id, version).await?;
+    let webhook = Outboxed::new(ctx, message_id, WebhookEvent::MessageCompleted, None);
+    let completed =
+        messages::complete(&home, message_id, version, record_of(ctx, &webhook)).await?;
     if completed {
         refresh_status_best_effort(ctx, message_id).await;
         info!(message_id = %message_id, "message completed");
-        let event = notify_domain::settings::WebhookEvent::MessageCompleted;
-        super::emit_for_send(ctx, message_id, event, Default::default()).await;
+        if let Some(webhook) = webhook {
+            webhook.queue(ctx, &home).await;
+        }
     }
     Ok(completed)
 }

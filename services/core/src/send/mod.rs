@@ -20,7 +20,8 @@ use notify_store::db::messages::{self, MessageRow, NewMessage};
 pub(crate) use lifecycle::{activated, refresh_status_best_effort, transition};
 pub use lifecycle::{complete_if_done, publish_pending, start_due, status_of};
 pub use progress::{Progress, progress};
-pub(crate) use webhooks::emit_for_send;
+pub use webhooks::relay_once as relay_webhooks;
+pub(crate) use webhooks::{Outboxed, record_of};
 
 /// Batch number used for the inline recipients of `SendMessage`; client
 /// batches of `AppendRecipients` start at 1.

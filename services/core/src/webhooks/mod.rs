@@ -6,15 +6,18 @@
 //! payload, which endpoints want an event, the queues ([`topology`]) and the
 //! signature ([`sign`]). It names no other module of the crate, so the
 //! publisher ([`crate::queue`]) builds on it; the events are queued above
-//! the publisher, a send's by `send::emit_for_send` and `item.read` in
+//! the publisher, a send's by `send::webhooks` and `item.read` in
 //! batches by [`crate::context::webhook_reads`].
 //!
 //! An event is queued once per endpoint that asked for it, as a [`Job`]
 //! carrying its final payload and `webhook-id`, so every retry sends the
 //! same bytes under the same id (receivers dedupe on it). A client without
 //! an endpoint for an event costs nothing: no payload is built, nothing is
-//! published. Queueing happens after the change it reports is committed;
-//! a failed publish is logged and counted, and the change stands.
+//! published. A send's events are recorded with the change they report and
+//! queued after its commit, by the process that made it or else by a
+//! worker's relay (`send::webhooks`), so a failed publish delays them and
+//! loses none; `item.read` is a feed whose batches a process holds in
+//! memory until it queues them.
 
 pub mod sign;
 pub mod topology;
@@ -84,8 +87,45 @@ pub fn new_webhook_id() -> String {
     format!("msg_{:032x}", rand::random::<u128>())
 }
 
-/// Builds the Standard Webhooks payload: `type`, `timestamp` and `data`.
-pub fn payload(event: WebhookEvent, data: serde_json::Value) -> String {
-    let timestamp = chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Millis, true);
+/// The `webhook-id` of an event recorded in the outbox, for one endpoint:
+/// `msg_` and the first 128 bits of SHA-256 over the event's key and the
+/// url in hex. The same however often the event is queued; another for
+/// each endpoint (so that no receiver can match another's ids).
+pub fn outbox_webhook_id(event_key: &[u8], url: &str) -> String {
+    use sha2::{Digest, Sha256};
+    let digest = Sha256::new().chain_update(event_key).chain_update(url.as_bytes()).finalize();
+    let mut id = String::with_capacity(36);
+    id.push_str("msg_");
+    for byte in &digest[..16] {
+        id.push_str(&format!("{byte:02x}"));
+    }
+    id
+}
+
+/// Builds the Standard Webhooks payload: `type`, `timestamp` (`at`, when
+/// the event happened) and `data`.
+pub fn payload(
+    event: WebhookEvent,
+    data: serde_json::Value,
+    at: chrono::DateTime<chrono::Utc>,
+) -> String {
+    let timestamp = at.to_rfc3339_opts(chrono::SecondsFormat::Millis, true);
     serde_json::json!({ "type": event.name(), "timestamp": timestamp, "data": data }).to_string()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_outbox_event_has_one_id_per_endpoint_however_often_it_is_queued() {
+        let key = [7u8; 16];
+        let id = outbox_webhook_id(&key, "https://a.example/h");
+        assert_eq!(id, outbox_webhook_id(&key, "https://a.example/h"));
+        assert_ne!(id, outbox_webhook_id(&key, "https://b.example/h"));
+        assert_ne!(id, outbox_webhook_id(&[8u8; 16], "https://a.example/h"));
+        assert_eq!(id.len(), 4 + 32);
+        assert!(id.starts_with("msg_"));
+        assert!(id[4..].bytes().all(|b| b.is_ascii_hexdigit() && !b.is_ascii_uppercase()));
+    }
 }

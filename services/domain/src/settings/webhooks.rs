@@ -104,6 +104,10 @@ pub struct WebhookSettings {
     pub read_flush_ms: u64,
     /// Reads an api replica holds unsent at most; more are dropped (counted).
     pub read_buffer: usize,
+    /// How long a send's event recorded in the outbox waits for the process
+    /// that made its change to queue it before a worker's relay does; also
+    /// the relay's interval and its lease on an event it takes.
+    pub outbox_retry_ms: u64,
 }
 
 impl WebhookSettings {
@@ -119,6 +123,7 @@ impl WebhookSettings {
             ("webhooks.read_batch_users", self.read_batch_users as u64),
             ("webhooks.read_flush_ms", self.read_flush_ms),
             ("webhooks.read_buffer", self.read_buffer as u64),
+            ("webhooks.outbox_retry_ms", self.outbox_retry_ms),
         ];
         for (setting, value) in positive {
             if value == 0 {

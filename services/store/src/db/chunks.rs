@@ -7,6 +7,7 @@ use sqlx::{MySqlPool, QueryBuilder};
 use tracing::instrument;
 
 use super::push_ids;
+use super::webhook_outbox::Record;
 use notify_domain::domain::{Content, MessageId};
 use notify_domain::error::{Error, Result};
 
@@ -875,10 +876,16 @@ pub async fn finished_recipients(
 }
 
 /// Records a pending chunk as failed after its last attempt: its recipients
-/// count as failed in progress. Returns false if it was no longer pending.
+/// count as failed in progress. Returns false if it was no longer pending;
+/// otherwise records `webhook` (`message.failed`) with the change.
 #[instrument(level = "debug", skip_all, fields(db.system = "mysql"))]
-pub async fn mark_failed(pool: &MySqlPool, message_id: MessageId, chunk_id: u64) -> Result<bool> {
-    finish_pending(pool, message_id, chunk_id, state::FAILED, "failed").await
+pub async fn mark_failed(
+    pool: &MySqlPool,
+    message_id: MessageId,
+    chunk_id: u64,
+    webhook: Option<Record<'_>>,
+) -> Result<bool> {
+    finish_pending(pool, message_id, chunk_id, state::FAILED, "failed", webhook).await
 }
 
 async fn finish_pending(
@@ -887,6 +894,7 @@ async fn finish_pending(
     chunk_id: u64,
     new_state: u8,
     column: &'static str,
+    webhook: Option<Record<'_>>,
 ) -> Result<bool> {
     let mut tx = pool.begin().await?;
     let chunk: Option<(u16, Vec<u8>)> = sqlx::query_as(
@@ -928,6 +936,9 @@ async fn finish_pending(
     .await?;
     let undelivered = u64::from(recipients) - already;
     bump_stats_by(&mut tx, message_id, chunk_id, column, undelivered, already, 1).await?;
+    if let Some(webhook) = webhook {
+        webhook.write(&mut tx).await?;
+    }
     tx.commit().await?;
     Ok(true)
 }
@@ -942,7 +953,9 @@ pub async fn cancel_pending(pool: &MySqlPool, message_id: MessageId, page: u32) 
         let ids = pending_page(pool, message_id, start, page).await?;
         from = next_page_from(&ids);
         for chunk_id in ids {
-            if finish_pending(pool, message_id, chunk_id, state::CANCELLED, "cancelled").await? {
+            if finish_pending(pool, message_id, chunk_id, state::CANCELLED, "cancelled", None)
+                .await?
+            {
                 cancelled += 1;
             }
         }

@@ -10,6 +10,8 @@ use chrono::NaiveDateTime;
 use sqlx::{FromRow, MySqlPool};
 use tracing::instrument;
 
+use super::webhook_outbox::{Record, execute_with};
+
 use notify_domain::domain::{AudienceKind, Content, MessageId, SendStatus};
 use notify_domain::error::{Error, Result};
 
@@ -247,19 +249,23 @@ pub async fn fetch_status_version(
 }
 
 /// Completes a SENDING send, but only if its status version is still
-/// `version`: a redrive that re-opened it in between wins.
+/// `version`: a redrive that re-opened it in between wins. Records
+/// `webhook` (`message.completed`) with the change.
 #[instrument(level = "debug", skip_all, fields(db.system = "mysql"))]
-pub async fn complete(pool: &MySqlPool, message_id: MessageId, version: u64) -> Result<bool> {
-    let result = sqlx::query(
+pub async fn complete(
+    pool: &MySqlPool,
+    message_id: MessageId,
+    version: u64,
+    webhook: Option<Record<'_>>,
+) -> Result<bool> {
+    let change = sqlx::query(
         "UPDATE messages FORCE INDEX (PRIMARY) SET status = 3, status_version = status_version + 1, \
          finished_at = UTC_TIMESTAMP(3) WHERE message_id = ? AND status = 1 AND status_version = ? \
          AND audience = 1",
     )
     .bind(message_id.get())
-    .bind(version)
-    .execute(pool)
-    .await?;
-    Ok(result.rows_affected() == 1)
+    .bind(version);
+    execute_with(pool, change, webhook).await
 }
 
 /// Re-opens a SENDING or COMPLETED send for a redrive (bumps the version so
@@ -277,13 +283,15 @@ pub async fn reopen(pool: &MySqlPool, message_id: MessageId) -> Result<bool> {
 }
 
 /// Moves a message to `to` if its status is one of `from`. Returns true when
-/// this call made the change (so only one of several racing callers wins).
+/// this call made the change (so only one of several racing callers wins),
+/// and then records `webhook` with it.
 #[instrument(level = "debug", skip_all, fields(db.system = "mysql"))]
 pub async fn transition(
     pool: &MySqlPool,
     message_id: MessageId,
     from: &[SendStatus],
     to: SendStatus,
+    webhook: Option<Record<'_>>,
 ) -> Result<bool> {
     let allowed: Vec<String> = from.iter().map(|s| s.to_db().to_string()).collect();
     let stamp = match to {
@@ -298,12 +306,8 @@ pub async fn transition(
          WHERE message_id = ? AND status IN ({})",
         allowed.join(",")
     );
-    let result = sqlx::query(sqlx::AssertSqlSafe(sql))
-        .bind(to.to_db())
-        .bind(message_id.get())
-        .execute(pool)
-        .await?;
-    Ok(result.rows_affected() == 1)
+    let change = sqlx::query(sqlx::AssertSqlSafe(sql)).bind(to.to_db()).bind(message_id.get());
+    execute_with(pool, change, webhook).await
 }
 
 /// Records StartMessage on a NOT_STARTED message: picks the lane and, when

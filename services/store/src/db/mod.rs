@@ -12,6 +12,7 @@ pub mod preferences;
 pub mod reads;
 pub mod recall;
 pub mod recipients;
+pub mod webhook_outbox;
 
 use std::str::FromStr;
 use std::time::Duration;

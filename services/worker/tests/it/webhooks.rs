@@ -25,6 +25,9 @@ use notify_domain::settings::WebhookEndpoint;
 use notify_proto::v1;
 use notify_proto::v1::inbox_service_client::InboxServiceClient;
 use notify_proto::v1::message_service_client::MessageServiceClient;
+use notify_store::db::messages;
+use notify_store::db::webhook_outbox::{self, OutboxEvent, Record};
+use notify_testkit::faults::FaultProxy;
 use notify_testkit::{AuthedChannel, TestApp, authed, send_request, spawn_app_with, test_settings};
 use secrecy::SecretString;
 use sha2::{Digest, Sha256};
@@ -491,5 +494,108 @@ async fn reads_by_a_filter_are_reported_like_reads_by_id() {
     }
     assert_eq!(seen, BTreeSet::from([11, 12]), "the two readers, not user 13");
     alpha.assert_quiet(Duration::from_millis(600)).await;
+    app.cleanup().await;
+}
+
+/// Events waiting in the outbox on every shard of `app`.
+async fn outbox_len(app: &TestApp) -> u64 {
+    let mut waiting = 0;
+    for (_, pool) in app.ctx.pools.iter() {
+        waiting += webhook_outbox::count(pool).await.expect("the outbox reads");
+    }
+    waiting
+}
+
+/// An api whose RabbitMQ goes away after it started recalls a send: the
+/// recall commits, its `message.recalled` cannot be published, and the
+/// worker's relay queues the event recorded with the change once it falls
+/// due. It arrives once, signed, and the outbox is empty after; the event
+/// its own process queued (`message.completed`, by the worker) is not
+/// relayed again.
+#[tokio::test]
+async fn an_event_its_process_could_not_queue_is_queued_by_the_workers_relay() {
+    let mut alpha = Receiver::start(&[], Answer::Ok).await;
+    let (mut settings, tokens) = two_clients();
+    settings.webhooks.outbox_retry_ms = 300;
+    settings.auth.clients[0].webhooks =
+        vec![alpha.endpoint(&["message.completed", "message.recalled"])];
+    let app = spawn_app_with(settings.clone(), true).await;
+    let message_id = send(&app, &tokens["alpha"], vec![1, 2, 3]).await;
+    let completed = alpha.next(WAIT).await;
+    alpha.verify(&completed);
+    assert_eq!(
+        (completed.event().as_str(), completed.message_id()),
+        ("message.completed", message_id)
+    );
+    notify_testkit::eventually("the queued event's record deleted", WAIT, || async {
+        (outbox_len(&app).await == 0).then_some(())
+    })
+    .await;
+
+    let broker = FaultProxy::start("rabbitmq-of-one-api", "127.0.0.1:5672").await;
+    let mut cut_off = settings.clone();
+    cut_off.rabbitmq.url = SecretString::from(format!("amqp://guest:guest@{}/%2f", broker.addr()));
+    let replica = app.spawn_api_replica_with(cut_off).await;
+    broker.down().await;
+    let mut client = MessageServiceClient::new(authed(replica.channel(), &tokens["alpha"]));
+    let request = v1::RecallMessageRequest { message_id };
+    // Whatever it answers (its own publishes fail), the recall committed.
+    let _ = tokio::time::timeout(WAIT, client.recall_message(request)).await.expect("an answer");
+    let status: u8 = sqlx::query_scalar("SELECT status FROM messages WHERE message_id = ?")
+        .bind(message_id)
+        .fetch_one(app.ctx.pools.for_message(message_id).value())
+        .await
+        .unwrap();
+    assert_eq!(status, notify_domain::domain::SendStatus::Recalled as u8);
+
+    let recalled = alpha.next(WAIT).await;
+    alpha.verify(&recalled);
+    assert_eq!(
+        (recalled.event().as_str(), recalled.message_id()),
+        ("message.recalled", message_id)
+    );
+    assert_eq!(recalled.json()["data"]["status"], "recalled");
+    assert_ne!(recalled.id, completed.id);
+    alpha.assert_quiet(Duration::from_millis(1_000)).await;
+    assert_eq!(outbox_len(&app).await, 0);
+    let worker = app.worker.as_ref().expect("a worker").metrics_addr;
+    let page = notify_testkit::http_get(worker, "/metrics").await.1;
+    assert!(notify_testkit::metric_sum(&page, "notify_webhooks_relayed_total") >= 1.0);
+    replica.stop().await;
+    app.cleanup().await;
+}
+
+/// The outbox's lease: an event a relay took is not taken again until the
+/// lease ran out, then it is (counting the attempts); an event recorded
+/// with a change that did not happen is not recorded at all.
+#[tokio::test]
+async fn a_relay_takes_an_event_once_per_lease() {
+    let (settings, _) = two_clients();
+    let app = spawn_app_with(settings, false).await;
+    let pool = app.ctx.pools.iter().next().map(|(_, pool)| pool.clone()).unwrap();
+    let event = OutboxEvent::new(7, "message.completed", None);
+    let record = Record { event: &event, due_in_ms: 0 };
+    // No such send: the change touches nothing, and nothing is recorded.
+    let id = notify_domain::domain::MessageId::from_raw(7);
+    assert!(!messages::complete(&pool, id, 0, Some(record)).await.unwrap());
+    assert_eq!(webhook_outbox::count(&pool).await.unwrap(), 0);
+
+    let mut conn = pool.acquire().await.unwrap();
+    record.write(&mut conn).await.unwrap();
+    drop(conn);
+    let lease = 400;
+    let taken = webhook_outbox::claim_due(&pool, lease, 10).await.unwrap();
+    assert_eq!(taken.len(), 1);
+    assert_eq!((taken[0].event_key.clone(), taken[0].attempts), (event.event_key.clone(), 0));
+    assert!(webhook_outbox::claim_due(&pool, lease, 10).await.unwrap().is_empty(), "leased");
+    let again = notify_testkit::eventually("the lease runs out", WAIT, || async {
+        let taken = webhook_outbox::claim_due(&pool, lease, 10).await.unwrap();
+        (!taken.is_empty()).then_some(taken)
+    })
+    .await;
+    assert_eq!((again.len(), again[0].attempts), (1, 1));
+    assert_eq!(again[0].created_at, event.created_at);
+    webhook_outbox::remove(&pool, &event.event_key).await.unwrap();
+    assert_eq!(webhook_outbox::count(&pool).await.unwrap(), 0);
     app.cleanup().await;
 }
