@@ -565,7 +565,7 @@ async fn forget_recorded_applies(app: &TestApp, message_id: u64) -> (i64, i64) {
 }
 
 #[tokio::test]
-async fn recorded_applies_and_item_lookups_list_the_same_states() {
+async fn recorded_applies_item_lookups_and_status_give_the_same_states() {
     let app = spawn_app().await;
     let users: Vec<u64> = (0..1200).map(|i| 8_900_001 + i).collect();
     let muted: BTreeSet<u64> = users.iter().copied().step_by(37).collect();
@@ -621,6 +621,10 @@ async fn recorded_applies_and_item_lookups_list_the_same_states() {
         check(&list_all(&app, id, F::Unspecified, page_size).await, "recorded");
         assert_eq!(users_of(&list_all(&app, id, F::Suppressed, page_size).await), suppressed);
     }
+    // GetRecipientStatus says the same of each (in request order).
+    let mut answered = status(&app, id, users[..1000].to_vec()).await;
+    answered.extend(status(&app, id, users[1000..].to_vec()).await);
+    check(&answered, "status");
 
     let (recorded, holding) = forget_recorded_applies(&app, id).await;
     assert!(recorded >= 3, "every chunk applied now records it ({recorded})");
@@ -629,5 +633,39 @@ async fn recorded_applies_and_item_lookups_list_the_same_states() {
         check(&list_all(&app, id, F::Unspecified, page_size).await, "looked up");
         assert_eq!(users_of(&list_all(&app, id, F::Suppressed, page_size).await), suppressed);
     }
+    app.cleanup().await;
+}
+
+/// While a send delivers, `GetRecipientStatus` is asked again and again
+/// for users spread over it: a chunk applied between the call's two rounds
+/// (after its items were read, before its chunks were) must not make its
+/// users read as suppressed. No user mutes anything here, so every answer
+/// is pending or unread.
+#[tokio::test]
+async fn recipient_status_never_reads_a_user_delivered_mid_call_as_suppressed() {
+    let app = spawn_app().await;
+    let users: Vec<u64> = (8_900_001..8_920_001).collect();
+    let id = app.send(users.clone()).await;
+    let asked: Vec<u64> = users.iter().copied().step_by(20).collect();
+    let mut calls = 0;
+    let mut seen = BTreeSet::new();
+    loop {
+        let done = app.get_message(id).await.status == v1::MessageStatus::Completed as i32;
+        for recipient in status(&app, id, asked.clone()).await {
+            let state = S::try_from(recipient.state).unwrap();
+            assert!(
+                matches!(state, S::Pending | S::Unread),
+                "user {} read as {state:?} in call {calls}",
+                recipient.user_id
+            );
+            seen.insert(recipient.state);
+        }
+        calls += 1;
+        if done {
+            break;
+        }
+    }
+    // The last call came after the send completed: every user unread.
+    assert!(seen.contains(&(S::Unread as i32)), "{calls} calls");
     app.cleanup().await;
 }

@@ -26,6 +26,7 @@ use crate::send;
 use notify_domain::domain::{AudienceKind, MessageId, SendStatus};
 use notify_domain::error::{Error, Result};
 use notify_store::db::chunks::state as chunk;
+use notify_store::db::recipients::ItemRow;
 
 /// Largest page of [`list`], and most users in one [`status`] call.
 pub const MAX_PAGE_SIZE: u32 = 1000;
@@ -187,6 +188,17 @@ impl Sent {
                 None => S::Suppressed,
             },
             _ => S::Recalled,
+        }
+    }
+
+    /// A recipient in a chunk in `chunk_state`, with their item if they
+    /// have one (a recalled send shows no reads).
+    fn recipient(&self, user_id: u64, chunk_state: u8, item: Option<&ItemRow>) -> Recipient {
+        Recipient {
+            user_id,
+            state: self.state_of(chunk_state, item.map(|item| item.is_read)),
+            delivered_at: item.map(|item| item.created_at),
+            read_at: item.and_then(|item| item.read_at).filter(|_| !self.recalled),
         }
     }
 }

@@ -214,15 +214,7 @@ async fn settle(
                     read_at: mark.read_at.filter(|_| item_read == Some(true)),
                 }
             }
-            _ => {
-                let item = found.get(&c.user_id);
-                Recipient {
-                    user_id: c.user_id,
-                    state: send.state_of(c.chunk_state, item.map(|item| item.is_read)),
-                    delivered_at: item.map(|item| item.created_at),
-                    read_at: item.and_then(|item| item.read_at),
-                }
-            }
+            _ => send.recipient(c.user_id, c.chunk_state, found.get(&c.user_id)),
         })
         .collect())
 }

@@ -27,9 +27,10 @@ const FIELD: &str = "user_ids";
 /// the users routed there and the chunk index of the send; then, on each
 /// shard, one statement that tests the users without an item against the
 /// only chunks of each batch that can hold them. The reads are not one
-/// snapshot: a chunk applied between them reads as its users' state after
-/// it (delivered, with no item yet seen: suppressed), as a page would
-/// have a moment earlier or later.
+/// snapshot: a user whose chunk is delivered but who had no item in the
+/// first round (held back by their preferences, or delivered in between)
+/// has their item looked up again, a third round for those users only, so
+/// a chunk applied mid-call reads as delivered, never as suppressed.
 #[instrument(skip_all, fields(message_id = %message_id, users = user_ids.len()))]
 pub async fn status(
     ctx: &Context,
@@ -135,16 +136,7 @@ async fn of_send(
     let FirstRound { items, ends } = first;
     let mut found: HashMap<u64, Recipient> = items
         .values()
-        .map(|item| {
-            let state = send.state_of(chunk::DONE, Some(item.is_read));
-            let recipient = Recipient {
-                user_id: item.user_id,
-                state,
-                delivered_at: Some(item.created_at),
-                read_at: if send.recalled { None } else { item.read_at },
-            };
-            (item.user_id, recipient)
-        })
+        .map(|item| (item.user_id, send.recipient(item.user_id, chunk::DONE, Some(item))))
         .collect();
     // The others: in a chunk not delivered (or delivered without an item:
     // held back), or no recipient at all.
@@ -167,10 +159,38 @@ async fn of_send(
             })
             .or_insert(chunk_state);
     }
+    // A delivered chunk without the user's item: held back, or applied
+    // after the first round read the items. A third round (rare: only
+    // those users) tells which; the chunk's apply committed its items.
+    let late: Vec<u64> = best
+        .iter()
+        .filter(|(_, state)| matches!(**state, chunk::DONE | chunk::UNSETTLED))
+        .map(|(user, _)| *user)
+        .collect();
+    let items = items_of(ctx, send.message_id, &late).await?;
     for (user, chunk_state) in best {
-        found.insert(user, Recipient::bare(user, send.state_of(chunk_state, None)));
+        found.insert(user, send.recipient(user, chunk_state, items.get(&user)));
     }
     Ok(found)
+}
+
+/// The items of these users (a sorted subset of the call's), on their
+/// shards at once.
+async fn items_of(
+    ctx: &Context,
+    message_id: MessageId,
+    users: &[u64],
+) -> Result<HashMap<u64, ItemRow>> {
+    if users.is_empty() {
+        return Ok(HashMap::new());
+    }
+    let routes = ctx.pools.snapshot();
+    let lookups = routes.partition_users(users).into_iter().filter_map(|(shard, users)| {
+        let pool = routes.get(shard)?;
+        Some(async move { store::items(pool, message_id, &users).await })
+    });
+    let rows = futures::future::try_join_all(lookups).await?;
+    Ok(rows.into_iter().flatten().map(|item| (item.user_id, item)).collect())
 }
 
 /// The (chunk, user) pairs to test on a shard, sorted by chunk: in each
