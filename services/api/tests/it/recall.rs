@@ -360,3 +360,65 @@ async fn recall_tasks_invalidate_badges_unless_the_call_retired_them() {
     }
     app.cleanup().await;
 }
+
+/// A caller that hangs up mid-recall (its deadline passes while an api
+/// whose every MySQL answer comes 40 ms late is half-way through) does not
+/// cut the recall short: the transition runs to its end in a task of its
+/// own, with its audit record, and the workers take every item back.
+#[tokio::test]
+async fn a_recall_whose_caller_hangs_up_mid_call_still_finishes_and_is_audited() {
+    let mut settings = test_settings();
+    let scopes: &[&str] = &["send", "sends.read", "sends.manage", "admin"];
+    let tokens = with_clients(&mut settings, &[("ops", scopes)]);
+    settings.auth.clients[0].senders = vec!["*".to_owned()];
+    let app = spawn_app_with(settings, true).await;
+    let mut messages = MessageServiceClient::new(authed(app.channel(), &tokens["ops"]));
+    let id = messages.send_message(send_request(users(9_400_000, 1_000))).await.unwrap();
+    let id = id.into_inner().message_id;
+    // Polled with the caller's token (the test kit's waits carry none).
+    let reaches = |status: v1::MessageStatus, recalled: u64| {
+        let messages = messages.clone();
+        notify_testkit::eventually("the send's status", Duration::from_secs(60), move || {
+            let mut messages = messages.clone();
+            async move {
+                let request = v1::GetMessageRequest { message_id: id };
+                let message = messages.get_message(request).await.ok()?.into_inner();
+                let progress = message.progress?;
+                (message.status == status as i32 && progress.recalled == recalled)
+                    .then_some(message)
+            }
+        })
+    };
+    reaches(v1::MessageStatus::Completed, 0).await;
+
+    let mut slow = app.settings.clone();
+    let _proxies = notify_testkit::faults::slow_shards(&mut slow, 40).await;
+    let replica = app.spawn_api_replica_with(slow).await;
+    let mut request = tonic::Request::new(v1::RecallMessageRequest { message_id: id });
+    request.set_timeout(Duration::from_millis(150));
+    let hung_up = MessageServiceClient::new(authed(replica.channel(), &tokens["ops"]))
+        .recall_message(request)
+        .await
+        .expect_err("a recall of many 40 ms round trips outlasts 150 ms");
+    assert!(matches!(hung_up.code(), Code::DeadlineExceeded | Code::Cancelled), "{hung_up:?}");
+
+    reaches(v1::MessageStatus::Recalled, 1_000).await;
+    assert_eq!(items_of(&app, id).await, 0);
+    let admin =
+        v1::admin_service_client::AdminServiceClient::new(authed(app.channel(), &tokens["ops"]));
+    let filter = v1::list_audit_records_request::Filter::MessageId(id);
+    let record =
+        notify_testkit::eventually("the recall on record", Duration::from_secs(30), || {
+            let mut admin = admin.clone();
+            let request =
+                v1::ListAuditRecordsRequest { filter: Some(filter.clone()), ..Default::default() };
+            async move {
+                let records = admin.list_audit_records(request).await.ok()?.into_inner().records;
+                records.into_iter().find(|r| r.action == "message.recall")
+            }
+        })
+        .await;
+    assert_eq!((record.client.as_str(), record.outcome.as_str()), ("ops", "ok"));
+    replica.stop().await;
+    app.cleanup().await;
+}
