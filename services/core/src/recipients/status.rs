@@ -161,10 +161,11 @@ async fn of_send(
     }
     // A delivered chunk without the user's item: held back, or applied
     // after the first round read the items. A third round (rare: only
-    // those users) tells which; the chunk's apply committed its items.
+    // those users) tells which; the chunk's apply committed its items. A
+    // recalled send's users read as recalled whatever their item.
     let late: Vec<u64> = best
         .iter()
-        .filter(|(_, state)| matches!(**state, chunk::DONE | chunk::UNSETTLED))
+        .filter(|(_, state)| !send.recalled && matches!(**state, chunk::DONE | chunk::UNSETTLED))
         .map(|(user, _)| *user)
         .collect();
     let items = items_of(ctx, send.message_id, &late).await?;

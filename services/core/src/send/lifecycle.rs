@@ -13,6 +13,7 @@
 //! a worker that checks the cache after PauseMessage returns sees PAUSED.
 
 use shard_router::Key;
+use sqlx::MySqlPool;
 use tracing::{info, instrument, warn};
 
 use super::webhooks::{Outboxed, record_of};
@@ -135,7 +136,11 @@ pub(crate) async fn transition(
     let webhook = webhook.and_then(|event| Outboxed::new(ctx, message_id, event, None));
     if messages::transition(&home, message_id, from, to, record_of(ctx, &webhook)).await? {
         if let Some(webhook) = webhook {
-            webhook.queue(ctx, &home).await;
+            // Queued without holding the map for a write (a freeze waits
+            // on that): the record stays on the shard it was written to.
+            let pool = MySqlPool::clone(&home);
+            drop(home);
+            webhook.queue(ctx, &pool).await;
         }
         refresh_status(ctx, message_id).await?;
         return Ok(true);
@@ -388,10 +393,12 @@ pub async fn complete_if_done(ctx: &Context, message_id: MessageId) -> Result<bo
     let completed =
         messages::complete(&home, message_id, version, record_of(ctx, &webhook)).await?;
     if completed {
+        let pool = MySqlPool::clone(&home);
+        drop(home);
         refresh_status_best_effort(ctx, message_id).await;
         info!(message_id = %message_id, "message completed");
         if let Some(webhook) = webhook {
-            webhook.queue(ctx, &home).await;
+            webhook.queue(ctx, &pool).await;
         }
     }
     Ok(completed)
