@@ -10,6 +10,7 @@ pub mod faults;
 pub mod metrics;
 pub mod otlp;
 pub mod pki;
+mod schema;
 pub mod servers;
 
 use std::collections::BTreeMap;
@@ -204,18 +205,19 @@ pub fn with_clients(
     tokens
 }
 
-/// Migrates fresh shard databases and starts api and worker.
+/// Creates fresh, migrated shard databases and starts api and worker.
 pub async fn spawn_app() -> TestApp {
     spawn_app_with(test_settings(), true).await
 }
 
-/// Migrates the settings' databases and starts the api, plus a worker if asked.
+/// Creates the settings' databases, migrated (from a template: see
+/// [`schema`]), and starts the api, plus a worker if asked.
 pub async fn spawn_app_with(settings: Settings, with_worker: bool) -> TestApp {
     // Logs only: a test that checks traces runs the services as processes.
     let _ = telemetry::init_tracing(&settings.log, &settings.trace, "notify-test");
     static REAPED: tokio::sync::OnceCell<()> = tokio::sync::OnceCell::const_new();
     REAPED.get_or_init(|| reap_stale_leftovers(&settings)).await;
-    notify_store::db::migrate_all(&settings).await.expect("shards migrate");
+    schema::create_shards(&settings).await;
     let app = Application::build(settings.clone()).await.expect("api builds");
     let addr = app.local_addr().expect("api bound");
     let metrics_addr = app.metrics_addr().expect("metrics bound");

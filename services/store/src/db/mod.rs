@@ -68,7 +68,7 @@ pub struct MigrationReport {
 }
 
 /// Options of a shard's server (no database selected), with the TLS settings.
-fn server_options(settings: &Settings, shard: &ShardSettings) -> Result<MySqlConnectOptions> {
+pub fn server_options(settings: &Settings, shard: &ShardSettings) -> Result<MySqlConnectOptions> {
     let url = settings.shard_server_url(shard);
     let options = MySqlConnectOptions::from_str(&url).map_err(|e| {
         Error::Internal(format!("database.shards[{}].url: not a mysql url ({e})", shard.id))
