@@ -46,40 +46,21 @@ use crate::metrics_layer::GrpcMetricsLayer;
 use crate::tls::ServerTls;
 use crate::trace_layer::GrpcTraceLayer;
 
-/// The `notify-api` process, all of it but the allocator: loads the settings
-/// (exit 2 when they are bad), starts the runtime and tracing, builds the api
-/// (exit 1 when a dependency is out of reach) and serves until SIGTERM or
-/// Ctrl-C.
+/// The `notify-api` process, all of it but the allocator
+/// ([`telemetry::run_process`] with the runtime `api.worker_threads` asks
+/// for): serves until SIGTERM or Ctrl-C.
 ///
 /// It is here, not in `main.rs`: a release build shares no generic code
 /// between crates, so the binary's own crate compiled again every future it
 /// awaited (122 s of CPU on the 2-core machine; 2 s now that the binary calls
 /// one function).
 pub fn main() -> anyhow::Result<()> {
-    let settings = match Settings::load() {
-        Ok(settings) => settings,
-        Err(e) => {
-            eprintln!("notify-api: {e}");
-            std::process::exit(2);
-        }
-    };
-    runtime(&settings.api)?.block_on(async {
-        let traces = telemetry::init_tracing(&settings.log, &settings.trace, "notify-api")?;
-        let shutdown = CancellationToken::new();
-        tokio::spawn(telemetry::cancel_on_signal(shutdown.clone()));
-        let app = match Application::build(settings).await {
-            Ok(app) => app,
-            Err(e) => {
-                eprintln!("notify-api: {e}");
-                std::process::exit(1);
-            }
-        };
-        let stopped = app.run_until_stopped(shutdown).await;
-        if let Some(traces) = traces {
-            traces.shutdown().await;
-        }
-        stopped
-    })
+    telemetry::run_process(
+        "notify-api",
+        |settings| runtime(&settings.api),
+        Application::build,
+        Application::run_until_stopped,
+    )
 }
 
 /// Builds the runtime `api.worker_threads` asks for: one thread (1), a

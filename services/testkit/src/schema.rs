@@ -20,7 +20,7 @@ use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 
 use notify_domain::Settings;
-use notify_store::db::{MIGRATOR, server_options};
+use notify_store::db::{DATABASE_OPTIONS, MIGRATOR, server_options};
 use sqlx::mysql::{MySqlConnectOptions, MySqlConnection};
 use sqlx::{AssertSqlSafe, Connection};
 use tokio::sync::OnceCell;
@@ -86,8 +86,7 @@ async fn create_shard(
     // Names are [A-Za-z0-9_] (the settings validate shard databases; the
     // template's and its tables' come from this module and the migrations).
     let from = &template.name;
-    let mut statements =
-        format!("CREATE DATABASE `{database}` CHARACTER SET utf8mb4 COLLATE utf8mb4_bin;");
+    let mut statements = format!("CREATE DATABASE `{database}` {DATABASE_OPTIONS};");
     for table in &template.tables {
         statements
             .push_str(&format!("CREATE TABLE `{database}`.`{table}` LIKE `{from}`.`{table}`;"));
@@ -129,8 +128,7 @@ async fn migrate_template(
     options: &MySqlConnectOptions,
     name: &str,
 ) -> anyhow::Result<Vec<String>> {
-    let create =
-        format!("CREATE DATABASE IF NOT EXISTS `{name}` CHARACTER SET utf8mb4 COLLATE utf8mb4_bin");
+    let create = format!("CREATE DATABASE IF NOT EXISTS `{name}` {DATABASE_OPTIONS}");
     sqlx::raw_sql(AssertSqlSafe(create.clone())).execute(&mut *conn).await?;
     let template = options.clone().database(name);
     let mut migrating = MySqlConnection::connect_with(&template).await?;

@@ -29,39 +29,20 @@ use crate::consumer::LaneHealth;
 /// longest a badge cached before an outage can be served after it.
 const SETTLE_INTERVAL: Duration = Duration::from_millis(500);
 
-/// The `notify-worker` process, all of it: loads the settings (exit 2 when
-/// they are bad), starts the runtime and tracing, builds the worker (exit 1
-/// when a dependency is out of reach) and works until SIGTERM or Ctrl-C.
+/// The `notify-worker` process, all of it ([`telemetry::run_process`] on a
+/// multi-threaded runtime): works until SIGTERM or Ctrl-C.
 ///
 /// It is here, not in `main.rs`: a release build shares no generic code
 /// between crates, so the binary's own crate compiled again every future it
 /// awaited. Measured on the 2-core machine: this crate 50 s and the binary
 /// 149 s before, 103 s and 2 s after.
 pub fn main() -> anyhow::Result<()> {
-    let settings = match Settings::load() {
-        Ok(settings) => settings,
-        Err(e) => {
-            eprintln!("notify-worker: {e}");
-            std::process::exit(2);
-        }
-    };
-    tokio::runtime::Builder::new_multi_thread().enable_all().build()?.block_on(async {
-        let traces = telemetry::init_tracing(&settings.log, &settings.trace, "notify-worker")?;
-        let shutdown = CancellationToken::new();
-        tokio::spawn(telemetry::cancel_on_signal(shutdown.clone()));
-        let worker = match Worker::build(settings).await {
-            Ok(worker) => worker,
-            Err(e) => {
-                eprintln!("notify-worker: {e}");
-                std::process::exit(1);
-            }
-        };
-        let stopped = worker.run_until_stopped(shutdown).await;
-        if let Some(traces) = traces {
-            traces.shutdown().await;
-        }
-        stopped
-    })
+    telemetry::run_process(
+        "notify-worker",
+        |_| tokio::runtime::Builder::new_multi_thread().enable_all().build(),
+        Worker::build,
+        Worker::run_until_stopped,
+    )
 }
 
 /// A built, connected, not yet running worker.

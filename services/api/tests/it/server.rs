@@ -313,3 +313,36 @@ async fn readiness_follows_mysql_and_rabbitmq_while_redis_only_degrades() {
     assert_eq!(probe("/readyz").await.0, 200);
     app.cleanup().await;
 }
+
+/// The process's exits before it serves: 2 for settings it cannot use, 1 for
+/// a dependency out of reach, each with a line on stderr naming the cause.
+#[tokio::test]
+async fn the_binary_exits_2_on_bad_settings_and_1_when_a_shard_is_out_of_reach() {
+    let run = |env: &[(&str, &str)]| {
+        let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_notify-api"));
+        command.env_remove("NOTIFY_CONFIG").stdout(Stdio::null());
+        for (key, value) in env {
+            command.env(key, value);
+        }
+        command.output().expect("api binary runs")
+    };
+    let bad = run(&[("NOTIFY_API__WORKER_THREADS", "many")]);
+    let stderr = String::from_utf8_lossy(&bad.stderr);
+    assert_eq!(bad.status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.starts_with("notify-api: ") && stderr.contains("api.worker_threads"),
+        "{stderr}"
+    );
+
+    // Port 1 on loopback refuses at once; the pool gives up after 1 s.
+    let unreachable = run(&[
+        ("NOTIFY_DATABASE__URL", "mysql://root@127.0.0.1:1"),
+        ("NOTIFY_DATABASE__CONNECT_TIMEOUT_SECS", "1"),
+        ("NOTIFY_API__LISTEN", &free_addr()),
+        ("NOTIFY_API__METRICS_LISTEN", &free_addr()),
+        ("NOTIFY_CONSOLE__LISTEN", &free_addr()),
+    ]);
+    let stderr = String::from_utf8_lossy(&unreachable.stderr);
+    assert_eq!(unreachable.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("notify-api: ") && stderr.contains("cannot connect"), "{stderr}");
+}

@@ -1,5 +1,7 @@
-//! Tracing subscriber (logs, and OpenTelemetry traces when configured) and
-//! the Prometheus recorder, whose page `health::serve_metrics` serves.
+//! Tracing subscriber (logs, and OpenTelemetry traces when configured), the
+//! Prometheus recorder, whose page `health::serve_metrics` serves, and the
+//! frame of a service's process around them ([`run_process`]: settings,
+//! runtime, signals, exit codes).
 
 pub mod trace;
 
@@ -12,6 +14,7 @@ use tracing_subscriber::layer::SubscriberExt as _;
 use tracing_subscriber::util::SubscriberInitExt as _;
 use tracing_subscriber::{EnvFilter, Layer as _};
 
+use notify_domain::Settings;
 use notify_domain::settings::{LogSettings, TraceSettings};
 
 pub use trace::TraceExport;
@@ -128,4 +131,45 @@ pub async fn cancel_on_signal(token: CancellationToken) {
         () = token.cancelled() => {}
     }
     token.cancel();
+}
+
+/// A service's process, all of it (`notify-api`, `notify-worker`): loads the
+/// settings (exit 2 when they are bad), starts `runtime` and tracing as
+/// `service`, builds the service (exit 1 when a dependency is out of reach),
+/// runs it until SIGTERM or Ctrl-C ([`cancel_on_signal`]) and sends the last
+/// spans.
+pub fn run_process<S, Built, Ran>(
+    service: &'static str,
+    runtime: impl FnOnce(&Settings) -> std::io::Result<tokio::runtime::Runtime>,
+    build: impl FnOnce(Settings) -> Built,
+    run: impl FnOnce(S, CancellationToken) -> Ran,
+) -> anyhow::Result<()>
+where
+    Built: Future<Output = anyhow::Result<S>>,
+    Ran: Future<Output = anyhow::Result<()>>,
+{
+    let settings = match Settings::load() {
+        Ok(settings) => settings,
+        Err(e) => {
+            eprintln!("{service}: {e}");
+            std::process::exit(2);
+        }
+    };
+    runtime(&settings)?.block_on(async {
+        let traces = init_tracing(&settings.log, &settings.trace, service)?;
+        let shutdown = CancellationToken::new();
+        tokio::spawn(cancel_on_signal(shutdown.clone()));
+        let built = match build(settings).await {
+            Ok(built) => built,
+            Err(e) => {
+                eprintln!("{service}: {e}");
+                std::process::exit(1);
+            }
+        };
+        let stopped = run(built, shutdown).await;
+        if let Some(traces) = traces {
+            traces.shutdown().await;
+        }
+        stopped
+    })
 }

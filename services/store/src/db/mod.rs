@@ -67,6 +67,10 @@ pub struct MigrationReport {
     pub applied: Vec<i64>,
 }
 
+/// How a shard database is created: its character set and collation, which
+/// its tables take unless they name their own.
+pub const DATABASE_OPTIONS: &str = "CHARACTER SET utf8mb4 COLLATE utf8mb4_bin";
+
 /// Options of a shard's server (no database selected), with the TLS settings.
 pub fn server_options(settings: &Settings, shard: &ShardSettings) -> Result<MySqlConnectOptions> {
     let url = settings.shard_server_url(shard);
@@ -222,10 +226,8 @@ async fn create_database(settings: &Settings, shard: &ShardSettings, index: usiz
             .await?;
     if exists.is_none() {
         // The name was validated as [A-Za-z0-9_] with the settings.
-        let statement = format!(
-            "CREATE DATABASE IF NOT EXISTS `{}` CHARACTER SET utf8mb4 COLLATE utf8mb4_bin",
-            shard.database
-        );
+        let statement =
+            format!("CREATE DATABASE IF NOT EXISTS `{}` {DATABASE_OPTIONS}", shard.database);
         sqlx::raw_sql(sqlx::AssertSqlSafe(statement)).execute(&mut conn).await?;
     }
     conn.close().await?;
