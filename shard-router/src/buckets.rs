@@ -31,6 +31,15 @@ impl BucketSet {
         }
     }
 
+    /// Returns the buckets of either set.
+    pub fn union(self, other: Self) -> Self {
+        let mut words = self.0;
+        for (word, theirs) in words.iter_mut().zip(other.0) {
+            *word |= theirs;
+        }
+        Self(words)
+    }
+
     /// Returns true when `bucket` is in the set.
     pub fn contains(&self, bucket: u32) -> bool {
         bucket < BUCKETS && self.0[bucket as usize / 64] & (1 << (bucket % 64)) != 0
@@ -115,6 +124,9 @@ mod tests {
         assert_eq!("7".parse::<BucketSet>().unwrap(), BucketSet::range(7, 7));
         assert!("".parse::<BucketSet>().unwrap().is_empty());
         assert_eq!(BucketSet::EMPTY.to_string(), "");
+        let union = BucketSet::range(3, 5).union(BucketSet::range(5, 9));
+        assert_eq!(union, BucketSet::range(3, 9));
+        assert_eq!(BucketSet::EMPTY.union(union), union);
         for bad in ["x", "5-4", "0-1024", "1-"] {
             assert!(bad.parse::<BucketSet>().is_err(), "{bad:?} parsed");
         }

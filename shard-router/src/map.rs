@@ -5,6 +5,7 @@ use std::collections::HashMap;
 use std::fmt;
 use std::str::FromStr;
 
+use crate::buckets::BucketSet;
 use crate::hash::{BUCKETS, bucket_of, bucket_of_key};
 use crate::shard::{BucketRange, ShardId, ShardMapError};
 
@@ -116,6 +117,18 @@ impl ShardMap {
         ranges.push(BucketRange { shard, from, to });
         ranges.sort_by_key(|r| r.from);
         Self::new(&self.shards, &ranges)
+    }
+
+    /// Returns the buckets this map gives to another shard than `earlier`
+    /// did: those a change from `earlier` to this map moved.
+    pub fn moved_from(&self, earlier: &ShardMap) -> BucketSet {
+        let mut moved = BucketSet::EMPTY;
+        for bucket in
+            (0..BUCKETS).filter(|b| self.shard_of_bucket(*b) != earlier.shard_of_bucket(*b))
+        {
+            moved.insert_range(bucket, bucket);
+        }
+        moved
     }
 
     /// Returns the shard that owns a bucket.

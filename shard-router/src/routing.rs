@@ -69,13 +69,14 @@ impl Lease {
     }
 }
 
-/// A map, its version, its frozen buckets, and each bucket's position in
-/// `members`.
-#[derive(Debug)]
+/// A map, its version, its frozen buckets, the buckets an earlier version
+/// routed elsewhere, and each bucket's position in `members`.
+#[derive(Debug, Clone)]
 struct Routing {
     version: u64,
     map: Arc<ShardMap>,
     frozen: BucketSet,
+    moved: BucketSet,
     member: Box<[u16]>,
 }
 
@@ -95,7 +96,16 @@ impl Routing {
             position.push(index as u16);
         }
         let member = map.owner.iter().map(|slot| position[*slot as usize]).collect();
-        Ok(Self { version, map: Arc::new(map), frozen, member })
+        Ok(Self { version, map: Arc::new(map), frozen, moved: BucketSet::EMPTY, member })
+    }
+
+    /// This routing as the successor of `before`: the buckets moved since
+    /// (a version 0 is the configuration's map, not a stored version, and
+    /// moved nothing) join those moved before and `history`.
+    fn after(&self, before: &Routing, history: BucketSet) -> Self {
+        let since =
+            if before.version == 0 { BucketSet::EMPTY } else { self.map.moved_from(&before.map) };
+        Self { moved: before.moved.union(since).union(history), ..self.clone() }
     }
 }
 
@@ -185,6 +195,15 @@ impl<'a, T> Snapshot<'a, T> {
         self.routing.frozen
     }
 
+    /// The buckets some earlier version routed to another shard than this
+    /// one does (as installed in this process, and the history it was
+    /// given, see [`Shards::install_with_history`]): rows of theirs that
+    /// stay where they were written (a send's chunks) may be on any shard.
+    /// Every other bucket's rows are on the shard this version routes it to.
+    pub fn moved(&self) -> BucketSet {
+        self.routing.moved
+    }
+
     /// The shard that owns `bucket` and its value.
     pub fn of_bucket(&self, bucket: u32) -> (ShardId, &'a T) {
         let index = self.routing.member[(bucket % BUCKETS) as usize];
@@ -251,19 +270,37 @@ impl<T> Shards<T> {
     /// Routes by `map`, with `frozen` buckets frozen for writes, from now
     /// on, if `version` is newer than the current one; returns whether it
     /// was installed. A map naming a shard without a member is refused and
-    /// changes nothing.
+    /// changes nothing. The buckets it routes elsewhere than the version it
+    /// replaces join [`Snapshot::moved`].
     pub fn install(
         &self,
         map: ShardMap,
         frozen: BucketSet,
         version: u64,
     ) -> Result<bool, ShardMapError> {
+        self.install_with_history(map, frozen, version, BucketSet::EMPTY)
+    }
+
+    /// Like [`Self::install`], with the buckets that versions this process
+    /// never installed moved (`history`: those stored before it started,
+    /// or skipped between two of its looks), which join [`Snapshot::moved`].
+    pub fn install_with_history(
+        &self,
+        map: ShardMap,
+        frozen: BucketSet,
+        version: u64,
+        history: BucketSet,
+    ) -> Result<bool, ShardMapError> {
         if version <= self.version() {
             return Ok(false);
         }
-        let routing = Arc::new(Routing::new(&self.members, map, frozen, version)?);
+        let routing = Routing::new(&self.members, map, frozen, version)?;
         let previous = self.routing.rcu(|current| {
-            if current.version < version { routing.clone() } else { current.clone() }
+            if current.version < version {
+                Arc::new(routing.after(current, history))
+            } else {
+                current.clone()
+            }
         });
         if previous.version >= version {
             return Ok(false);

@@ -161,6 +161,35 @@ fn installed_maps_route_every_clone_and_only_newer_versions_win() {
     assert_eq!(shards.iter().count(), 3, "every member, bucketed or not");
 }
 
+#[test]
+fn moved_buckets_gather_every_change_of_owner_since_the_first_stored_version() {
+    let members: Vec<(ShardId, String)> =
+        ids(3).into_iter().map(|id| (id, format!("pool-{id}"))).collect();
+    let start = ShardMap::even(&ids(2)).unwrap().with_shard(ShardId(2)).unwrap();
+    // Version 0 is the configuration's map: its first stored version moves
+    // nothing, whatever it routes differently (a map stored before a
+    // change to the configuration).
+    let shards =
+        Shards::build(ShardMap::even(&ids(3)).unwrap(), |id| Ok::<_, ()>(format!("pool-{id}")))
+            .unwrap();
+    assert!(shards.install(start.clone(), BucketSet::EMPTY, 1).unwrap());
+    assert!(shards.snapshot().moved().is_empty());
+    let shards = Shards::with_members(members, start.clone(), 1).unwrap();
+    assert_eq!(start.moved_from(&start), BucketSet::EMPTY);
+    // A move of 0-99 to shard 2, then of 10-19 back: both stay moved.
+    let there = start.with_range(ShardId(2), 0, 99).unwrap();
+    assert_eq!(there.moved_from(&start), BucketSet::range(0, 99));
+    assert!(shards.install(there.clone(), BucketSet::range(0, 99), 2).unwrap());
+    let back = there.with_range(ShardId(0), 10, 19).unwrap();
+    assert!(shards.install(back.clone(), BucketSet::EMPTY, 3).unwrap());
+    assert_eq!(shards.snapshot().moved(), BucketSet::range(0, 99));
+    // Versions this process never installed come as history.
+    let history = BucketSet::range(700, 701);
+    assert!(shards.install_with_history(back, BucketSet::EMPTY, 5, history).unwrap());
+    assert_eq!(shards.snapshot().moved(), BucketSet::range(0, 99).union(history));
+    assert!(!shards.snapshot().moved().contains(500));
+}
+
 fn three_members() -> (Shards<String>, ShardMap) {
     let members: Vec<(ShardId, String)> =
         ids(3).into_iter().map(|id| (id, format!("pool-{id}"))).collect();

@@ -139,6 +139,31 @@ pub async fn latest(directory: &MySqlPool) -> Result<Option<StoredMap>> {
     .transpose()
 }
 
+/// The buckets that changed owner between consecutive stored versions from
+/// `from` on: what [`shard_router::Shards::install_with_history`] needs to
+/// know of the versions a process did not install itself (a send's chunks
+/// stay on the shard they were cut for, so a status lookup tests a user of
+/// such a bucket on every shard). A handful of rows: the map changes by
+/// operators' moves.
+pub async fn moves_since(directory: &MySqlPool, from: u64) -> Result<BucketSet> {
+    let rows: Vec<(u64, String)> = sqlx::query_as(
+        "SELECT version, shard_map FROM shard_map_versions WHERE version >= ? ORDER BY version",
+    )
+    .bind(from)
+    .fetch_all(directory)
+    .await?;
+    let mut moved = BucketSet::EMPTY;
+    let mut before: Option<ShardMap> = None;
+    for (version, text) in rows {
+        let map: ShardMap = parse(version, &text)?;
+        if let Some(before) = &before {
+            moved = moved.union(map.moved_from(before));
+        }
+        before = Some(map);
+    }
+    Ok(moved)
+}
+
 /// Stores the config's map as version 1 unless a version exists, then
 /// routes `pools` by the newest version. Called once at start; a newest
 /// version this process cannot serve fails the start with a line saying
@@ -164,9 +189,15 @@ pub async fn adopt(settings: &Settings, pools: &ShardPools) -> Result<u64> {
             "routing by the stored shard map; database.bucket_ranges only seeds an empty store"
         );
     }
-    pools.install(stored.map, stored.frozen, stored.version).map_err(|e| {
-        Error::Internal(format!("shard map version {}: {e}: add it there first", stored.version))
-    })?;
+    let history = moves_since(directory, 1).await?;
+    pools.install_with_history(stored.map, stored.frozen, stored.version, history).map_err(
+        |e| {
+            Error::Internal(format!(
+                "shard map version {}: {e}: add it there first",
+                stored.version
+            ))
+        },
+    )?;
     metrics::gauge!("notify_shard_map_version").set(stored.version as f64);
     Ok(stored.version)
 }
@@ -300,7 +331,8 @@ async fn refresh(
     let newer = newest.is_some_and(|v| v > pools.version() && v != *refused);
     if newer && let Some(stored) = latest(directory).await? {
         let version = stored.version;
-        match pools.install(stored.map, stored.frozen, version) {
+        let history = moves_since(directory, pools.version().max(1)).await?;
+        match pools.install_with_history(stored.map, stored.frozen, version, history) {
             Ok(_) => {
                 info!(version, frozen = %stored.frozen, reason = %stored.reason, "routing by a new shard map version");
                 metrics::gauge!("notify_shard_map_version").set(version as f64);

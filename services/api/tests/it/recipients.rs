@@ -10,7 +10,13 @@ use notify_proto::v1;
 use notify_proto::v1::admin_service_client::AdminServiceClient;
 use notify_proto::v1::message_service_client::MessageServiceClient;
 use notify_proto::v1::{RecipientFilter as F, RecipientState as S};
-use notify_testkit::{TestApp, authed, spawn_app, spawn_app_with, test_settings, with_clients};
+use std::time::Duration;
+
+use notify_store::shard_map;
+use notify_testkit::{
+    TestApp, authed, eventually, spawn_app, spawn_app_with, test_settings, with_clients,
+};
+use shard_router::{BucketSet, ShardId, bucket_of};
 use tonic::Code;
 
 use crate::helpers::{content, inbox_ids, wait_for_status};
@@ -476,7 +482,7 @@ async fn start_batches(app: &TestApp, batches: &[Vec<u64>]) -> u64 {
 }
 
 #[tokio::test]
-async fn recipient_status_finds_each_user_in_the_one_chunk_of_each_batch_that_can_hold_them() {
+async fn recipient_status_finds_each_user_in_the_one_chunk_of_each_batch_whose_range_holds_them() {
     let app = spawn_app_with(test_settings(), false).await;
     // Two interleaved batches, with the users between them no recipient:
     // every user falls inside the runs of chunks of both batches.
@@ -505,6 +511,46 @@ async fn recipient_status_finds_each_user_in_the_one_chunk_of_each_batch_that_ca
         })
         .collect();
     assert_eq!(states(&status(&app, id, asked).await), expected);
+    app.cleanup().await;
+}
+
+#[tokio::test]
+async fn recipient_status_finds_a_pending_user_whose_bucket_moved_since_the_chunk_was_cut() {
+    let mut settings = test_settings();
+    settings.database.shard_map_refresh_ms = 100;
+    let app = spawn_app_with(settings, false).await;
+    let shard_of = |user: u64| app.ctx.pools.for_user(user).shard();
+    // Users of shard 0; the bucket of the first moves to shard 1 after
+    // their chunk was cut there (no worker runs: it stays pending on 0).
+    let users: Vec<u64> = (8_800_000..).filter(|u| shard_of(*u) == ShardId(0)).take(40).collect();
+    let (mover, stayer) = (users[0], users[1]);
+    let bucket = bucket_of(mover);
+    assert_ne!(bucket_of(stayer), bucket);
+    let id = start_batches(&app, &[users]).await;
+    assert!(app.ctx.pools.snapshot().moved().is_empty(), "nothing moved yet");
+    let moved = app.ctx.pools.map().with_range(ShardId(1), bucket, bucket).unwrap();
+    let version =
+        shard_map::append(&app.ctx.pools, 1, &moved, "test: bucket to shard 1").await.unwrap();
+    eventually("the api routes by the new version", Duration::from_secs(10), || async {
+        (app.ctx.pools.version() >= version).then_some(())
+    })
+    .await;
+    assert_eq!(shard_of(mover), ShardId(1));
+    assert!(app.ctx.pools.snapshot().moved().contains(bucket));
+    // Both still in their pending chunk on shard 0; a user of no send in
+    // the same bucket is none.
+    let other = (mover + 1..).find(|u| bucket_of(*u) == bucket).unwrap();
+    assert_eq!(
+        states(&status(&app, id, vec![mover, stayer, other]).await),
+        [(mover, S::Pending as i32), (stayer, S::Pending as i32), (other, S::NotARecipient as i32)]
+    );
+    // A process started later learns the move from the stored versions.
+    let directory = shard_map::directory(&app.ctx.pools).unwrap();
+    assert_eq!(
+        shard_map::moves_since(directory, 1).await.unwrap(),
+        BucketSet::range(bucket, bucket)
+    );
+    assert!(shard_map::moves_since(directory, version).await.unwrap().is_empty());
     app.cleanup().await;
 }
 

@@ -3,7 +3,7 @@
 
 use std::collections::HashMap;
 
-use shard_router::{ShardId, Snapshot};
+use shard_router::{ShardId, Snapshot, bucket_of};
 use sqlx::MySqlPool;
 use tracing::instrument;
 
@@ -25,8 +25,9 @@ const FIELD: &str = "user_ids";
 /// Two rounds of reads, each concurrent over the shards, whatever the
 /// number of users: the send's record with, on each shard, the items of
 /// the users routed there and the chunk index of the send; then, on each
-/// shard, one statement that tests the users without an item against the
-/// only chunks of each batch that can hold them. The reads are not one
+/// shard, one statement that tests the users without an item routed there
+/// (or in a bucket that moved, whose chunks may be anywhere) against the
+/// one chunk of each batch whose range holds them. The reads are not one
 /// snapshot: a user whose chunk is delivered but who had no item in the
 /// first round (held back by their preferences, or delivered in between)
 /// has their item looked up again, a third round for those users only, so
@@ -144,11 +145,25 @@ async fn of_send(
     if rest.is_empty() {
         return Ok(found);
     }
+    // A user's chunks are on the shard their bucket is routed to, unless
+    // the bucket moved (or is moving): chunks stay where they were cut.
+    let routes = ctx.pools.snapshot();
+    let anywhere = routes.moved().union(routes.frozen());
     let tests = ends.into_iter().filter_map(|(shard, ends)| {
         let pool = ctx.pools.get(shard)?;
-        let pairs = candidate_pairs(ends, &rest);
+        let here: Vec<u64> = rest
+            .iter()
+            .copied()
+            .filter(|user| {
+                let bucket = bucket_of(*user);
+                anywhere.contains(bucket) || routes.of_bucket(bucket).0 == shard
+            })
+            .collect();
+        let pairs = candidate_pairs(ends, &here);
         Some(async move { held_on(pool, send, &pairs).await })
     });
+    let tests: Vec<_> = tests.collect();
+    drop(routes);
     let mut best: HashMap<u64, u8> = HashMap::new();
     for (user, chunk_state) in futures::future::try_join_all(tests).await?.into_iter().flatten() {
         best.entry(user)
@@ -196,9 +211,10 @@ async fn items_of(
 
 /// The (chunk, user) pairs to test on a shard, sorted by chunk: in each
 /// batch (its chunks, whatever their state, are consecutive runs of its
-/// sorted users, so they do not overlap), the one chunk that can hold each
-/// user, the first whose last user is at or past them. `ends` are the
-/// shard's chunks that end at or past the first of `users` (sorted).
+/// sorted users, so they do not overlap), the one chunk whose range holds
+/// each user, if any: the first whose last user is at or past them, when
+/// it starts at or before them. `ends` are the shard's chunks that end at
+/// or past the first of `users` (sorted).
 pub(super) fn candidate_pairs(mut ends: Vec<store::ChunkEnd>, users: &[u64]) -> Vec<(u64, u64)> {
     ends.sort_unstable_by_key(|end| (end.batch, end.last_user));
     let mut pairs = Vec::new();
@@ -206,7 +222,8 @@ pub(super) fn candidate_pairs(mut ends: Vec<store::ChunkEnd>, users: &[u64]) -> 
         for user in users {
             let at = batch.partition_point(|end| end.last_user < *user);
             match batch.get(at) {
-                Some(end) => pairs.push((end.chunk_id, *user)),
+                Some(end) if end.first_user <= *user => pairs.push((end.chunk_id, *user)),
+                Some(_) => {}
                 None => break,
             }
         }
@@ -247,21 +264,31 @@ async fn held_on(pool: &MySqlPool, send: &Sent, pairs: &[(u64, u64)]) -> Result<
 mod tests {
     use super::*;
 
-    fn end(chunk_id: u64, batch: u64, last_user: u64) -> store::ChunkEnd {
-        store::ChunkEnd { chunk_id, state: chunk::DONE, batch, last_user }
+    /// A chunk of `batch` holding users `first_user..=last_user`.
+    fn end(chunk_id: u64, batch: u64, first_user: u64, last_user: u64) -> store::ChunkEnd {
+        store::ChunkEnd { chunk_id, state: chunk::DONE, batch, last_user, first_user }
     }
 
     #[test]
-    fn each_user_is_tested_against_one_chunk_per_batch_that_reaches_them() {
-        // Batch 1: chunks ending at 10, 20, 30 (any states); batch 2: 25, 40.
-        let ends = vec![end(3, 1, 30), end(1, 1, 10), end(2, 1, 20), end(5, 2, 40), end(4, 2, 25)];
-        let pairs = candidate_pairs(ends, &[10, 11, 26, 41]);
-        assert_eq!(pairs, [(1, 10), (2, 11), (3, 26), (4, 10), (4, 11), (5, 26)]);
+    fn each_user_is_tested_against_the_one_chunk_per_batch_whose_range_holds_them() {
+        // Batch 1: chunks 1..=10, 11..=20, 21..=30 (any states); batch 2:
+        // 12..=25, 26..=40. User 5 is in no chunk of batch 2 (which starts
+        // at 12), nor 41 in any.
+        let ends = vec![
+            end(3, 1, 21, 30),
+            end(1, 1, 1, 10),
+            end(2, 1, 11, 20),
+            end(5, 2, 26, 40),
+            end(4, 2, 12, 25),
+        ];
+        let pairs = candidate_pairs(ends, &[5, 10, 11, 26, 41]);
+        assert_eq!(pairs, [(1, 5), (1, 10), (2, 11), (3, 26), (5, 26)]);
     }
 
     #[test]
-    fn users_past_every_chunk_are_tested_nowhere() {
-        assert!(candidate_pairs(vec![end(1, 1, 10)], &[11, 12]).is_empty());
+    fn users_past_every_chunk_or_between_batches_are_tested_nowhere() {
+        assert!(candidate_pairs(vec![end(1, 1, 1, 10)], &[11, 12]).is_empty());
+        assert!(candidate_pairs(vec![end(1, 1, 101, 110)], &[50]).is_empty());
         assert!(candidate_pairs(Vec::new(), &[1]).is_empty());
     }
 }

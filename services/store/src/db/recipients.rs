@@ -139,18 +139,24 @@ pub async fn chunks_after(
 /// recipient. Per run (the chunks of one batch in one state, whose user
 /// ranges follow each other), the first `per_run` by last user: a run that
 /// has more may go on past the last of those, so the least such last
-/// bounds what is complete (`u64::MAX`: no run has more).
+/// bounds what is complete (`u64::MAX`: no run has more). Of those, the
+/// chunks that start past that bound hold nothing the page can list yet,
+/// and are not read (a send appended in batches of ascending ids has most
+/// of its runs there).
 pub fn page_heads(mut ends: Vec<ChunkEnd>, per_run: usize) -> (Vec<u64>, u64) {
     let per_run = per_run.max(1);
     ends.sort_unstable_by_key(|end| (end.state, end.batch, end.last_user));
-    let mut wanted = Vec::new();
-    let mut complete_to = u64::MAX;
-    for run in ends.chunk_by(|a, b| (a.state, a.batch) == (b.state, b.batch)) {
-        if run.len() > per_run {
-            complete_to = complete_to.min(run[per_run - 1].last_user);
-        }
-        wanted.extend(run.iter().take(per_run).map(|end| end.chunk_id));
-    }
+    let runs = || ends.chunk_by(|a, b| (a.state, a.batch) == (b.state, b.batch));
+    let complete_to = runs()
+        .filter(|run| run.len() > per_run)
+        .map(|run| run[per_run - 1].last_user)
+        .min()
+        .unwrap_or(u64::MAX);
+    let wanted = runs()
+        .flat_map(|run| run.iter().take(per_run))
+        .filter(|end| end.first_user <= complete_to)
+        .map(|end| end.chunk_id)
+        .collect();
     (wanted, complete_to)
 }
 
@@ -181,6 +187,8 @@ pub struct ChunkEnd {
     pub batch: u64,
     /// Its last user.
     pub last_user: u64,
+    /// Its first user.
+    pub first_user: u64,
 }
 
 /// The send's chunks on this shard in `states` whose last user is `low` or
@@ -196,7 +204,7 @@ pub async fn chunk_ends_from<'e>(
         return Ok(Vec::new());
     }
     let mut sql = QueryBuilder::new(
-        "SELECT chunk_id, state, batch, last_user FROM message_chunks \
+        "SELECT chunk_id, state, batch, last_user, first_user FROM message_chunks \
          FORCE INDEX (idx_chunks_recipients) WHERE message_id = ",
     );
     sql.push_bind(message_id.get()).push(" AND state IN (");
@@ -461,8 +469,9 @@ fn of_send(
 mod tests {
     use super::*;
 
+    /// A chunk of ten users ending at `last_user`.
     fn end(chunk_id: u64, state: u8, batch: u64, last_user: u64) -> ChunkEnd {
-        ChunkEnd { chunk_id, state, batch, last_user }
+        ChunkEnd { chunk_id, state, batch, last_user, first_user: last_user - 9 }
     }
 
     #[test]
@@ -490,5 +499,15 @@ mod tests {
         assert_eq!(complete_to, u64::MAX);
         assert_eq!(wanted.len(), 9);
         assert_eq!(page_heads(Vec::new(), 3), (Vec::new(), u64::MAX));
+    }
+
+    #[test]
+    fn a_page_skips_chunks_that_start_past_what_it_can_list() {
+        // Batch 1 holds users up to 40, batch 2 from 101: its first chunk
+        // starts past batch 1's bound and holds nothing the page lists.
+        let ends = vec![end(1, 1, 1, 20), end(2, 1, 1, 40), end(11, 1, 2, 110), end(12, 1, 2, 120)];
+        let (wanted, complete_to) = page_heads(ends, 1);
+        assert_eq!(complete_to, 20);
+        assert_eq!(wanted, [1]);
     }
 }
