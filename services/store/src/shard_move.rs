@@ -61,7 +61,7 @@ pub struct MovedTable {
 /// Every table with a `bucket` column, in the order they are copied (a
 /// message home before the items that show it is not needed: reads join
 /// only content copies, which go first).
-pub const TABLES: [MovedTable; 13] = [
+pub const TABLES: [MovedTable; 14] = [
     MovedTable { name: "messages", key: &["message_id"] },
     MovedTable { name: "message_batches", key: &["message_id", "batch_number"] },
     MovedTable { name: "idempotency_keys", key: &["client", "sender", "idempotency_key"] },
@@ -74,6 +74,7 @@ pub const TABLES: [MovedTable; 13] = [
     MovedTable { name: "group_members", key: &["user_id", "group_id"] },
     MovedTable { name: "message_items", key: &["user_id", "message_id"] },
     MovedTable { name: "message_reads", key: &["message_id", "user_id"] },
+    MovedTable { name: "read_backlog", key: &["user_id", "backlog_id"] },
     MovedTable { name: "announcement_recipients", key: &["message_id", "user_id"] },
 ];
 

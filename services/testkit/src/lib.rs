@@ -387,6 +387,21 @@ impl TestApp {
         self.count_rows("SELECT COUNT(*) FROM message_reads WHERE message_id = ?", message_id).await
     }
 
+    /// Waits until every read a filtered update left waiting is counted
+    /// (`read_backlog` empty on every shard): the sends' read counts and
+    /// readers then agree with the items.
+    pub async fn reads_counted(&self) {
+        eventually("every waiting read counted", Duration::from_secs(30), || async {
+            for (_, pool) in self.ctx.pools.iter() {
+                if notify_store::db::read_backlog::count(pool).await.ok()? > 0 {
+                    return None;
+                }
+            }
+            Some(())
+        })
+        .await
+    }
+
     /// Counts a send's chunk rows over every shard (test assertions only).
     pub async fn count_chunks(&self, message_id: u64) -> u64 {
         self.count_rows("SELECT COUNT(*) FROM message_chunks WHERE message_id = ?", message_id)

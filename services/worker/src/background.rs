@@ -168,14 +168,17 @@ pub async fn sweep_once(ctx: &Context) -> Result<u64> {
 }
 
 /// Settles the chunks applied while Redis was away (see
-/// [`notify_core::deliver::settle`]) on every shard that answers; a Redis
-/// still away ends the round.
+/// [`notify_core::deliver::settle`]) on every shard that answers, and
+/// counts the reads a filtered update left waiting
+/// ([`notify_core::inbox::read_counts::count_left`]); a Redis still away
+/// ends the round.
 pub async fn settle_once(ctx: &Context) -> Result<()> {
     let limit = Duration::from_secs(ctx.settings.worker.operation_timeout_secs);
     for (shard, pool) in ctx.pools.iter() {
         let settling = async {
             notify_core::deliver::settle(ctx, pool, BATCH).await?;
-            notify_core::recall::settle(ctx, pool, BATCH).await
+            notify_core::recall::settle(ctx, pool, BATCH).await?;
+            notify_core::inbox::read_counts::count_left(ctx, shard, pool, BATCH).await
         };
         match within(limit, settling).await {
             Ok(_) => {}

@@ -18,6 +18,7 @@ mod lifecycle;
 mod near_cache;
 mod page_cache;
 mod preferences;
+mod read_counts;
 mod recall;
 mod recipients;
 mod retention;

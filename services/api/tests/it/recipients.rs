@@ -147,6 +147,8 @@ async fn every_filter_pages_across_shards_in_user_order_without_gaps_or_repeats(
         };
         app.inbox().update_items(request).await.unwrap();
     }
+    // A filter's reads are counted for the send a moment after the call.
+    app.reads_counted().await;
     let read: BTreeSet<u64> = readers.iter().copied().filter(|u| !unmarked.contains(u)).collect();
     let unread: BTreeSet<u64> = everyone.difference(&read).copied().collect();
 

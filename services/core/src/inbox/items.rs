@@ -4,12 +4,14 @@
 //! "after commit" invalidations, publishes one event for gateways (never one
 //! per item) and answers the user's new counts; for a filter, the counts are
 //! read in the update's transaction, and the whole update is one round trip
-//! to the user's shard.
+//! to the user's shard. A filter's reads are counted for the sends a moment
+//! later ([`read_counts`]).
 
 use shard_router::Key;
 use tracing::{instrument, warn};
 
 use super::badge::counted;
+use super::read_counts;
 use crate::announce;
 use crate::context::Context;
 use crate::events::{self, BusEvent, BusFilter};
@@ -63,6 +65,12 @@ pub async fn update_items(
     finish_count_change(ctx, user).await;
     drop(pool);
     let updated = result?;
+    let counts_reads = matches!(action, Action::MarkRead | Action::MarkUnread);
+    if counts_reads && matches!(target, Target::All(_)) && updated.changed > 0 {
+        // The sends' read counts and readers follow from the row the
+        // update wrote (read_counts).
+        read_counts::count_soon(ctx, user);
+    }
     if updated.changed > 0 {
         if action == Action::MarkRead
             && let Some(sink) = &ctx.webhook_reads

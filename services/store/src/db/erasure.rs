@@ -34,6 +34,10 @@ impl Removed {
 /// it goes too.
 #[instrument(level = "debug", skip_all, fields(db.system = "mysql"))]
 pub async fn remove_user(pool: &MySqlPool, user_id: u64, keep_marker: bool) -> Result<Removed> {
+    // Reads waiting to be counted first: the sends keep their read counts
+    // (as for reads counted before), and a count running meanwhile ends
+    // before the readers go.
+    super::retry_on_deadlock(|| super::read_backlog::apply(pool, user_id)).await?;
     let mut removed = Removed::default();
     loop {
         let deleted = sqlx::query("DELETE FROM message_items WHERE user_id = ? LIMIT ?")
@@ -52,9 +56,13 @@ pub async fn remove_user(pool: &MySqlPool, user_id: u64, keep_marker: bool) -> R
         .execute(pool)
         .await?
         .rows_affected();
-    for table in
-        ["user_inbox_state", "retention_pending_badges", "message_reads", "announcement_recipients"]
-    {
+    for table in [
+        "user_inbox_state",
+        "retention_pending_badges",
+        "read_backlog",
+        "message_reads",
+        "announcement_recipients",
+    ] {
         sqlx::query(sqlx::AssertSqlSafe(format!("DELETE FROM {table} WHERE user_id = ?")))
             .bind(user_id)
             .execute(pool)

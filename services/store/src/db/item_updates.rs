@@ -1,12 +1,14 @@
 //! Changes to a user's items on the user's shard: seen, read, unread,
 //! archived, unarchived, deleted, for a list of ids or for every item a
 //! list filter selects ([`ItemFilter`]: the same conditions as the list, so
-//! "all" is exactly what the user was shown). Each call is one transaction;
-//! read counts of the sends follow in it (slot 0 of `message_shard_stats`),
-//! and so do the reads recorded by message (`message_reads`: a read adds
-//! the row, a mark-unread removes it), which answer "who read it". The
-//! user's badge state is read in the same transaction, and the whole of it
-//! is one round trip ([`update`]).
+//! "all" is exactly what the user was shown). Each call is one transaction.
+//! For a list of ids, the read counts of the sends follow in it (slot 0 of
+//! `message_shard_stats`), and so do the reads recorded by message
+//! (`message_reads`: a read adds the row, a mark-unread removes it), which
+//! answer "who read it". For a filter, which may change every item of the
+//! inbox, they follow from one row of [`super::read_backlog`] written in
+//! it, a moment after. The user's badge state is read in the same
+//! transaction, and the whole of it is one round trip ([`update`]).
 
 use std::collections::HashSet;
 
@@ -17,6 +19,7 @@ use tracing::instrument;
 
 use super::items::{BadgeState, COUNT_UNREAD, ItemFilter, UnreadTruth};
 use super::preferences::{SUPPRESSION, Suppression};
+use super::read_backlog;
 use notify_domain::error::{Error, Result};
 
 /// What to do to items.
@@ -117,8 +120,11 @@ pub struct Updated {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Step {
     Begin,
+    Raise,
     Found,
+    Waiting,
     Changed,
+    Backlog,
     ReadCounts,
     Reads,
     Update,
@@ -134,12 +140,14 @@ enum Step {
 /// transaction going as one script (values written in, see
 /// [`ItemFilter::item_conditions`]).
 ///
-/// Ids are locked first (those found, the rest are unknown); a filter's
-/// items are what a list with it shows (joined to their send's content
-/// copy, not withdrawn). Then, over the items the action changes: their
-/// ids (for ids, or with `changed_ids`: `item.read` webhooks ask), the read
-/// counts and readers by message (which also lock a filter's items, so the
-/// update changes the same ones), the update, and the badge's reads.
+/// Ids are locked first (those found, the rest are unknown), then the
+/// user's reads waiting to be counted; a filter's items are what a list
+/// with it shows (joined to their send's content copy, not withdrawn).
+/// Then, over the items the action changes: their ids (for ids, or with
+/// `changed_ids`: `item.read` webhooks ask), the read counts and readers by
+/// message for ids, the backlog row for a filter (which also locks its
+/// items, so the update changes the same ones), the update, and the
+/// badge's reads.
 #[instrument(level = "debug", skip_all, fields(db.system = "mysql", action = action.name()))]
 pub async fn update(
     pool: &MySqlPool,
@@ -180,7 +188,12 @@ fn script(
     changed_ids: bool,
 ) -> Result<(Vec<Step>, String)> {
     let list = |ids: &[u64]| ids.iter().map(u64::to_string).collect::<Vec<_>>().join(", ");
-    let mut steps = vec![(Step::Begin, "START TRANSACTION".to_owned())];
+    let delta = action.read_delta();
+    let mut steps = Vec::new();
+    if delta != 0 && matches!(target, Target::All(_)) {
+        steps.push((Step::Raise, read_backlog::RAISE_AGGREGATE_LIMIT.to_owned()));
+    }
+    steps.push((Step::Begin, "START TRANSACTION".to_owned()));
     let (items, selected) = match target {
         Target::Ids(ids) => {
             let named = format!(
@@ -189,6 +202,13 @@ fn script(
             );
             let found = format!("SELECT i.message_id FROM message_items i {named} FOR UPDATE");
             steps.push((Step::Found, found));
+            if action.read_delta() != 0 {
+                // After the items, as every writer of a user's items locks
+                // them: a waiting read of this user is counted before or
+                // after this update, never across it.
+                let waiting = read_backlog::LOCK_WAITING.replacen('?', &user_id.to_string(), 1);
+                steps.push((Step::Waiting, waiting));
+            }
             ("message_items i", format!("{named}{}", action.changes()))
         }
         Target::All(filter) => (
@@ -207,8 +227,12 @@ fn script(
         let select = format!("SELECT i.message_id FROM {items} {selected} LOCK IN SHARE MODE");
         steps.push((Step::Changed, select));
     }
-    let delta = action.read_delta();
-    if delta != 0 {
+    if delta != 0 && matches!(target, Target::All(_)) {
+        // A filter's items are counted from one row, after the update
+        // (read_backlog): the row reads them with a shared lock, so the
+        // update changes exactly the ids it holds.
+        steps.push((Step::Backlog, read_backlog::record(user_id, delta, items, &selected)));
+    } else if delta != 0 {
         steps.push((
             Step::ReadCounts,
             format!(
@@ -278,6 +302,7 @@ async fn run(
             Either::Right(row) => match step {
                 Step::Found => found.push(row.try_get::<u64, _>(0)?),
                 Step::Changed => changed_ids.push(row.try_get::<u64, _>(0)?),
+                Step::Waiting => {}
                 Step::Count => truth = Some(UnreadTruth::from_row(count_row(&row)?)),
                 Step::Present => present.push(row.try_get::<u64, _>(0)?),
                 Step::Suppression => suppression = Some((row.try_get(0)?, row.try_get(1)?)),
@@ -310,10 +335,10 @@ mod tests {
         let (steps, sql) =
             script(42, Action::MarkRead, Target::All(filter), &[7, 9], true).unwrap();
         let expected = [
+            Step::Raise,
             Step::Begin,
             Step::Changed,
-            Step::ReadCounts,
-            Step::Reads,
+            Step::Backlog,
             Step::Update,
             Step::Count,
             Step::Present,
@@ -330,6 +355,14 @@ mod tests {
         let expected = [Step::Begin, Step::Found, Step::Changed, Step::Update, Step::Count];
         assert_eq!(steps, [&expected[..], &[Step::Commit]].concat());
         assert!(sql.contains("i.message_id IN (5, 6)"), "{sql}");
+        let (steps, _) = script(42, Action::MarkUnread, Target::Ids(&[5]), &[], false).unwrap();
+        let expected = [Step::Begin, Step::Found, Step::Waiting, Step::Changed, Step::ReadCounts];
+        assert_eq!(
+            steps,
+            [&expected[..], &[Step::Reads, Step::Update, Step::Count, Step::Commit]].concat()
+        );
+        let (steps, _) = script(42, Action::MarkSeen, Target::All(filter), &[], false).unwrap();
+        assert_eq!(steps, [Step::Begin, Step::Update, Step::Count, Step::Commit]);
     }
 
     #[test]

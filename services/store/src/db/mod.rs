@@ -9,6 +9,7 @@ pub mod items;
 pub mod lookups;
 pub mod messages;
 pub mod preferences;
+pub mod read_backlog;
 pub mod reads;
 pub mod recall;
 pub mod recipients;
