@@ -1,7 +1,10 @@
 //! `notify-bench items`: `UpdateItems` with `all` over one user's inbox of
 //! 10,000 items (each item from a send of its own), timed call by call, with
 //! the round trips each call makes to each shard (counted by a proxy in
-//! front of each shard, [`counting`]).
+//! front of each shard, [`counting`]). After each read and unread, it
+//! waits (untimed) until the sends' read counts followed (the backlog of
+//! `notify_store::db::read_backlog` is empty) and reports that time and
+//! its round trips apart: the next call starts on a quiet shard.
 
 mod counting;
 
@@ -85,6 +88,10 @@ struct Timed {
     /// Round trips per call to each shard, net of the services' own
     /// background rate (over an idle window as long as the run, after it).
     per_call: Vec<f64>,
+    /// Read and unread: from the answer until the sends' read counts
+    /// followed (the user's `read_backlog` empty), and the round trips of
+    /// that counting per call on each shard.
+    counting: Option<(Histogram<u64>, Vec<f64>)>,
     cpu: CpuUse,
 }
 
@@ -103,7 +110,6 @@ async fn body(
     let pool = harness::shard_pool(&env.settings, slot, 4).await?;
     let started = Instant::now();
     seed(&pool, args).await?;
-    pool.close().await;
     println!(
         "seeded: {} items of user {} (one send each, {} categories) on shard {} in {:.1} s",
         thousands(args.items),
@@ -135,7 +141,7 @@ async fn body(
         update_all(&mut client, args, &mut state, action, None).await?;
     }
 
-    let mut run = Run { args, tracked: &tracked, state, proxies };
+    let mut run = Run { args, tracked: &tracked, state, proxies, shard: &pool };
     let mut timed = Vec::new();
     // Unread items are still unseen: one call marks every item seen.
     timed.append(&mut run.actions(&mut client, &[v1::ItemAction::MarkSeen], 1).await?);
@@ -149,6 +155,7 @@ async fn body(
     }
     // Last: nothing comes back from a delete.
     timed.append(&mut run.actions(&mut client, &[v1::ItemAction::Delete], 1).await?);
+    pool.close().await;
     env.check_children()?;
     Ok(summary(args, slot, &timed, tracked.machine_max()))
 }
@@ -271,6 +278,8 @@ struct Run<'a> {
     tracked: &'a Tracked,
     state: ItemState,
     proxies: &'a [CountingProxy],
+    /// The user's shard, direct (not through its proxy).
+    shard: &'a MySqlPool,
 }
 
 impl Run<'_> {
@@ -284,21 +293,42 @@ impl Run<'_> {
     ) -> anyhow::Result<Vec<Timed>> {
         let counts = || self.proxies.iter().map(CountingProxy::commands).collect::<Vec<_>>();
         let mut hists: Vec<Histogram<u64>> = actions.iter().map(|_| new_hist()).collect();
+        let mut counting_hists: Vec<Histogram<u64>> = actions.iter().map(|_| new_hist()).collect();
+        let shards = self.proxies.len();
+        // Commands in the calls' windows (request to answer) and in the
+        // countings' (answer to the backlog empty), and how long those were.
+        let (mut in_calls, mut in_counting) = (vec![0u64; shards], vec![0u64; shards]);
+        let (mut call_secs, mut counting_secs) = (0.0, 0.0);
+        let mut counted = false;
         let cpu0 = self.tracked.snap();
-        let count0 = counts();
         let started = Instant::now();
         for _ in 0..calls {
-            for (action, hist) in actions.iter().zip(&mut hists) {
+            for ((action, hist), counting) in
+                actions.iter().zip(&mut hists).zip(&mut counting_hists)
+            {
+                let before = counts();
+                let call = Instant::now();
                 update_all(client, self.args, &mut self.state, *action, Some(hist)).await?;
+                call_secs += call.elapsed().as_secs_f64();
+                let answered = counts();
+                add_between(&mut in_calls, &before, &answered);
+                if matches!(action, v1::ItemAction::MarkRead | v1::ItemAction::MarkUnread) {
+                    counted = true;
+                    let since = Instant::now();
+                    backlog_drained(self.shard).await?;
+                    counting.saturating_record((since.elapsed().as_nanos() as u64 / 1000).max(1));
+                    counting_secs += since.elapsed().as_secs_f64();
+                    add_between(&mut in_counting, &answered, &counts());
+                }
             }
         }
         let secs = started.elapsed().as_secs_f64();
-        let count1 = counts();
         let cpu = self.tracked.between(&cpu0, &self.tracked.snap());
         // The services' own round trips (their background loops, which
         // come in bursts) over an idle window as long as the run (at least
         // 2 s) right after it, per shard.
         let idle = Duration::from_secs_f64(secs.max(2.0));
+        let count1 = counts();
         tokio::time::sleep(idle).await;
         let background: Vec<f64> = counts()
             .iter()
@@ -308,23 +338,51 @@ impl Run<'_> {
         let total_calls = f64::from(calls) * actions.len() as f64;
         let group: Vec<&str> = actions.iter().map(|a| a.as_str_name()).collect();
         let group = group.join(" + ");
-        let per_call: Vec<f64> = (0..self.proxies.len())
-            .map(|shard| {
-                let made = (count1[shard] - count0[shard]) as f64;
-                (made - background[shard] * secs).max(0.0) / total_calls
-            })
-            .collect();
+        let net = |made: &[u64], window: f64| -> Vec<f64> {
+            (0..shards)
+                .map(|shard| {
+                    (made[shard] as f64 - background[shard] * window).max(0.0) / total_calls
+                })
+                .collect()
+        };
+        let per_call = net(&in_calls, call_secs);
+        let counting_trips = net(&in_counting, counting_secs);
         Ok(actions
             .iter()
             .zip(hists)
-            .map(|(action, hist)| Timed {
+            .zip(counting_hists)
+            .map(|((action, hist), counting_hist)| Timed {
                 action: *action,
                 group: group.clone(),
                 hist,
                 per_call: per_call.clone(),
+                counting: (counted && !counting_hist.is_empty())
+                    .then(|| (counting_hist, counting_trips.clone())),
                 cpu: cpu.clone(),
             })
             .collect())
+    }
+}
+
+/// Adds each shard's commands between two counts.
+fn add_between(sum: &mut [u64], before: &[u64], after: &[u64]) {
+    for ((sum, before), after) in sum.iter_mut().zip(before).zip(after) {
+        *sum += after - before;
+    }
+}
+
+/// Waits until the shard has no read waiting to be counted (polled every
+/// millisecond: the counting normally ends within a few).
+async fn backlog_drained(pool: &MySqlPool) -> anyhow::Result<()> {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let (waiting,): (i64,) =
+            sqlx::query_as("SELECT COUNT(*) FROM read_backlog").fetch_one(pool).await?;
+        if waiting == 0 {
+            return Ok(());
+        }
+        ensure!(Instant::now() < deadline, "reads still waiting to be counted after 30 s");
+        tokio::time::sleep(Duration::from_millis(1)).await;
     }
 }
 
@@ -356,11 +414,22 @@ fn summary(args: &ItemsArgs, user_slot: usize, timed: &[Timed], machine_max: usi
         } else {
             verdict(trips <= touched as f64 + 0.05)
         };
+        let counting = t.counting.as_ref().map_or(String::new(), |(hist, trips)| {
+            let ms = |q: f64| hist.value_at_quantile(q) as f64 / 1000.0;
+            format!(
+                "\n{:<24} read counts followed the answer in p50 {:>6.1} ms  p99 {:>6.1} ms, {:.1} \
+                 round trips a call (in the background)",
+                "",
+                ms(0.5),
+                ms(0.99),
+                trips.iter().sum::<f64>()
+            )
+        });
         let _ = writeln!(
             s,
             "{:<24} {:>3} calls  p50 {:>6.1} ms  p99 {:>6.1} ms  max {:>6.1} ms (target < {TARGET_MS} \
              ms: {}) | {trips:.1} round trips a call over {touched} shard(s) touched (target 1 per \
-             shard touched: {})",
+             shard touched: {}){counting}",
             t.action.as_str_name(),
             t.hist.len(),
             ms(0.5),
