@@ -42,6 +42,15 @@ async fn assert_counts_agree(app: &TestApp, sends: &[u64]) {
     }
 }
 
+/// Each send's `progress.read`, as `GetMessage` answers.
+async fn read_counts(app: &TestApp, sends: &[u64]) -> Vec<u64> {
+    let mut read = Vec::with_capacity(sends.len());
+    for id in sends {
+        read.push(app.get_message(*id).await.progress.unwrap().read);
+    }
+    read
+}
+
 fn everything() -> Option<v1::ItemFilter> {
     Some(v1::ItemFilter { view: v1::InboxView::All as i32, ..Default::default() })
 }
@@ -58,8 +67,8 @@ async fn a_filtered_read_is_counted_for_its_sends_once_the_backlog_drains() {
     let reply = update(&app, user, v1::ItemAction::MarkRead, vec![], everything()).await;
     assert_eq!((reply.changed, reply.unread), (4, 0), "the user's own counts are immediate");
     app.reads_counted().await;
+    assert_eq!(read_counts(&app, &sends).await, [1; 4]);
     for id in &sends {
-        assert_eq!(app.get_message(*id).await.progress.unwrap().read, 1, "send {id}");
         assert_eq!(app.count_reads(*id).await, 1, "send {id}");
     }
 
@@ -73,14 +82,7 @@ async fn a_filtered_read_is_counted_for_its_sends_once_the_backlog_drains() {
     let reply = update(&app, user, v1::ItemAction::MarkUnread, vec![], Some(billing)).await;
     assert_eq!(reply.changed, 1, "sends[0] was unread already");
     app.reads_counted().await;
-    let read: Vec<u64> = {
-        let mut read = Vec::new();
-        for id in &sends {
-            read.push(app.get_message(*id).await.progress.unwrap().read);
-        }
-        read
-    };
-    assert_eq!(read, [0, 1, 0, 1]);
+    assert_eq!(read_counts(&app, &sends).await, [0, 1, 0, 1]);
     assert_counts_agree(&app, &sends).await;
 
     // Filters and ids back to back, nothing awaited between them.
@@ -91,13 +93,7 @@ async fn a_filtered_read_is_counted_for_its_sends_once_the_backlog_drains() {
     update(&app, user, v1::ItemAction::MarkRead, vec![sends[2], sends[3]], None).await;
     app.reads_counted().await;
     assert_counts_agree(&app, &sends).await;
-    let read: Vec<u64> = {
-        let mut read = Vec::new();
-        for id in &sends {
-            read.push(app.get_message(*id).await.progress.unwrap().read);
-        }
-        read
-    };
+    let read = read_counts(&app, &sends).await;
     assert_eq!(read, [1, 1, 2, 2], "the other user read all four, the user two");
     app.cleanup().await;
 }
@@ -192,9 +188,7 @@ async fn reads_a_crash_left_waiting_are_counted_by_the_workers_and_an_erasure_ke
     // Counted by the workers' settler, once the row is older than it waits.
     app.reads_counted().await;
     assert_counts_agree(&app, &sends).await;
-    for id in sends {
-        assert_eq!(app.get_message(id).await.progress.unwrap().read, 1);
-    }
+    assert_eq!(read_counts(&app, &sends).await, [1, 1]);
 
     // An erased user's waiting reads keep counting for the sends (as reads
     // counted before do), and nothing of theirs is left.
