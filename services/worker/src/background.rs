@@ -175,10 +175,15 @@ pub async fn sweep_once(ctx: &Context) -> Result<u64> {
 pub async fn settle_once(ctx: &Context) -> Result<()> {
     let limit = Duration::from_secs(ctx.settings.worker.operation_timeout_secs);
     for (shard, pool) in ctx.pools.iter() {
+        // Counting reads needs no Redis: first, so that a Redis away does
+        // not hold it back.
+        let counting = notify_core::inbox::read_counts::count_left(ctx, shard, pool, BATCH);
+        if let Err(e) = within(limit, counting).await {
+            warn!(error = %e, shard = %shard, "settler could not count waiting reads on a shard");
+        }
         let settling = async {
             notify_core::deliver::settle(ctx, pool, BATCH).await?;
-            notify_core::recall::settle(ctx, pool, BATCH).await?;
-            notify_core::inbox::read_counts::count_left(ctx, shard, pool, BATCH).await
+            notify_core::recall::settle(ctx, pool, BATCH).await
         };
         match within(limit, settling).await {
             Ok(_) => {}

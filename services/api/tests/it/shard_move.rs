@@ -233,6 +233,24 @@ async fn a_move_under_a_running_send_with_mark_reads_and_group_pulls_moves_every
     for user in &movers {
         assert_eq!(badge(&app, *user).await, app.unread_truth(*user).await, "user {user}");
     }
+    // The send's read count and readers agree with its items read: reads
+    // counted before, during and after the flips (a filtered read's row
+    // moves with its user), none twice.
+    app.reads_counted().await;
+    let mut read_items = 0;
+    for (_, pool) in app.ctx.pools.iter() {
+        let read: i64 = sqlx::query_scalar(
+            "SELECT COUNT(*) FROM message_items WHERE message_id = ? AND is_read = 1",
+        )
+        .bind(draft)
+        .fetch_one(pool)
+        .await
+        .unwrap();
+        read_items += read as u64;
+    }
+    assert!(read_items > 0, "no item of the send was read during the move");
+    assert_eq!(app.get_message(draft).await.progress.unwrap().read, read_items);
+    assert_eq!(app.count_reads(draft).await, read_items);
     // Every ack made during the move is on the target.
     assert!(!acked.is_empty(), "no ack ran");
     for (user, seq) in &acked {

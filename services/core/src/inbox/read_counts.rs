@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use shard_router::{Key, ShardId};
 use sqlx::MySqlPool;
+use tokio::sync::Semaphore;
 use tracing::{debug, warn};
 
 use crate::context::Context;
@@ -27,10 +28,18 @@ pub async fn count(ctx: &Context, user_id: u64) -> Result<u64> {
     Ok(counted)
 }
 
-/// Counts the user's waiting reads in the background, now.
+/// Counts running at once in a process, at most: each holds a connection of
+/// the user's shard pool, which the calls need too.
+const COUNTING_AT_ONCE: usize = 4;
+
+static COUNTING: Semaphore = Semaphore::const_new(COUNTING_AT_ONCE);
+
+/// Counts the user's waiting reads in the background, now, or as soon as
+/// one of [`COUNTING_AT_ONCE`] counts is free.
 pub fn count_soon(ctx: &Context, user_id: u64) {
     let ctx = ctx.clone();
     tokio::spawn(async move {
+        let Ok(_permit) = COUNTING.acquire().await else { return };
         if let Err(e) = count(&ctx, user_id).await {
             warn!(error = %e, user_id, "counting reads failed, the settler will retry");
         }
@@ -52,7 +61,12 @@ pub async fn count_left(
             // A copy a bucket move left behind: the move deletes it.
             continue;
         }
-        counted += count(ctx, user_id).await?;
+        // One user's failure (a frozen bucket, a deadlock retried out)
+        // does not hold the others back; the next round retries it.
+        match count(ctx, user_id).await {
+            Ok(rows) => counted += rows,
+            Err(e) => warn!(error = %e, user_id, shard = %shard, "settler could not count reads"),
+        }
     }
     if counted > 0 {
         debug!(counted, shard = %shard, "settler counted reads left waiting");
