@@ -11,8 +11,8 @@
 //!
 //! The load: sends of 1 to 200,000 recipients (ranges of user ids, retried
 //! with their idempotency key until accepted), announcements, group sends
-//! (retried with their key), inbox reads, mark-reads, group pulls and acks,
-//! badge reads. Calls fail while faults last; that is expected and counted.
+//! (retried with their key), inbox reads, mark-reads (by ids, and by filter:
+//! read and unread), group pulls and acks, badge reads. Calls fail while faults last; that is expected and counted.
 //!
 //! At the end, with every fault healed and every send finished:
 //! - every completed send has exactly one item per recipient, and its
@@ -21,6 +21,8 @@
 //! - every touched user's badge and group unread count equal MySQL, and so
 //!   does their first inbox page (items and read states);
 //! - no pending or unsettled chunk is left under a completed or cancelled send;
+//! - once the reads waiting to be counted are, every send's read count and
+//!   readers equal its items read;
 //! - the witnesses' RSS grew by at most 20% over the second half.
 //!
 //! It prints the faults injected and the invariants checked, and fails on
@@ -179,6 +181,8 @@ async fn soak(
         settings.api.listen = grpc.to_string();
         settings.api.metrics_listen = format!("127.0.0.1:{}", harness::free_port()?);
         settings.worker.metrics_listen = format!("127.0.0.1:{}", harness::free_port()?);
+        // Each api its own console port (two on the default would collide).
+        settings.console.listen = format!("127.0.0.1:{}", harness::free_port()?);
         let config = env.dir.join(format!("{name}.toml"));
         std::fs::write(&config, config_file::to_toml(&settings))?;
         let bin = if is_api { bins.api.clone() } else { bins.worker.clone() };
@@ -266,6 +270,10 @@ async fn soak(
         first_pages(&ctx, &shared, &mut inbox, args.badge_checks).await,
     );
     checks.record("no pending chunk under a finished send", leftover_chunks(&ctx, &shared).await);
+    checks.record(
+        "read counts and readers equal items read",
+        read_counts(&ctx, Duration::from_secs(60)).await,
+    );
     let growth = |mid: u64, end: u64| end as f64 / mid.max(1) as f64;
     let (api_growth, worker_growth) = (growth(rss_mid.0, rss_end.0), growth(rss_mid.1, rss_end.1));
     let measured = [rss_mid.0, rss_mid.1, rss_end.0, rss_end.1].iter().all(|kb| *kb > 0);
@@ -688,6 +696,23 @@ async fn readers(channels: Vec<Channel>, groups: Vec<u64>, shared: Shared, stop:
                 note(&shared, &marked);
             }
         }
+        // Filtered reads and unreads, whose sends' counts follow from a
+        // backlog row (a killed api leaves it to the workers).
+        if turn.is_multiple_of(5) {
+            let action = if turn.is_multiple_of(3) {
+                v1::ItemAction::MarkUnread
+            } else {
+                v1::ItemAction::MarkRead
+            };
+            let request = v1::UpdateItemsRequest {
+                user_id: user,
+                action: action as i32,
+                message_ids: Vec::new(),
+                all: Some(v1::ItemFilter { view: v1::InboxView::All as i32, ..Default::default() }),
+            };
+            let updated = inbox.update_items(request).await;
+            note(&shared, &updated);
+        }
         // A group member pulls a page and acks it.
         let g = rand::rng().random_range(0..groups.len());
         let member = (g as u64 + 1) * 1_000 + rand::rng().random_range(1..=50);
@@ -922,6 +947,63 @@ async fn first_pages(
         checked += 1;
     }
     Ok(checked)
+}
+
+/// Once every read waiting to be counted is (within `limit`): each send's
+/// read count (its stats over every shard) and its readers (`message_reads`)
+/// equal its items read, for every send with either. Returns the sends.
+async fn read_counts(ctx: &notify_core::Context, limit: Duration) -> anyhow::Result<u64> {
+    let deadline = Instant::now() + limit;
+    loop {
+        let mut waiting = 0;
+        for (_, pool) in ctx.pools.iter() {
+            waiting += notify_store::db::read_backlog::count(pool).await?;
+        }
+        if waiting == 0 {
+            break;
+        }
+        if Instant::now() > deadline {
+            bail!("{waiting} read backlog rows still waiting after {} s", limit.as_secs());
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    // message id -> (items read, read count, readers)
+    let mut sends: BTreeMap<u64, (i64, i64, i64)> = BTreeMap::new();
+    for (_, pool) in ctx.pools.iter() {
+        let tallies = [
+            "SELECT message_id, COUNT(*) FROM message_items WHERE is_read = 1 GROUP BY message_id",
+            "SELECT message_id, CAST(SUM(read_count) AS SIGNED) FROM message_shard_stats \
+             GROUP BY message_id",
+            "SELECT message_id, COUNT(*) FROM message_reads GROUP BY message_id",
+        ];
+        for (column, tally) in tallies.into_iter().enumerate() {
+            let rows: Vec<(u64, i64)> = sqlx::query_as(tally).fetch_all(pool).await?;
+            for (id, n) in rows {
+                let entry = sends.entry(id).or_default();
+                match column {
+                    0 => entry.0 += n,
+                    1 => entry.1 += n,
+                    _ => entry.2 += n,
+                }
+            }
+        }
+        let stray: i64 = sqlx::query_scalar(
+            "SELECT COUNT(*) FROM message_reads r LEFT JOIN message_items i \
+             ON i.user_id = r.user_id AND i.message_id = r.message_id AND i.is_read = 1 \
+             WHERE i.user_id IS NULL",
+        )
+        .fetch_one(pool)
+        .await?;
+        if stray > 0 {
+            bail!("{stray} readers recorded for items that are not read");
+        }
+    }
+    for (id, (read, count, readers)) in &sends {
+        if (read, read) != (count, readers) {
+            bail!("send {id}: {read} items read, read count {count}, {readers} readers");
+        }
+    }
+    Ok(sends.len() as u64)
 }
 
 async fn leftover_chunks(ctx: &notify_core::Context, shared: &Shared) -> anyhow::Result<u64> {
