@@ -299,7 +299,6 @@ impl Run<'_> {
         // countings' (answer to the backlog empty), and how long those were.
         let (mut in_calls, mut in_counting) = (vec![0u64; shards], vec![0u64; shards]);
         let (mut call_secs, mut counting_secs) = (0.0, 0.0);
-        let mut counted = false;
         let cpu0 = self.tracked.snap();
         let started = Instant::now();
         for _ in 0..calls {
@@ -313,7 +312,6 @@ impl Run<'_> {
                 let answered = counts();
                 add_between(&mut in_calls, &before, &answered);
                 if matches!(action, v1::ItemAction::MarkRead | v1::ItemAction::MarkUnread) {
-                    counted = true;
                     let since = Instant::now();
                     backlog_drained(self.shard).await?;
                     counting.saturating_record((since.elapsed().as_nanos() as u64 / 1000).max(1));
@@ -356,7 +354,7 @@ impl Run<'_> {
                 group: group.clone(),
                 hist,
                 per_call: per_call.clone(),
-                counting: (counted && !counting_hist.is_empty())
+                counting: (!counting_hist.is_empty())
                     .then(|| (counting_hist, counting_trips.clone())),
                 cpu: cpu.clone(),
             })

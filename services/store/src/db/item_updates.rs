@@ -202,7 +202,7 @@ fn script(
             );
             let found = format!("SELECT i.message_id FROM message_items i {named} FOR UPDATE");
             steps.push((Step::Found, found));
-            if action.read_delta() != 0 {
+            if delta != 0 {
                 // After the items, as every writer of a user's items locks
                 // them: a waiting read of this user is counted before or
                 // after this update, never across it.

@@ -14,9 +14,9 @@
 //! the readers of a message are set from the items as they are when the
 //! rows are applied, not replayed (a reader row exists where the item is
 //! read). Updates by a list of ids count their own items in their own
-//! transaction, as before; they lock the user's waiting rows first
-//! ([`LOCK_WAITING`]), so an [`apply`] running meanwhile reads the items
-//! before or after them, never between.
+//! transaction, as before; they lock the user's waiting rows after their
+//! items and before changing them ([`LOCK_WAITING`]), so an [`apply`]
+//! running meanwhile reads the items before or after them, never between.
 
 use std::time::Duration;
 
