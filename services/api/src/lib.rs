@@ -249,7 +249,6 @@ impl Application {
                 ))
                 .max_decoding_message_size(max_bytes),
             );
-        let webhook_reads = self.ctx.webhook_reads.clone();
         let tls_mode = if self.tls.is_some() { "tls" } else { "plaintext" };
         info!(%addr, transport = tls_mode, auth = self.ctx.settings.auth.enabled, "notify-api serving");
         let server = async {
@@ -283,10 +282,6 @@ impl Application {
         tokio::select! {
             served = server => served?,
             () = deadline => tracing::warn!(grace_secs = grace.as_secs(), "in-flight calls outlived the shutdown grace period"),
-        }
-        // Reads gathered for item.read webhooks are queued before exit.
-        if let Some(reads) = &webhook_reads {
-            reads.drain().await;
         }
         metrics.await??;
         if let Some(console) = console {

@@ -135,6 +135,14 @@ impl ApiReplica {
         self.shutdown.cancel();
         self.task.await.expect("replica task joins").expect("replica stops cleanly");
     }
+
+    /// Aborts the replica, like a crash: no graceful drain, nothing it
+    /// would do on the way out is done (tasks it spawned on the test's
+    /// runtime are not stopped).
+    pub async fn kill(self) {
+        self.task.abort();
+        let _ = self.task.await;
+    }
 }
 
 /// A channel to the api; lazy when it speaks TLS (the test then builds its

@@ -1,6 +1,6 @@
 //! `notify-worker`: consumes chunk tasks from both lanes, runs the
-//! scheduler and the sweeper, calls clients' webhooks and relays those their
-//! processes did not queue. [`Worker::build`] connects;
+//! scheduler and the sweeper, calls clients' webhooks, relays those their
+//! processes did not queue and queues the reads `item.read` reports. [`Worker::build`] connects;
 //! [`Worker::run_until_stopped`] works until the shutdown token is cancelled,
 //! then stops consuming, finishes and acks in-flight chunks, and joins.
 
@@ -14,6 +14,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use notify_core::health::{self, Heartbeats, Probes};
+use notify_core::inbox::read_feed::ReadRelay;
 use notify_core::telemetry;
 use notify_core::{Context, send};
 use notify_domain::Settings;
@@ -176,6 +177,22 @@ impl Worker {
                 move || {
                     let ctx = ctx.clone();
                     async move { send::relay_webhooks(&ctx).await.map(|_| ()) }
+                },
+            ));
+        }
+        {
+            // Reads waiting for item.read webhooks (none are recorded while
+            // no endpoint wants them; a run then reads an empty table).
+            let ctx = ctx.clone();
+            let relay = Arc::new(ReadRelay::new());
+            tasks.spawn(background::every(
+                "read feed relay",
+                Duration::from_millis(ctx.settings.webhooks.read_flush_ms),
+                heartbeats.clone(),
+                shutdown.clone(),
+                move || {
+                    let (ctx, relay) = (ctx.clone(), relay.clone());
+                    async move { relay.run_once(&ctx).await.map(|_| ()) }
                 },
             ));
         }

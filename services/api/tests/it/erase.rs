@@ -13,8 +13,14 @@ use crate::items::served;
 /// Rows of `user_id` in every per-user table, summed over every shard.
 async fn rows_of(app: &TestApp, user_id: u64) -> Vec<(String, i64)> {
     let mut counts = Vec::new();
-    for table in ["message_items", "user_inbox_state", "group_members", "retention_pending_badges"]
-    {
+    let tables = [
+        "message_items",
+        "user_inbox_state",
+        "group_members",
+        "retention_pending_badges",
+        "read_feed",
+    ];
+    for table in tables {
         let mut total = 0;
         for (_, pool) in app.ctx.pools.iter() {
             let sql = format!("SELECT COUNT(*) FROM {table} WHERE user_id = ?");
@@ -84,6 +90,19 @@ async fn an_erased_user_leaves_nothing_on_any_shard_or_in_redis() {
     let badge_key = app.ctx.cache.keys().unread(user);
     let mut redis = app.ctx.cache.connection();
     assert!(redis.exists::<_, bool>(&badge_key).await.unwrap(), "the badge was cached");
+    // Reads of both waiting for item.read webhooks (as an endpoint would
+    // have them recorded): the erased user's go, the other's stay.
+    for reader in [user, other] {
+        let pool = app.ctx.pools.for_user(reader);
+        sqlx::query(
+            "INSERT INTO read_feed (message_id, user_id, read_at) VALUES (?, ?, UTC_TIMESTAMP(3))",
+        )
+        .bind(ids[0])
+        .bind(reader)
+        .execute(pool.value())
+        .await
+        .unwrap();
+    }
 
     let erased = erase(&app, user).await;
     assert_eq!((erased.items, erased.memberships), (4, 1));
@@ -114,6 +133,7 @@ async fn an_erased_user_leaves_nothing_on_any_shard_or_in_redis() {
     assert_eq!(rows_of(&app, user).await[0].1, 0);
     // The other user lost nothing; the sends keep their totals.
     assert_eq!(crate::helpers::inbox_ids(&app, other).await.len(), 4);
+    assert_eq!(rows_of(&app, other).await[4], ("read_feed".to_owned(), 1));
     assert_eq!(app.get_message(ids[0]).await.progress.unwrap().delivered, 2);
 
     // The audit record names the user and holds nothing else of theirs.

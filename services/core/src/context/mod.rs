@@ -1,8 +1,5 @@
 //! The shared handles every service works with: settings, shard pools, cache,
-//! publisher, id generator and the sink of `item.read` webhooks
-//! ([`webhook_reads`]). Cheap to clone.
-
-pub mod webhook_reads;
+//! publisher and id generator. Cheap to clone.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -12,10 +9,11 @@ use sqlx::MySqlPool;
 use tokio::sync::Semaphore;
 
 use crate::queue::Publisher;
+use crate::webhooks::anyone_wants;
 use notify_cache::Cache;
 use notify_domain::error::{Error, Result};
 use notify_domain::ids::IdGenerator;
-use notify_domain::settings::Settings;
+use notify_domain::settings::{Settings, WebhookEvent};
 use notify_store::db::{self, ShardPools};
 use notify_store::instance_lease::{self, InstanceLease};
 
@@ -39,9 +37,9 @@ pub struct Context {
     /// they write to others (AppendRecipients, group member changes), so
     /// they cannot take every connection of a pool and wait on each other.
     pub cross_shard_permits: Arc<Semaphore>,
-    /// Where reads go for `item.read` webhooks; `None` when no endpoint
-    /// asked for them.
-    pub webhook_reads: Option<webhook_reads::ReadSink>,
+    /// Some endpoint asked for `item.read`: reads are recorded for it
+    /// ([`notify_store::db::read_feed`]).
+    pub read_feed: bool,
 }
 
 impl Context {
@@ -129,8 +127,7 @@ impl Context {
         let reads = db::connect_reads(&settings)?.map(Arc::new);
         let settings = Arc::new(settings);
         let publisher = Arc::new(publisher);
-        let webhook_reads =
-            webhook_reads::ReadSink::spawn(settings.clone(), pools.clone(), publisher.clone());
+        let read_feed = anyone_wants(&settings, WebhookEvent::ItemRead);
         Ok(Self {
             settings,
             reads,
@@ -139,7 +136,7 @@ impl Context {
             publisher,
             ids,
             cross_shard_permits: Arc::new(Semaphore::new((pool_max / 2).max(1))),
-            webhook_reads,
+            read_feed,
         })
     }
 }

@@ -5,7 +5,9 @@
 //! per item) and answers the user's new counts; for a filter, the counts are
 //! read in the update's transaction, and the whole update is one round trip
 //! to the user's shard. A filter's reads are counted for the sends a moment
-//! later ([`read_counts`]).
+//! later ([`read_counts`]). While some endpoint wants `item.read`, reads
+//! are recorded for it, by ids in the update and by a filter when counted
+//! ([`super::read_feed`] queues them).
 
 use shard_router::Key;
 use tracing::{instrument, warn};
@@ -55,11 +57,9 @@ pub async fn update_items(
     };
     let pool = ctx.writable(Key::User(user)).await?;
     let live_ids: Vec<u64> = live.iter().map(|a| a.message_id).collect();
-    // Reads by filter feed item.read webhooks too, when any listens.
-    let ids = action == Action::MarkRead && ctx.webhook_reads.is_some();
     ctx.cache.begin_count_change(user).await?;
     let result = notify_store::db::retry_on_deadlock(|| {
-        item_updates::update(&pool, user, action, target, &live_ids, ids)
+        item_updates::update(&pool, user, action, target, &live_ids, ctx.read_feed)
     })
     .await;
     finish_count_change(ctx, user).await;
@@ -72,11 +72,6 @@ pub async fn update_items(
         read_counts::count_soon(ctx, user);
     }
     if updated.changed > 0 {
-        if action == Action::MarkRead
-            && let Some(sink) = &ctx.webhook_reads
-        {
-            sink.record(user, &updated.changed_ids);
-        }
         let (message_ids, filter) = match target {
             Target::Ids(_) => (updated.changed_ids, None),
             Target::All(filter) => (Vec::new(), Some(BusFilter::from(&filter))),

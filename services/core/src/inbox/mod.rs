@@ -11,6 +11,7 @@
 mod badge;
 mod items;
 pub mod read_counts;
+pub mod read_feed;
 
 pub use badge::{Badge, badge, counts};
 pub use items::{Changed, mark_all_read, mark_read, update_items};

@@ -23,7 +23,7 @@ pub const LEFT_AFTER: Duration = Duration::from_secs(2);
 pub async fn count(ctx: &Context, user_id: u64) -> Result<u64> {
     // Like any write of the user's rows: not while a move freezes them.
     let pool = ctx.writable(Key::User(user_id)).await?;
-    let counted = retry_on_deadlock(|| read_backlog::apply(&pool, user_id)).await?;
+    let counted = retry_on_deadlock(|| read_backlog::apply(&pool, user_id, ctx.read_feed)).await?;
     metrics::counter!("notify_read_backlog_applied_total").increment(counted);
     Ok(counted)
 }

@@ -7,7 +7,7 @@
 //! signature ([`sign`]). It names no other module of the crate, so the
 //! publisher ([`crate::queue`]) builds on it; the events are queued above
 //! the publisher, a send's by `send::webhooks` and `item.read` in
-//! batches by [`crate::context::webhook_reads`].
+//! batches by [`crate::inbox::read_feed`].
 //!
 //! An event is queued once per endpoint that asked for it, as a [`Job`]
 //! carrying its final payload and `webhook-id`, so every retry sends the
@@ -16,8 +16,8 @@
 //! published. A send's events are recorded with the change they report and
 //! queued after its commit, by the process that made it or else by a
 //! worker's relay (`send::webhooks`), so a failed publish delays them and
-//! loses none; `item.read` is a feed whose batches a process holds in
-//! memory until it queues them.
+//! loses none; so are reads, in a feed of their own that the workers
+//! queue in batches.
 
 pub mod sign;
 pub mod topology;

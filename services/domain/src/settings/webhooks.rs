@@ -100,10 +100,8 @@ pub struct WebhookSettings {
     pub retry_delays_ms: Vec<u64>,
     /// Most user ids in one `item.read` payload.
     pub read_batch_users: usize,
-    /// Longest a read waits in an api replica before its batch is sent.
+    /// How often the workers queue the reads waiting for `item.read`.
     pub read_flush_ms: u64,
-    /// Reads an api replica holds unsent at most; more are dropped (counted).
-    pub read_buffer: usize,
     /// How long a send's event recorded in the outbox waits for the process
     /// that made its change to queue it before a worker's relay does; also
     /// the relay's interval and its lease on an event it takes.
@@ -122,7 +120,6 @@ impl WebhookSettings {
             ("webhooks.concurrency_per_client", u64::from(self.concurrency_per_client)),
             ("webhooks.read_batch_users", self.read_batch_users as u64),
             ("webhooks.read_flush_ms", self.read_flush_ms),
-            ("webhooks.read_buffer", self.read_buffer as u64),
             ("webhooks.outbox_retry_ms", self.outbox_retry_ms),
         ];
         for (setting, value) in positive {

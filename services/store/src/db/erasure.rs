@@ -1,7 +1,8 @@
 //! Removing everything a shard holds of one user (their erasure): items,
 //! announcement watermark, group cursors, preferences (the erasure marker
-//! stays on the user's own shard), a pending badge invalidation, and the
-//! recipient records (reads by message, announcements materialized).
+//! stays on the user's own shard), a pending badge invalidation, the
+//! recipient records (reads by message, announcements materialized), and
+//! reads not yet reported to `item.read` webhooks.
 
 use sqlx::MySqlPool;
 use tracing::instrument;
@@ -36,8 +37,8 @@ impl Removed {
 pub async fn remove_user(pool: &MySqlPool, user_id: u64, keep_marker: bool) -> Result<Removed> {
     // Reads waiting to be counted first: the sends keep their read counts
     // (as for reads counted before), and a count running meanwhile ends
-    // before the readers go.
-    super::retry_on_deadlock(|| super::read_backlog::apply(pool, user_id)).await?;
+    // before the readers go. None of them is reported (`item.read`).
+    super::retry_on_deadlock(|| super::read_backlog::apply(pool, user_id, false)).await?;
     let mut removed = Removed::default();
     loop {
         let deleted = sqlx::query("DELETE FROM message_items WHERE user_id = ? LIMIT ?")
@@ -60,6 +61,7 @@ pub async fn remove_user(pool: &MySqlPool, user_id: u64, keep_marker: bool) -> R
         "user_inbox_state",
         "retention_pending_badges",
         "read_backlog",
+        "read_feed",
         "message_reads",
         "announcement_recipients",
     ] {

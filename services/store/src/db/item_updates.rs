@@ -19,7 +19,7 @@ use tracing::instrument;
 
 use super::items::{BadgeState, COUNT_UNREAD, ItemFilter, UnreadTruth};
 use super::preferences::{SUPPRESSION, Suppression};
-use super::read_backlog;
+use super::{read_backlog, read_feed};
 use notify_domain::error::{Error, Result};
 
 /// What to do to items.
@@ -108,7 +108,7 @@ pub enum Target<'a> {
 pub struct Updated {
     /// Items that changed.
     pub changed: u64,
-    /// Their ids: always for a list of ids, for a filter when asked for.
+    /// Their ids, for a list of ids (a filter's are in its backlog row).
     pub changed_ids: Vec<u64>,
     /// Ids the user has no item for (for a list of ids).
     pub unknown: Vec<u64>,
@@ -127,6 +127,7 @@ enum Step {
     Backlog,
     ReadCounts,
     Reads,
+    Feed,
     Update,
     Count,
     Present,
@@ -143,11 +144,12 @@ enum Step {
 /// Ids are locked first (those found, the rest are unknown), then the
 /// user's reads waiting to be counted; a filter's items are what a list
 /// with it shows (joined to their send's content copy, not withdrawn).
-/// Then, over the items the action changes: their ids (for ids, or with
-/// `changed_ids`: `item.read` webhooks ask), the read counts and readers by
-/// message for ids, the backlog row for a filter (which also locks its
-/// items, so the update changes the same ones), the update, and the
-/// badge's reads.
+/// Then, over the items the action changes: for ids, their ids, the read
+/// counts and readers by message, and (a read, with `feed`: some endpoint
+/// wants `item.read`) the reads for the feed ([`read_feed`]); for a
+/// filter, the backlog row (which also locks its items, so the update
+/// changes the same ones, and whose count feeds `item.read`); then the
+/// update, and the badge's reads.
 #[instrument(level = "debug", skip_all, fields(db.system = "mysql", action = action.name()))]
 pub async fn update(
     pool: &MySqlPool,
@@ -155,13 +157,13 @@ pub async fn update(
     action: Action,
     target: Target<'_>,
     announcement_ids: &[u64],
-    changed_ids: bool,
+    feed: bool,
 ) -> Result<Updated> {
     if let Target::Ids([]) = target {
         let badge = super::items::badge_state(pool, user_id, announcement_ids).await?;
         return Ok(Updated { changed: 0, changed_ids: Vec::new(), unknown: Vec::new(), badge });
     }
-    let (steps, script) = script(user_id, action, target, announcement_ids, changed_ids)?;
+    let (steps, script) = script(user_id, action, target, announcement_ids, feed)?;
     let mut conn = pool.acquire().await?;
     let ran = run(&mut conn, &steps, script).await;
     if ran.is_err() {
@@ -185,7 +187,7 @@ fn script(
     action: Action,
     target: Target<'_>,
     announcement_ids: &[u64],
-    changed_ids: bool,
+    feed: bool,
 ) -> Result<(Vec<Step>, String)> {
     let list = |ids: &[u64]| ids.iter().map(u64::to_string).collect::<Vec<_>>().join(", ");
     let delta = action.read_delta();
@@ -220,10 +222,9 @@ fn script(
             ),
         ),
     };
-    if changed_ids || matches!(target, Target::Ids(_)) {
+    if matches!(target, Target::Ids(_)) {
         // Before the update moves them out of the selection; a locking read
-        // (shared: a filter's content copies stay readable to others) sees
-        // what the update will.
+        // sees what the update will.
         let select = format!("SELECT i.message_id FROM {items} {selected} LOCK IN SHARE MODE");
         steps.push((Step::Changed, select));
     }
@@ -254,6 +255,9 @@ fn script(
             )
         };
         steps.push((Step::Reads, reads));
+        if feed && action == Action::MarkRead {
+            steps.push((Step::Feed, read_feed::record(items, &selected)));
+        }
     }
     steps.push((Step::Update, format!("UPDATE {items} SET {} {selected}", action.assignments())));
     let user = user_id.to_string();
@@ -334,10 +338,10 @@ mod tests {
             ItemFilter { view: View::Inbox, category: Some("billing.eu"), ..Default::default() };
         let (steps, sql) =
             script(42, Action::MarkRead, Target::All(filter), &[7, 9], true).unwrap();
+        // The feed of a filtered read is written when its row is counted.
         let expected = [
             Step::Raise,
             Step::Begin,
-            Step::Changed,
             Step::Backlog,
             Step::Update,
             Step::Count,
@@ -363,6 +367,25 @@ mod tests {
         );
         let (steps, _) = script(42, Action::MarkSeen, Target::All(filter), &[], false).unwrap();
         assert_eq!(steps, [Step::Begin, Step::Update, Step::Count, Step::Commit]);
+    }
+
+    #[test]
+    fn a_read_by_ids_records_its_reads_for_the_feed_only_when_asked() {
+        let fed = |action, feed| {
+            let (steps, sql) = script(42, action, Target::Ids(&[5, 6]), &[], feed).unwrap();
+            let at = steps.iter().position(|step| *step == Step::Feed);
+            if let Some(at) = at {
+                // Before the update moves the items out of its selection.
+                assert_eq!(steps[at + 1], Step::Update);
+                assert!(sql.contains("INSERT INTO read_feed"), "{sql}");
+            }
+            at.is_some()
+        };
+        assert!(fed(Action::MarkRead, true));
+        assert!(!fed(Action::MarkRead, false));
+        for action in [Action::MarkUnread, Action::MarkSeen, Action::Archive, Action::Delete] {
+            assert!(!fed(action, true), "{action:?}");
+        }
     }
 
     #[test]

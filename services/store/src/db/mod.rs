@@ -10,6 +10,7 @@ pub mod lookups;
 pub mod messages;
 pub mod preferences;
 pub mod read_backlog;
+pub mod read_feed;
 pub mod reads;
 pub mod recall;
 pub mod recipients;

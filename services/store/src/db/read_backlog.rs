@@ -68,10 +68,12 @@ const IDS: &str =
 /// content copy is still here (retention dropped the rest, with their
 /// counts). A message's reader row is then set from the user's item: kept
 /// or written (with the item's `read_at`) where the item is read and not
-/// withdrawn, deleted where it is not read or gone. Returns the rows
-/// applied.
+/// withdrawn, deleted where it is not read or gone. With `feed` (some
+/// endpoint wants `item.read`), each of those reads of a read row is also
+/// written to [`super::read_feed`] in the same transaction. Returns the
+/// rows applied.
 #[instrument(level = "debug", skip_all, fields(db.system = "mysql"))]
-pub async fn apply(pool: &MySqlPool, user_id: u64) -> Result<u64> {
+pub async fn apply(pool: &MySqlPool, user_id: u64, feed: bool) -> Result<u64> {
     // One text, so that the level never outlives this transaction on a
     // pooled connection (it applies to the next transaction only).
     let mut tx = pool
@@ -107,16 +109,20 @@ pub async fn apply(pool: &MySqlPool, user_id: u64) -> Result<u64> {
     counts.build().execute(&mut *tx).await?;
 
     if rows.iter().any(|(_, delta)| *delta > 0) {
-        let mut readers = QueryBuilder::new(format!(
-            "INSERT INTO message_reads (message_id, user_id, read_at) \
-             SELECT DISTINCT i.message_id, i.user_id, i.read_at FROM read_backlog b STRAIGHT_JOIN {IDS} \
-             STRAIGHT_JOIN message_items i ON i.user_id = b.user_id AND i.message_id = j.message_id \
-             STRAIGHT_JOIN message_contents c ON c.message_id = i.message_id \
-             WHERE b.delta > 0 AND i.is_read = 1 AND c.revoked = 0 AND"
-        ));
-        chosen(&mut readers);
-        readers.push(" ON DUPLICATE KEY UPDATE read_at = VALUES(read_at)");
-        readers.build().execute(&mut *tx).await?;
+        let tables: &[&str] =
+            if feed { &["message_reads", "read_feed"] } else { &["message_reads"] };
+        for table in tables {
+            let mut readers = QueryBuilder::new(format!(
+                "INSERT INTO {table} (message_id, user_id, read_at) \
+                 SELECT DISTINCT i.message_id, i.user_id, i.read_at FROM read_backlog b STRAIGHT_JOIN {IDS} \
+                 STRAIGHT_JOIN message_items i ON i.user_id = b.user_id AND i.message_id = j.message_id \
+                 STRAIGHT_JOIN message_contents c ON c.message_id = i.message_id \
+                 WHERE b.delta > 0 AND i.is_read = 1 AND c.revoked = 0 AND"
+            ));
+            chosen(&mut readers);
+            readers.push(" ON DUPLICATE KEY UPDATE read_at = VALUES(read_at)");
+            readers.build().execute(&mut *tx).await?;
+        }
     }
     if rows.iter().any(|(_, delta)| *delta < 0) {
         // Found by a plain read, then deleted by key: a DELETE joined to
