@@ -23,6 +23,9 @@
 //! - no pending or unsettled chunk is left under a completed or cancelled send;
 //! - once the reads waiting to be counted are, every send's read count and
 //!   readers equal its items read;
+//! - every reader was reported to the `item.read` endpoint (a receiver in
+//!   this process, the one webhook of the client `local` every call runs
+//!   as), once the read feed is empty: at least once through the faults;
 //! - the witnesses' RSS grew by at most 20% over the second half.
 //!
 //! It prints the faults injected and the invariants checked, and fails on
@@ -39,6 +42,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context as _, anyhow, bail};
 use notify_domain::Settings;
 use notify_domain::domain::SendStatus;
+use notify_domain::settings::{ClientSettings, WebhookEndpoint};
 use notify_proto::v1;
 use notify_proto::v1::group_service_client::GroupServiceClient;
 use notify_proto::v1::inbox_service_client::InboxServiceClient;
@@ -77,10 +81,12 @@ pub async fn run(args: ChaosArgs) -> anyhow::Result<()> {
     let mut settings = harness::settings_for(&base, &tag, 4);
     settings.worker.sweep_timeout_secs = 5;
     settings.worker.operation_timeout_secs = 10;
+    let hooks = ReadHooks::start().await?;
+    settings.auth.clients = vec![hooks.client()];
     let direct = settings.clone();
     let mut env = Env::new(settings.clone())?;
     env.migrate(&direct, "direct.toml").await?;
-    let outcome = crate::guarded(soak(&args, &mut env, direct, settings)).await;
+    let outcome = crate::guarded(soak(&args, &mut env, direct, settings, &hooks)).await;
     let failed = outcome.as_ref().map_or(true, |report| !report.ok);
     let text = outcome.map(|report| report.text);
     if failed {
@@ -169,6 +175,7 @@ async fn soak(
     env: &mut Env,
     direct: Settings,
     mut proxied: Settings,
+    hooks: &ReadHooks,
 ) -> anyhow::Result<Report> {
     let proxies = Arc::new(route_through_proxies(&mut proxied).await);
     let bins = Binaries::locate()?;
@@ -274,6 +281,10 @@ async fn soak(
         "read counts and readers equal items read",
         read_counts(&ctx, Duration::from_secs(60)).await,
     );
+    checks.record(
+        "every reader reported to item.read",
+        reads_reported(&ctx, hooks, Duration::from_secs(120)).await,
+    );
     let growth = |mid: u64, end: u64| end as f64 / mid.max(1) as f64;
     let (api_growth, worker_growth) = (growth(rss_mid.0, rss_end.0), growth(rss_mid.1, rss_end.1));
     let measured = [rss_mid.0, rss_mid.1, rss_end.0, rss_end.1].iter().all(|kb| *kb > 0);
@@ -309,6 +320,12 @@ async fn soak(
         ledger.given_up,
         ledger.announcements.len(),
         thousands(ledger.touched.len() as u64)
+    ));
+    let (calls, reported) = hooks.tally();
+    text.push_str(&format!(
+        "item.read: {} calls reporting {} (message, reader) pairs\n",
+        thousands(calls),
+        thousands(reported)
     ));
     text.push_str(&format!(
         "witness RSS: api {} -> {} kB (x{api_growth:.2}), worker {} -> {} kB (x{worker_growth:.2})\n",
@@ -1004,6 +1021,119 @@ async fn read_counts(ctx: &notify_core::Context, limit: Duration) -> anyhow::Res
         }
     }
     Ok(sends.len() as u64)
+}
+
+/// The `item.read` endpoint of the soak: an HTTP server on 127.0.0.1 that
+/// answers 200 and keeps every `(message, reader)` it was told of.
+struct ReadHooks {
+    url: String,
+    heard: Arc<Mutex<Heard>>,
+}
+
+#[derive(Default)]
+struct Heard {
+    calls: u64,
+    reads: std::collections::HashSet<(u64, u64)>,
+}
+
+impl ReadHooks {
+    async fn start() -> anyhow::Result<Self> {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+        let url = format!("http://{}/hooks", listener.local_addr()?);
+        let heard: Arc<Mutex<Heard>> = Arc::default();
+        let app = axum::Router::new()
+            .route("/hooks", axum::routing::post(Self::receive))
+            .with_state(heard.clone());
+        tokio::spawn(async move { axum::serve(listener, app).await });
+        Ok(Self { url, heard })
+    }
+
+    async fn receive(
+        axum::extract::State(heard): axum::extract::State<Arc<Mutex<Heard>>>,
+        body: String,
+    ) -> http::StatusCode {
+        let Ok(event) = serde_json::from_str::<serde_json::Value>(&body) else {
+            return http::StatusCode::BAD_REQUEST;
+        };
+        let id = |value: &serde_json::Value| value.as_str().and_then(|id| id.parse::<u64>().ok());
+        let data = &event["data"];
+        let (Some(message_id), Some(users)) =
+            (id(&data["message_id"]), data["user_ids"].as_array())
+        else {
+            return http::StatusCode::BAD_REQUEST;
+        };
+        let mut heard = heard.lock().unwrap_or_else(|e| e.into_inner());
+        heard.calls += 1;
+        heard.reads.extend(users.iter().filter_map(id).map(|user| (message_id, user)));
+        http::StatusCode::OK
+    }
+
+    /// The client every call runs as (auth is off), with this endpoint.
+    fn client(&self) -> ClientSettings {
+        ClientSettings {
+            name: "local".to_owned(),
+            // Never presented: auth is off. Configured clients need one.
+            token_sha256: vec!["0".repeat(64)],
+            cert_names: Vec::new(),
+            scopes: Vec::new(),
+            senders: Vec::new(),
+            requests_per_second: 0,
+            burst: 0,
+            recipients_per_minute: 0,
+            announcements_per_hour: 0,
+            webhooks: vec![WebhookEndpoint {
+                url: self.url.clone(),
+                secret: "whsec_Y2hhb3Mtc29hay1pdGVtLXJlYWQtc2VjcmV0".to_owned().into(),
+                secret_file: String::new(),
+                events: vec!["item.read".to_owned()],
+            }],
+        }
+    }
+
+    /// Calls received, and distinct pairs reported.
+    fn tally(&self) -> (u64, u64) {
+        let heard = self.heard.lock().unwrap_or_else(|e| e.into_inner());
+        (heard.calls, heard.reads.len() as u64)
+    }
+}
+
+/// Waits until no read waits to be counted or queued and every reader row
+/// (`message_reads`, on every shard) was reported; fails after `limit`
+/// naming what is missing.
+async fn reads_reported(
+    ctx: &notify_core::Context,
+    hooks: &ReadHooks,
+    limit: Duration,
+) -> anyhow::Result<u64> {
+    let deadline = Instant::now() + limit;
+    loop {
+        let mut waiting = 0;
+        let mut readers = Vec::new();
+        for (_, pool) in ctx.pools.iter() {
+            waiting += notify_store::db::read_backlog::count(pool).await?;
+            waiting += notify_store::db::read_feed::count(pool).await?;
+            let rows: Vec<(u64, u64)> =
+                sqlx::query_as("SELECT message_id, user_id FROM message_reads")
+                    .fetch_all(pool)
+                    .await?;
+            readers.extend(rows);
+        }
+        let missing = {
+            let heard = hooks.heard.lock().unwrap_or_else(|e| e.into_inner());
+            readers.iter().filter(|pair| !heard.reads.contains(pair)).count()
+        };
+        if waiting == 0 && missing == 0 {
+            return Ok(readers.len() as u64);
+        }
+        if Instant::now() > deadline {
+            bail!(
+                "{missing} of {} readers never reported, {waiting} reads still waiting, after {} s",
+                readers.len(),
+                limit.as_secs()
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
 }
 
 async fn leftover_chunks(ctx: &notify_core::Context, shared: &Shared) -> anyhow::Result<u64> {

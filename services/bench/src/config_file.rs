@@ -17,6 +17,36 @@ struct ConfigFile<'a> {
     inbox: Inbox,
     console: Console<'a>,
     log: Log<'a>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    auth: Option<Auth<'a>>,
+    webhooks: Webhooks,
+}
+
+/// Only when clients are defined: their names, token digests and
+/// endpoints (the chaos soak's `item.read` receiver).
+#[derive(Serialize)]
+struct Auth<'a> {
+    enabled: bool,
+    clients: Vec<Client<'a>>,
+}
+
+#[derive(Serialize)]
+struct Client<'a> {
+    name: &'a str,
+    token_sha256: &'a [String],
+    webhooks: Vec<Endpoint<'a>>,
+}
+
+#[derive(Serialize)]
+struct Endpoint<'a> {
+    url: &'a str,
+    secret: &'a str,
+    events: &'a [String],
+}
+
+#[derive(Serialize)]
+struct Webhooks {
+    read_flush_ms: u64,
 }
 
 #[derive(Serialize)]
@@ -127,6 +157,28 @@ pub fn to_toml(s: &Settings) -> String {
             update_interval_ms: s.console.update_interval_ms,
         },
         log: Log { filter: &s.log.filter },
+        auth: (!s.auth.clients.is_empty()).then(|| Auth {
+            enabled: s.auth.enabled,
+            clients: s
+                .auth
+                .clients
+                .iter()
+                .map(|client| Client {
+                    name: &client.name,
+                    token_sha256: &client.token_sha256,
+                    webhooks: client
+                        .webhooks
+                        .iter()
+                        .map(|endpoint| Endpoint {
+                            url: &endpoint.url,
+                            secret: endpoint.secret.expose_secret(),
+                            events: &endpoint.events,
+                        })
+                        .collect(),
+                })
+                .collect(),
+        }),
+        webhooks: Webhooks { read_flush_ms: s.webhooks.read_flush_ms },
     };
     toml::to_string(&file).expect("settings serialize as TOML")
 }
@@ -149,5 +201,26 @@ mod tests {
         assert_eq!(shards[1]["url"].as_str(), Some("mysql://other@127.0.0.1:3307"));
         assert_eq!(read["database"]["bucket_ranges"].as_array().map(Vec::len), Some(0));
         assert_eq!(read["log"]["filter"].as_str(), Some(settings.log.filter.as_str()));
+        assert!(read.get("auth").is_none(), "no clients, no auth section");
+    }
+
+    #[test]
+    fn a_client_and_its_endpoint_read_back_as_settings() {
+        let mut settings = Settings::defaults().unwrap();
+        let client: notify_domain::settings::ClientSettings = toml::from_str(&format!(
+            "name = \"local\"\ntoken_sha256 = [\"{}\"]\n\
+             [[webhooks]]\nurl = \"http://127.0.0.1:9/h\"\nsecret = \"whsec_c2VjcmV0\"\n\
+             events = [\"item.read\"]\n",
+            "0".repeat(64)
+        ))
+        .unwrap();
+        settings.auth.clients = vec![client];
+        let read: toml::Table = to_toml(&settings).parse().expect("valid TOML");
+        let client = &read["auth"]["clients"].as_array().unwrap()[0];
+        assert_eq!(client["name"].as_str(), Some("local"));
+        let endpoint = &client["webhooks"].as_array().unwrap()[0];
+        assert_eq!(endpoint["url"].as_str(), Some("http://127.0.0.1:9/h"));
+        assert_eq!(endpoint["secret"].as_str(), Some("whsec_c2VjcmV0"));
+        assert_eq!(endpoint["events"].as_array().unwrap()[0].as_str(), Some("item.read"));
     }
 }
