@@ -43,6 +43,10 @@ pub struct ItemsArgs {
     /// The user whose inbox is updated.
     #[arg(long, default_value_t = 42)]
     user: u64,
+    /// Reads by ids (of 10 items, then unread again) per arm of the read
+    /// feed's A/B: without and with `item.read`, taking turns.
+    #[arg(long, default_value_t = 200)]
+    feed_rounds: u32,
 }
 
 /// Most milliseconds a call may take (issue 33).
@@ -153,11 +157,54 @@ async fn body(
         let mut both = run.actions(&mut client, &pair, args.calls).await?;
         timed.append(&mut both);
     }
+    let feed = feed_cost(&pool, args).await?;
     // Last: nothing comes back from a delete.
     timed.append(&mut run.actions(&mut client, &[v1::ItemAction::Delete], 1).await?);
     pool.close().await;
     env.check_children()?;
-    Ok(summary(args, slot, &timed, tracked.machine_max()))
+    let mut report = summary(args, slot, &timed, tracked.machine_max());
+    report.push_str(&feed);
+    Ok(report)
+}
+
+/// What recording reads for `item.read` costs a read by ids: the update of
+/// `notify_store::db::item_updates` run straight on the user's shard (the
+/// api's part is the same either way, one round trip) over 10 of the
+/// user's items, without the feed and with it, taking turns, each read
+/// undone by an unread (untimed). The worker drains the feed meanwhile
+/// (the items' sends have no owner with an endpoint: dropped).
+async fn feed_cost(pool: &MySqlPool, args: &ItemsArgs) -> anyhow::Result<String> {
+    use notify_store::db::item_updates::{Action, Target, update};
+    let ids: Vec<u64> = sqlx::query_scalar(
+        "SELECT message_id FROM message_items WHERE user_id = ? AND deleted_at IS NULL \
+         ORDER BY message_id DESC LIMIT 10",
+    )
+    .bind(args.user)
+    .fetch_all(pool)
+    .await?;
+    ensure!(ids.len() == 10, "the user has {} items, 10 needed", ids.len());
+    let mut arms = [new_hist(), new_hist()];
+    for round in 0..args.feed_rounds * 2 {
+        let feed = round % 2 == 1;
+        let started = Instant::now();
+        let read = update(pool, args.user, Action::MarkRead, Target::Ids(&ids), &[], feed).await?;
+        arms[usize::from(feed)].record(started.elapsed().as_micros() as u64)?;
+        ensure!(read.changed == 10, "a read by ids changed {} of 10 items", read.changed);
+        update(pool, args.user, Action::MarkUnread, Target::Ids(&ids), &[], false).await?;
+    }
+    let ms = |hist: &Histogram<u64>, q: f64| hist.value_at_quantile(q) as f64 / 1000.0;
+    let [off, on] = &arms;
+    Ok(format!(
+        "\nread feed: a read by ids of 10 items, {} calls per arm taking turns, on the shard: \
+         without p50 {:.2} ms p99 {:.2} ms, with item.read p50 {:.2} ms p99 {:.2} ms, \
+         with / without p50 {:.2}\n",
+        args.feed_rounds,
+        ms(off, 0.5),
+        ms(off, 0.99),
+        ms(on, 0.5),
+        ms(on, 0.99),
+        ms(on, 0.5) / ms(off, 0.5).max(0.001)
+    ))
 }
 
 /// Writes the user's items straight into the shard: `args.items` sends of
