@@ -51,14 +51,22 @@ impl ReadRelay {
     }
 
     /// Queues the reads waiting on every shard (up to a bound per shard),
-    /// each shard's within `worker.operation_timeout_secs`; a shard that
+    /// each take within `worker.operation_timeout_secs`, and more than one
+    /// per shard only within that time from the run's start; a shard that
     /// does not answer is passed over until the next run. Returns the
     /// batches queued.
     pub async fn run_once(&self, ctx: &Context) -> Result<u64> {
         let limit = Duration::from_secs(ctx.settings.worker.operation_timeout_secs);
+        let started = std::time::Instant::now();
         let mut queued = 0;
         for (shard, pool) in ctx.pools.iter() {
-            for _ in 0..TAKES_PER_RUN {
+            for take in 0..TAKES_PER_RUN {
+                // Every shard gets a take; more only while the run is young,
+                // so a slow RabbitMQ does not stretch it (and stall the
+                // heartbeat) take after take.
+                if take > 0 && started.elapsed() > limit {
+                    break;
+                }
                 match tokio::time::timeout(limit, self.relay_take(ctx, pool)).await {
                     Ok(Ok((batches, more))) => {
                         queued += batches;
