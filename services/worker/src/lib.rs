@@ -182,7 +182,7 @@ impl Worker {
         }
         {
             // Reads waiting for item.read webhooks (none are recorded while
-            // no endpoint wants them; a run then reads an empty table).
+            // no endpoint wants them; a run then asks each shard once).
             let ctx = ctx.clone();
             let relay = Arc::new(ReadRelay::new());
             tasks.spawn(background::every(

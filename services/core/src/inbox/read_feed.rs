@@ -96,6 +96,9 @@ impl ReadRelay {
     /// queued keeps its rows for the next take. Returns the batches queued
     /// and whether the take was full (more may wait).
     async fn relay_take(&self, ctx: &Context, pool: &MySqlPool) -> Result<(u64, bool)> {
+        if !read_feed::any_waiting(pool).await? {
+            return Ok((0, false));
+        }
         let batch = ctx.settings.webhooks.read_batch_users.max(1);
         let limit = batch * BATCHES_PER_TAKE;
         let mut taken = read_feed::take(pool, u32::try_from(limit).unwrap_or(u32::MAX)).await?;

@@ -48,6 +48,16 @@ pub struct Taken {
     pub reads: Vec<FeedRead>,
 }
 
+/// Whether any read waits on this shard: one plain read, no lock, no
+/// transaction (what a relay asks before it opens a take, so an idle feed
+/// costs one round trip per shard and run).
+#[instrument(level = "debug", skip_all, fields(db.system = "mysql"))]
+pub async fn any_waiting(pool: &MySqlPool) -> Result<bool> {
+    let (any,): (bool,) =
+        sqlx::query_as("SELECT EXISTS (SELECT 1 FROM read_feed)").fetch_one(pool).await?;
+    Ok(any)
+}
+
 /// Takes up to `limit` waiting reads, ordered by message then user, locked
 /// in a transaction of their own. READ COMMITTED with `SKIP LOCKED`: rows
 /// another relay holds, or a read has not committed yet, are passed over

@@ -497,6 +497,7 @@ async fn the_read_feed_is_taken_by_one_relay_at_a_time() {
     let (settings, _) = two_clients();
     let app = spawn_app_with(settings, false).await;
     let pool = app.ctx.pools.iter().next().map(|(_, pool)| pool.clone()).unwrap();
+    assert!(!read_feed::any_waiting(&pool).await.unwrap(), "an empty feed");
     sqlx::query(
         "INSERT INTO read_feed (message_id, user_id, read_at) VALUES \
          (7, 1, UTC_TIMESTAMP(3)), (7, 2, UTC_TIMESTAMP(3)), (7, 3, UTC_TIMESTAMP(3)), \
@@ -519,6 +520,7 @@ async fn the_read_feed_is_taken_by_one_relay_at_a_time() {
     assert_eq!(pairs(&rest.reads), [(7, 2), (8, 1), (9, 4)], "given back and not forgotten");
     rest.forget(&[]).await.unwrap();
     assert_eq!(read_feed::count(&pool).await.unwrap(), 3);
+    assert!(read_feed::any_waiting(&pool).await.unwrap());
     app.cleanup().await;
 }
 
