@@ -46,7 +46,7 @@ async fn erase(app: &TestApp, user_id: u64) -> v1::EraseUserResponse {
 
 #[tokio::test]
 async fn an_erased_user_leaves_nothing_on_any_shard_or_in_redis() {
-    let app = spawn_app().await;
+    let mut app = spawn_app().await;
     let (user, other) = (7_100_001, 7_100_002);
     let mut ids = Vec::new();
     for _ in 0..3 {
@@ -91,7 +91,9 @@ async fn an_erased_user_leaves_nothing_on_any_shard_or_in_redis() {
     let mut redis = app.ctx.cache.connection();
     assert!(redis.exists::<_, bool>(&badge_key).await.unwrap(), "the badge was cached");
     // Reads of both waiting for item.read webhooks (as an endpoint would
-    // have them recorded): the erased user's go, the other's stay.
+    // have them recorded): the erased user's go, the other's stay. No
+    // worker from here on: its relay would drop them (nobody wants them).
+    app.stop_worker().await;
     for reader in [user, other] {
         let pool = app.ctx.pools.for_user(reader);
         sqlx::query(
