@@ -78,9 +78,22 @@ impl FaultProxy {
                 StreamDirection::Downstream => toxics.downstream.push(toxic.clone()),
             }
         }
-        let (listener, info) = ProxyRunner::initialize_proxy::<TcpListener>(config, toxics)
-            .await
-            .expect("proxy binds");
+        // Again at once after a `down`, the port may still be held for a
+        // moment by the stopped runner's listener (seen as "address in
+        // use" on a slow machine): retried for up to 5 s.
+        let mut attempts = 0;
+        let (listener, info) = loop {
+            match ProxyRunner::initialize_proxy::<TcpListener>(config.clone(), toxics.clone()).await
+            {
+                Ok(bound) => break bound,
+                Err(e) if attempts < 250 => {
+                    attempts += 1;
+                    tracing::debug!(error = %e, proxy = %self.name, "proxy port still held, retrying");
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
+                Err(e) => panic!("proxy binds {}: {e:?}", self.listen),
+            }
+        };
         let (stop, stopper) = Stop::new();
         let (_close, closer) = Close::new();
         let (events, receiver) = bmrng::channel(1);
