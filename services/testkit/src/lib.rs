@@ -465,10 +465,23 @@ impl TestApp {
         places
     }
 
-    /// Unread, unexpired items of a user, counted in MySQL (the truth).
+    /// Unread, unexpired items of a user, counted in MySQL (the truth), by
+    /// a query of the kit's own, not the badge's: every item in the inbox
+    /// joined to its content copy, which is not revoked.
     pub async fn unread_truth(&self, user_id: u64) -> u64 {
         let pool = self.ctx.pools.for_user(user_id).value();
-        notify_store::db::items::count_unread(pool, user_id).await.expect("count unread").unread
+        let unread: i64 = sqlx::query_scalar(
+            "SELECT COUNT(*) FROM message_items i \
+             JOIN message_contents c ON c.message_id = i.message_id \
+             WHERE i.user_id = ? AND i.is_read = 0 AND i.is_archived = 0 \
+             AND i.deleted_at IS NULL AND c.revoked = 0 \
+             AND (i.expire_at IS NULL OR i.expire_at > UTC_TIMESTAMP(3))",
+        )
+        .bind(user_id)
+        .fetch_one(pool)
+        .await
+        .expect("count unread");
+        unread as u64
     }
 
     /// Stops everything and removes the test's databases, queues and keys.

@@ -462,3 +462,62 @@ async fn updates_racing_deliveries_and_a_redis_flush_leave_both_counts_exact() {
     }
     app.cleanup().await;
 }
+
+/// A badge is the user's items less those of revoked messages (a recall
+/// under way hides its items before it deletes them; a cancelled
+/// announcement's stay until retention purges them), in every state: both
+/// the count a badge read runs and the one in an update's own script agree
+/// with the test's join. One user has most items unread, the other most
+/// read.
+#[tokio::test]
+async fn counts_leave_out_revoked_messages_in_every_state() {
+    let app = spawn_app().await;
+    let (many, few) = (5_700_001, 5_700_002);
+    let mut sends = Vec::new();
+    for _ in 0..12 {
+        sends.push(deliver(&app, &[many, few], "billing").await);
+    }
+    let set = async |user: u64, ids: &[u64], assignment: &str| {
+        let pool = app.ctx.pools.for_user(user);
+        let ids = ids.iter().map(u64::to_string).collect::<Vec<_>>().join(", ");
+        sqlx::query(sqlx::AssertSqlSafe(format!(
+            "UPDATE message_items SET {assignment} WHERE user_id = {user} AND message_id IN ({ids})"
+        )))
+        .execute(pool.value())
+        .await
+        .unwrap();
+    };
+    // `many`: every state once among the revoked items and among the others,
+    // and two plain items.
+    set(many, &[sends[1], sends[6]], "is_seen = 1").await;
+    set(many, &[sends[2], sends[7]], "is_read = 1, is_seen = 1").await;
+    set(many, &[sends[3], sends[8]], "is_archived = 1").await;
+    set(many, &[sends[4], sends[9]], "deleted_at = UTC_TIMESTAMP(3)").await;
+    set(many, &[sends[5]], "expire_at = UTC_TIMESTAMP(3) - INTERVAL 1 HOUR").await;
+    // `few`: one plain item unread, and two unread but revoked (one seen).
+    set(few, &sends[2..10], "is_read = 1, is_seen = 1").await;
+    set(few, &[sends[11]], "is_read = 1, is_seen = 1").await;
+    set(few, &[sends[1]], "is_seen = 1").await;
+    let revoked = &sends[0..5];
+    let list = revoked.iter().map(u64::to_string).collect::<Vec<_>>().join(", ");
+    for (_, pool) in app.ctx.pools.iter() {
+        sqlx::query(sqlx::AssertSqlSafe(format!(
+            "UPDATE message_contents SET revoked = 1, revoked_at = UTC_TIMESTAMP(3) \
+             WHERE message_id IN ({list})"
+        )))
+        .execute(pool)
+        .await
+        .unwrap();
+    }
+
+    for (user, expected) in [(many, (3, 2)), (few, (1, 1))] {
+        assert_eq!(truth(&app, user).await, expected, "the test's own count of user {user}");
+        let pool = app.ctx.pools.for_user(user);
+        let counted = notify_store::db::items::count_unread(pool.value(), user).await.unwrap();
+        assert_eq!((counted.unread, counted.unseen), expected, "a badge read's count of {user}");
+        // An update that changes nothing still counts in its script.
+        let reply = update(&app, user, v1::ItemAction::MarkSeen, vec![sends[2]], None).await;
+        assert_eq!((reply.changed, reply.unread, reply.unseen), (0, expected.0, expected.1));
+    }
+    app.cleanup().await;
+}

@@ -1,0 +1,12 @@
+-- An index on the revoked content copies (expand only): a badge count
+-- leaves out the user's items of revoked messages (recalled sends,
+-- cancelled announcements) by testing them against the shard's revoked
+-- copies, which this index finds, instead of joining every unread item to
+-- its content copy (notify_store::db::items::COUNT_UNREAD). They are few:
+-- retention purges them after retention.purge_hidden_after_secs.
+--
+-- One entry per message per shard, written once when the copy is stored
+-- and moved once if it is revoked: nothing per recipient, so the fan-out
+-- does not pay for it. Built in place without locking the table; old pods
+-- count with the join, as before, and agree.
+ALTER TABLE message_contents ADD KEY IF NOT EXISTS idx_contents_revoked (revoked, message_id);
