@@ -159,6 +159,9 @@ impl Application {
             health::watch_backends(self.ctx.clone(), heartbeats.clone(), shutdown.clone());
         let probes = Probes::new(backends.clone(), heartbeats, &self.ctx.settings.health);
         tokio::spawn(follow_backends(health.clone(), backends, updating.clone(), shutdown.clone()));
+        // Cached group seqs a failed Redis write left behind, raised again
+        // as soon as Redis answers (group sends and recalls run here).
+        tokio::spawn(notify_core::groups::repair_stale_seqs(self.ctx.clone(), shutdown.clone()));
         // Followed (and reported) until every call has drained: a replica
         // that stops reporting counts as gone for a bucket move.
         // (Also when this returns early with an error.)

@@ -13,9 +13,11 @@
 //!   the max only where the key exists (it does not know the recalled
 //!   seqs, so it never creates the key). The key can be behind MySQL in two
 //!   cases, both bounded by its TTL (`groups.seq_cache_ttl_secs`) or the
-//!   group's next send or recall: the write after a commit failed, or the
-//!   key vanished (flush, expiry) between a late writer's read and its
-//!   write. Unread counts are then briefly off by those messages, never
+//!   group's next send or recall: the write after a commit failed (the api
+//!   then merges the group's state from MySQL into the key once Redis
+//!   answers, [`Cache::repair_group_seqs`], so this lasts past the outage
+//!   only if that api dies first), or the key vanished (flush, expiry)
+//!   between a late writer's read and its write. Unread counts are then briefly off by those messages, never
 //!   negative; pulls and acks never trust it (an ack above it re-reads
 //!   MySQL).
 //! - `{u:ID}:gmem`: a hash of the user's groups, `group -> last_ack_seq`,
@@ -311,6 +313,19 @@ impl Cache {
         let encoded: HashMap<u64, String> =
             seqs.iter().map(|(group_id, seq)| (*group_id, seq.encode())).collect();
         self.merge_group_seqs(&encoded, ttl_secs, true).await
+    }
+
+    /// Merges whole seq states read from MySQL into the cached ones only
+    /// (a group not cached stays so): the repair after a failed write.
+    #[instrument(level = "debug", skip_all, fields(db.system = "redis"))]
+    pub async fn repair_group_seqs(
+        &self,
+        seqs: &HashMap<u64, GroupSeq>,
+        ttl_secs: u64,
+    ) -> Result<()> {
+        let encoded: HashMap<u64, String> =
+            seqs.iter().map(|(group_id, seq)| (*group_id, seq.encode())).collect();
+        self.merge_group_seqs(&encoded, ttl_secs, false).await
     }
 
     /// Raises a group's cached max seq after a send; a group not cached

@@ -746,3 +746,50 @@ async fn pooled_connections_broken_while_idle_fail_no_call() {
     assert!(failed.is_empty(), "{} calls failed on broken connections: {failed:?}", failed.len());
     app.cleanup().await;
 }
+
+/// Group sends and a recall whose writes to the cached seq state fail
+/// (Redis away right after their commits) are counted once Redis answers
+/// again: the api raises the state again from MySQL, without waiting for
+/// the key's TTL or the group's next send.
+#[tokio::test]
+async fn group_seqs_written_during_a_redis_outage_are_counted_once_it_is_back() {
+    let mut settings = test_settings();
+    settings.groups.seq_cache_ttl_secs = 3_600; // nothing here waits for it
+    let (app, proxies, _) = spawn_behind_proxies_with(settings).await;
+    let user = 6_100_001;
+    let group = crate::groups::create_group(&app, "outage").await;
+    crate::groups::add(&app, group, vec![user], false).await;
+    let mut groups = app.groups();
+    let (_, first_seq) = crate::groups::send(&mut groups, group, "before-1").await;
+    crate::groups::send(&mut groups, group, "before-2").await;
+    let group_unread = async || crate::groups::unread(&app, user).await.total;
+    assert_eq!(group_unread().await, 2, "the seq state is cached now");
+
+    proxies.redis.down().await;
+    eventually("the near cache lets go of Redis", Duration::from_secs(10), || async {
+        (app.ctx.cache.near_cache_held() == (0, 0)).then_some(())
+    })
+    .await;
+    crate::groups::send(&mut groups, group, "during-1").await;
+    crate::groups::send(&mut groups, group, "during-2").await;
+    groups
+        .recall_group_message(v1::RecallGroupMessageRequest { group_id: group, seq: first_seq })
+        .await
+        .unwrap();
+    proxies.redis.up().await;
+
+    // Four seqs, one recalled. Left stale, the key would say 2 until its
+    // TTL; with only the sends' raises repaired, 4.
+    eventually("the group's cached seq state repaired", Duration::from_secs(20), || async {
+        (group_unread().await == 3).then_some(())
+    })
+    .await;
+    let badge = app
+        .inbox()
+        .get_unread_count(v1::GetUnreadCountRequest { user_id: user })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(badge.group_unread, 3, "the badge carries it too");
+    app.cleanup().await;
+}

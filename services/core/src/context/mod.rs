@@ -4,6 +4,10 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+mod stale_seqs;
+
+pub use stale_seqs::StaleSeqs;
+
 use shard_router::{Key, Routed, ShardId, Snapshot};
 use sqlx::MySqlPool;
 use tokio::sync::Semaphore;
@@ -40,6 +44,9 @@ pub struct Context {
     /// Some endpoint asked for `item.read`: reads are recorded for it
     /// ([`notify_store::db::read_feed`]).
     pub read_feed: bool,
+    /// Groups whose cached seq state a failed Redis write may have left
+    /// behind MySQL, for [`crate::groups::repair_stale_seqs`].
+    pub stale_seqs: Arc<StaleSeqs>,
 }
 
 impl Context {
@@ -137,6 +144,7 @@ impl Context {
             ids,
             cross_shard_permits: Arc::new(Semaphore::new((pool_max / 2).max(1))),
             read_feed,
+            stale_seqs: Arc::default(),
         })
     }
 }

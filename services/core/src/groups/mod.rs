@@ -3,8 +3,10 @@
 //! shard; unread = max seq - cursor, answered from Redis (see
 //! [`notify_cache`]'s group protocol) without scanning messages.
 
+mod repair;
 mod unread;
 
+pub use repair::repair_stale_seqs;
 pub use unread::{GroupUnread, UnreadSummary, unread, unread_from};
 
 use std::collections::HashMap;
@@ -287,22 +289,26 @@ pub async fn send(ctx: &Context, message: &NewMessage) -> Result<Sent> {
     })
 }
 
-/// Merges seq states read whole (from MySQL, or a recall's) into the cache.
+/// Merges seq states read whole (from MySQL, or a recall's) into the cache;
+/// on failure, notes the groups for [`repair_stale_seqs`].
 async fn raise_cached_seqs(ctx: &Context, seqs: HashMap<u64, GroupSeq>) {
     let ttl = ctx.settings.groups.seq_cache_ttl_secs;
     if let Err(e) = ctx.cache.raise_group_seqs(&seqs, ttl).await {
         metrics::counter!("notify_group_seq_cache_errors_total").increment(1);
         warn!(error = %e, groups = seqs.len(), "could not raise cached group seqs");
+        ctx.stale_seqs.note(seqs.into_keys());
     }
 }
 
 /// Raises a cached max seq after a send; a group not cached stays so (its
-/// recalled seqs are not known here: the next reader fills it whole).
+/// recalled seqs are not known here: the next reader fills it whole). On
+/// failure, notes the group for [`repair_stale_seqs`].
 async fn raise_cached_max_seq(ctx: &Context, group_id: u64, max_seq: u64) {
     let ttl = ctx.settings.groups.seq_cache_ttl_secs;
     if let Err(e) = ctx.cache.raise_cached_max_seq(group_id, max_seq, ttl).await {
         metrics::counter!("notify_group_seq_cache_errors_total").increment(1);
         warn!(error = %e, group_id, "could not raise a cached group seq");
+        ctx.stale_seqs.note([group_id]);
     }
 }
 

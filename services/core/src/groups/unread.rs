@@ -122,6 +122,18 @@ async fn rebuild_cursors(
 /// Reads groups' seq states from their home shards (one query per shard)
 /// and caches them.
 async fn load_seq_states(ctx: &Context, group_ids: &[u64]) -> Result<HashMap<u64, GroupSeq>> {
+    let seqs = read_seq_states(ctx, group_ids).await?;
+    if !seqs.is_empty() {
+        raise_cached_seqs(ctx, seqs.clone()).await;
+    }
+    Ok(seqs)
+}
+
+/// Reads groups' seq states from their home shards (one query per shard).
+pub(super) async fn read_seq_states(
+    ctx: &Context,
+    group_ids: &[u64],
+) -> Result<HashMap<u64, GroupSeq>> {
     if group_ids.is_empty() {
         return Ok(HashMap::new());
     }
@@ -134,7 +146,5 @@ async fn load_seq_states(ctx: &Context, group_ids: &[u64]) -> Result<HashMap<u64
         }))
         .await?;
     drop(routes);
-    let seqs: HashMap<u64, GroupSeq> = found.into_iter().flatten().collect();
-    raise_cached_seqs(ctx, seqs.clone()).await;
-    Ok(seqs)
+    Ok(found.into_iter().flatten().collect())
 }
