@@ -310,9 +310,7 @@ impl Cache {
         seqs: &HashMap<u64, GroupSeq>,
         ttl_secs: u64,
     ) -> Result<()> {
-        let encoded: HashMap<u64, String> =
-            seqs.iter().map(|(group_id, seq)| (*group_id, seq.encode())).collect();
-        self.merge_group_seqs(&encoded, ttl_secs, true).await
+        self.merge_whole_seqs(seqs, ttl_secs, true).await
     }
 
     /// Merges whole seq states read from MySQL into the cached ones only
@@ -323,9 +321,7 @@ impl Cache {
         seqs: &HashMap<u64, GroupSeq>,
         ttl_secs: u64,
     ) -> Result<()> {
-        let encoded: HashMap<u64, String> =
-            seqs.iter().map(|(group_id, seq)| (*group_id, seq.encode())).collect();
-        self.merge_group_seqs(&encoded, ttl_secs, false).await
+        self.merge_whole_seqs(seqs, ttl_secs, false).await
     }
 
     /// Raises a group's cached max seq after a send; a group not cached
@@ -339,6 +335,17 @@ impl Cache {
     ) -> Result<()> {
         let raised = HashMap::from([(group_id, max_seq.to_string())]);
         self.merge_group_seqs(&raised, ttl_secs, false).await
+    }
+
+    async fn merge_whole_seqs(
+        &self,
+        seqs: &HashMap<u64, GroupSeq>,
+        ttl_secs: u64,
+        create: bool,
+    ) -> Result<()> {
+        let encoded: HashMap<u64, String> =
+            seqs.iter().map(|(group_id, seq)| (*group_id, seq.encode())).collect();
+        self.merge_group_seqs(&encoded, ttl_secs, create).await
     }
 
     async fn merge_group_seqs(

@@ -784,12 +784,7 @@ async fn group_seqs_written_during_a_redis_outage_are_counted_once_it_is_back() 
         (group_unread().await == 3).then_some(())
     })
     .await;
-    let badge = app
-        .inbox()
-        .get_unread_count(v1::GetUnreadCountRequest { user_id: user })
-        .await
-        .unwrap()
-        .into_inner();
+    let badge = crate::helpers::counts(&app, user).await;
     assert_eq!(badge.group_unread, 3, "the badge carries it too");
     app.cleanup().await;
 }

@@ -242,12 +242,7 @@ async fn unread_counts_match_max_seq_minus_ack_under_concurrent_sends_and_acks()
         for g in &answer.groups {
             assert_eq!(g.unread, g.max_seq - g.last_ack_seq);
         }
-        let badge = app
-            .inbox()
-            .get_unread_count(v1::GetUnreadCountRequest { user_id: user })
-            .await
-            .unwrap()
-            .into_inner();
+        let badge = crate::helpers::counts(&app, user).await;
         assert_eq!(badge.group_unread, expected, "GetUnreadCount carries the group total");
     }
     app.cleanup().await;

@@ -26,12 +26,12 @@ pub async fn get(app: &TestApp, message_id: u64) -> v1::Message {
 
 /// A user's badge.
 pub async fn badge(app: &TestApp, user_id: u64) -> u64 {
-    app.inbox()
-        .get_unread_count(v1::GetUnreadCountRequest { user_id })
-        .await
-        .unwrap()
-        .into_inner()
-        .unread
+    counts(app, user_id).await.unread
+}
+
+/// A user's whole badge answer (unread, unseen, group unread).
+pub async fn counts(app: &TestApp, user_id: u64) -> v1::GetUnreadCountResponse {
+    app.inbox().get_unread_count(v1::GetUnreadCountRequest { user_id }).await.unwrap().into_inner()
 }
 
 /// The message ids of a user's first inbox page (up to 100), newest first.

@@ -175,12 +175,7 @@ async fn a_muted_group_still_pulls_but_stays_out_of_the_badge_total() {
     let of = |id: u64| *after.groups.iter().find(|g| g.group_id == id).unwrap();
     assert!(of(quiet).muted && of(quiet).unread == 3);
     assert!(!of(loud).muted && of(loud).unread == 3);
-    let badge = app
-        .inbox()
-        .get_unread_count(v1::GetUnreadCountRequest { user_id: user })
-        .await
-        .unwrap()
-        .into_inner();
+    let badge = crate::helpers::counts(&app, user).await;
     assert_eq!(badge.group_unread, 3);
     app.flush_cache().await;
     assert_eq!(unread().await.total, 3, "rebuilt from MySQL the same");
