@@ -892,7 +892,27 @@ async fn badges(
             .filter(|a| !state.present.contains(&a.message_id))
             .filter(|a| !state.suppression.holds_back(a.message_id, &a.category, a.critical))
             .count() as u64;
-        let (unread, unseen) = (state.truth.unread + pending, state.truth.unseen + pending);
+        // The items' counts by the bench's own query, not the badge's.
+        let (items_unread, items_unseen): (i64, i64) = sqlx::query_as(
+            "SELECT COUNT(*), CAST(COALESCE(SUM(i.is_seen = 0), 0) AS SIGNED) \
+             FROM message_items i JOIN message_contents c ON c.message_id = i.message_id \
+             WHERE i.user_id = ? AND i.is_read = 0 AND i.is_archived = 0 \
+             AND i.deleted_at IS NULL AND c.revoked = 0 \
+             AND (i.expire_at IS NULL OR i.expire_at > UTC_TIMESTAMP(3))",
+        )
+        .bind(user)
+        .fetch_one(pool)
+        .await?;
+        let (items_unread, items_unseen) = (items_unread as u64, items_unseen as u64);
+        if (state.truth.unread, state.truth.unseen) != (items_unread, items_unseen) {
+            bail!(
+                "user {user}: the badge's count of items {}/{} (unread/unseen), the bench's \
+                 {items_unread}/{items_unseen}",
+                state.truth.unread,
+                state.truth.unseen
+            );
+        }
+        let (unread, unseen) = (items_unread + pending, items_unseen + pending);
         let mut group_unread = 0;
         let memberships =
             notify_store::db::groups::memberships(pool, user).await.map_err(|e| anyhow!("{e}"))?;
