@@ -8,16 +8,19 @@
 //!   seqs of its recalled messages ([`GroupSeq`]). Both parts only grow, so
 //!   every writer merges (`max(cached, new)`, the union of the recalled
 //!   seqs): while the key exists, a late or stale write cannot lower the max
-//!   or bring a recalled message back. A miss is filled whole from MySQL; a
-//!   recall merges its group's whole state after its commit; a send raises
-//!   the max only where the key exists (it does not know the recalled
-//!   seqs, so it never creates the key). The key can be behind MySQL in two
-//!   cases, both bounded by its TTL (`groups.seq_cache_ttl_secs`) or the
-//!   group's next send or recall: the write after a commit failed (the api
-//!   then merges the group's state from MySQL into the key once Redis
-//!   answers, [`Cache::repair_group_seqs`], so this lasts past the outage
-//!   only if that api dies first), or the key vanished (flush, expiry)
-//!   between a late writer's read and its write. Unread counts are then briefly off by those messages, never
+//!   or bring a recalled message back. Only a miss creates the key: the
+//!   reader takes a fill lease (`{g:ID}:seq:lease`) before it reads MySQL
+//!   and stores the state only if the key is still missing and the lease
+//!   still holds its token ([`Cache::fill_group_seqs`]). Every write after
+//!   a commit (a send's raise of the max, a recall's whole state) merges
+//!   into the key where it exists and, where it does not, ends the lease,
+//!   so a fill that read before that commit is not cached and the next
+//!   reader fills again. The key is behind MySQL only when the write after
+//!   a commit failed: the api then merges the group's state from MySQL into
+//!   the key once Redis answers ([`Cache::raise_group_seqs`]), so this lasts
+//!   past the outage only if that api dies first, and then at most until
+//!   the key's TTL (`groups.seq_cache_ttl_secs`) or the group's next send
+//!   or recall. Unread counts are then off by those messages, never
 //!   negative; pulls and acks never trust it (an ack above it re-reads
 //!   MySQL).
 //! - `{u:ID}:gmem`: a hash of the user's groups, `group -> last_ack_seq`,
@@ -131,9 +134,12 @@ return 1
 
 /// Merges seq states into the cached ones (the larger max, the union of
 /// the recalled seqs; numbers stay strings, so no seq passes through a
-/// double's formatting). KEYS: seq keys. ARGV: ttl secs, '1' to create keys
-/// not cached (whole states) or '0' to raise only those cached, then one
-/// encoded state per key.
+/// double's formatting). KEYS: per group its seq key, then its fill lease.
+/// ARGV: ttl secs, what to do with a group not cached (`raise`: leave it
+/// so, and end any fill's lease, since that fill read MySQL before this
+/// write's commit; `fill`: cache the whole state only while the lease holds
+/// the token), then per group its encoded state and token ('' but for a
+/// fill).
 const RAISE_SEQS: &str = r"
 local function parse(value)
   local max, list = string.match(value, '^(%d+):?([%d,]*)$')
@@ -143,16 +149,19 @@ local function parse(value)
   end
   return max, seqs
 end
-for i = 1, #KEYS do
-  local new = ARGV[i + 2]
-  local current = redis.call('GET', KEYS[i])
+for i = 1, #KEYS / 2 do
+  local key, lease = KEYS[2 * i - 1], KEYS[2 * i]
+  local new, token = ARGV[2 * i + 1], ARGV[2 * i + 2]
+  local current = redis.call('GET', key)
   local max, seqs
   if current then
     max, seqs = parse(current)
   end
   if not max then
-    if ARGV[2] == '1' then
-      redis.call('SET', KEYS[i], new, 'EX', ARGV[1])
+    if ARGV[2] == 'fill' and redis.call('GET', lease) == token then
+      redis.call('SET', key, new, 'EX', ARGV[1])
+    elseif ARGV[2] == 'raise' then
+      redis.call('DEL', lease)
     end
   else
     local new_max, new_seqs = parse(new)
@@ -178,12 +187,31 @@ for i = 1, #KEYS do
       if #seqs > 0 then
         value = max .. ':' .. table.concat(seqs, ',')
       end
-      redis.call('SET', KEYS[i], value, 'EX', ARGV[1])
+      redis.call('SET', key, value, 'EX', ARGV[1])
     end
   end
 end
 return 1
 ";
+
+/// What [`RAISE_SEQS`] does with a group whose seq state is not cached.
+#[derive(Debug, Clone, Copy)]
+enum Uncached {
+    /// Leaves it so, ending any fill's lease (a write after its commit:
+    /// a send's, a recall's, a repair's).
+    Raise,
+    /// Caches the whole state read from MySQL while the fill's lease holds.
+    Fill,
+}
+
+impl Uncached {
+    fn arg(self) -> &'static str {
+        match self {
+            Uncached::Raise => "raise",
+            Uncached::Fill => "fill",
+        }
+    }
+}
 
 /// The group scripts, loaded once per connection.
 #[derive(Clone)]
@@ -302,30 +330,68 @@ impl Cache {
         Ok(())
     }
 
-    /// Merges whole seq states (read from MySQL, or a recall's) into the
-    /// cached ones, caching those not cached yet.
+    /// Merges whole seq states as of a commit (a recall's, or read from
+    /// MySQL by the repair after a failed write) into the cached ones only:
+    /// a group not cached stays so (its next reader fills it from MySQL),
+    /// and any fill of it under way, which read before the commit, is not
+    /// cached.
     #[instrument(level = "debug", skip_all, fields(db.system = "redis"))]
     pub async fn raise_group_seqs(
         &self,
         seqs: &HashMap<u64, GroupSeq>,
         ttl_secs: u64,
     ) -> Result<()> {
-        self.merge_whole_seqs(seqs, ttl_secs, true).await
+        let encoded = seqs.iter().map(|(id, seq)| (*id, seq.encode(), String::new())).collect();
+        self.merge_group_seqs(encoded, ttl_secs, Uncached::Raise).await
     }
 
-    /// Merges whole seq states read from MySQL into the cached ones only
-    /// (a group not cached stays so): the repair after a failed write.
+    /// Takes the fill leases of groups about to be read from MySQL (the
+    /// token per group): a send's raise that finds a group uncached ends
+    /// its lease, so a state read before that send's commit is not cached.
     #[instrument(level = "debug", skip_all, fields(db.system = "redis"))]
-    pub async fn repair_group_seqs(
+    pub async fn take_seq_leases(&self, group_ids: &[u64]) -> Result<HashMap<u64, u64>> {
+        let tokens: HashMap<u64, u64> =
+            group_ids.iter().map(|group_id| (*group_id, rand::random::<u64>() | 1)).collect();
+        let groups = self.by_slot(tokens.iter(), USERS_PER_CALL, |(group_id, _)| {
+            self.keys.group_seq(**group_id)
+        });
+        let calls = groups.into_iter().map(|group| {
+            let mut pipe = redis::pipe();
+            for (group_id, token) in group {
+                pipe.cmd("SET")
+                    .arg(self.keys.group_seq_lease(*group_id))
+                    .arg(*token)
+                    .arg("PX")
+                    .arg(LEASE_MS)
+                    .ignore();
+            }
+            let mut conn = self.conn.clone();
+            async move { pipe.query_async::<()>(&mut conn).await }
+        });
+        try_join_all(calls).await?;
+        Ok(tokens)
+    }
+
+    /// Caches whole seq states read from MySQL under the fill leases
+    /// `tokens` ([`Self::take_seq_leases`]): merged where cached, stored
+    /// where not only while the group's lease still holds its token.
+    #[instrument(level = "debug", skip_all, fields(db.system = "redis"))]
+    pub async fn fill_group_seqs(
         &self,
         seqs: &HashMap<u64, GroupSeq>,
+        tokens: &HashMap<u64, u64>,
         ttl_secs: u64,
     ) -> Result<()> {
-        self.merge_whole_seqs(seqs, ttl_secs, false).await
+        let encoded = seqs
+            .iter()
+            .filter_map(|(id, seq)| Some((*id, seq.encode(), tokens.get(id)?.to_string())))
+            .collect();
+        self.merge_group_seqs(encoded, ttl_secs, Uncached::Fill).await
     }
 
     /// Raises a group's cached max seq after a send; a group not cached
-    /// stays uncached (its recalled seqs are not known here).
+    /// stays uncached, and any fill of it under way is not cached (it read
+    /// MySQL before this send).
     #[instrument(level = "debug", skip_all, fields(db.system = "redis"))]
     pub async fn raise_cached_max_seq(
         &self,
@@ -333,40 +399,35 @@ impl Cache {
         max_seq: u64,
         ttl_secs: u64,
     ) -> Result<()> {
-        let raised = HashMap::from([(group_id, max_seq.to_string())]);
-        self.merge_group_seqs(&raised, ttl_secs, false).await
+        let raised = vec![(group_id, max_seq.to_string(), String::new())];
+        self.merge_group_seqs(raised, ttl_secs, Uncached::Raise).await
     }
 
-    async fn merge_whole_seqs(
-        &self,
-        seqs: &HashMap<u64, GroupSeq>,
-        ttl_secs: u64,
-        create: bool,
-    ) -> Result<()> {
-        let encoded: HashMap<u64, String> =
-            seqs.iter().map(|(group_id, seq)| (*group_id, seq.encode())).collect();
-        self.merge_group_seqs(&encoded, ttl_secs, create).await
-    }
-
+    /// Runs [`RAISE_SEQS`] over `(group, encoded state, token)`s.
     async fn merge_group_seqs(
         &self,
-        seqs: &HashMap<u64, String>,
+        seqs: Vec<(u64, String, String)>,
         ttl_secs: u64,
-        create: bool,
+        uncached: Uncached,
     ) -> Result<()> {
-        let groups = self
-            .by_slot(seqs.iter(), USERS_PER_CALL, |(group_id, _)| self.keys.group_seq(**group_id));
+        let groups = self.by_slot(seqs.iter(), USERS_PER_CALL, |(group_id, _, _)| {
+            self.keys.group_seq(*group_id)
+        });
         let calls = groups.into_iter().map(|group| {
             let mut invocation = self.groups.raise_seqs.prepare_invoke();
-            invocation.arg(ttl_secs.max(1)).arg(if create { "1" } else { "0" });
-            for (group_id, seq) in group {
-                invocation.key(self.keys.group_seq(*group_id)).arg(seq);
+            invocation.arg(ttl_secs.max(1)).arg(uncached.arg());
+            for (group_id, seq, token) in group {
+                invocation
+                    .key(self.keys.group_seq(*group_id))
+                    .key(self.keys.group_seq_lease(*group_id))
+                    .arg(seq)
+                    .arg(token);
             }
             let mut conn = self.conn.clone();
             async move { invocation.invoke_async::<i64>(&mut conn).await }
         });
         try_join_all(calls).await?;
-        self.forget_near(seqs.keys().map(|group_id| Held::Seq(*group_id)));
+        self.forget_near(seqs.iter().map(|(group_id, _, _)| Held::Seq(*group_id)));
         Ok(())
     }
 

@@ -276,6 +276,12 @@ impl Keys {
         format!("{}{group_id}{}", self.group_seq_prefix(), Self::GROUP_SEQ_SUFFIX)
     }
 
+    /// A group's seq fill lease: a reader filling the group's seq state
+    /// from MySQL caches it only while this holds its token.
+    pub fn group_seq_lease(&self, group_id: u64) -> String {
+        format!("{}:lease", self.group_seq(group_id))
+    }
+
     /// A send's cached status (`version:status`).
     pub fn status(&self, message_id: u64) -> String {
         format!("{}{{m:{message_id}}}:status", self.prefix)

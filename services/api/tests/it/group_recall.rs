@@ -211,9 +211,16 @@ async fn cached_seq_states_merge_so_no_stale_write_undoes_a_recall() {
     // A send's raise never creates the key: it does not know the recalls.
     cache.raise_cached_max_seq(group, 9, 60).await.unwrap();
     assert_eq!(cache.cached_group_seq(group).await.unwrap(), None);
+    // Nor does a recall's merge: only a reader's fill, under its lease.
     cache.raise_group_seqs(&whole(12, &[4]), 60).await.unwrap();
+    assert_eq!(cache.cached_group_seq(group).await.unwrap(), None);
+    let fill = async |state: HashMap<u64, GroupSeq>| {
+        let tokens = cache.take_seq_leases(&[group]).await.unwrap();
+        cache.fill_group_seqs(&state, &tokens, 60).await.unwrap();
+    };
+    fill(whole(12, &[4])).await;
     // A stale fill read before the recall and before the last sends.
-    cache.raise_group_seqs(&whole(10, &[]), 60).await.unwrap();
+    fill(whole(10, &[])).await;
     let held = cache.cached_group_seq(group).await.unwrap();
     assert_eq!(held, Some(GroupSeq { max_seq: 12, recalled: vec![4] }));
     // Another recall and a send, in either order, add up.

@@ -590,3 +590,52 @@ async fn messages_past_retention_go_and_members_behind_them_move_past_them() {
     assert_eq!(truth(&app, newcomer).await.get(&group_id), Some(&(4, 3)));
     app.cleanup().await;
 }
+
+/// A reader filling an uncached group's seq state from MySQL while a send
+/// commits does not cache the state it read before that send: the send's
+/// raise, finding the group uncached, ends the reader's lease, and the next
+/// reader fills the state again. (Before, the older state stayed cached,
+/// one message short, until the key's TTL or the group's next send.)
+#[tokio::test]
+async fn a_fill_read_before_a_send_does_not_cache_a_state_without_it() {
+    let mut settings = test_settings();
+    settings.groups.seq_cache_ttl_secs = 3_600; // nothing here waits for it
+    let app = spawn_app_with(settings, false).await;
+    let user = 6_200_001;
+    let group = create_group(&app, "fill race").await;
+    add(&app, group, vec![user], false).await;
+    let mut client = app.groups();
+    send(&mut client, group, "one").await;
+    assert_eq!(app.ctx.cache.cached_group_seq(group).await.unwrap(), None, "not cached yet");
+
+    // The reader: leases, then reads MySQL (max 1) ...
+    let tokens = app.ctx.cache.take_seq_leases(&[group]).await.unwrap();
+    let home = app.ctx.pools.for_group(group);
+    let read_before = store::seq_states(home.value(), &[group]).await.unwrap();
+    assert_eq!(read_before[0].1.max_seq, 1);
+    // ... a send commits (max 2) and raises the uncached group ...
+    send(&mut client, group, "two").await;
+    // ... and only then does the reader store what it read.
+    let ttl = app.settings.groups.seq_cache_ttl_secs;
+    let read_before = read_before.into_iter().collect();
+    app.ctx.cache.fill_group_seqs(&read_before, &tokens, ttl).await.unwrap();
+    assert_eq!(
+        app.ctx.cache.cached_group_seq(group).await.unwrap(),
+        None,
+        "a state read before the send was cached"
+    );
+    assert_eq!(unread(&app, user).await.total, 2);
+    let cached = app.ctx.cache.cached_group_seq(group).await.unwrap();
+    assert_eq!(cached.map(|seq| seq.max_seq), Some(2), "the next reader filled it");
+
+    // Under a lease nobody ended, a fill is cached.
+    let other = create_group(&app, "no race").await;
+    send(&mut client, other, "one").await;
+    let tokens = app.ctx.cache.take_seq_leases(&[other]).await.unwrap();
+    let home = app.ctx.pools.for_group(other);
+    let read = store::seq_states(home.value(), &[other]).await.unwrap().into_iter().collect();
+    app.ctx.cache.fill_group_seqs(&read, &tokens, ttl).await.unwrap();
+    let cached = app.ctx.cache.cached_group_seq(other).await.unwrap();
+    assert_eq!(cached.map(|seq| seq.max_seq), Some(1));
+    app.cleanup().await;
+}

@@ -289,8 +289,9 @@ pub async fn send(ctx: &Context, message: &NewMessage) -> Result<Sent> {
     })
 }
 
-/// Merges seq states read whole (from MySQL, or a recall's) into the cache;
-/// on failure, notes the groups for [`repair_stale_seqs`].
+/// Merges a recall's whole seq state into the cached one (a group not
+/// cached stays so: its next reader fills it from MySQL); on failure, notes
+/// the group for [`repair_stale_seqs`].
 async fn raise_cached_seqs(ctx: &Context, seqs: HashMap<u64, GroupSeq>) {
     let ttl = ctx.settings.groups.seq_cache_ttl_secs;
     if let Err(e) = ctx.cache.raise_group_seqs(&seqs, ttl).await {
@@ -433,12 +434,9 @@ async fn current_max_seq(ctx: &Context, group_id: u64, at_least: u64) -> Result<
         Ok(_) => {}
         Err(e) => warn!(error = %e, group_id, "group seq cache unavailable"),
     }
-    let home = ctx.pools.for_group(group_id);
-    let (_, state) = store::seq_states(&home, &[group_id])
+    let state = unread::fill_seq_states(ctx, &[group_id])
         .await?
-        .pop()
+        .remove(&group_id)
         .ok_or_else(|| Error::NotFound(format!("group {group_id}")))?;
-    let max_seq = state.max_seq;
-    raise_cached_seqs(ctx, HashMap::from([(group_id, state)])).await;
-    Ok(max_seq)
+    Ok(state.max_seq)
 }

@@ -56,5 +56,5 @@ pub async fn repair_stale_seqs(ctx: Context, shutdown: CancellationToken) {
 
 async fn repair(ctx: &Context, group_ids: &[u64]) -> Result<()> {
     let seqs = read_seq_states(ctx, group_ids).await?;
-    ctx.cache.repair_group_seqs(&seqs, ctx.settings.groups.seq_cache_ttl_secs).await
+    ctx.cache.raise_group_seqs(&seqs, ctx.settings.groups.seq_cache_ttl_secs).await
 }

@@ -7,7 +7,7 @@ use std::collections::HashMap;
 use futures::future::try_join_all;
 use tracing::{instrument, warn};
 
-use super::{raise_cached_seqs, shard_pool};
+use super::shard_pool;
 use crate::context::Context;
 use notify_cache::CachedGroup;
 use notify_domain::domain::{GroupCursor, GroupSeq, UserId};
@@ -80,7 +80,7 @@ pub async fn unread_from(
     };
     let missing: Vec<u64> =
         cursors.iter().filter(|(_, seq)| seq.is_none()).map(|(c, _)| c.group_id).collect();
-    let mut loaded = load_seq_states(ctx, &missing).await?;
+    let mut loaded = fill_seq_states(ctx, &missing).await?;
     let mut groups: Vec<GroupUnread> = cursors
         .into_iter()
         .map(|(cursor, cached)| {
@@ -119,12 +119,32 @@ async fn rebuild_cursors(
     Ok(memberships.into_iter().map(|cursor| (cursor, None)).collect())
 }
 
-/// Reads groups' seq states from their home shards (one query per shard)
-/// and caches them.
-async fn load_seq_states(ctx: &Context, group_ids: &[u64]) -> Result<HashMap<u64, GroupSeq>> {
+/// Reads groups' seq states from MySQL under fill leases taken first, and
+/// caches them while the leases hold: a send that commits in between and
+/// finds a group uncached ends its lease, so a state read before it is not
+/// cached. Without leases (Redis unavailable) nothing is cached.
+pub(super) async fn fill_seq_states(
+    ctx: &Context,
+    group_ids: &[u64],
+) -> Result<HashMap<u64, GroupSeq>> {
+    if group_ids.is_empty() {
+        return Ok(HashMap::new());
+    }
+    let tokens = match ctx.cache.take_seq_leases(group_ids).await {
+        Ok(tokens) => Some(tokens),
+        Err(e) => {
+            warn!(error = %e, groups = group_ids.len(), "group seq cache unavailable");
+            None
+        }
+    };
     let seqs = read_seq_states(ctx, group_ids).await?;
-    if !seqs.is_empty() {
-        raise_cached_seqs(ctx, seqs.clone()).await;
+    if let Some(tokens) = tokens {
+        let ttl = ctx.settings.groups.seq_cache_ttl_secs;
+        if let Err(e) = ctx.cache.fill_group_seqs(&seqs, &tokens, ttl).await {
+            // Nothing cached is behind: a fill only adds what was missing.
+            metrics::counter!("notify_group_seq_cache_errors_total").increment(1);
+            warn!(error = %e, groups = seqs.len(), "could not cache group seqs");
+        }
     }
     Ok(seqs)
 }
