@@ -60,7 +60,7 @@ use tracing::instrument;
 
 use super::near::Held;
 use super::values::{CachedCounts, Counts, count_at};
-use super::{Cache, DIRTY_MS, LEASE_MS, waves};
+use super::{Cache, DIRTY_MS, waves};
 use notify_domain::error::Result;
 
 /// Most users per invalidation command (a command blocks Redis while it runs).
@@ -182,25 +182,8 @@ impl Cache {
     /// rebuild counts under goes with the count, in [`Self::store_counts`].)
     #[instrument(level = "debug", skip_all, fields(db.system = "redis"))]
     pub async fn take_leases(&self, user_ids: &[u64]) -> Result<Vec<u64>> {
-        let tokens: Vec<u64> = user_ids.iter().map(|_| rand::random::<u64>() | 1).collect();
-        let leases = user_ids.iter().map(|user_id| self.keys.unread_lease(*user_id)).zip(&tokens);
-        let pipes =
-            self.by_slot(leases, USERS_PER_CALL, |(key, _)| key.clone()).into_iter().map(|group| {
-                let mut pipe = redis::pipe();
-                for (key, token) in group {
-                    let expiry = redis::SetExpiry::PX(LEASE_MS);
-                    pipe.set_options(
-                        key,
-                        *token,
-                        redis::SetOptions::default().with_expiration(expiry),
-                    )
-                    .ignore();
-                }
-                let mut conn = self.conn.clone();
-                async move { pipe.query_async::<()>(&mut conn).await }
-            });
-        try_join_all(pipes).await?;
-        Ok(tokens)
+        let keys = user_ids.iter().map(|user_id| self.keys.unread_lease(*user_id)).collect();
+        self.take_lease_keys(keys, USERS_PER_CALL).await
     }
 
     /// Stores rebuilt counts, under `epoch`, where the leases still hold.

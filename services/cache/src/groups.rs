@@ -53,7 +53,7 @@ use super::near::Held;
 use super::values::{
     CachedCounts, CachedGroup, CachedUserState, count_at, cursor_value, parse_cursor,
 };
-use super::{Cache, DIRTY_MS, Keys, LEASE_MS};
+use super::{Cache, DIRTY_MS, Keys};
 use notify_domain::error::{Error, Result};
 
 /// Users per invalidation script call (a script blocks Redis while it runs).
@@ -255,16 +255,8 @@ impl Cache {
     /// Takes a lease to rebuild a user's cached memberships; returns the token.
     #[instrument(level = "debug", skip_all, fields(db.system = "redis"))]
     pub async fn take_membership_lease(&self, user_id: u64) -> Result<u64> {
-        let token = rand::random::<u64>() | 1;
-        let mut conn = self.conn.clone();
-        redis::cmd("SET")
-            .arg(self.keys.memberships_lease(user_id))
-            .arg(token)
-            .arg("PX")
-            .arg(LEASE_MS)
-            .query_async::<()>(&mut conn)
-            .await?;
-        Ok(token)
+        let tokens = self.take_lease_keys(vec![self.keys.memberships_lease(user_id)], 1).await?;
+        tokens.first().copied().ok_or_else(|| Error::Internal("no lease token".to_owned()))
     }
 
     /// Stores a user's memberships (`group -> last_ack_seq`) read from MySQL
@@ -350,26 +342,9 @@ impl Cache {
     /// its lease, so a state read before that send's commit is not cached.
     #[instrument(level = "debug", skip_all, fields(db.system = "redis"))]
     pub async fn take_seq_leases(&self, group_ids: &[u64]) -> Result<HashMap<u64, u64>> {
-        let tokens: HashMap<u64, u64> =
-            group_ids.iter().map(|group_id| (*group_id, rand::random::<u64>() | 1)).collect();
-        let groups = self.by_slot(tokens.iter(), USERS_PER_CALL, |(group_id, _)| {
-            self.keys.group_seq(**group_id)
-        });
-        let calls = groups.into_iter().map(|group| {
-            let mut pipe = redis::pipe();
-            for (group_id, token) in group {
-                pipe.cmd("SET")
-                    .arg(self.keys.group_seq_lease(*group_id))
-                    .arg(*token)
-                    .arg("PX")
-                    .arg(LEASE_MS)
-                    .ignore();
-            }
-            let mut conn = self.conn.clone();
-            async move { pipe.query_async::<()>(&mut conn).await }
-        });
-        try_join_all(calls).await?;
-        Ok(tokens)
+        let keys = group_ids.iter().map(|group_id| self.keys.group_seq_lease(*group_id)).collect();
+        let tokens = self.take_lease_keys(keys, USERS_PER_CALL).await?;
+        Ok(group_ids.iter().copied().zip(tokens).collect())
     }
 
     /// Caches whole seq states read from MySQL under the fill leases

@@ -419,6 +419,26 @@ impl Cache {
         matches!(self.conn, Connection::Cluster(_))
     }
 
+    /// Sets each lease key to a fresh token for [`LEASE_MS`] (one pipeline
+    /// per slot, up to `most` keys each); returns the tokens in `keys`'
+    /// order. A rebuild stores what it read only while its token holds.
+    pub(crate) async fn take_lease_keys(&self, keys: Vec<String>, most: usize) -> Result<Vec<u64>> {
+        let tokens: Vec<u64> = keys.iter().map(|_| rand::random::<u64>() | 1).collect();
+        let leases = keys.into_iter().zip(&tokens);
+        let pipes = self.by_slot(leases, most, |(key, _)| key.clone()).into_iter().map(|group| {
+            let mut pipe = redis::pipe();
+            for (key, token) in group {
+                let expiry = redis::SetExpiry::PX(LEASE_MS);
+                pipe.set_options(key, *token, redis::SetOptions::default().with_expiration(expiry))
+                    .ignore();
+            }
+            let mut conn = self.conn.clone();
+            async move { pipe.query_async::<()>(&mut conn).await }
+        });
+        futures::future::try_join_all(pipes).await?;
+        Ok(tokens)
+    }
+
     /// Splits `items` into groups whose keys (`key(item)`) share a slot, at
     /// most `most` items each, in input order within a group. A single node
     /// has no slots: everything is one group (then cut at `most`).

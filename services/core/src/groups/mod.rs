@@ -292,12 +292,12 @@ pub async fn send(ctx: &Context, message: &NewMessage) -> Result<Sent> {
 /// Merges a recall's whole seq state into the cached one (a group not
 /// cached stays so: its next reader fills it from MySQL); on failure, notes
 /// the group for [`repair_stale_seqs`].
-async fn raise_cached_seqs(ctx: &Context, seqs: HashMap<u64, GroupSeq>) {
+async fn raise_recalled_seq(ctx: &Context, group_id: u64, seq: GroupSeq) {
     let ttl = ctx.settings.groups.seq_cache_ttl_secs;
-    if let Err(e) = ctx.cache.raise_group_seqs(&seqs, ttl).await {
+    if let Err(e) = ctx.cache.raise_group_seqs(&HashMap::from([(group_id, seq)]), ttl).await {
         metrics::counter!("notify_group_seq_cache_errors_total").increment(1);
-        warn!(error = %e, groups = seqs.len(), "could not raise cached group seqs");
-        ctx.stale_seqs.note(seqs.into_keys());
+        warn!(error = %e, group_id, "could not raise a cached group seq state");
+        ctx.stale_seqs.note([group_id]);
     }
 }
 
@@ -340,7 +340,7 @@ pub async fn recall(
     }
     let home = ctx.writable(Key::Group(group_id)).await?;
     let recall = store::recall_message(&home, group_id, seq, owner).await?;
-    raise_cached_seqs(ctx, HashMap::from([(group_id, recall.seq)])).await;
+    raise_recalled_seq(ctx, group_id, recall.seq).await;
     if recall.recalled_now {
         let event = BusEvent::GroupMessageRecalled { group_id, seq, message_id: recall.message_id };
         events::publish_best_effort(ctx, &event).await;
