@@ -41,6 +41,14 @@ pub mod state {
 /// Stats rows per message and shard; chunks spread their updates over them.
 pub const STATS_SLOTS: u64 = 8;
 
+/// The stats row a user's reads of a send count in (`read_count`): spread
+/// over the slots as chunks' updates are, so the readers of a send, who
+/// come at once after a big send, do not queue on one row lock held to the
+/// end of each of their transactions. Progress sums every slot.
+pub(crate) fn read_slot(user_id: u64) -> u64 {
+    1 + user_id % (STATS_SLOTS - 1)
+}
+
 /// One chunk about to be stored.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ChunkPlan {

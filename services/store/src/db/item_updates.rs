@@ -2,8 +2,8 @@
 //! archived, unarchived, deleted, for a list of ids or for every item a
 //! list filter selects ([`ItemFilter`]: the same conditions as the list, so
 //! "all" is exactly what the user was shown). Each call is one transaction.
-//! For a list of ids, the read counts of the sends follow in it (slot 0 of
-//! `message_shard_stats`), and so do the reads recorded by message
+//! For a list of ids, the read counts of the sends follow in it (the user's
+//! slot of `message_shard_stats`, [`read_slot`]), and so do the reads recorded by message
 //! (`message_reads`: a read adds the row, a mark-unread removes it), which
 //! answer "who read it". For a filter, which may change every item of the
 //! inbox, they follow from one row of [`super::read_backlog`] written in
@@ -17,6 +17,7 @@ use sqlx::mysql::MySqlRow;
 use sqlx::{AssertSqlSafe, Either, MySqlPool, Row};
 use tracing::instrument;
 
+use super::chunks::read_slot;
 use super::items::{BadgeState, COUNT_UNREAD, ItemFilter, UnreadTruth};
 use super::preferences::{SUPPRESSION, Suppression};
 use super::{read_backlog, read_feed};
@@ -234,11 +235,12 @@ fn script(
         // update changes exactly the ids it holds.
         steps.push((Step::Backlog, read_backlog::record(user_id, delta, items, &selected)));
     } else if delta != 0 {
+        let slot = read_slot(user_id);
         steps.push((
             Step::ReadCounts,
             format!(
                 "INSERT INTO message_shard_stats (message_id, slot, read_count) \
-                 SELECT i.message_id, 0, {delta} FROM {items} {selected} \
+                 SELECT i.message_id, {slot}, {delta} FROM {items} {selected} \
                  ON DUPLICATE KEY UPDATE read_count = read_count + VALUES(read_count)"
             ),
         ));
@@ -359,6 +361,14 @@ mod tests {
         let expected = [Step::Begin, Step::Found, Step::Changed, Step::Update, Step::Count];
         assert_eq!(steps, [&expected[..], &[Step::Commit]].concat());
         assert!(sql.contains("i.message_id IN (5, 6)"), "{sql}");
+        // Readers of one send count in slots by user, not all in one row.
+        for user in [42, 43] {
+            let (_, sql) = script(user, Action::MarkRead, Target::Ids(&[5]), &[], false).unwrap();
+            let slot = read_slot(user);
+            assert!((1..super::super::chunks::STATS_SLOTS).contains(&slot));
+            assert!(sql.contains(&format!("SELECT i.message_id, {slot}, 1 FROM")), "{sql}");
+        }
+        assert_ne!(read_slot(42), read_slot(43));
         let (steps, _) = script(42, Action::MarkUnread, Target::Ids(&[5]), &[], false).unwrap();
         let expected = [Step::Begin, Step::Found, Step::Waiting, Step::Changed, Step::ReadCounts];
         assert_eq!(

@@ -3,9 +3,10 @@
 //! A filtered read or unread ([`super::item_updates`] with a filter)
 //! changes the user's items and, in the same transaction, writes one row:
 //! the messages it changed (a JSON array) and the direction (`+1` read,
-//! `-1` unread). The sends' read counts (`message_shard_stats`, slot 0) and
-//! "who read it" (`message_reads`) of those messages follow from it in
-//! [`apply`], a moment later and out of the user's transaction, which then
+//! `-1` unread). The sends' read counts (`message_shard_stats`, in the
+//! user's slot, [`super::chunks::read_slot`]) and "who read it"
+//! (`message_reads`) of those messages follow from it in [`apply`], a
+//! moment later and out of the user's transaction, which then
 //! writes one row where it wrote two per item (10,000 read counts and
 //! 10,000 readers for a 10,000-item inbox).
 //!
@@ -23,6 +24,7 @@ use std::time::Duration;
 use sqlx::{MySqlPool, QueryBuilder, Row};
 use tracing::instrument;
 
+use super::chunks::read_slot;
 use super::{json_ids, push_ids};
 use notify_domain::error::Result;
 
@@ -96,9 +98,10 @@ pub async fn apply(pool: &MySqlPool, user_id: u64, feed: bool) -> Result<u64> {
         query.push(")");
     };
 
+    let slot = read_slot(user_id);
     let mut counts = QueryBuilder::new(format!(
         "INSERT INTO message_shard_stats (message_id, slot, read_count) \
-         SELECT j.message_id, 0, SUM(b.delta) FROM read_backlog b STRAIGHT_JOIN {IDS} \
+         SELECT j.message_id, {slot}, SUM(b.delta) FROM read_backlog b STRAIGHT_JOIN {IDS} \
          STRAIGHT_JOIN message_contents c ON c.message_id = j.message_id WHERE"
     ));
     chosen(&mut counts);
