@@ -65,7 +65,7 @@ enum Command {
     Group(group::GroupArgs),
     /// Gateway events of a 100k-recipient send to 10k, then 100k, followed users.
     Events(events::EventsArgs),
-    /// ListRecipients pages by 4 readers per filter, GetRecipientStatus of 1,000 users.
+    /// ListRecipients pages by 4 readers per filter, GetRecipientStatus of 1,000 users by 1, then 4.
     Recipients(recipients::RecipientsArgs),
     /// RecallMessage of a 1M-recipient COMPLETED send vs its own fan-out; badges after.
     Recall(recall::RecallArgs),

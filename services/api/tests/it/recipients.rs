@@ -215,6 +215,8 @@ async fn pending_failed_and_cancelled_recipients_are_listed_by_their_chunks() {
             (42, S::NotARecipient as i32)
         ]
     );
+    // Only a COMPLETED send's chunk index is final, and kept.
+    assert!(app.ctx.chunk_indexes.get(id, 0).is_none());
     app.cleanup().await;
 }
 
@@ -681,6 +683,57 @@ async fn recorded_applies_item_lookups_and_status_give_the_same_states() {
         check(&list_all(&app, id, F::Unspecified, page_size).await, "looked up");
         assert_eq!(users_of(&list_all(&app, id, F::Suppressed, page_size).await), suppressed);
     }
+    // Without the record, a user without an item in a delivered chunk is
+    // looked up again to tell held back from delivered during the call.
+    let mut answered = status(&app, id, users[..1000].to_vec()).await;
+    answered.extend(status(&app, id, users[1000..].to_vec()).await);
+    check(&answered, "status, looked up");
+    app.cleanup().await;
+}
+
+/// Once a send is COMPLETED, a replica keeps its chunk index (where each
+/// chunk's users start and end) and later status calls skip reading it;
+/// the chunks' states are still read on each call.
+#[tokio::test]
+async fn recipient_status_keeps_a_completed_sends_chunk_index_and_reads_chunk_states_anew() {
+    let app = spawn_app().await;
+    let users: Vec<u64> = (8_950_001..8_952_001).collect();
+    let id = app.send(users.clone()).await;
+    wait_for_status(&app, id, v1::MessageStatus::Completed).await;
+    assert!(app.ctx.chunk_indexes.get(id, users[0]).is_none());
+    let answered = states(&status(&app, id, users[..1000].to_vec()).await);
+    assert!(answered.iter().all(|(_, state)| *state == S::Unread as i32), "{answered:?}");
+    let kept = app.ctx.chunk_indexes.get(id, users[0]).expect("the index of a completed send");
+    let chunks: usize = kept.shards.iter().map(|(_, ends)| ends.len()).sum();
+    assert!(chunks >= app.ctx.pools.iter().count(), "{chunks} chunks");
+
+    // One shard's chunks dead-lettered and their items gone (as a worker
+    // that never applied them leaves them): the kept index finds those
+    // users in their chunks, whose state is read now.
+    let (shard, pool) = app.ctx.pools.iter().next().unwrap();
+    for sql in [
+        "DELETE FROM message_items WHERE message_id = ?",
+        "UPDATE message_chunks SET state = 2 WHERE message_id = ?",
+    ] {
+        sqlx::query(sql).bind(id).execute(pool).await.unwrap();
+    }
+    let mut asked = users[500..1499].to_vec();
+    asked.push(9_999_999);
+    let expected: Vec<(u64, i32)> = asked
+        .iter()
+        .map(|user| {
+            let state = if *user == 9_999_999 {
+                S::NotARecipient
+            } else if app.ctx.pools.for_user(*user).shard() == shard {
+                S::Failed
+            } else {
+                S::Unread
+            };
+            (*user, state as i32)
+        })
+        .collect();
+    assert!(expected.iter().any(|(_, state)| *state == S::Failed as i32));
+    assert_eq!(states(&status(&app, id, asked).await), expected);
     app.cleanup().await;
 }
 

@@ -4,8 +4,10 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+mod chunk_indexes;
 mod stale_seqs;
 
+pub use chunk_indexes::{ChunkIndex, ChunkIndexes};
 pub use stale_seqs::StaleSeqs;
 
 use shard_router::{Key, Routed, ShardId, Snapshot};
@@ -47,6 +49,8 @@ pub struct Context {
     /// Groups whose cached seq state a failed Redis write may have left
     /// behind MySQL, for [`crate::groups::repair_stale_seqs`].
     pub stale_seqs: Arc<StaleSeqs>,
+    /// The chunk indexes of completed sends, for recipient status calls.
+    pub chunk_indexes: Arc<ChunkIndexes>,
 }
 
 impl Context {
@@ -145,6 +149,7 @@ impl Context {
             cross_shard_permits: Arc::new(Semaphore::new((pool_max / 2).max(1))),
             read_feed,
             stale_seqs: Arc::default(),
+            chunk_indexes: Arc::default(),
         })
     }
 }

@@ -1,7 +1,8 @@
 //! The state of given users for a send: their items by primary key, and for
 //! those without one, the chunks of the send whose user ranges hold them.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
 
 use shard_router::{ShardId, Snapshot, bucket_of};
 use sqlx::MySqlPool;
@@ -9,7 +10,7 @@ use tracing::instrument;
 
 use super::page::{announcement_recipient, rank};
 use super::{MAX_PAGE_SIZE, Recipient, RecipientState, Sent};
-use crate::context::Context;
+use crate::context::{ChunkIndex, Context};
 use crate::send;
 use notify_domain::domain::{AudienceKind, MessageId, SendStatus, validate_user_ids};
 use notify_domain::error::Result;
@@ -24,14 +25,17 @@ const FIELD: &str = "user_ids";
 ///
 /// Two rounds of reads, each concurrent over the shards, whatever the
 /// number of users: the send's record with, on each shard, the items of
-/// the users routed there and the chunk index of the send; then, on each
-/// shard, one statement that tests the users without an item routed there
-/// (or in a bucket that moved, whose chunks may be anywhere) against the
-/// one chunk of each batch whose range holds them. The reads are not one
-/// snapshot: a user whose chunk is delivered but who had no item in the
-/// first round (held back by their preferences, or delivered in between)
-/// has their item looked up again, a third round for those users only, so
-/// a chunk applied mid-call reads as delivered, never as suppressed.
+/// the users routed there and the chunk index of the send (once the send
+/// is COMPLETED, a replica keeps its index, [`crate::context::ChunkIndexes`],
+/// and reads only the items); then, on each shard, one statement that
+/// tests the users without an item routed there (or in a bucket that
+/// moved, whose chunks may be anywhere) against the one chunk of each
+/// batch whose range holds them. The reads are not one snapshot: a user
+/// whose chunk is delivered but who had no item in the first round, and
+/// whom the chunk's apply did not record as held back by their preferences
+/// (delivered in between), has their item looked up again, a third round
+/// for those users only, so a chunk applied mid-call reads as delivered,
+/// never as suppressed.
 #[instrument(skip_all, fields(message_id = %message_id, users = user_ids.len()))]
 pub async fn status(
     ctx: &Context,
@@ -41,20 +45,26 @@ pub async fn status(
 ) -> Result<Vec<Recipient>> {
     let sorted = validate_user_ids(user_ids, MAX_PAGE_SIZE as usize, FIELD, "")?;
     let routes = ctx.pools.snapshot();
+    let low = sorted.first().copied().unwrap_or(u64::MAX);
+    let kept = ctx.chunk_indexes.get(message_id.get(), low);
     // The shard reads do not depend on the record: they start with it (and
     // are dropped unread when it is not the caller's, or an announcement).
     let (row, first) = futures::future::try_join(
         send::fetch_visible(ctx, message_id, owner),
-        first_round(ctx, &routes, message_id, &sorted),
+        first_round(ctx, &routes, message_id, &sorted, kept.clone()),
     )
     .await?;
-    let send = Sent { message_id, recalled: row.status()? == SendStatus::Recalled };
+    let status = row.status()?;
+    let send = Sent { message_id, recalled: status == SendStatus::Recalled };
     let found = if row.audience == AudienceKind::AllUsers as u8 {
         of_announcement(ctx, &send, &sorted).await?
     } else {
+        if kept.is_none() && status == SendStatus::Completed {
+            ctx.chunk_indexes.keep(message_id.get(), Arc::clone(&first.index));
+        }
         of_send(ctx, &send, &sorted, first).await?
     };
-    let mut seen = std::collections::HashSet::with_capacity(sorted.len());
+    let mut seen = HashSet::with_capacity(sorted.len());
     Ok(user_ids
         .iter()
         .filter(|user| seen.insert(**user))
@@ -85,47 +95,57 @@ async fn of_announcement(
         .collect())
 }
 
-/// What the first round read: the items found, and each shard's chunks of
-/// the send (the index: no user ids) that end at or past the first user.
+/// What the first round read: the items found, and the send's chunk index
+/// (no user ids) from the first user on, read from every shard or kept
+/// from an earlier call ([`ChunkIndexes`](crate::context::ChunkIndexes)).
 struct FirstRound {
     items: HashMap<u64, ItemRow>,
-    ends: Vec<(ShardId, Vec<store::ChunkEnd>)>,
+    index: Arc<ChunkIndex>,
 }
 
 /// On every shard at once: the items of the users routed there, and the
-/// chunk index of the send (chunks stay on the shard they were cut for, so
-/// every shard's is read: a bucket move carries items, not chunks).
+/// chunk index of the send unless it is `kept` (chunks stay on the shard
+/// they were cut for, so every shard's is read: a bucket move carries
+/// items, not chunks).
 async fn first_round(
     ctx: &Context,
     routes: &Snapshot<'_, MySqlPool>,
     message_id: MessageId,
     users: &[u64],
+    kept: Option<Arc<ChunkIndex>>,
 ) -> Result<FirstRound> {
     let Some(low) = users.first().copied() else {
-        return Ok(FirstRound { items: HashMap::new(), ends: Vec::new() });
+        return Ok(FirstRound { items: HashMap::new(), index: Arc::default() });
     };
     let mut by_shard: HashMap<ShardId, Vec<u64>> =
         routes.partition_users(users).into_iter().collect();
     // Every chunk state: a recalled send's chunks read as their state says.
     let states = super::Filter::All.chunk_states(false);
+    let read_index = kept.is_none();
     let reads = ctx.pools.iter().map(|(shard, pool)| {
         let mine = by_shard.remove(&shard).unwrap_or_default();
         let states = &states;
         async move {
-            let (items, ends) = futures::future::try_join(
-                store::items(pool, message_id, &mine),
-                store::chunk_ends_from(pool, message_id, states, low),
-            )
-            .await?;
+            let index = async {
+                if read_index {
+                    store::chunk_ends_from(pool, message_id, states, low).await.map(Some)
+                } else {
+                    Ok(None)
+                }
+            };
+            let (items, ends) =
+                futures::future::try_join(store::items(pool, message_id, &mine), index).await?;
             Ok::<_, notify_domain::error::Error>((shard, items, ends))
         }
     });
-    let mut first = FirstRound { items: HashMap::new(), ends: Vec::new() };
-    for (shard, items, ends) in futures::future::try_join_all(reads).await? {
-        first.items.extend(items.into_iter().map(|item| (item.user_id, item)));
-        first.ends.push((shard, ends));
+    let mut items = HashMap::new();
+    let mut shards = Vec::new();
+    for (shard, found, ends) in futures::future::try_join_all(reads).await? {
+        items.extend(found.into_iter().map(|item| (item.user_id, item)));
+        shards.extend(ends.map(|ends| (shard, ends)));
     }
-    Ok(first)
+    let index = kept.unwrap_or_else(|| Arc::new(ChunkIndex::new(low, shards)));
+    Ok(FirstRound { items, index })
 }
 
 async fn of_send(
@@ -134,7 +154,7 @@ async fn of_send(
     users: &[u64],
     first: FirstRound,
 ) -> Result<HashMap<u64, Recipient>> {
-    let FirstRound { items, ends } = first;
+    let FirstRound { items, index } = first;
     let mut found: HashMap<u64, Recipient> = items
         .values()
         .map(|item| (item.user_id, send.recipient(item.user_id, chunk::DONE, Some(item))))
@@ -149,14 +169,14 @@ async fn of_send(
     // the bucket moved (or is moving): chunks stay where they were cut.
     let routes = ctx.pools.snapshot();
     let anywhere = routes.moved().union(routes.frozen());
-    let tests = ends.into_iter().filter_map(|(shard, ends)| {
-        let pool = ctx.pools.get(shard)?;
+    let tests = index.shards.iter().filter_map(|(shard, ends)| {
+        let pool = ctx.pools.get(*shard)?;
         let here: Vec<u64> = rest
             .iter()
             .copied()
             .filter(|user| {
                 let bucket = bucket_of(*user);
-                anywhere.contains(bucket) || routes.of_bucket(bucket).0 == shard
+                anywhere.contains(bucket) || routes.of_bucket(bucket).0 == *shard
             })
             .collect();
         let pairs = candidate_pairs(ends, &here);
@@ -165,7 +185,13 @@ async fn of_send(
     let tests: Vec<_> = tests.collect();
     drop(routes);
     let mut best: HashMap<u64, u8> = HashMap::new();
-    for (user, chunk_state) in futures::future::try_join_all(tests).await?.into_iter().flatten() {
+    // Users a delivered chunk holds without having recorded them held back.
+    let mut unsure = HashSet::new();
+    for test in futures::future::try_join_all(tests).await?.into_iter().flatten() {
+        let HeldBy { user_id: user, chunk_state, held_back } = test;
+        if matches!(chunk_state, chunk::DONE | chunk::UNSETTLED) && !held_back {
+            unsure.insert(user);
+        }
         best.entry(user)
             .and_modify(|state| {
                 if rank(chunk_state) < rank(*state) {
@@ -174,13 +200,18 @@ async fn of_send(
             })
             .or_insert(chunk_state);
     }
-    // A delivered chunk without the user's item: held back, or applied
-    // after the first round read the items. A third round (rare: only
-    // those users) tells which; the chunk's apply committed its items. A
-    // recalled send's users read as recalled whatever their item.
+    // A delivered chunk without the user's item: held back (which its
+    // apply records, when this version applied it), or applied after the
+    // first round read the items. A third round (rare: only users whose
+    // chunk does not say) tells which; the chunk's apply committed its
+    // items. A recalled send's users read as recalled whatever their item.
     let late: Vec<u64> = best
         .iter()
-        .filter(|(_, state)| !send.recalled && matches!(**state, chunk::DONE | chunk::UNSETTLED))
+        .filter(|(user, state)| {
+            !send.recalled
+                && matches!(**state, chunk::DONE | chunk::UNSETTLED)
+                && unsure.contains(*user)
+        })
         .map(|(user, _)| *user)
         .collect();
     let items = items_of(ctx, send.message_id, &late).await?;
@@ -214,9 +245,9 @@ async fn items_of(
 /// sorted users, so they do not overlap), the one chunk whose range holds
 /// each user, if any: the first whose last user is at or past them, when
 /// it starts at or before them. `ends` are the shard's chunks that end at
-/// or past the first of `users` (sorted).
-pub(super) fn candidate_pairs(mut ends: Vec<store::ChunkEnd>, users: &[u64]) -> Vec<(u64, u64)> {
-    ends.sort_unstable_by_key(|end| (end.batch, end.last_user));
+/// or past the first of `users` (sorted), sorted by batch and last user
+/// ([`ChunkIndex::new`]).
+pub(super) fn candidate_pairs(ends: &[store::ChunkEnd], users: &[u64]) -> Vec<(u64, u64)> {
     let mut pairs = Vec::new();
     for batch in ends.chunk_by(|a, b| a.batch == b.batch) {
         for user in users {
@@ -232,16 +263,30 @@ pub(super) fn candidate_pairs(mut ends: Vec<store::ChunkEnd>, users: &[u64]) -> 
     pairs
 }
 
+/// A user a chunk of the send holds.
+struct HeldBy {
+    user_id: u64,
+    /// The chunk's state.
+    chunk_state: u8,
+    /// The chunk's apply recorded the user as held back (no item).
+    held_back: bool,
+}
+
 /// Which users of `pairs` their chunk holds on this shard, with its state:
 /// tested in the database; the rare match at an unaligned offset (the
 /// user's bytes straddling two ids) is settled by decoding that chunk.
-async fn held_on(pool: &MySqlPool, send: &Sent, pairs: &[(u64, u64)]) -> Result<Vec<(u64, u8)>> {
+async fn held_on(pool: &MySqlPool, send: &Sent, pairs: &[(u64, u64)]) -> Result<Vec<HeldBy>> {
+    let aligned = |position: u64| position > 0 && (position - 1).is_multiple_of(8);
     let rows = store::chunks_holding(pool, send.message_id, pairs).await?;
     let mut held = Vec::with_capacity(rows.len());
     let mut unsure: HashMap<u64, Vec<u64>> = HashMap::new();
     for row in rows {
-        if (row.position - 1) % 8 == 0 {
-            held.push((row.user_id, row.state));
+        if aligned(row.position) && (row.held_position == 0 || aligned(row.held_position)) {
+            held.push(HeldBy {
+                user_id: row.user_id,
+                chunk_state: row.state,
+                held_back: row.held_position > 0,
+            });
         } else {
             unsure.entry(row.chunk_id).or_default().push(row.user_id);
         }
@@ -253,7 +298,11 @@ async fn held_on(pool: &MySqlPool, send: &Sent, pairs: &[(u64, u64)]) -> Result<
     for chunk in store::chunk_users(pool, send.message_id, &chunk_ids).await? {
         for user in unsure.get(&chunk.chunk_id).into_iter().flatten() {
             if chunk.user_ids.binary_search(user).is_ok() {
-                held.push((*user, chunk.state));
+                held.push(HeldBy {
+                    user_id: *user,
+                    chunk_state: chunk.state,
+                    held_back: chunk.applied.as_ref().is_some_and(|applied| applied.held(*user)),
+                });
             }
         }
     }
@@ -267,6 +316,12 @@ mod tests {
     /// A chunk of `batch` holding users `first_user..=last_user`.
     fn end(chunk_id: u64, batch: u64, first_user: u64, last_user: u64) -> store::ChunkEnd {
         store::ChunkEnd { chunk_id, state: chunk::DONE, batch, last_user, first_user }
+    }
+
+    /// The pairs of `ends` (any order), sorted as the index keeps them.
+    fn candidate_pairs(ends: Vec<store::ChunkEnd>, users: &[u64]) -> Vec<(u64, u64)> {
+        let index = ChunkIndex::new(0, vec![(ShardId(0), ends)]);
+        super::candidate_pairs(&index.shards[0].1, users)
     }
 
     #[test]

@@ -229,6 +229,10 @@ pub struct Held {
     /// (1-based): at an aligned offset the user is in the chunk; elsewhere
     /// (the bytes straddle two ids) the caller must decode the chunk.
     pub position: u64,
+    /// Where they first occur in the chunk's `held_back` (1-based, 0: not
+    /// at all, or no apply recorded it), aligned likewise when the chunk's
+    /// apply held the user back.
+    pub held_position: u64,
 }
 
 /// Which of these (chunk, user) pairs of a send hold the user, tested in
@@ -236,6 +240,8 @@ pub struct Held {
 /// the number of pairs (a JSON array joined by primary key, so its prepared
 /// form is reused), reading each chunk once when the pairs come sorted by
 /// chunk, and skipping chunks that start past the user before searching.
+/// A user found is also searched for among the ones the chunk's apply
+/// recorded as held back.
 #[instrument(level = "debug", skip_all, fields(db.system = "mysql", pairs = pairs.len()))]
 pub async fn chunks_holding(
     pool: &MySqlPool,
@@ -257,7 +263,8 @@ pub async fn chunks_holding(
     json.push(']');
     Ok(sqlx::query_as(
         "SELECT p.user_id, c.chunk_id, c.state, \
-         CAST(INSTR(c.user_ids, UNHEX(p.bytes)) AS UNSIGNED) AS position \
+         CAST(INSTR(c.user_ids, UNHEX(p.bytes)) AS UNSIGNED) AS position, \
+         CAST(COALESCE(INSTR(c.held_back, UNHEX(p.bytes)), 0) AS UNSIGNED) AS held_position \
          FROM JSON_TABLE(?, '$[*]' COLUMNS (chunk_id BIGINT UNSIGNED PATH '$[0]', \
          user_id BIGINT UNSIGNED PATH '$[1]', bytes CHAR(16) PATH '$[2]')) AS p \
          JOIN message_chunks c FORCE INDEX (PRIMARY) \
