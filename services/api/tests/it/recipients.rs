@@ -188,6 +188,13 @@ async fn pending_failed_and_cancelled_recipients_are_listed_by_their_chunks() {
     assert_eq!(users_of(&pending), users);
     assert!(pending.iter().all(|r| r.state == S::Pending as i32 && r.delivered_at.is_none()));
     assert!(list_all(&app, id, F::Delivered, 1000).await.is_empty());
+    // A started send's chunk index is final: the first status call keeps
+    // it, and the later ones below read the chunks' states anew.
+    assert_eq!(
+        states(&status(&app, id, vec![users[0], 42]).await),
+        [(users[0], S::Pending as i32), (42, S::NotARecipient as i32)]
+    );
+    assert!(app.ctx.chunk_indexes.get(id, 42).is_some());
 
     // One shard's chunk dead-lettered (as the worker stores it).
     let (shard, pool) = app.ctx.pools.iter().next().unwrap();
@@ -215,8 +222,6 @@ async fn pending_failed_and_cancelled_recipients_are_listed_by_their_chunks() {
             (42, S::NotARecipient as i32)
         ]
     );
-    // Only a COMPLETED send's chunk index is final, and kept.
-    assert!(app.ctx.chunk_indexes.get(id, 0).is_none());
     app.cleanup().await;
 }
 
@@ -691,12 +696,24 @@ async fn recorded_applies_item_lookups_and_status_give_the_same_states() {
     app.cleanup().await;
 }
 
-/// Once a send is COMPLETED, a replica keeps its chunk index (where each
+/// Once a send has started, a replica keeps its chunk index (where each
 /// chunk's users start and end) and later status calls skip reading it;
-/// the chunks' states are still read on each call.
+/// the chunks' states are still read on each call. A draft, which may
+/// still get chunks, keeps none.
 #[tokio::test]
-async fn recipient_status_keeps_a_completed_sends_chunk_index_and_reads_chunk_states_anew() {
+async fn recipient_status_keeps_a_started_sends_chunk_index_and_reads_chunk_states_anew() {
     let app = spawn_app().await;
+    let draft = crate::helpers::create_draft(&app, "recipients").await;
+    let request = v1::AppendRecipientsRequest {
+        message_id: draft,
+        batch_number: 1,
+        user_ids: vec![8_950_001, 8_950_002],
+    };
+    app.messages().append_recipients(request).await.unwrap();
+    let answered = states(&status(&app, draft, vec![8_950_001, 8_950_003]).await);
+    assert_eq!(answered, [(8_950_001, S::Pending as i32), (8_950_003, S::NotARecipient as i32)]);
+    assert!(app.ctx.chunk_indexes.get(draft, 0).is_none(), "a draft's index is not final");
+
     let users: Vec<u64> = (8_950_001..8_952_001).collect();
     let id = app.send(users.clone()).await;
     wait_for_status(&app, id, v1::MessageStatus::Completed).await;

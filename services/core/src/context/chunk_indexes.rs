@@ -1,18 +1,19 @@
-//! The chunk index of completed sends, kept in memory for
+//! The chunk index of started sends, kept in memory for
 //! `GetRecipientStatus`.
 //!
 //! A status call tests each user without an item against the one chunk of
 //! each batch whose user range holds them, which it finds in the send's
 //! chunk index: every shard's chunk ids, batches and user ranges. Reading
 //! that index from every shard cost more than the item lookups themselves
-//! (2,000 entries for a 1M send, on every call). Once a send is COMPLETED
-//! its chunks are all cut and none is ever added (a redrive or a recall
-//! changes their states, not their ranges; a bucket move carries items,
-//! not chunks), so the index read then holds for good: a replica keeps it
-//! and later calls read only the items and the chunks they test. Chunk
-//! states are not kept: the test reads them from the chunk each time.
-//! Retention dropping the chunks leaves entries that match nothing, as the
-//! index read then would.
+//! (2,000 entries for a 1M send, on every call). Every chunk of a send is
+//! stored before the send starts (appends are refused after), and none is
+//! ever added or moved after (a redrive, a cancel or a recall changes
+//! their states, not their ranges; a bucket move carries items, not
+//! chunks), so an index read once the send started holds for good: a
+//! replica keeps it and later calls read only the items and the chunks
+//! they test. Chunk states are not kept: the test reads them from the
+//! chunk each time. Retention dropping the chunks leaves entries that
+//! match nothing, as the index read then would.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex};
@@ -49,7 +50,7 @@ impl ChunkIndex {
     }
 }
 
-/// The chunk indexes of completed sends, oldest kept first out.
+/// The chunk indexes of started sends, oldest kept first out.
 #[derive(Debug, Default)]
 pub struct ChunkIndexes {
     inner: Mutex<Kept>,
@@ -63,14 +64,14 @@ struct Kept {
 }
 
 impl ChunkIndexes {
-    /// The index of a completed send that covers users from `low` on.
+    /// The index of a started send that covers users from `low` on.
     pub fn get(&self, message_id: u64, low: u64) -> Option<Arc<ChunkIndex>> {
         let kept = self.inner.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
         kept.by_send.get(&message_id).filter(|index| index.low <= low).cloned()
     }
 
-    /// Keeps the index of a COMPLETED send (only then is it final), unless
-    /// one that covers as much is kept already.
+    /// Keeps the index of a started send, read after it started (only then
+    /// is it final), unless one that covers as much is kept already.
     pub fn keep(&self, message_id: u64, index: Arc<ChunkIndex>) {
         let size = index.chunks();
         if size > MAX_CHUNKS {

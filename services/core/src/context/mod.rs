@@ -49,7 +49,7 @@ pub struct Context {
     /// Groups whose cached seq state a failed Redis write may have left
     /// behind MySQL, for [`crate::groups::repair_stale_seqs`].
     pub stale_seqs: Arc<StaleSeqs>,
-    /// The chunk indexes of completed sends, for recipient status calls.
+    /// The chunk indexes of started sends, for recipient status calls.
     pub chunk_indexes: Arc<ChunkIndexes>,
 }
 

@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use shard_router::{ShardId, Snapshot, bucket_of};
 use sqlx::MySqlPool;
-use tracing::instrument;
+use tracing::{debug, instrument};
 
 use super::page::{announcement_recipient, rank};
 use super::{MAX_PAGE_SIZE, Recipient, RecipientState, Sent};
@@ -26,7 +26,7 @@ const FIELD: &str = "user_ids";
 /// Two rounds of reads, each concurrent over the shards, whatever the
 /// number of users: the send's record with, on each shard, the items of
 /// the users routed there and the chunk index of the send (once the send
-/// is COMPLETED, a replica keeps its index, [`crate::context::ChunkIndexes`],
+/// has started, a replica keeps its index, [`crate::context::ChunkIndexes`],
 /// and reads only the items); then, on each shard, one statement that
 /// tests the users without an item routed there (or in a bucket that
 /// moved, whose chunks may be anywhere) against the one chunk of each
@@ -59,10 +59,11 @@ pub async fn status(
     let found = if row.audience == AudienceKind::AllUsers as u8 {
         of_announcement(ctx, &send, &sorted).await?
     } else {
-        if kept.is_none() && status == SendStatus::Completed {
-            ctx.chunk_indexes.keep(message_id.get(), Arc::clone(&first.index));
+        let found = of_send(ctx, &send, &sorted, first).await?;
+        if kept.is_none() && status != SendStatus::NotStarted {
+            keep_index(ctx, message_id, low).await;
         }
-        of_send(ctx, &send, &sorted, first).await?
+        found
     };
     let mut seen = HashSet::with_capacity(sorted.len());
     Ok(user_ids
@@ -101,6 +102,29 @@ async fn of_announcement(
 struct FirstRound {
     items: HashMap<u64, ItemRow>,
     index: Arc<ChunkIndex>,
+}
+
+/// Reads the send's chunk index from user `low` on, on every shard at
+/// once, and keeps it for later calls. Only once the record said the send
+/// started: every chunk of a send is stored before it starts (appends are
+/// refused after), so an index read after that is final. The call's own
+/// read ran beside the record's and may have come before the start, so it
+/// is not the one kept. Best effort: a failed read keeps nothing.
+async fn keep_index(ctx: &Context, message_id: MessageId, low: u64) {
+    let states = super::Filter::All.chunk_states(false);
+    let reads = ctx.pools.iter().map(|(shard, pool)| {
+        let states = &states;
+        async move {
+            let ends = store::chunk_ends_from(pool, message_id, states, low).await?;
+            Ok::<_, notify_domain::error::Error>((shard, ends))
+        }
+    });
+    match futures::future::try_join_all(reads).await {
+        Ok(shards) => {
+            ctx.chunk_indexes.keep(message_id.get(), Arc::new(ChunkIndex::new(low, shards)));
+        }
+        Err(e) => debug!(error = %e, "chunk index not kept"),
+    }
 }
 
 /// On every shard at once: the items of the users routed there, and the
