@@ -4,7 +4,7 @@
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
-use shard_router::{ShardId, Snapshot, bucket_of};
+use shard_router::bucket_of;
 use sqlx::MySqlPool;
 use tracing::{debug, instrument};
 
@@ -44,14 +44,13 @@ pub async fn status(
     user_ids: &[u64],
 ) -> Result<Vec<Recipient>> {
     let sorted = validate_user_ids(user_ids, MAX_PAGE_SIZE as usize, FIELD, "")?;
-    let routes = ctx.pools.snapshot();
     let low = sorted.first().copied().unwrap_or(u64::MAX);
     let kept = ctx.chunk_indexes.get(message_id.get(), low);
     // The shard reads do not depend on the record: they start with it (and
     // are dropped unread when it is not the caller's, or an announcement).
     let (row, first) = futures::future::try_join(
         send::fetch_visible(ctx, message_id, owner),
-        first_round(ctx, &routes, message_id, &sorted, kept.clone()),
+        first_round(ctx, message_id, &sorted, kept.clone()),
     )
     .await?;
     let status = row.status()?;
@@ -104,13 +103,11 @@ struct FirstRound {
     index: Arc<ChunkIndex>,
 }
 
-/// Reads the send's chunk index from user `low` on, on every shard at
-/// once, and keeps it for later calls. Only once the record said the send
-/// started: every chunk of a send is stored before it starts (appends are
-/// refused after), so an index read after that is final. The call's own
-/// read ran beside the record's and may have come before the start, so it
-/// is not the one kept. Best effort: a failed read keeps nothing.
-async fn keep_index(ctx: &Context, message_id: MessageId, low: u64) {
+/// Reads the send's chunk index from user `low` on, on every shard at once
+/// (chunks stay on the shard they were cut for, so every shard's is read:
+/// a bucket move carries items, not chunks). Every chunk state: a recalled
+/// send's chunks read as their state says.
+async fn read_index(ctx: &Context, message_id: MessageId, low: u64) -> Result<ChunkIndex> {
     let states = super::Filter::All.chunk_states(false);
     let reads = ctx.pools.iter().map(|(shard, pool)| {
         let states = &states;
@@ -119,21 +116,26 @@ async fn keep_index(ctx: &Context, message_id: MessageId, low: u64) {
             Ok::<_, notify_domain::error::Error>((shard, ends))
         }
     });
-    match futures::future::try_join_all(reads).await {
-        Ok(shards) => {
-            ctx.chunk_indexes.keep(message_id.get(), Arc::new(ChunkIndex::new(low, shards)));
-        }
+    Ok(ChunkIndex::new(low, futures::future::try_join_all(reads).await?))
+}
+
+/// Reads the send's chunk index again and keeps it for later calls. Only
+/// once the record said the send started: every chunk of a send is stored
+/// before it starts (appends are refused after), so an index read after
+/// that is final. The call's own read ran beside the record's and may have
+/// come before the start, so it is not the one kept. Best effort: a failed
+/// read keeps nothing.
+async fn keep_index(ctx: &Context, message_id: MessageId, low: u64) {
+    match read_index(ctx, message_id, low).await {
+        Ok(index) => ctx.chunk_indexes.keep(message_id.get(), Arc::new(index)),
         Err(e) => debug!(error = %e, "chunk index not kept"),
     }
 }
 
-/// On every shard at once: the items of the users routed there, and the
-/// chunk index of the send unless it is `kept` (chunks stay on the shard
-/// they were cut for, so every shard's is read: a bucket move carries
-/// items, not chunks).
+/// At once: the items of the users on their shards, and the send's chunk
+/// index from the first of them on, unless it is `kept`.
 async fn first_round(
     ctx: &Context,
-    routes: &Snapshot<'_, MySqlPool>,
     message_id: MessageId,
     users: &[u64],
     kept: Option<Arc<ChunkIndex>>,
@@ -141,34 +143,13 @@ async fn first_round(
     let Some(low) = users.first().copied() else {
         return Ok(FirstRound { items: HashMap::new(), index: Arc::default() });
     };
-    let mut by_shard: HashMap<ShardId, Vec<u64>> =
-        routes.partition_users(users).into_iter().collect();
-    // Every chunk state: a recalled send's chunks read as their state says.
-    let states = super::Filter::All.chunk_states(false);
-    let read_index = kept.is_none();
-    let reads = ctx.pools.iter().map(|(shard, pool)| {
-        let mine = by_shard.remove(&shard).unwrap_or_default();
-        let states = &states;
-        async move {
-            let index = async {
-                if read_index {
-                    store::chunk_ends_from(pool, message_id, states, low).await.map(Some)
-                } else {
-                    Ok(None)
-                }
-            };
-            let (items, ends) =
-                futures::future::try_join(store::items(pool, message_id, &mine), index).await?;
-            Ok::<_, notify_domain::error::Error>((shard, items, ends))
+    let index = async {
+        match kept {
+            Some(kept) => Ok(kept),
+            None => read_index(ctx, message_id, low).await.map(Arc::new),
         }
-    });
-    let mut items = HashMap::new();
-    let mut shards = Vec::new();
-    for (shard, found, ends) in futures::future::try_join_all(reads).await? {
-        items.extend(found.into_iter().map(|item| (item.user_id, item)));
-        shards.extend(ends.map(|ends| (shard, ends)));
-    }
-    let index = kept.unwrap_or_else(|| Arc::new(ChunkIndex::new(low, shards)));
+    };
+    let (items, index) = futures::future::try_join(items_of(ctx, message_id, users), index).await?;
     Ok(FirstRound { items, index })
 }
 
@@ -245,8 +226,7 @@ async fn of_send(
     Ok(found)
 }
 
-/// The items of these users (a sorted subset of the call's), on their
-/// shards at once.
+/// The items of these users (sorted), on their shards at once.
 async fn items_of(
     ctx: &Context,
     message_id: MessageId,
@@ -336,6 +316,7 @@ async fn held_on(pool: &MySqlPool, send: &Sent, pairs: &[(u64, u64)]) -> Result<
 #[cfg(test)]
 mod tests {
     use super::*;
+    use shard_router::ShardId;
 
     /// A chunk of `batch` holding users `first_user..=last_user`.
     fn end(chunk_id: u64, batch: u64, first_user: u64, last_user: u64) -> store::ChunkEnd {
