@@ -18,7 +18,7 @@ use sqlx::{AssertSqlSafe, Either, MySqlPool, Row};
 use tracing::instrument;
 
 use super::chunks::read_slot;
-use super::items::{BadgeState, COUNT_UNREAD, ItemFilter, UnreadTruth};
+use super::items::{BadgeState, COUNT_UNREAD, ItemFilter, NOT_REVOKED, UnreadTruth};
 use super::preferences::{SUPPRESSION, Suppression};
 use super::{read_backlog, read_feed};
 use notify_domain::error::{Error, Result};
@@ -144,7 +144,7 @@ enum Step {
 ///
 /// Ids are locked first (those found, the rest are unknown), then the
 /// user's reads waiting to be counted; a filter's items are what a list
-/// with it shows (joined to their send's content copy, not withdrawn).
+/// with it shows (of sends not withdrawn, as the badge counts them).
 /// Then, over the items the action changes: for ids, their ids, the read
 /// counts and readers by message, and (a read, with `feed`: some endpoint
 /// wants `item.read`) the reads for the feed ([`read_feed`]); for a
@@ -197,7 +197,8 @@ fn script(
         steps.push((Step::Raise, read_backlog::RAISE_AGGREGATE_LIMIT.to_owned()));
     }
     steps.push((Step::Begin, "START TRANSACTION".to_owned()));
-    let (items, selected) = match target {
+    let items = "message_items i";
+    let selected = match target {
         Target::Ids(ids) => {
             let named = format!(
                 "WHERE i.user_id = {user_id} AND i.deleted_at IS NULL AND i.message_id IN ({})",
@@ -212,15 +213,18 @@ fn script(
                 let waiting = read_backlog::LOCK_WAITING.replacen('?', &user_id.to_string(), 1);
                 steps.push((Step::Waiting, waiting));
             }
-            ("message_items i", format!("{named}{}", action.changes()))
+            format!("{named}{}", action.changes())
         }
-        Target::All(filter) => (
-            "message_items i JOIN message_contents c ON c.message_id = i.message_id",
-            format!(
-                "WHERE i.user_id = {user_id}{}{} AND c.revoked = 0",
-                filter.item_conditions()?,
-                action.changes()
-            ),
+        // Items alone, their withdrawn sends tested by NOT IN: with a join
+        // to the content copies MariaDB runs a multi-table UPDATE, which
+        // first copies every row it changes to a temporary table whenever
+        // it reads them by an index the update writes (a read or unread by
+        // `idx_items_unread`), then reads each back; 10,000 items: the
+        // script took 185 ms against 137 ms without the join.
+        Target::All(filter) => format!(
+            "WHERE i.user_id = {user_id}{}{}{NOT_REVOKED}",
+            filter.item_conditions()?,
+            action.changes()
         ),
     };
     if matches!(target, Target::Ids(_)) {
@@ -355,6 +359,9 @@ mod tests {
         assert_eq!(sql.split(";\n").count(), steps.len());
         assert!(!sql.contains('?'), "every value is written in: {sql}");
         assert!(sql.contains("i.category = 'billing.eu'"), "{sql}");
+        // No join: MariaDB would copy every changed row to a temporary table.
+        assert!(!sql.contains("JOIN"), "{sql}");
+        assert!(sql.contains(&format!("AND i.is_read = 0{NOT_REVOKED}")), "{sql}");
         let (steps, _) = script(42, Action::Archive, Target::All(filter), &[], false).unwrap();
         assert_eq!(steps, [Step::Begin, Step::Update, Step::Count, Step::Commit]);
         let (steps, sql) = script(42, Action::Archive, Target::Ids(&[5, 6]), &[], false).unwrap();

@@ -239,6 +239,18 @@ pub async fn count_unread<'e>(
     Ok(UnreadTruth::from_row(counted))
 }
 
+/// SQL condition on items `i`: their send was not withdrawn (no revoked
+/// content copy), as [`COUNT_UNREAD`] and a filtered update test it (see
+/// there for how MariaDB runs it).
+macro_rules! not_revoked {
+    () => {
+        " AND i.message_id NOT IN (SELECT message_id FROM message_contents WHERE revoked = 1)"
+    };
+}
+
+/// [`not_revoked!`] as a value.
+pub(crate) const NOT_REVOKED: &str = not_revoked!();
+
 /// The count [`count_unread`] runs, for one user id (`?`).
 ///
 /// The revoked messages (a recalled send, a cancelled announcement) are
@@ -253,11 +265,13 @@ pub async fn count_unread<'e>(
 /// place) one who has read few. An item whose copy is gone counts (the
 /// join left it out): retention deletes a copy after its items, or once it
 /// expired, and its items expired with it (they carry its `expire_at`).
-pub(crate) const COUNT_UNREAD: &str = "SELECT COUNT(*), CAST(COALESCE(SUM(i.is_seen = 0), 0) AS SIGNED), MIN(i.expire_at) \
+pub(crate) const COUNT_UNREAD: &str = concat!(
+    "SELECT COUNT(*), CAST(COALESCE(SUM(i.is_seen = 0), 0) AS SIGNED), MIN(i.expire_at) \
      FROM message_items i \
      WHERE i.user_id = ? AND i.is_read = 0 AND i.is_archived = 0 AND i.deleted_at IS NULL \
-     AND (i.expire_at IS NULL OR i.expire_at > UTC_TIMESTAMP(3)) \
-     AND i.message_id NOT IN (SELECT message_id FROM message_contents WHERE revoked = 1)";
+     AND (i.expire_at IS NULL OR i.expire_at > UTC_TIMESTAMP(3))",
+    not_revoked!()
+);
 
 impl UnreadTruth {
     /// From a row of [`COUNT_UNREAD`].
