@@ -12,6 +12,7 @@ use notify_proto::v1::message_service_client::MessageServiceClient;
 use notify_proto::v1::{RecipientFilter as F, RecipientState as S};
 use std::time::Duration;
 
+use notify_store::db::chunks;
 use notify_store::shard_map;
 use notify_testkit::{
     TestApp, authed, eventually, spawn_app, spawn_app_with, test_settings, with_clients,
@@ -751,6 +752,54 @@ async fn recipient_status_keeps_a_started_sends_chunk_index_and_reads_chunk_stat
         .collect();
     assert!(expected.iter().any(|(_, state)| *state == S::Failed as i32));
     assert_eq!(states(&status(&app, id, asked).await), expected);
+
+    // A bucket move under a send splits a pending chunk: the users it moved
+    // go into a new chunk (top bit of its id set), the chunk they left
+    // narrows. Done here by hand on another shard, for one user whose item
+    // is not written (the new chunk dead-lettered): the kept index does not
+    // hold the new chunk, and the narrowed one no longer holds the user.
+    let user = users[1500..]
+        .iter()
+        .copied()
+        .find(|user| app.ctx.pools.for_user(*user).shard() != shard)
+        .unwrap();
+    let routed = app.ctx.pools.for_user(user);
+    let pool = routed.value();
+    let chunks: Vec<(u64, Vec<u8>)> =
+        sqlx::query_as("SELECT chunk_id, user_ids FROM message_chunks WHERE message_id = ?")
+            .bind(id)
+            .fetch_all(pool)
+            .await
+            .unwrap();
+    let (from, stayed) = chunks
+        .iter()
+        .find_map(|(chunk_id, packed)| {
+            let ids = chunks::decode_user_ids(packed).unwrap();
+            ids.contains(&user).then(|| (*chunk_id, ids.into_iter().filter(|u| *u != user)))
+        })
+        .unwrap();
+    let stayed = chunks::encode_user_ids(&stayed.collect::<Vec<_>>());
+    for (sql, bytes) in [
+        ("UPDATE message_chunks SET user_ids = ? WHERE message_id = ? AND chunk_id = ?", stayed),
+        (
+            "INSERT INTO message_chunks (user_ids, message_id, chunk_id, state, recipients) \
+             VALUES (?, ?, ?, 2, 1)",
+            chunks::encode_user_ids(&[user]),
+        ),
+    ] {
+        let chunk_id = if sql.starts_with("UPDATE") { from } else { 1 << 63 | from };
+        sqlx::query(sql).bind(bytes).bind(id).bind(chunk_id).execute(pool).await.unwrap();
+    }
+    sqlx::query("DELETE FROM message_items WHERE message_id = ? AND user_id = ?")
+        .bind(id)
+        .bind(user)
+        .execute(pool)
+        .await
+        .unwrap();
+    assert!(app.ctx.chunk_indexes.get(id, users[0]).is_some(), "the index is still kept");
+    let answered = states(&status(&app, id, vec![users[0], user]).await);
+    assert_eq!(answered[1], (user, S::Failed as i32), "a user of a split chunk");
+    assert_eq!(answered[0].0, users[0]);
     app.cleanup().await;
 }
 

@@ -6,14 +6,20 @@
 //! chunk index: every shard's chunk ids, batches and user ranges. Reading
 //! that index from every shard cost more than the item lookups themselves
 //! (2,000 entries for a 1M send, on every call). Every chunk of a send is
-//! stored before the send starts (appends are refused after), and none is
-//! ever added or moved after (a redrive, a cancel or a recall changes
-//! their states, not their ranges; a bucket move carries items, not
-//! chunks), so an index read once the send started holds for good: a
-//! replica keeps it and later calls read only the items and the chunks
-//! they test. Chunk states are not kept: the test reads them from the
-//! chunk each time. Retention dropping the chunks leaves entries that
-//! match nothing, as the index read then would.
+//! stored before the send starts (appends are refused after); a redrive, a
+//! cancel or a recall changes their states, not their ranges, and a bucket
+//! move carries items, not chunks. The one change after the start: a
+//! bucket move under a send still delivering splits a pending chunk whose
+//! users it moved, the chunk narrowing to the users that stayed and the
+//! others going into a new chunk (its id's top bit set, a batch of its
+//! own) on the shard that owns them now. So an index read once the send
+//! started holds for good but for those new chunks: a replica keeps it,
+//! and later calls read only the items, the split chunks (an index range
+//! that is empty unless a bucket moved) and the chunks they test. A
+//! narrowed chunk's kept range is wider than its users, which the test
+//! reads from the chunk itself. Chunk states are not kept: the test reads
+//! them each time. Retention dropping the chunks leaves entries that match
+//! nothing, as the index read then would.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex};

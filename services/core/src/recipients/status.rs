@@ -4,7 +4,7 @@
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
-use shard_router::bucket_of;
+use shard_router::{ShardId, bucket_of};
 use sqlx::MySqlPool;
 use tracing::{debug, instrument};
 
@@ -27,7 +27,8 @@ const FIELD: &str = "user_ids";
 /// number of users: the send's record with, on each shard, the items of
 /// the users routed there and the chunk index of the send (once the send
 /// has started, a replica keeps its index, [`crate::context::ChunkIndexes`],
-/// and reads only the items); then, on each shard, one statement that
+/// and reads only the chunks split off others since, by a bucket move);
+/// then, on each shard, one statement that
 /// tests the users without an item routed there (or in a bucket that
 /// moved, whose chunks may be anywhere) against the one chunk of each
 /// batch whose range holds them. The reads are not one snapshot: a user
@@ -101,6 +102,9 @@ async fn of_announcement(
 struct FirstRound {
     items: HashMap<u64, ItemRow>,
     index: Arc<ChunkIndex>,
+    /// With a kept index: each shard's chunks split off others (a bucket
+    /// moved under the send), read now, sorted as the index is.
+    splits: Vec<(ShardId, Vec<store::ChunkEnd>)>,
 }
 
 /// Reads the send's chunk index from user `low` on, on every shard at once
@@ -119,6 +123,28 @@ async fn read_index(ctx: &Context, message_id: MessageId, low: u64) -> Result<Ch
     Ok(ChunkIndex::new(low, futures::future::try_join_all(reads).await?))
 }
 
+/// Reads the send's chunks split off others from user `low` on, on every
+/// shard at once: a kept index holds every other chunk for good, but a
+/// bucket move under a send that is still delivering splits the pending
+/// chunks whose users it moved (the split parts are new chunks, on the
+/// shard that owns those users now; the chunks they came from only
+/// narrow, which the membership test reads from the chunk itself).
+async fn read_splits(
+    ctx: &Context,
+    message_id: MessageId,
+    low: u64,
+) -> Result<Vec<(ShardId, Vec<store::ChunkEnd>)>> {
+    let states = super::Filter::All.chunk_states(false);
+    let reads = ctx.pools.iter().map(|(shard, pool)| {
+        let states = &states;
+        async move {
+            let ends = store::split_chunk_ends_from(pool, message_id, states, low).await?;
+            Ok::<_, notify_domain::error::Error>((shard, ends))
+        }
+    });
+    Ok(ChunkIndex::new(low, futures::future::try_join_all(reads).await?).shards)
+}
+
 /// Reads the send's chunk index again and keeps it for later calls. Only
 /// once the record said the send started: every chunk of a send is stored
 /// before it starts (appends are refused after), so an index read after
@@ -133,7 +159,8 @@ async fn keep_index(ctx: &Context, message_id: MessageId, low: u64) {
 }
 
 /// At once: the items of the users on their shards, and the send's chunk
-/// index from the first of them on, unless it is `kept`.
+/// index from the first of them on, or, when it is `kept`, the chunks
+/// split off others since.
 async fn first_round(
     ctx: &Context,
     message_id: MessageId,
@@ -141,16 +168,17 @@ async fn first_round(
     kept: Option<Arc<ChunkIndex>>,
 ) -> Result<FirstRound> {
     let Some(low) = users.first().copied() else {
-        return Ok(FirstRound { items: HashMap::new(), index: Arc::default() });
+        return Ok(FirstRound { items: HashMap::new(), index: Arc::default(), splits: Vec::new() });
     };
     let index = async {
         match kept {
-            Some(kept) => Ok(kept),
-            None => read_index(ctx, message_id, low).await.map(Arc::new),
+            Some(kept) => Ok((kept, read_splits(ctx, message_id, low).await?)),
+            None => Ok((Arc::new(read_index(ctx, message_id, low).await?), Vec::new())),
         }
     };
-    let (items, index) = futures::future::try_join(items_of(ctx, message_id, users), index).await?;
-    Ok(FirstRound { items, index })
+    let (items, (index, splits)) =
+        futures::future::try_join(items_of(ctx, message_id, users), index).await?;
+    Ok(FirstRound { items, index, splits })
 }
 
 async fn of_send(
@@ -159,7 +187,7 @@ async fn of_send(
     users: &[u64],
     first: FirstRound,
 ) -> Result<HashMap<u64, Recipient>> {
-    let FirstRound { items, index } = first;
+    let FirstRound { items, index, splits } = first;
     let mut found: HashMap<u64, Recipient> = items
         .values()
         .map(|item| (item.user_id, send.recipient(item.user_id, chunk::DONE, Some(item))))
@@ -174,8 +202,10 @@ async fn of_send(
     // the bucket moved (or is moving): chunks stay where they were cut.
     let routes = ctx.pools.snapshot();
     let anywhere = routes.moved().union(routes.frozen());
-    let tests = index.shards.iter().filter_map(|(shard, ends)| {
-        let pool = ctx.pools.get(*shard)?;
+    // Each shard's pairs from its chunks in the index, and from those split
+    // off others since it was kept (the same chunk may be in both).
+    let mut pairs: HashMap<ShardId, Vec<(u64, u64)>> = HashMap::new();
+    for (shard, ends) in index.shards.iter().chain(&splits) {
         let here: Vec<u64> = rest
             .iter()
             .copied()
@@ -184,7 +214,12 @@ async fn of_send(
                 anywhere.contains(bucket) || routes.of_bucket(bucket).0 == *shard
             })
             .collect();
-        let pairs = candidate_pairs(ends, &here);
+        pairs.entry(*shard).or_default().extend(candidate_pairs(ends, &here));
+    }
+    let tests = pairs.into_iter().filter_map(|(shard, mut pairs)| {
+        let pool = ctx.pools.get(shard)?;
+        pairs.sort_unstable();
+        pairs.dedup();
         Some(async move { held_on(pool, send, &pairs).await })
     });
     let tests: Vec<_> = tests.collect();
@@ -316,7 +351,6 @@ async fn held_on(pool: &MySqlPool, send: &Sent, pairs: &[(u64, u64)]) -> Result<
 #[cfg(test)]
 mod tests {
     use super::*;
-    use shard_router::ShardId;
 
     /// A chunk of `batch` holding users `first_user..=last_user`.
     fn end(chunk_id: u64, batch: u64, first_user: u64, last_user: u64) -> store::ChunkEnd {

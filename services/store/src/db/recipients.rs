@@ -200,6 +200,35 @@ pub async fn chunk_ends_from<'e>(
     states: &[u8],
     low: u64,
 ) -> Result<Vec<ChunkEnd>> {
+    ends_from(pool, message_id, states, low, 0).await
+}
+
+/// The first batch of a split chunk: a chunk split off another when a
+/// bucket move made some of its recipients another shard's has the top bit
+/// of its id set, and is a batch of its own (`batch` is `chunk_id >> 16`).
+const FIRST_SPLIT_BATCH: u64 = 1 << 47;
+
+/// As [`chunk_ends_from`], only the chunks split off others during a
+/// bucket move: the only chunks a send gains once it started (the chunk a
+/// split takes users from only narrows). A range of each state's entries,
+/// empty unless a bucket moved under the send.
+#[instrument(level = "debug", skip_all, fields(db.system = "mysql"))]
+pub async fn split_chunk_ends_from<'e>(
+    pool: impl sqlx::MySqlExecutor<'e>,
+    message_id: MessageId,
+    states: &[u8],
+    low: u64,
+) -> Result<Vec<ChunkEnd>> {
+    ends_from(pool, message_id, states, low, FIRST_SPLIT_BATCH).await
+}
+
+async fn ends_from<'e>(
+    pool: impl sqlx::MySqlExecutor<'e>,
+    message_id: MessageId,
+    states: &[u8],
+    low: u64,
+    first_batch: u64,
+) -> Result<Vec<ChunkEnd>> {
     if states.is_empty() {
         return Ok(Vec::new());
     }
@@ -212,7 +241,11 @@ pub async fn chunk_ends_from<'e>(
     for state in states {
         list.push_bind(*state);
     }
-    sql.push(") AND last_user >= ").push_bind(low);
+    sql.push(")");
+    if first_batch > 0 {
+        sql.push(" AND batch >= ").push_bind(first_batch);
+    }
+    sql.push(" AND last_user >= ").push_bind(low);
     Ok(sql.build_query_as().fetch_all(pool).await?)
 }
 
