@@ -763,11 +763,24 @@ async fn recipient_status_keeps_a_started_sends_chunk_index_and_reads_chunk_stat
         .copied()
         .find(|user| app.ctx.pools.for_user(*user).shard() != shard)
         .unwrap();
+    split_by_hand(&app, id, user, 2).await;
+    assert!(app.ctx.chunk_indexes.get(id, users[0]).is_some(), "the index is still kept");
+    let answered = states(&status(&app, id, vec![users[0], user]).await);
+    assert_eq!(answered[1], (user, S::Failed as i32), "a user of a split chunk");
+    assert_eq!(answered[0].0, users[0]);
+    app.cleanup().await;
+}
+
+/// What a bucket move under a delivering send does to the chunk of `user`
+/// (see `deliver::split`), by hand: the user leaves their chunk, which
+/// narrows, for a new chunk of their own (top bit of its id set) in
+/// `state`, and their item is not written.
+async fn split_by_hand(app: &TestApp, message_id: u64, user: u64, state: u8) {
     let routed = app.ctx.pools.for_user(user);
     let pool = routed.value();
     let chunks: Vec<(u64, Vec<u8>)> =
         sqlx::query_as("SELECT chunk_id, user_ids FROM message_chunks WHERE message_id = ?")
-            .bind(id)
+            .bind(message_id)
             .fetch_all(pool)
             .await
             .unwrap();
@@ -779,28 +792,30 @@ async fn recipient_status_keeps_a_started_sends_chunk_index_and_reads_chunk_stat
         })
         .unwrap();
     let stayed = chunks::encode_user_ids(&stayed.collect::<Vec<_>>());
-    for (sql, bytes) in [
-        ("UPDATE message_chunks SET user_ids = ? WHERE message_id = ? AND chunk_id = ?", stayed),
-        (
-            "INSERT INTO message_chunks (user_ids, message_id, chunk_id, state, recipients) \
-             VALUES (?, ?, ?, 2, 1)",
-            chunks::encode_user_ids(&[user]),
-        ),
-    ] {
-        let chunk_id = if sql.starts_with("UPDATE") { from } else { 1 << 63 | from };
-        sqlx::query(sql).bind(bytes).bind(id).bind(chunk_id).execute(pool).await.unwrap();
-    }
+    sqlx::query("UPDATE message_chunks SET user_ids = ? WHERE message_id = ? AND chunk_id = ?")
+        .bind(stayed)
+        .bind(message_id)
+        .bind(from)
+        .execute(pool)
+        .await
+        .unwrap();
+    sqlx::query(
+        "INSERT INTO message_chunks (user_ids, message_id, chunk_id, state, recipients) \
+         VALUES (?, ?, ?, ?, 1)",
+    )
+    .bind(chunks::encode_user_ids(&[user]))
+    .bind(message_id)
+    .bind(1u64 << 63 | from)
+    .bind(state)
+    .execute(pool)
+    .await
+    .unwrap();
     sqlx::query("DELETE FROM message_items WHERE message_id = ? AND user_id = ?")
-        .bind(id)
+        .bind(message_id)
         .bind(user)
         .execute(pool)
         .await
         .unwrap();
-    assert!(app.ctx.chunk_indexes.get(id, users[0]).is_some(), "the index is still kept");
-    let answered = states(&status(&app, id, vec![users[0], user]).await);
-    assert_eq!(answered[1], (user, S::Failed as i32), "a user of a split chunk");
-    assert_eq!(answered[0].0, users[0]);
-    app.cleanup().await;
 }
 
 /// While a send delivers, `GetRecipientStatus` is asked again and again

@@ -67,7 +67,13 @@ struct Kept {
     by_send: HashMap<u64, Arc<ChunkIndex>>,
     order: VecDeque<u64>,
     chunks: usize,
+    /// Sends whose index was too large to keep, the latest
+    /// [`MAX_TOO_LARGE`]: not read again to be kept.
+    too_large: VecDeque<u64>,
 }
+
+/// Sends remembered as too large to keep.
+const MAX_TOO_LARGE: usize = 1_024;
 
 impl ChunkIndexes {
     /// The index of a started send that covers users from `low` on.
@@ -76,15 +82,28 @@ impl ChunkIndexes {
         kept.by_send.get(&message_id).filter(|index| index.low <= low).cloned()
     }
 
+    /// The send's index was read to be kept, and was too large: reading it
+    /// again for that would be in vain.
+    pub fn too_large(&self, message_id: u64) -> bool {
+        let kept = self.inner.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        kept.too_large.contains(&message_id)
+    }
+
     /// Keeps the index of a started send, read after it started (only then
     /// is it final), unless one that covers as much is kept already.
     pub fn keep(&self, message_id: u64, index: Arc<ChunkIndex>) {
         let size = index.chunks();
-        if size > MAX_CHUNKS {
-            return;
-        }
         let mut kept = self.inner.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
         let kept = &mut *kept;
+        if size > MAX_CHUNKS {
+            if !kept.too_large.contains(&message_id) {
+                kept.too_large.push_back(message_id);
+                if kept.too_large.len() > MAX_TOO_LARGE {
+                    kept.too_large.pop_front();
+                }
+            }
+            return;
+        }
         match kept.by_send.get_mut(&message_id) {
             Some(old) if old.low <= index.low => return,
             Some(old) => {
@@ -141,7 +160,9 @@ mod tests {
         assert!(indexes.get(1, 0).is_none());
         assert!((2..=5).all(|send| indexes.get(send, 0).is_some()));
         assert_eq!(indexes.inner.lock().unwrap().chunks, MAX_CHUNKS);
+        assert!(!indexes.too_large(9));
         indexes.keep(9, index(0, MAX_CHUNKS as u64 + 1));
         assert!(indexes.get(9, 0).is_none(), "an index larger than the bound is not kept");
+        assert!(indexes.too_large(9), "and is not read again to be kept");
     }
 }

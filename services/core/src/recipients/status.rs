@@ -148,10 +148,15 @@ async fn read_splits(
 /// Reads the send's chunk index again and keeps it for later calls. Only
 /// once the record said the send started: every chunk of a send is stored
 /// before it starts (appends are refused after), so an index read after
-/// that is final. The call's own read ran beside the record's and may have
-/// come before the start, so it is not the one kept. Best effort: a failed
-/// read keeps nothing.
+/// that is final but for chunks split off others, which each call reads
+/// ([`read_splits`]). The call's own read ran beside the record's and may
+/// have come before the start, so it is not the one kept. Best effort: a
+/// failed read keeps nothing, and a send whose index is too large is not
+/// read again for it.
 async fn keep_index(ctx: &Context, message_id: MessageId, low: u64) {
+    if ctx.chunk_indexes.too_large(message_id.get()) {
+        return;
+    }
     match read_index(ctx, message_id, low).await {
         Ok(index) => ctx.chunk_indexes.keep(message_id.get(), Arc::new(index)),
         Err(e) => debug!(error = %e, "chunk index not kept"),
