@@ -564,6 +564,40 @@ async fn recipient_status_finds_a_pending_user_whose_bucket_moved_since_the_chun
     app.cleanup().await;
 }
 
+/// A bucket move under a send that is still delivering splits the pending
+/// chunks whose users it moved: the split parts are new chunks, which a
+/// replica that kept the send's chunk index before does not hold.
+#[tokio::test]
+async fn recipient_status_finds_a_user_split_into_a_new_chunk_after_the_index_was_kept() {
+    let mut settings = test_settings();
+    settings.database.shard_map_refresh_ms = 100;
+    let app = spawn_app_with(settings, false).await;
+    let shard_of = |user: u64| app.ctx.pools.for_user(user).shard();
+    let users: Vec<u64> = (8_700_000..).filter(|u| shard_of(*u) == ShardId(0)).take(40).collect();
+    let (mover, stayer) = (users[0], users[1]);
+    let bucket = bucket_of(mover);
+    assert_ne!(bucket_of(stayer), bucket);
+    let id = start_batches(&app, &[users]).await;
+    let before = states(&status(&app, id, vec![mover, stayer]).await);
+    assert_eq!(before, [(mover, S::Pending as i32), (stayer, S::Pending as i32)]);
+    assert!(app.ctx.chunk_indexes.get(id, mover).is_some(), "a started send's index is kept");
+
+    let moved = app.ctx.pools.map().with_range(ShardId(1), bucket, bucket).unwrap();
+    let version =
+        shard_map::append(&app.ctx.pools, 1, &moved, "test: bucket to shard 1").await.unwrap();
+    eventually("the api routes by the new version", Duration::from_secs(10), || async {
+        (app.ctx.pools.version() >= version).then_some(())
+    })
+    .await;
+    assert_eq!(shard_of(mover), ShardId(1));
+    // As a worker would on applying the chunk: the mover goes into a chunk
+    // of their own on shard 1, here dead-lettered there.
+    split_by_hand(&app, id, mover, 2).await;
+    let after = states(&status(&app, id, vec![mover, stayer]).await);
+    assert_eq!(after, [(mover, S::Failed as i32), (stayer, S::Pending as i32)]);
+    app.cleanup().await;
+}
+
 #[tokio::test]
 async fn recipient_status_is_exact_where_a_users_bytes_straddle_two_ids_of_a_chunk() {
     let app = spawn_app_with(test_settings(), false).await;
@@ -753,69 +787,48 @@ async fn recipient_status_keeps_a_started_sends_chunk_index_and_reads_chunk_stat
     assert!(expected.iter().any(|(_, state)| *state == S::Failed as i32));
     assert_eq!(states(&status(&app, id, asked).await), expected);
 
-    // A bucket move under a send splits a pending chunk: the users it moved
-    // go into a new chunk (top bit of its id set), the chunk they left
-    // narrows. Done here by hand on another shard, for one user whose item
-    // is not written (the new chunk dead-lettered): the kept index does not
-    // hold the new chunk, and the narrowed one no longer holds the user.
-    let user = users[1500..]
-        .iter()
-        .copied()
-        .find(|user| app.ctx.pools.for_user(*user).shard() != shard)
-        .unwrap();
-    split_by_hand(&app, id, user, 2).await;
-    assert!(app.ctx.chunk_indexes.get(id, users[0]).is_some(), "the index is still kept");
-    let answered = states(&status(&app, id, vec![users[0], user]).await);
-    assert_eq!(answered[1], (user, S::Failed as i32), "a user of a split chunk");
-    assert_eq!(answered[0].0, users[0]);
     app.cleanup().await;
 }
 
-/// What a bucket move under a delivering send does to the chunk of `user`
-/// (see `deliver::split`), by hand: the user leaves their chunk, which
-/// narrows, for a new chunk of their own (top bit of its id set) in
-/// `state`, and their item is not written.
+/// What a worker does to the pending chunk of `user` when a bucket move
+/// made the user another shard's (`deliver::split`), by hand: the user
+/// leaves the chunk, which narrows, for a new chunk of their own (top bit
+/// of its id set) in `state`, on the shard that owns them now.
 async fn split_by_hand(app: &TestApp, message_id: u64, user: u64, state: u8) {
-    let routed = app.ctx.pools.for_user(user);
-    let pool = routed.value();
-    let chunks: Vec<(u64, Vec<u8>)> =
-        sqlx::query_as("SELECT chunk_id, user_ids FROM message_chunks WHERE message_id = ?")
-            .bind(message_id)
-            .fetch_all(pool)
-            .await
-            .unwrap();
-    let (from, stayed) = chunks
-        .iter()
-        .find_map(|(chunk_id, packed)| {
+    for (_, pool) in app.ctx.pools.iter() {
+        let chunks: Vec<(u64, Vec<u8>)> =
+            sqlx::query_as("SELECT chunk_id, user_ids FROM message_chunks WHERE message_id = ?")
+                .bind(message_id)
+                .fetch_all(pool)
+                .await
+                .unwrap();
+        let found = chunks.iter().find_map(|(chunk_id, packed)| {
             let ids = chunks::decode_user_ids(packed).unwrap();
             ids.contains(&user).then(|| (*chunk_id, ids.into_iter().filter(|u| *u != user)))
-        })
-        .unwrap();
-    let stayed = chunks::encode_user_ids(&stayed.collect::<Vec<_>>());
-    sqlx::query("UPDATE message_chunks SET user_ids = ? WHERE message_id = ? AND chunk_id = ?")
-        .bind(stayed)
+        });
+        let Some((from, stayed)) = found else { continue };
+        let stayed = chunks::encode_user_ids(&stayed.collect::<Vec<_>>());
+        sqlx::query("UPDATE message_chunks SET user_ids = ? WHERE message_id = ? AND chunk_id = ?")
+            .bind(stayed)
+            .bind(message_id)
+            .bind(from)
+            .execute(pool)
+            .await
+            .unwrap();
+        sqlx::query(
+            "INSERT INTO message_chunks (user_ids, message_id, chunk_id, state, recipients) \
+             VALUES (?, ?, ?, ?, 1)",
+        )
+        .bind(chunks::encode_user_ids(&[user]))
         .bind(message_id)
-        .bind(from)
-        .execute(pool)
+        .bind(1u64 << 63 | from)
+        .bind(state)
+        .execute(app.ctx.pools.for_user(user).value())
         .await
         .unwrap();
-    sqlx::query(
-        "INSERT INTO message_chunks (user_ids, message_id, chunk_id, state, recipients) \
-         VALUES (?, ?, ?, ?, 1)",
-    )
-    .bind(chunks::encode_user_ids(&[user]))
-    .bind(message_id)
-    .bind(1u64 << 63 | from)
-    .bind(state)
-    .execute(pool)
-    .await
-    .unwrap();
-    sqlx::query("DELETE FROM message_items WHERE message_id = ? AND user_id = ?")
-        .bind(message_id)
-        .bind(user)
-        .execute(pool)
-        .await
-        .unwrap();
+        return;
+    }
+    panic!("user {user} is in no chunk of {message_id}");
 }
 
 /// While a send delivers, `GetRecipientStatus` is asked again and again

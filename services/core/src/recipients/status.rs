@@ -27,7 +27,7 @@ const FIELD: &str = "user_ids";
 /// number of users: the send's record with, on each shard, the items of
 /// the users routed there and the chunk index of the send (once the send
 /// has started, a replica keeps its index, [`crate::context::ChunkIndexes`],
-/// and reads only the chunks split off others since, by a bucket move);
+/// and reads only the chunks split off others since, once a bucket moved);
 /// then, on each shard, one statement that
 /// tests the users without an item routed there (or in a bucket that
 /// moved, whose chunks may be anywhere) against the one chunk of each
@@ -165,7 +165,7 @@ async fn keep_index(ctx: &Context, message_id: MessageId, low: u64) {
 
 /// At once: the items of the users on their shards, and the send's chunk
 /// index from the first of them on, or, when it is `kept`, the chunks
-/// split off others since.
+/// split off others since (if a bucket ever moved).
 async fn first_round(
     ctx: &Context,
     message_id: MessageId,
@@ -175,9 +175,16 @@ async fn first_round(
     let Some(low) = users.first().copied() else {
         return Ok(FirstRound { items: HashMap::new(), index: Arc::default(), splits: Vec::new() });
     };
+    // Only a bucket move splits chunks: while none ever moved (nor is
+    // moving), there is nothing to read.
+    let moves = {
+        let routes = ctx.pools.snapshot();
+        !routes.moved().union(routes.frozen()).is_empty()
+    };
     let index = async {
         match kept {
-            Some(kept) => Ok((kept, read_splits(ctx, message_id, low).await?)),
+            Some(kept) if moves => Ok((kept, read_splits(ctx, message_id, low).await?)),
+            Some(kept) => Ok((kept, Vec::new())),
             None => Ok((Arc::new(read_index(ctx, message_id, low).await?), Vec::new())),
         }
     };
