@@ -14,8 +14,8 @@
 //! others going into a new chunk (its id's top bit set, a batch of its
 //! own) on the shard that owns them now. So an index read once the send
 //! started holds for good but for those new chunks: a replica keeps it,
-//! and later calls read only the items, the split chunks (an index range
-//! that is empty unless a bucket moved) and the chunks they test. A
+//! and later calls read only the items, the split chunks (once a bucket
+//! moved; there are none before) and the chunks they test. A
 //! narrowed chunk's kept range is wider than its users, which the test
 //! reads from the chunk itself. Chunk states are not kept: the test reads
 //! them each time. Retention dropping the chunks leaves entries that match
