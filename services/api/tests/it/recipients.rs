@@ -524,20 +524,26 @@ async fn recipient_status_finds_each_user_in_the_one_chunk_of_each_batch_whose_r
     app.cleanup().await;
 }
 
-#[tokio::test]
-async fn recipient_status_finds_a_pending_user_whose_bucket_moved_since_the_chunk_was_cut() {
+/// An api that follows shard map versions closely, no worker (chunks stay
+/// pending), and a started send to 40 users of shard 0 from `first` on:
+/// the send, the first of them (whose bucket the caller moves) and the
+/// second (whose bucket stays).
+async fn pending_on_shard_0(first: u64) -> (TestApp, u64, u64, u64) {
     let mut settings = test_settings();
     settings.database.shard_map_refresh_ms = 100;
     let app = spawn_app_with(settings, false).await;
     let shard_of = |user: u64| app.ctx.pools.for_user(user).shard();
-    // Users of shard 0; the bucket of the first moves to shard 1 after
-    // their chunk was cut there (no worker runs: it stays pending on 0).
-    let users: Vec<u64> = (8_800_000..).filter(|u| shard_of(*u) == ShardId(0)).take(40).collect();
+    let users: Vec<u64> = (first..).filter(|u| shard_of(*u) == ShardId(0)).take(40).collect();
     let (mover, stayer) = (users[0], users[1]);
-    let bucket = bucket_of(mover);
-    assert_ne!(bucket_of(stayer), bucket);
+    assert_ne!(bucket_of(stayer), bucket_of(mover));
     let id = start_batches(&app, &[users]).await;
-    assert!(app.ctx.pools.snapshot().moved().is_empty(), "nothing moved yet");
+    (app, id, mover, stayer)
+}
+
+/// Moves `user`'s bucket to shard 1 in a new shard map version, and waits
+/// until the api routes by it. Returns that version.
+async fn move_to_shard_1(app: &TestApp, user: u64) -> u64 {
+    let bucket = bucket_of(user);
     let moved = app.ctx.pools.map().with_range(ShardId(1), bucket, bucket).unwrap();
     let version =
         shard_map::append(&app.ctx.pools, 1, &moved, "test: bucket to shard 1").await.unwrap();
@@ -545,8 +551,19 @@ async fn recipient_status_finds_a_pending_user_whose_bucket_moved_since_the_chun
         (app.ctx.pools.version() >= version).then_some(())
     })
     .await;
-    assert_eq!(shard_of(mover), ShardId(1));
+    assert_eq!(app.ctx.pools.for_user(user).shard(), ShardId(1));
     assert!(app.ctx.pools.snapshot().moved().contains(bucket));
+    version
+}
+
+#[tokio::test]
+async fn recipient_status_finds_a_pending_user_whose_bucket_moved_since_the_chunk_was_cut() {
+    // The bucket of the first user moves to shard 1 after their chunk was
+    // cut on shard 0 (no worker runs: it stays pending there).
+    let (app, id, mover, stayer) = pending_on_shard_0(8_800_000).await;
+    let bucket = bucket_of(mover);
+    assert!(app.ctx.pools.snapshot().moved().is_empty(), "nothing moved yet");
+    let version = move_to_shard_1(&app, mover).await;
     // Both still in their pending chunk on shard 0; a user of no send in
     // the same bucket is none.
     let other = (mover + 1..).find(|u| bucket_of(*u) == bucket).unwrap();
@@ -569,27 +586,12 @@ async fn recipient_status_finds_a_pending_user_whose_bucket_moved_since_the_chun
 /// replica that kept the send's chunk index before does not hold.
 #[tokio::test]
 async fn recipient_status_finds_a_user_split_into_a_new_chunk_after_the_index_was_kept() {
-    let mut settings = test_settings();
-    settings.database.shard_map_refresh_ms = 100;
-    let app = spawn_app_with(settings, false).await;
-    let shard_of = |user: u64| app.ctx.pools.for_user(user).shard();
-    let users: Vec<u64> = (8_700_000..).filter(|u| shard_of(*u) == ShardId(0)).take(40).collect();
-    let (mover, stayer) = (users[0], users[1]);
-    let bucket = bucket_of(mover);
-    assert_ne!(bucket_of(stayer), bucket);
-    let id = start_batches(&app, &[users]).await;
+    let (app, id, mover, stayer) = pending_on_shard_0(8_700_000).await;
     let before = states(&status(&app, id, vec![mover, stayer]).await);
     assert_eq!(before, [(mover, S::Pending as i32), (stayer, S::Pending as i32)]);
     assert!(app.ctx.chunk_indexes.get(id, mover).is_some(), "a started send's index is kept");
 
-    let moved = app.ctx.pools.map().with_range(ShardId(1), bucket, bucket).unwrap();
-    let version =
-        shard_map::append(&app.ctx.pools, 1, &moved, "test: bucket to shard 1").await.unwrap();
-    eventually("the api routes by the new version", Duration::from_secs(10), || async {
-        (app.ctx.pools.version() >= version).then_some(())
-    })
-    .await;
-    assert_eq!(shard_of(mover), ShardId(1));
+    move_to_shard_1(&app, mover).await;
     // As a worker would on applying the chunk: the mover goes into a chunk
     // of their own on shard 1, here dead-lettered there.
     split_by_hand(&app, id, mover, 2).await;

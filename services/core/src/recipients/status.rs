@@ -112,15 +112,7 @@ struct FirstRound {
 /// a bucket move carries items, not chunks). Every chunk state: a recalled
 /// send's chunks read as their state says.
 async fn read_index(ctx: &Context, message_id: MessageId, low: u64) -> Result<ChunkIndex> {
-    let states = super::Filter::All.chunk_states(false);
-    let reads = ctx.pools.iter().map(|(shard, pool)| {
-        let states = &states;
-        async move {
-            let ends = store::chunk_ends_from(pool, message_id, states, low).await?;
-            Ok::<_, notify_domain::error::Error>((shard, ends))
-        }
-    });
-    Ok(ChunkIndex::new(low, futures::future::try_join_all(reads).await?))
+    read_ends(ctx, message_id, low, false).await
 }
 
 /// Reads the send's chunks split off others from user `low` on, on every
@@ -134,15 +126,30 @@ async fn read_splits(
     message_id: MessageId,
     low: u64,
 ) -> Result<Vec<(ShardId, Vec<store::ChunkEnd>)>> {
+    Ok(read_ends(ctx, message_id, low, true).await?.shards)
+}
+
+/// The send's chunk index entries (only the split chunks' with `splits`)
+/// from user `low` on, in every state, from every shard at once.
+async fn read_ends(
+    ctx: &Context,
+    message_id: MessageId,
+    low: u64,
+    splits: bool,
+) -> Result<ChunkIndex> {
     let states = super::Filter::All.chunk_states(false);
     let reads = ctx.pools.iter().map(|(shard, pool)| {
         let states = &states;
         async move {
-            let ends = store::split_chunk_ends_from(pool, message_id, states, low).await?;
+            let ends = if splits {
+                store::split_chunk_ends_from(pool, message_id, states, low).await?
+            } else {
+                store::chunk_ends_from(pool, message_id, states, low).await?
+            };
             Ok::<_, notify_domain::error::Error>((shard, ends))
         }
     });
-    Ok(ChunkIndex::new(low, futures::future::try_join_all(reads).await?).shards)
+    Ok(ChunkIndex::new(low, futures::future::try_join_all(reads).await?))
 }
 
 /// Reads the send's chunk index again and keeps it for later calls. Only
