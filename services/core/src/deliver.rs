@@ -235,7 +235,7 @@ fn split_chunk_id(chunk_id: u64, shard: ShardId, users: &[u64]) -> u64 {
     sorted.sort_unstable();
     let seed = shard_router::stable_hash(chunk_id ^ u64::from(shard.0) << 32);
     let mixed = sorted.iter().fold(seed, |h, user| shard_router::stable_hash(h ^ user));
-    1 << 63 | mixed >> 1
+    chunks::SPLIT_CHUNK_BIT | mixed >> 1
 }
 
 /// Applies several first deliveries of ONE send's chunks on ONE shard as a

@@ -788,7 +788,6 @@ async fn recipient_status_keeps_a_started_sends_chunk_index_and_reads_chunk_stat
         .collect();
     assert!(expected.iter().any(|(_, state)| *state == S::Failed as i32));
     assert_eq!(states(&status(&app, id, asked).await), expected);
-
     app.cleanup().await;
 }
 
@@ -823,7 +822,7 @@ async fn split_by_hand(app: &TestApp, message_id: u64, user: u64, state: u8) {
         )
         .bind(chunks::encode_user_ids(&[user]))
         .bind(message_id)
-        .bind(1u64 << 63 | from)
+        .bind(chunks::SPLIT_CHUNK_BIT | from)
         .bind(state)
         .execute(app.ctx.pools.for_user(user).value())
         .await

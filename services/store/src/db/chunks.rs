@@ -38,6 +38,12 @@ pub mod state {
     pub const RECALL_UNSETTLED: u8 = 6;
 }
 
+/// The bit set in the id of every chunk split off another when a bucket
+/// move made some of its recipients another shard's (`deliver::split`),
+/// and in no planned chunk's id (`batch_number << 20 | sequence`, with
+/// batch numbers below 2^40).
+pub const SPLIT_CHUNK_BIT: u64 = 1 << 63;
+
 /// Stats rows per message and shard; chunks spread their updates over them.
 pub const STATS_SLOTS: u64 = 8;
 

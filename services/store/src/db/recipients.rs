@@ -13,7 +13,7 @@ use chrono::NaiveDateTime;
 use sqlx::{FromRow, MySqlPool, QueryBuilder};
 use tracing::instrument;
 
-use super::chunks::decode_user_ids;
+use super::chunks::{SPLIT_CHUNK_BIT, decode_user_ids};
 use super::{json_ids, push_ids};
 use notify_domain::domain::MessageId;
 use notify_domain::error::Result;
@@ -203,10 +203,10 @@ pub async fn chunk_ends_from<'e>(
     ends_from(pool, message_id, states, low, 0).await
 }
 
-/// The first batch of a split chunk: a chunk split off another when a
-/// bucket move made some of its recipients another shard's has the top bit
-/// of its id set, and is a batch of its own (`batch` is `chunk_id >> 16`).
-const FIRST_SPLIT_BATCH: u64 = 1 << 47;
+/// The first batch of a split chunk ([`SPLIT_CHUNK_BIT`] set in its id),
+/// each of which is a batch of its own: `batch` is `chunk_id >> 16`
+/// (migration `20261127000014`).
+const FIRST_SPLIT_BATCH: u64 = SPLIT_CHUNK_BIT >> 16;
 
 /// As [`chunk_ends_from`], only the chunks split off others during a
 /// bucket move: the only chunks a send gains once it started (the chunk a
