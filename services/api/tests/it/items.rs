@@ -521,3 +521,30 @@ async fn counts_leave_out_revoked_messages_in_every_state() {
     }
     app.cleanup().await;
 }
+
+/// Marking items changes their rows alone: no index of the items holds a
+/// state (a read or unread of 10,000 items moved 10,000 entries of
+/// `idx_items_unread` while it held `is_read`, half of the update's time).
+#[tokio::test]
+async fn no_index_of_the_items_holds_a_state() {
+    let app = spawn_app().await;
+    let states = ["is_seen", "seen_at", "is_read", "read_at", "is_archived", "archived_at"];
+    for (shard, pool) in app.ctx.pools.iter() {
+        let indexed: Vec<(String, String)> = sqlx::query_as(
+            "SELECT CAST(INDEX_NAME AS CHAR), CAST(COLUMN_NAME AS CHAR) \
+             FROM information_schema.STATISTICS \
+             WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME = 'message_items'",
+        )
+        .fetch_all(pool)
+        .await
+        .unwrap();
+        assert!(
+            indexed.iter().any(|(index, _)| index == "PRIMARY"),
+            "shard {shard:?}: {indexed:?}"
+        );
+        let holding: Vec<_> =
+            indexed.iter().filter(|(_, column)| states.contains(&column.as_str())).collect();
+        assert!(holding.is_empty(), "shard {shard:?}: indexes holding a state: {holding:?}");
+    }
+    app.cleanup().await;
+}
