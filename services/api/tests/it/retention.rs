@@ -96,8 +96,9 @@ async fn months_are_made_ahead_and_dropped_past_the_horizon_with_inbox_badges_an
     wait_for_status(&app, current, v1::MessageStatus::Completed).await;
     assert_eq!(badge(&app, user).await, 3, "three unread items before the drop (badge cached)");
     assert_eq!(inbox_ids(&app, user).await, vec![current, recent, old]);
-    // A reader whose dropped item was read: no badge changes, so nobody
-    // notes them, but their cached inbox page shows the item.
+    // A reader whose dropped item was read: no badge changes (the drop
+    // notes every user of the month all the same), but their cached inbox
+    // page shows the item.
     let reader = 45;
     let read_old = item_sent_at(&app, reader, now - chrono::Duration::days(170), 2).await;
     let read = v1::MarkReadRequest { user_id: reader, message_ids: vec![read_old] };

@@ -145,7 +145,7 @@ async fn maintain_partitions(
     for month in plan.drop {
         // Noted before the drop, invalidated after it: a badge counted in
         // between is invalidated too.
-        let users = partitions::note_unread_users(pool, &month).await?;
+        let users = partitions::note_users(pool, &month).await?;
         partitions::drop_month(pool, &month).await?;
         // The recipient records of the month's sends go with their items.
         for sql in RECIPIENT_RECORDS_BELOW {

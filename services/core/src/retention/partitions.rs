@@ -157,13 +157,21 @@ pub async fn add_months(pool: &MySqlPool, months: &[Month]) -> Result<()> {
     Ok(())
 }
 
-/// Records the users with unread items in a partition (their cached badges
-/// change when it goes) in `retention_pending_badges`, server side.
+/// Records the users with items in a partition (the cached badges of those
+/// with unread items there change when it goes) in
+/// `retention_pending_badges`, server side.
+///
+/// Every user with an item, read or not: their ids are read from the
+/// primary key by a loose index scan, one probe a user. Asking for unread
+/// items only would read every row of the month, since no index holds
+/// `is_read` (so that marking items read changes their rows alone); a user
+/// whose items there were all read has a badge invalidated for nothing,
+/// which the drop's epoch bump does to every cached badge anyway.
 #[instrument(level = "debug", skip_all, fields(db.system = "mysql"))]
-pub async fn note_unread_users(pool: &MySqlPool, month: &Month) -> Result<u64> {
+pub async fn note_users(pool: &MySqlPool, month: &Month) -> Result<u64> {
     let sql = format!(
         "INSERT IGNORE INTO retention_pending_badges (user_id) \
-         SELECT DISTINCT user_id FROM message_items PARTITION ({}) WHERE is_read = 0",
+         SELECT DISTINCT user_id FROM message_items PARTITION ({})",
         month.name
     );
     Ok(sqlx::query(sqlx::AssertSqlSafe(sql)).execute(pool).await?.rows_affected())
