@@ -160,7 +160,7 @@ impl Env {
         self.failed = true;
     }
 
-    /// Runs `notifyctl migrate` for `settings` (creating its databases);
+    /// Runs `notifyctl migrate --contract` for `settings` (creating its databases);
     /// the databases are dropped at cleanup.
     pub async fn migrate(&mut self, settings: &Settings, file_name: &str) -> anyhow::Result<()> {
         let path = if db_names(settings) == db_names(&self.settings) {
@@ -174,7 +174,8 @@ impl Env {
             self.databases.push(settings.clone());
         }
         let mut cmd = Command::new(&self.bins.ctl);
-        cmd.arg("migrate");
+        // Contract too: the schema a deployment has once its rollout ended.
+        cmd.args(["migrate", "--contract"]);
         child_env(&mut cmd, &path);
         let out = cmd.output().await.context("run notifyctl migrate")?;
         if !out.status.success() {

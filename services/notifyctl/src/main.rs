@@ -28,8 +28,20 @@ struct Cli {
 #[derive(Debug, Subcommand)]
 enum Command {
     /// Creates missing shard databases and applies pending migrations to every shard
-    /// (reads the same configuration as the services).
-    Migrate,
+    /// (reads the same configuration as the services). Expand only: run it
+    /// before the new version starts.
+    Migrate {
+        /// Then the contract step (migrations/contract/): each of its
+        /// migrations once no live replica of an older build runs (run it
+        /// after a rollout; what replicas still hold back is deferred to
+        /// the next run, and said).
+        #[arg(long)]
+        contract: bool,
+        /// With --contract: wait up to this many seconds for older
+        /// replicas to go before deferring.
+        #[arg(long, default_value_t = 0, requires = "contract")]
+        wait: u64,
+    },
     /// Runs retention once on every shard (as the workers do every
     /// `retention.interval_secs`): adds the months of item partitions ahead,
     /// drops those past `retention.items_days`, purges hidden items, deletes
@@ -165,7 +177,7 @@ async fn main() {
 
 async fn run(cli: Cli) -> anyhow::Result<()> {
     let command = match cli.command {
-        Command::Migrate => return migrate().await,
+        Command::Migrate { contract, wait } => return migrate(contract, wait).await,
         Command::Retention => return retention().await,
         Command::Token(command) => return admin::token(command),
         Command::Shard(command) => return shards::run(command).await,
@@ -188,7 +200,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
     };
     let channel = cli.connect.connect().await?;
     match command {
-        Command::Migrate
+        Command::Migrate { .. }
         | Command::Retention
         | Command::Token(_)
         | Command::Shard(_)
@@ -247,9 +259,35 @@ async fn retention() -> anyhow::Result<()> {
     Ok(())
 }
 
-async fn migrate() -> anyhow::Result<()> {
+async fn migrate(contract: bool, wait: u64) -> anyhow::Result<()> {
     let settings = notify_domain::Settings::load()?;
-    let reports = notify_store::db::migrate_all(&settings).await?;
+    if contract {
+        let patience = std::time::Duration::from_secs(wait);
+        let report = notify_store::db::contract::contract_all(&settings, patience).await?;
+        print_migrated(report.expand);
+        for (shard, applied) in &report.applied {
+            if !applied.is_empty() {
+                println!("shard {} {}: contracted {applied:?}", shard.shard, shard.database);
+            }
+        }
+        if report.deferred.is_empty() {
+            println!("contract: done, nothing deferred");
+        } else {
+            let deferred: Vec<String> =
+                report.deferred.iter().map(|(v, d)| format!("{v} ({d})")).collect();
+            println!("contract: deferred {}", deferred.join(", "));
+            for holding in &report.holding {
+                println!("  held back by {} (schema {})", holding.replica, holding.schema_version);
+            }
+            println!("  run `notifyctl migrate --contract` again once those replicas are gone");
+        }
+        return Ok(());
+    }
+    print_migrated(notify_store::db::migrate_all(&settings).await?);
+    Ok(())
+}
+
+fn print_migrated(reports: Vec<notify_store::db::MigrationReport>) {
     for report in reports {
         let created = if report.created_database { " (database created)" } else { "" };
         if report.applied.is_empty() {
@@ -261,5 +299,4 @@ async fn migrate() -> anyhow::Result<()> {
             );
         }
     }
-    Ok(())
 }

@@ -203,9 +203,10 @@ async fn show(pools: &notify_store::db::ShardPools) -> anyhow::Result<()> {
     for replica in replicas {
         let notes = replica.notes(stored.version);
         println!(
-            "  {:<48} version {:>4}  seen {:>6.1} s ago  {}",
+            "  {:<48} version {:>4}  schema {:>14}  seen {:>6.1} s ago  {}",
             replica.replica,
             replica.version,
+            replica.schema_version,
             replica.age_secs,
             notes.join(", ")
         );

@@ -62,6 +62,9 @@ pub struct ReplicaState {
     pub version: u64,
     /// The newest version it could not serve, 0 if none.
     pub refused: u64,
+    /// The newest expand migration of its build (0: a build before
+    /// replicas reported it); see [`crate::db::contract`].
+    pub schema_version: i64,
     /// Seconds since it last reported.
     pub age_secs: f64,
 }
@@ -281,7 +284,7 @@ pub async fn add_shard(settings: &Settings, pools: &ShardPools, shard: ShardId) 
 /// Every replica that reported, newest first.
 pub async fn replicas(directory: &MySqlPool) -> Result<Vec<ReplicaState>> {
     Ok(sqlx::query_as(
-        "SELECT replica, role, version, refused, \
+        "SELECT replica, role, version, refused, CAST(schema_version AS SIGNED) AS schema_version, \
          CAST(TIMESTAMPDIFF(MICROSECOND, seen_at, UTC_TIMESTAMP(3)) / 1e6 AS DOUBLE) AS age_secs \
          FROM shard_map_replicas ORDER BY seen_at DESC",
     )
@@ -294,6 +297,8 @@ pub async fn replicas(directory: &MySqlPool) -> Result<Vec<ReplicaState>> {
 /// process writes by an older one (see [`shard_router::Shards::oldest_in_use`]).
 /// Each report renews this process's write lease for `lease` from when it
 /// was sent ([`shard_router::Shards::renew_lease`]).
+/// With it goes the schema version of this build, which the contract step
+/// waits on ([`crate::db::contract`]).
 async fn report(
     pools: &ShardPools,
     replica: &Replica,
@@ -302,14 +307,16 @@ async fn report(
 ) -> Result<()> {
     let sent_at = std::time::Instant::now();
     sqlx::query(
-        "INSERT INTO shard_map_replicas (replica, role, version, refused, seen_at) \
-         VALUES (?, ?, ?, ?, UTC_TIMESTAMP(3)) ON DUPLICATE KEY UPDATE \
-         version = VALUES(version), refused = VALUES(refused), seen_at = VALUES(seen_at)",
+        "INSERT INTO shard_map_replicas (replica, role, version, refused, schema_version, seen_at) \
+         VALUES (?, ?, ?, ?, ?, UTC_TIMESTAMP(3)) ON DUPLICATE KEY UPDATE \
+         version = VALUES(version), refused = VALUES(refused), \
+         schema_version = VALUES(schema_version), seen_at = VALUES(seen_at)",
     )
     .bind(&replica.name)
     .bind(replica.role)
     .bind(pools.oldest_in_use())
     .bind(refused)
+    .bind(crate::db::contract::schema_version())
     .execute(directory(pools)?)
     .await?;
     pools.renew_lease(sent_at + lease);

@@ -8,8 +8,9 @@
 //! server so that test processes starting together do not race. A test's
 //! database is then `CREATE TABLE ... LIKE` of each template table (indexes,
 //! partitions, generated columns and defaults come along) plus the
-//! template's `_sqlx_migrations` rows, which the migrator reads as every
-//! migration applied: one round trip per shard, the shards at once.
+//! template's `_sqlx_migrations` and `_notify_contract_migrations` rows,
+//! which the migrators read as every migration applied (the contract step's
+//! too): one round trip per shard, the shards at once.
 //!
 //! The migrations themselves stay tested: the tests of migrating call
 //! `migrate_all`, and so does this when a database exists already (a test
@@ -20,6 +21,7 @@ use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 
 use notify_domain::Settings;
+use notify_store::db::contract::{CONTRACT, CONTRACT_TABLE};
 use notify_store::db::{DATABASE_OPTIONS, MIGRATOR, server_options};
 use sqlx::mysql::{MySqlConnectOptions, MySqlConnection};
 use sqlx::{AssertSqlSafe, Connection};
@@ -91,9 +93,11 @@ async fn create_shard(
         statements
             .push_str(&format!("CREATE TABLE `{database}`.`{table}` LIKE `{from}`.`{table}`;"));
     }
-    statements.push_str(&format!(
-        "INSERT INTO `{database}`.`_sqlx_migrations` SELECT * FROM `{from}`.`_sqlx_migrations`;"
-    ));
+    for applied in ["_sqlx_migrations", CONTRACT_TABLE] {
+        statements.push_str(&format!(
+            "INSERT INTO `{database}`.`{applied}` SELECT * FROM `{from}`.`{applied}`;"
+        ));
+    }
     sqlx::raw_sql(AssertSqlSafe(statements)).execute(&mut conn).await?;
     conn.close().await?;
     Ok(true)
@@ -132,7 +136,9 @@ async fn migrate_template(
     sqlx::raw_sql(AssertSqlSafe(create.clone())).execute(&mut *conn).await?;
     let template = options.clone().database(name);
     let mut migrating = MySqlConnection::connect_with(&template).await?;
-    if MIGRATOR.run(&mut migrating).await.is_err() {
+    // Expand and contract both: no replica of an older build uses a test's
+    // databases.
+    if migrate(&mut migrating).await.is_err() {
         // A process killed while it migrated left a migration half-applied
         // (dirty): start the template over.
         migrating.close().await?;
@@ -140,7 +146,7 @@ async fn migrate_template(
         sqlx::raw_sql(AssertSqlSafe(drop)).execute(&mut *conn).await?;
         sqlx::raw_sql(AssertSqlSafe(create)).execute(&mut *conn).await?;
         migrating = MySqlConnection::connect_with(&template).await?;
-        MIGRATOR.run(&mut migrating).await?;
+        migrate(&mut migrating).await?;
     }
     migrating.close().await?;
     let stale: Vec<String> = sqlx::query_scalar(
@@ -163,11 +169,17 @@ async fn migrate_template(
     Ok(tables)
 }
 
-/// FNV-1a over every migration's version and checksum: the same for the same
+async fn migrate(conn: &mut MySqlConnection) -> anyhow::Result<()> {
+    MIGRATOR.run(&mut *conn).await?;
+    CONTRACT.run(&mut *conn).await?;
+    Ok(())
+}
+
+/// FNV-1a over every migration's version and checksum (expand, then contract): the same for the same
 /// migrations in any build, another when one is added or changed.
 fn migrations_hash() -> u64 {
     let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
-    for migration in MIGRATOR.iter() {
+    for migration in MIGRATOR.iter().chain(CONTRACT.iter()) {
         for byte in migration.version.to_le_bytes().iter().chain(migration.checksum.iter()) {
             hash ^= u64::from(*byte);
             hash = hash.wrapping_mul(0x0000_0100_0000_01b3);

@@ -148,6 +148,83 @@ async fn migrate_twice_changes_nothing_the_second_time() {
     notify_store::db::drop_all(&settings).await.unwrap();
 }
 
+/// Whether `idx_items_unread` is on each shard of `settings`.
+async fn unread_index_on_each_shard(settings: &notify_domain::Settings) -> Vec<bool> {
+    let mut found = Vec::new();
+    for shard in &settings.database.shards {
+        let url = format!("{}/{}", settings.shard_server_url(shard), shard.database);
+        let mut conn = <sqlx::MySqlConnection as sqlx::Connection>::connect(&url).await.unwrap();
+        let count: i64 = sqlx::query_scalar(
+            "SELECT COUNT(*) FROM information_schema.STATISTICS WHERE TABLE_SCHEMA = DATABASE() \
+             AND TABLE_NAME = 'message_items' AND INDEX_NAME = 'idx_items_unread'",
+        )
+        .fetch_one(&mut conn)
+        .await
+        .unwrap();
+        found.push(count > 0);
+    }
+    found
+}
+
+/// The contract step runs a contract migration only once no live replica
+/// of an older build reports (one of a build before replicas reported a
+/// schema version counts as older than any), waits for it up to its
+/// patience, defers it past that, and applies it once, on every shard.
+#[tokio::test]
+async fn the_contract_step_waits_for_replicas_of_older_builds() {
+    use notify_store::db::contract::{CONTRACT, contract_all, schema_version};
+    let mut settings = test_settings();
+    // Gone after 2 s of silence.
+    settings.database.replica_lease_secs = 1;
+    notify_store::db::migrate_all(&settings).await.unwrap();
+    let directory = &settings.database.shards[0];
+    let url = format!("{}/{}", settings.shard_server_url(directory), directory.database);
+    let pool = sqlx::MySqlPool::connect(&url).await.unwrap();
+    // A replica of this build and a live one of the build before.
+    sqlx::query(
+        "INSERT INTO shard_map_replicas (replica, role, version, refused, schema_version, seen_at) \
+         VALUES ('api new:1:a', 'api', 1, 0, ?, UTC_TIMESTAMP(3) + INTERVAL 1 HOUR), \
+         ('worker old:2:b', 'worker', 1, 0, 0, UTC_TIMESTAMP(3) + INTERVAL 1 HOUR)",
+    )
+    .bind(schema_version())
+    .execute(&pool)
+    .await
+    .unwrap();
+    let contract: Vec<i64> = CONTRACT.iter().map(|m| m.version).collect();
+    assert!(contract.contains(&20261129000023), "{contract:?}");
+
+    let held = contract_all(&settings, Duration::ZERO).await.unwrap();
+    let deferred: Vec<i64> = held.deferred.iter().map(|(version, _)| *version).collect();
+    assert_eq!(deferred, contract);
+    let holding: Vec<_> =
+        held.holding.iter().map(|h| (h.replica.as_str(), h.schema_version)).collect();
+    assert_eq!(holding, [("worker old:2:b", 0)]);
+    assert!(held.applied.iter().all(|(_, applied)| applied.is_empty()), "{:?}", held.applied);
+    assert_eq!(unread_index_on_each_shard(&settings).await, [true; 4]);
+
+    // The old replica stops reporting; the step waits it out.
+    sqlx::query(
+        "UPDATE shard_map_replicas SET seen_at = UTC_TIMESTAMP(3) WHERE replica = 'worker old:2:b'",
+    )
+    .execute(&pool)
+    .await
+    .unwrap();
+    let started = std::time::Instant::now();
+    let done = contract_all(&settings, Duration::from_secs(60)).await.unwrap();
+    assert!(started.elapsed() >= Duration::from_secs(1), "it waited: {:?}", started.elapsed());
+    assert!(done.deferred.is_empty() && done.holding.is_empty(), "{done:?}");
+    assert_eq!(done.applied.len(), 4);
+    assert!(done.applied.iter().all(|(_, applied)| *applied == contract), "{:?}", done.applied);
+    assert_eq!(unread_index_on_each_shard(&settings).await, [false; 4]);
+
+    // Once: nothing again, whoever reports.
+    let again = contract_all(&settings, Duration::ZERO).await.unwrap();
+    assert!(again.applied.iter().all(|(_, applied)| applied.is_empty()), "{:?}", again.applied);
+    assert!(again.deferred.is_empty());
+    pool.close().await;
+    notify_store::db::drop_all(&settings).await.unwrap();
+}
+
 /// Picks a free loopback port for a child process to bind.
 fn free_addr() -> String {
     let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();

@@ -2,6 +2,7 @@
 
 pub mod audit;
 pub mod chunks;
+pub mod contract;
 pub mod erasure;
 pub mod groups;
 pub mod item_updates;
