@@ -16,8 +16,10 @@ fn fast_settings() -> notify_domain::Settings {
     settings
 }
 
-/// Waits until the api and the worker both report `version` (and `refused`).
+/// Waits until the api and the worker both report `version` (and `refused`),
+/// and this build's schema version, which the contract step waits on.
 async fn replicas_report(app: &TestApp, version: u64, refused: u64) {
+    let schema = notify_store::db::contract::schema_version();
     let directory = shard_map::directory(&app.ctx.pools).unwrap().clone();
     eventually("both replicas report the version", Duration::from_secs(10), || {
         let directory = directory.clone();
@@ -27,7 +29,9 @@ async fn replicas_report(app: &TestApp, version: u64, refused: u64) {
             let done = replicas.len() == 2
                 && roles.contains(&"api")
                 && roles.contains(&"worker")
-                && replicas.iter().all(|r| r.version == version && r.refused == refused);
+                && replicas.iter().all(|r| {
+                    r.version == version && r.refused == refused && r.schema_version == schema
+                });
             done.then_some(())
         }
     })

@@ -839,9 +839,11 @@ pub async fn recipients_with_item(
     if user_ids.is_empty() {
         return Ok(Vec::new());
     }
-    let mut select = QueryBuilder::new(
-        "SELECT user_id FROM message_items WHERE deleted_at IS NULL AND message_id = ",
-    );
+    let mut select = QueryBuilder::new(concat!(
+        "SELECT user_id FROM message_items WHERE ",
+        not_deleted!("message_items"),
+        " AND message_id = "
+    ));
     select.push_bind(message_id.get()).push(" AND user_id IN (");
     push_ids(&mut select, user_ids);
     select.push(")");

@@ -55,21 +55,51 @@ impl Action {
         }
     }
 
-    /// The assignments to the items `i`, evaluated left to right.
+    /// The assignments to the items `i`, evaluated left to right. Times go
+    /// to the never-NULL columns ([`super::item_times`]), changed in place;
+    /// and to the old ones too while pods that read only those may run.
     fn assignments(self) -> &'static str {
         match self {
-            Action::MarkSeen => "i.is_seen = 1, i.seen_at = UTC_TIMESTAMP(3)",
-            Action::MarkRead => {
-                "i.seen_at = COALESCE(i.seen_at, UTC_TIMESTAMP(3)), i.is_seen = 1, i.is_read = 1, \
-                 i.read_at = UTC_TIMESTAMP(3)"
-            }
-            Action::MarkUnread => {
-                "i.seen_at = COALESCE(i.seen_at, i.read_at), i.is_seen = 1, i.is_read = 0, \
-                 i.read_at = NULL"
-            }
-            Action::Archive => "i.is_archived = 1, i.archived_at = UTC_TIMESTAMP(3)",
-            Action::Unarchive => "i.is_archived = 0, i.archived_at = NULL",
-            Action::Delete => "i.deleted_at = UTC_TIMESTAMP(3)",
+            Action::MarkSeen => concat!(
+                old_too!("seen_at", "UTC_TIMESTAMP(3)"),
+                ", i.is_seen = 1, i.seen_time = UTC_TIMESTAMP(3)"
+            ),
+            Action::MarkRead => concat!(
+                old_too!("seen_at", "COALESCE(i.seen_at, UTC_TIMESTAMP(3))"),
+                ", i.seen_time = IF(",
+                has_seen_time!("i"),
+                ", i.seen_time, UTC_TIMESTAMP(3)), i.is_seen = 1, i.is_read = 1, ",
+                old_too!("read_at", "UTC_TIMESTAMP(3)"),
+                ", i.read_time = UTC_TIMESTAMP(3)"
+            ),
+            // The read's time becomes the seen time when the item had none
+            // of its own, read while it is still read (left to right).
+            Action::MarkUnread => concat!(
+                old_too!("seen_at", "COALESCE(i.seen_at, i.read_at)"),
+                ", i.seen_time = IF(",
+                has_seen_time!("i"),
+                ", i.seen_time, COALESCE(",
+                read_time!("i"),
+                ", UTC_TIMESTAMP(3))), i.is_seen = 1, i.is_read = 0, ",
+                old_too!("read_at", "NULL"),
+                ", i.read_time = ",
+                not_yet!()
+            ),
+            Action::Archive => concat!(
+                "i.is_archived = 1, ",
+                old_too!("archived_at", "UTC_TIMESTAMP(3)"),
+                ", i.archived_time = UTC_TIMESTAMP(3)"
+            ),
+            Action::Unarchive => concat!(
+                "i.is_archived = 0, ",
+                old_too!("archived_at", "NULL"),
+                ", i.archived_time = ",
+                not_yet!()
+            ),
+            Action::Delete => concat!(
+                old_too!("deleted_at", "UTC_TIMESTAMP(3)"),
+                ", i.deleted_time = UTC_TIMESTAMP(3)"
+            ),
         }
     }
 
@@ -201,7 +231,8 @@ fn script(
     let selected = match target {
         Target::Ids(ids) => {
             let named = format!(
-                "WHERE i.user_id = {user_id} AND i.deleted_at IS NULL AND i.message_id IN ({})",
+                "WHERE i.user_id = {user_id} AND {} AND i.message_id IN ({})",
+                not_deleted!("i"),
                 list(ids)
             );
             let found = format!("SELECT i.message_id FROM message_items i {named} FOR UPDATE");

@@ -3,7 +3,7 @@
 //! items (seen, read, archived, deleted) are in [`super::item_updates`].
 //!
 //! An item is unseen -> seen -> read, and independently in the inbox or
-//! archived; a deleted item keeps its row as a tombstone (`deleted_at`), so
+//! archived; a deleted item keeps its row as a tombstone (`deleted_time`), so
 //! that a redelivered chunk or an announcement's materialization never
 //! writes it again, and every read here leaves it out. Seen is
 //! `is_seen OR is_read`: reading implies seeing, and items read before
@@ -108,7 +108,7 @@ impl ItemFilter<'_> {
     /// `[a-z0-9_.-]`, so no value can end its literal. A bulk update sends
     /// its whole transaction as one script, which takes no bound values.
     pub(crate) fn item_conditions(&self) -> Result<String> {
-        let mut sql = String::from(" AND i.deleted_at IS NULL");
+        let mut sql = String::from(concat!(" AND ", not_deleted!("i")));
         match self.view {
             View::Inbox => sql.push_str(" AND i.is_archived = 0"),
             View::Archive => sql.push_str(" AND i.is_archived = 1"),
@@ -150,9 +150,15 @@ pub struct InboxQuery<'a> {
 }
 
 /// The columns of an [`InboxRow`], selected from `i` and `c`.
-const ROW_COLUMNS: &str = "i.message_id, (i.is_seen OR i.is_read) AS is_seen, \
-     COALESCE(i.seen_at, i.read_at) AS seen_at, i.is_read, i.read_at, i.is_archived, \
-     i.archived_at, c.title, c.body, c.category, c.data, c.created_at, c.expire_at, c.edited_at";
+const ROW_COLUMNS: &str = concat!(
+    "i.message_id, (i.is_seen OR i.is_read) AS is_seen, ",
+    seen_time!("i"),
+    " AS seen_at, i.is_read, ",
+    read_time!("i"),
+    " AS read_at, i.is_archived, ",
+    archived_time!("i"),
+    " AS archived_at, c.title, c.body, c.category, c.data, c.created_at, c.expire_at, c.edited_at"
+);
 
 /// Reads one inbox page, newest first, in one query on the user's shard.
 /// Expired, revoked and deleted items are skipped.
@@ -270,8 +276,9 @@ pub(crate) const NOT_REVOKED: &str = not_revoked!();
 pub(crate) const COUNT_UNREAD: &str = concat!(
     "SELECT COUNT(*), CAST(COALESCE(SUM(i.is_seen = 0), 0) AS SIGNED), MIN(i.expire_at) \
      FROM message_items i \
-     WHERE i.user_id = ? AND i.is_read = 0 AND i.is_archived = 0 AND i.deleted_at IS NULL \
-     AND (i.expire_at IS NULL OR i.expire_at > UTC_TIMESTAMP(3))",
+     WHERE i.user_id = ? AND i.is_read = 0 AND i.is_archived = 0 AND ",
+    not_deleted!("i"),
+    " AND (i.expire_at IS NULL OR i.expire_at > UTC_TIMESTAMP(3))",
     not_revoked!()
 );
 

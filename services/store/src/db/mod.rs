@@ -1,5 +1,9 @@
 //! MySQL shards: one pool per shard, database creation and migrations.
 
+// First: its macros are the SQL of the item times for the modules below.
+#[macro_use]
+pub mod item_times;
+
 pub mod audit;
 pub mod chunks;
 pub mod contract;

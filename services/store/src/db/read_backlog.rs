@@ -69,7 +69,7 @@ const IDS: &str =
 /// Read counts move by the rows' sum per message, for messages whose
 /// content copy is still here (retention dropped the rest, with their
 /// counts). A message's reader row is then set from the user's item: kept
-/// or written (with the item's `read_at`) where the item is read and not
+/// or written (with the item's read time) where the item is read and not
 /// withdrawn, deleted where it is not read or gone. With `feed` (some
 /// endpoint wants `item.read`), each of those reads of a read row is also
 /// written to [`super::read_feed`] in the same transaction. Returns the
@@ -115,9 +115,10 @@ pub async fn apply(pool: &MySqlPool, user_id: u64, feed: bool) -> Result<u64> {
         let tables: &[&str] =
             if feed { &["message_reads", "read_feed"] } else { &["message_reads"] };
         for table in tables {
+            let read_at = read_time!("i");
             let mut readers = QueryBuilder::new(format!(
                 "INSERT INTO {table} (message_id, user_id, read_at) \
-                 SELECT DISTINCT i.message_id, i.user_id, i.read_at FROM read_backlog b STRAIGHT_JOIN {IDS} \
+                 SELECT DISTINCT i.message_id, i.user_id, {read_at} FROM read_backlog b STRAIGHT_JOIN {IDS} \
                  STRAIGHT_JOIN message_items i ON i.user_id = b.user_id AND i.message_id = j.message_id \
                  STRAIGHT_JOIN message_contents c ON c.message_id = i.message_id \
                  WHERE b.delta > 0 AND i.is_read = 1 AND c.revoked = 0 AND"

@@ -342,12 +342,13 @@ pub async fn items(
     if user_ids.is_empty() {
         return Ok(Vec::new());
     }
-    Ok(sqlx::query_as(
-        "SELECT i.user_id, i.is_read, i.created_at, i.read_at \
-         FROM JSON_TABLE(?, '$[*]' COLUMNS (user_id BIGINT UNSIGNED PATH '$')) AS j \
-         JOIN message_items i FORCE INDEX (PRIMARY) \
-         ON i.user_id = j.user_id AND i.message_id = ?",
-    )
+    Ok(sqlx::query_as(concat!(
+        "SELECT i.user_id, i.is_read, i.created_at, ",
+        read_time!("i"),
+        " AS read_at FROM JSON_TABLE(?, '$[*]' COLUMNS (user_id BIGINT UNSIGNED PATH '$')) AS j \
+             JOIN message_items i FORCE INDEX (PRIMARY) \
+             ON i.user_id = j.user_id AND i.message_id = ?"
+    ))
     .bind(json_ids(user_ids))
     .bind(message_id.get())
     .fetch_all(pool)
@@ -420,14 +421,15 @@ pub async fn reads_after(
     after: u64,
     limit: u32,
 ) -> Result<Vec<ReadRow>> {
-    Ok(sqlx::query_as(
-        "SELECT r.user_id, COALESCE(i.read_at, r.read_at) AS read_at, i.created_at, \
-         COALESCE(i.is_read, 0) = 1 AS is_read \
+    Ok(sqlx::query_as(concat!(
+        "SELECT r.user_id, COALESCE(",
+        read_time!("i"),
+        ", r.read_at) AS read_at, i.created_at, COALESCE(i.is_read, 0) = 1 AS is_read \
          FROM message_reads r FORCE INDEX (PRIMARY) \
          LEFT JOIN message_items i FORCE INDEX (PRIMARY) \
          ON i.user_id = r.user_id AND i.message_id = r.message_id \
-         WHERE r.message_id = ? AND r.user_id > ? ORDER BY r.user_id LIMIT ?",
-    )
+         WHERE r.message_id = ? AND r.user_id > ? ORDER BY r.user_id LIMIT ?"
+    ))
     .bind(message_id.get())
     .bind(after)
     .bind(limit)
@@ -458,13 +460,14 @@ pub async fn materialized_after(
     after: u64,
     limit: u32,
 ) -> Result<Vec<MaterializedRow>> {
-    Ok(sqlx::query_as(
-        "SELECT r.user_id, r.materialized_at, COALESCE(i.is_read, 0) = 1 AS is_read, i.read_at \
-         FROM announcement_recipients r FORCE INDEX (PRIMARY) \
+    Ok(sqlx::query_as(concat!(
+        "SELECT r.user_id, r.materialized_at, COALESCE(i.is_read, 0) = 1 AS is_read, ",
+        read_time!("i"),
+        " AS read_at FROM announcement_recipients r FORCE INDEX (PRIMARY) \
          LEFT JOIN message_items i FORCE INDEX (PRIMARY) \
          ON i.user_id = r.user_id AND i.message_id = r.message_id \
-         WHERE r.message_id = ? AND r.user_id > ? ORDER BY r.user_id LIMIT ?",
-    )
+         WHERE r.message_id = ? AND r.user_id > ? ORDER BY r.user_id LIMIT ?"
+    ))
     .bind(message_id.get())
     .bind(after)
     .bind(limit)
@@ -482,10 +485,13 @@ pub async fn materialized(
     if user_ids.is_empty() {
         return Ok(Vec::new());
     }
-    let select = "SELECT r.user_id, r.materialized_at, COALESCE(i.is_read, 0) = 1 AS is_read, \
-         i.read_at FROM announcement_recipients r FORCE INDEX (PRIMARY) \
+    let select = concat!(
+        "SELECT r.user_id, r.materialized_at, COALESCE(i.is_read, 0) = 1 AS is_read, ",
+        read_time!("i"),
+        " AS read_at FROM announcement_recipients r FORCE INDEX (PRIMARY) \
          LEFT JOIN message_items i FORCE INDEX (PRIMARY) \
-         ON i.user_id = r.user_id AND i.message_id = r.message_id WHERE r.message_id = ";
+         ON i.user_id = r.user_id AND i.message_id = r.message_id WHERE r.message_id = "
+    );
     let mut sql = of_send(select, message_id, "r.user_id", user_ids);
     Ok(sql.build_query_as().fetch_all(pool).await?)
 }

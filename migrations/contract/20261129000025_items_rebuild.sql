@@ -1,0 +1,14 @@
+-- Contract of migration 25, run once every live replica was built with it
+-- or later (`notifyctl migrate --contract`).
+--
+-- FORCE rebuilds the table in place without locking it (LOCK=NONE: reads
+-- and writes go on; it takes the time of a copy of the table, and its size
+-- again on disk while it runs). The rebuild lays out the bytes of the time
+-- columns that migration 25 added instantly, so that this version's seen,
+-- read, archive and delete change them in place instead of growing the rows.
+--
+-- Once this has run on a shard, changes there no longer write the old
+-- columns (seen_at, read_at, archived_at, deleted_at), which only pods of
+-- the versions before read: notify_store::db::item_times reads this
+-- migration's row.
+ALTER TABLE message_items FORCE, ALGORITHM=INPLACE, LOCK=NONE;
