@@ -74,7 +74,9 @@ impl ReplicaState {
     pub const STALE_SECS: f64 = 30.0;
 
     /// What an operator should notice about it, against the map's
-    /// `current` version: `behind`, `refused version N`, `gone?`.
+    /// `current` version: `behind`, `refused version N`, `older build`
+    /// (its schema version is older than this build's: it holds the
+    /// contract step back), `gone?`.
     pub fn notes(&self, current: u64) -> Vec<String> {
         let mut notes = Vec::new();
         if self.version < current {
@@ -82,6 +84,9 @@ impl ReplicaState {
         }
         if self.refused > 0 {
             notes.push(format!("refused version {}", self.refused));
+        }
+        if self.schema_version < crate::db::contract::schema_version() {
+            notes.push("older build".to_owned());
         }
         if self.age_secs > Self::STALE_SECS {
             notes.push("gone?".to_owned());
@@ -402,5 +407,30 @@ pub async fn follow(
             }
             Err(_) => warn!("could not remove this replica from shard_map_replicas in 2 s"),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::ReplicaState;
+    use crate::db::contract::schema_version;
+
+    fn replica(version: u64, schema_version: i64, age_secs: f64) -> ReplicaState {
+        ReplicaState {
+            replica: "api host:1:a".to_owned(),
+            role: "api".to_owned(),
+            version,
+            refused: 0,
+            schema_version,
+            age_secs,
+        }
+    }
+
+    #[test]
+    fn notes_name_what_an_operator_should_notice() {
+        assert!(replica(3, schema_version(), 1.0).notes(3).is_empty());
+        assert_eq!(replica(2, schema_version(), 1.0).notes(3), ["behind"]);
+        assert_eq!(replica(3, 0, 1.0).notes(3), ["older build"]);
+        assert_eq!(replica(3, schema_version() - 1, 99.0).notes(3), ["older build", "gone?"]);
     }
 }

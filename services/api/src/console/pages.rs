@@ -770,6 +770,11 @@ pub(crate) async fn shards(
                 replica: r.replica.clone(),
                 role: r.role.clone(),
                 version: r.version,
+                schema: if r.schema_version > 0 {
+                    r.schema_version.to_string()
+                } else {
+                    "not reported".to_owned()
+                },
                 age: format!("{:.1} s", r.age_secs),
                 notes: notes.join(", "),
             }

@@ -405,8 +405,10 @@ pub(crate) struct ReplicaLine {
     pub replica: String,
     pub role: String,
     pub version: u64,
+    /// The newest migration of its build (what the contract step waits on).
+    pub schema: String,
     pub age: String,
-    /// Behind, refused a version, gone?
+    /// Behind, refused a version, an older build, gone?
     pub notes: String,
 }
 

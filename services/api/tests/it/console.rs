@@ -482,6 +482,8 @@ async fn the_pages_show_sends_users_groups_and_shards_as_stored() {
     assert!(page.body.contains("Shard map <span class=\"sub\">version 1</span>"), "{}", page.body);
     assert!(page.body.contains("No bucket move under way."));
     assert!(page.body.contains("api"), "the replicas");
+    let schema = notify_store::db::contract::schema_version();
+    assert!(page.body.contains(&format!("data-schema>{schema}<")), "{}", page.body);
     // A move under way, none of its buckets flipped yet (no mover runs it).
     let pools = &console.app.ctx.pools;
     let request = notify_store::shard_move::MoveRequest {
