@@ -31,6 +31,8 @@
 #     newest it ships; PyPI package) rejects no resource (it has no schema
 #     for the CRD kinds ServiceMonitor, PrometheusRule and Certificate: it
 #     warns and passes them, and the checks above look into them instead)
+#   - the contract Job runs beside the rollout (not a hook) with the release's
+#     Secret, and renders nothing when disabled
 #   - ci/cert-manager-values.yaml renders the Certificate of the api's
 #     default TLS Secret
 #   - grafanaDashboard renders a ConfigMap with the sidecar's label (as
@@ -277,6 +279,33 @@ for kind, spec in specs.items():
 }
 
 
+# Succeeds when the contract Job of revision 1 runs `notifyctl migrate
+# --contract --wait 1800` with the release's own Secret (it runs beside the
+# rollout, not as a hook, and outlives no revision), and when
+# migration.contract.enabled=false renders none.
+renders_contract_job() { # helm, helm template args...
+  local helm=$1
+  shift
+  "$helm" template notify-test "$chart" --kube-version 1.27.0 "$@" \
+    --show-only templates/contract-job.yaml >"$out/contract.yaml"
+  PYTHONPATH="$pydir" python3 -c '
+import sys, yaml
+docs = [d for d in yaml.safe_load_all(open(sys.argv[1])) if d]
+assert [d["kind"] for d in docs] == ["Job"], docs
+job = docs[0]
+assert job["metadata"]["name"] == "notify-test-contract-1", job["metadata"]
+assert "helm.sh/hook" not in (job["metadata"].get("annotations") or {}), "a hook: bound by --timeout"
+assert job["spec"]["ttlSecondsAfterFinished"] == 86400, job["spec"]
+assert "activeDeadlineSeconds" not in job["spec"], job["spec"]
+pod = job["spec"]["template"]["spec"]
+assert pod["containers"][0]["command"] == ["notifyctl", "migrate", "--contract", "--wait", "1800"], pod
+secrets = [v["secret"]["secretName"] for v in pod["volumes"] if "secret" in v]
+assert "notify-test" in secrets and "notify-test-migrate" not in secrets, secrets
+' "$out/contract.yaml" || return 1
+  ! "$helm" template notify-test "$chart" --kube-version 1.27.0 "$@" \
+    --set migration.contract.enabled=false --show-only templates/contract-job.yaml >/dev/null 2>&1
+}
+
 # The production example of the chart's README is ci/external-shards-values.yaml
 # (after its header comment), so that the example is rendered and validated.
 readme_example_is_ci_values() {
@@ -424,6 +453,8 @@ for helm in "${helms[@]}"; do
     --set grafanaDashboard.enabled=true --set grafanaDashboard.label=
   check "[$version] migration Job and helm test Pod take topologySpreadConstraints" \
     renders_pod_spread "$helm" -f "$minimal"
+  check "[$version] the contract Job: beside the rollout, the release's Secret, off when disabled" \
+    renders_contract_job "$helm" -f "$minimal"
   check "[$version] a misspelt value is refused by values.schema.json" \
     must_fail_with "clientAuht" "$helm" template notify-test "$chart" -f "$minimal" \
     --set api.tls.clientAuht=required
