@@ -78,7 +78,14 @@ fn parse_buckets(text: &str) -> anyhow::Result<(u32, u32)> {
 pub async fn run(command: ShardCommand) -> anyhow::Result<()> {
     let settings = notify_domain::Settings::load()?;
     if let ShardCommand::Add { .. } = command {
-        notify_store::db::migrate_all(&settings).await?;
+        // The new shard gets the contract migrations the others have,
+        // unless a replica of an older build still runs (then it waits for
+        // the next `notifyctl migrate --contract`, as they did).
+        let report =
+            notify_store::db::contract::contract_all(&settings, std::time::Duration::ZERO).await?;
+        for (version, description) in &report.deferred {
+            println!("contract migration {version} ({description}) deferred: an older build runs");
+        }
     }
     let pools = notify_store::db::connect(&settings).await?;
     shard_map::adopt(&settings, &pools).await?;
