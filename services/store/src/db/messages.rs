@@ -420,6 +420,11 @@ pub struct LiveAnnouncement {
 /// Bumps a sending send's status version without changing its status: a
 /// completion check that read the older version then fails, as its view of
 /// the send's pending chunks may be out of date (see `deliver::split`).
+/// Only while `SENDING`: completion happens only from `SENDING`, with the
+/// version it read, and every change of status bumps the version too, so a
+/// check that read a send before it was paused fails after the resume
+/// whether or not a split happened while it was paused, and one that reads
+/// it after the resume finds the split's chunks already stored.
 #[instrument(level = "debug", skip_all, fields(db.system = "mysql"))]
 pub async fn bump_status_version(pool: &MySqlPool, message_id: MessageId) -> Result<()> {
     sqlx::query(
