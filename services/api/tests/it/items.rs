@@ -24,7 +24,7 @@ pub async fn stored(app: &TestApp, user_id: u64) -> BTreeMap<u64, Stored> {
     let pool = app.ctx.pools.for_user(user_id);
     let rows: Vec<(u64, bool, bool, bool, bool)> = sqlx::query_as(
         "SELECT message_id, is_seen OR is_read, is_read, is_archived, \
-         deleted_at IS NOT NULL OR deleted_time > '1000-01-01' \
+         deleted_at IS NOT NULL OR is_deleted = 1 \
          FROM message_items WHERE user_id = ?",
     )
     .bind(user_id)
@@ -45,7 +45,7 @@ pub async fn truth(app: &TestApp, user_id: u64) -> (u64, u64) {
          CAST(COALESCE(SUM(i.is_read = 0 AND i.is_seen = 0), 0) AS SIGNED) \
          FROM message_items i JOIN message_contents c ON c.message_id = i.message_id \
          WHERE i.user_id = ? AND i.is_archived = 0 AND i.deleted_at IS NULL \
-         AND i.deleted_time = '1000-01-01' AND c.revoked = 0 \
+         AND i.is_deleted = 0 AND c.revoked = 0 \
          AND (i.expire_at IS NULL OR i.expire_at > UTC_TIMESTAMP(3))",
     )
     .bind(user_id)
@@ -496,7 +496,7 @@ async fn counts_leave_out_revoked_messages_in_every_state() {
     set(many, &[sends[3], sends[8]], "is_archived = 1").await;
     // Deleted by a pod of the build before, and by this one.
     set(many, &[sends[4]], "deleted_at = UTC_TIMESTAMP(3)").await;
-    set(many, &[sends[9]], "deleted_time = UTC_TIMESTAMP(3)").await;
+    set(many, &[sends[9]], "is_deleted = 1").await;
     set(many, &[sends[5]], "expire_at = UTC_TIMESTAMP(3) - INTERVAL 1 HOUR").await;
     // `few`: one plain item unread, and two unread but revoked (one seen).
     set(few, &sends[2..10], "is_read = 1, is_seen = 1").await;

@@ -96,10 +96,9 @@ impl Action {
                 ", i.archived_time = ",
                 not_yet!()
             ),
-            Action::Delete => concat!(
-                old_too!("deleted_at", "UTC_TIMESTAMP(3)"),
-                ", i.deleted_time = UTC_TIMESTAMP(3)"
-            ),
+            Action::Delete => {
+                concat!(old_too!("deleted_at", "UTC_TIMESTAMP(3)"), ", i.is_deleted = 1")
+            }
         }
     }
 

@@ -3,7 +3,7 @@
 //! items (seen, read, archived, deleted) are in [`super::item_updates`].
 //!
 //! An item is unseen -> seen -> read, and independently in the inbox or
-//! archived; a deleted item keeps its row as a tombstone (`deleted_time`), so
+//! archived; a deleted item keeps its row as a tombstone (`is_deleted`), so
 //! that a redelivered chunk or an announcement's materialization never
 //! writes it again, and every read here leaves it out. Seen is
 //! `is_seen OR is_read`: reading implies seeing, and items read before
