@@ -11,8 +11,8 @@
 //! version) of V or later. A replica not seen for twice
 //! `database.replica_lease_secs` is gone, as for a bucket move.
 //!
-//! `notifyctl migrate --contract` (the chart's post-install and
-//! post-upgrade hook) runs [`contract_all`]: expand first, then every
+//! `notifyctl migrate --contract` (the chart's contract Job, beside each
+//! rollout) runs [`contract_all`]: expand first, then every
 //! contract migration the live replicas allow, waiting up to a patience for
 //! the rest, which are deferred (reported, not an error) to the next run.
 //! Contract migrations are tracked in `_notify_contract_migrations` on each
@@ -77,12 +77,12 @@ pub struct ContractReport {
 #[instrument(level = "debug", skip_all, fields(db.system = "mysql"))]
 pub async fn contract_all(settings: &Settings, patience: Duration) -> Result<ContractReport> {
     let expand = migrate_all(settings).await?;
-    let mut pending = pending(settings).await?;
+    let mut pending = not_applied(settings).await?;
     let started = Instant::now();
     let mut holding = holding_back(settings, &pending).await?;
     while !holding.is_empty() && started.elapsed() < patience {
         tokio::time::sleep(Duration::from_secs(1).min(patience)).await;
-        pending = pending_or(pending, settings).await?;
+        pending = not_applied(settings).await?;
         holding = holding_back(settings, &pending).await?;
     }
     let floor = holding.iter().map(|h| h.schema_version).min();
@@ -117,7 +117,7 @@ pub async fn contract_all(settings: &Settings, patience: Duration) -> Result<Con
 }
 
 /// Contract migrations not applied on every shard: version, description.
-async fn pending(settings: &Settings) -> Result<Vec<(i64, String)>> {
+async fn not_applied(settings: &Settings) -> Result<Vec<(i64, String)>> {
     let mut done: Option<Vec<i64>> = None;
     for shard in &settings.database.shards {
         let mut conn = MySqlConnection::connect_with(&shard_options(settings, shard)?).await?;
@@ -136,18 +136,9 @@ async fn pending(settings: &Settings) -> Result<Vec<(i64, String)>> {
         .collect())
 }
 
-/// [`pending`] again, or what it was when it cannot be read now (a poll).
-async fn pending_or(before: Vec<(i64, String)>, settings: &Settings) -> Result<Vec<(i64, String)>> {
-    match pending(settings).await {
-        Ok(now) => Ok(now),
-        Err(e) => {
-            warn!(error = %e, "contract step: could not read the applied migrations, polling again");
-            Ok(before)
-        }
-    }
-}
-
-/// The live replicas older than a pending contract migration.
+/// The live replicas older than a pending contract migration. Its own
+/// query, not `shard_map::replicas` (a layer above), with the same rule for
+/// gone as a bucket move's wait: silent for twice the lease.
 async fn holding_back(settings: &Settings, pending: &[(i64, String)]) -> Result<Vec<Holding>> {
     let Some(newest) = pending.iter().map(|(version, _)| *version).max() else {
         return Ok(Vec::new());

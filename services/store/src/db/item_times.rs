@@ -5,7 +5,7 @@
 //! `20261129000025_item_times` write and read them, and setting one from
 //! NULL grows the row (InnoDB stores nothing for a NULL), which split full
 //! pages under a bulk update. `seen_time`, `read_time` and `archived_time`
-//! are never NULL ([`NOT_YET`] until set), and `is_deleted` is a flag (no
+//! are never NULL ([`not_yet!`] until set), and `is_deleted` is a flag (no
 //! call shows when an item was deleted), so that once the contract step has
 //! laid their bytes out, this version changes them in place. The rows grow
 //! by 22 bytes (a third, on a scratch copy); with `idx_items_unread`
@@ -124,6 +124,3 @@ macro_rules! old_too {
         concat!("i.", $column, " = IF(", old_pods_may_run!(), ", ", $value, ", i.", $column, ")")
     };
 }
-
-/// [`not_yet!`] as a constant, for code outside SQL text.
-pub const NOT_YET: &str = not_yet!();
