@@ -129,11 +129,30 @@ async fn one_send_is_one_trace_from_the_call_to_every_chunks_apply() {
             })
             .sum()
     };
+    // Spans arrive in the exporters' batches, each when it ends: a span
+    // between the call and an apply (the publish of a chunk, which ends after
+    // the call when the send is planned in the background) may come later
+    // than both. Wait until every apply's chain up to the call is complete.
+    let linked = |spans: &[ReceivedSpan]| -> bool {
+        let Some(call) =
+            spans.iter().find(|span| span.name == "notify.v1.MessageService/SendMessage")
+        else {
+            return false;
+        };
+        let by_id: HashMap<&str, &ReceivedSpan> =
+            spans.iter().map(|span| (span.span_id.as_str(), span)).collect();
+        chunks_applied(spans) >= chunks
+            && spans
+                .iter()
+                .filter(|span| is_apply(span))
+                .all(|apply| descends_from(apply, &call.span_id, &by_id))
+    };
     let spans = receiver
-        .wait_for("every chunk's apply and the call", Duration::from_secs(30), |spans| {
-            chunks_applied(spans) >= chunks
-                && spans.iter().any(|span| span.name == "notify.v1.MessageService/SendMessage")
-        })
+        .wait_for(
+            "every chunk's apply, each descending from the call's span through the queue",
+            Duration::from_secs(30),
+            linked,
+        )
         .await;
 
     let call =

@@ -318,10 +318,16 @@ async fn mysql_connections_killed_mid_chunk_transaction_lose_and_double_nothing(
 #[tokio::test]
 async fn worker_killed_mid_recall_takes_every_item_back_once() {
     let mut settings = test_settings();
-    settings.send.chunk_size = 200;
+    settings.send.chunk_size = 100;
     settings.send.small_send_threshold = 10;
+    // One chunk per transaction, one at a time per shard: a recall goes in
+    // grouped transactions otherwise, and a few of them take back a whole
+    // test-sized send in the time between seeing its first item recalled
+    // and the kill landing.
+    settings.worker.concurrency = 1;
+    settings.worker.chunks_per_transaction = 1;
     let app = spawn_app_with(settings, false).await;
-    let total = 20_000u64;
+    let total = 30_000u64;
     let mut worker = spawn_worker_process(&app);
     let id = send(&app, (1..=total).collect()).await;
     let delivered = wait_completed(&app, id).await.progress.unwrap().delivered;
