@@ -168,6 +168,10 @@ enum Command {
 
 #[tokio::main]
 async fn main() {
+    // Output into a pipe whose reader left (`notifyctl tail | head`) ends
+    // the process quietly, as it ends `cat`, instead of panicking in
+    // `println!`.
+    sigpipe::reset();
     let cli = Cli::parse();
     if let Err(e) = run(cli).await {
         eprintln!("notifyctl: {e:#}");

@@ -124,6 +124,31 @@ async fn recipients_and_recipient_show_who_got_a_send_and_who_read_it() {
     app.cleanup().await;
 }
 
+/// `notifyctl recipients 123 --all | head`: the reader leaves, and notifyctl
+/// ends by SIGPIPE as `cat` would, not with a panic from `println!`.
+#[tokio::test]
+async fn output_into_a_closed_pipe_ends_quietly() {
+    use std::os::unix::process::ExitStatusExt;
+    let app = spawn_app_with(test_settings(), true).await;
+    let id = app.send((9_600_001..=9_600_003).collect()).await;
+    app.wait_for_status(id, v1::MessageStatus::Completed).await;
+    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_notifyctl"))
+        .arg("--addr")
+        .arg(format!("http://{}", app.addr))
+        .args(["recipients", &id.to_string(), "--all"])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("notifyctl runs");
+    // The reader is gone before the first line is written.
+    drop(child.stdout.take());
+    let output = child.wait_with_output().await.unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(!stderr.contains("panicked"), "{stderr}");
+    assert_eq!(output.status.signal(), Some(13), "ended by SIGPIPE: {:?} {stderr}", output.status);
+    app.cleanup().await;
+}
+
 /// Runs notifyctl with extra environment; returns (exit code, stdout, stderr).
 async fn notifyctl_env(env: &[(&str, &str)], args: &[&str]) -> (i32, String, String) {
     let output = tokio::process::Command::new(env!("CARGO_BIN_EXE_notifyctl"))
