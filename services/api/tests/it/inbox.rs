@@ -234,6 +234,33 @@ async fn batch_badges_keep_request_order_and_match_mysql() {
     app.cleanup().await;
 }
 
+/// A batch of uncached users larger than the counts run at once (the
+/// pools' connections): every count rebuilt from MySQL, in request order.
+#[tokio::test]
+async fn a_batch_of_uncached_badges_larger_than_the_pools_keeps_its_order() {
+    let app = spawn_app().await;
+    send_and_wait(&app, (1..=400).collect()).await;
+    send_and_wait(&app, (1..=400).filter(|u| u % 2 == 0).collect()).await;
+    send_and_wait(&app, (1..=400).filter(|u| u % 5 == 0).collect()).await;
+    let in_flight = app.settings.database.pool_max as usize * app.settings.database.shards.len();
+    // Reversed, with users who have nothing between them.
+    let asked: Vec<u64> = (1..=400).rev().flat_map(|u| [u, u + 10_000]).collect();
+    assert!(asked.len() > 2 * in_flight, "the batch outruns the counts in flight");
+    let response = app
+        .inbox()
+        .batch_get_unread_counts(v1::BatchGetUnreadCountsRequest { user_ids: asked.clone() })
+        .await
+        .unwrap()
+        .into_inner();
+    let counts: Vec<(u64, u64)> = response.counts.iter().map(|c| (c.user_id, c.unread)).collect();
+    let expected: Vec<(u64, u64)> = asked
+        .iter()
+        .map(|&u| (u, if u > 400 { 0 } else { 1 + u64::from(u % 2 == 0) + u64::from(u % 5 == 0) }))
+        .collect();
+    assert_eq!(counts, expected);
+    app.cleanup().await;
+}
+
 /// Badge reads in flight together share Redis calls, and each still gets its
 /// own user's count (a user in a group too).
 #[tokio::test]
