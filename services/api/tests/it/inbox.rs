@@ -408,9 +408,9 @@ async fn inbox_read_connections_survive_a_killed_one_and_drop_a_cancelled_one() 
     let user = 4_601;
     send_and_wait(&app, vec![user]).await;
     let pool = app.ctx.pools.for_user(user);
-    let reads = app.ctx.reads.as_ref().expect("read connections").get(pool.shard()).unwrap();
+    let direct = app.ctx.direct.as_ref().expect("direct connections").get(pool.shard()).unwrap();
     let connection_id = async || -> u64 {
-        let mut lent = reads.acquire().await.unwrap();
+        let mut lent = direct.acquire().await.unwrap();
         let id = sqlx::query_scalar("SELECT CONNECTION_ID()").fetch_one(lent.conn()).await.unwrap();
         lent.give_back();
         id
@@ -431,7 +431,7 @@ async fn inbox_read_connections_survive_a_killed_one_and_drop_a_cancelled_one() 
     let cancelled = Arc::new(AtomicU64::new(0));
     let seen = cancelled.clone();
     let slow = async {
-        let mut lent = reads.acquire().await.unwrap();
+        let mut lent = direct.acquire().await.unwrap();
         let id: u64 =
             sqlx::query_scalar("SELECT CONNECTION_ID()").fetch_one(lent.conn()).await.unwrap();
         seen.store(id, Ordering::SeqCst);

@@ -748,3 +748,97 @@ async fn times_written_by_the_build_before_read_as_the_later_of_both() {
     assert_eq!(served(&app, user).await, truth(&app, user).await);
     app.cleanup().await;
 }
+
+/// Updates go on the shard's direct connections, not sqlx's pool (which
+/// pings each connection it gets back): one that ran to its end is given
+/// back and taken again by the next update; one the server closed while it
+/// sat idle for over a second is pinged and replaced, so the write does not
+/// fail; one whose update was cancelled half-way is closed, not lent again
+/// with its replies on the wire and its transaction open.
+#[tokio::test]
+async fn updates_take_a_direct_connection_again_and_close_a_cancelled_ones() {
+    use notify_domain::domain::UserId;
+    use notify_store::db::item_updates::{Action, Target};
+    use std::time::Duration;
+
+    let app = spawn_app().await;
+    let user = 5_100_301;
+    let first = deliver(&app, &[user], "billing").await;
+    let second = deliver(&app, &[user], "billing").await;
+    let pool = app.ctx.pools.for_user(user);
+    let direct = app.ctx.direct.as_ref().expect("direct connections").get(pool.shard()).unwrap();
+    // The connection the set lends next, given back again.
+    let next_lent = async || -> u64 {
+        let mut lent = direct.acquire().await.unwrap();
+        let id = sqlx::query_scalar("SELECT CONNECTION_ID()").fetch_one(lent.conn()).await.unwrap();
+        lent.give_back();
+        id
+    };
+
+    assert_eq!(direct.idle_count(), 0, "no call took one yet");
+    assert_eq!(update(&app, user, v1::ItemAction::MarkSeen, vec![first], None).await.changed, 1);
+    assert_eq!(direct.idle_count(), 1, "the update's connection, given back");
+    let used = next_lent().await;
+    assert_eq!(update(&app, user, v1::ItemAction::MarkRead, vec![first], None).await.changed, 1);
+    assert_eq!((direct.idle_count(), next_lent().await), (1, used), "the same one, again");
+
+    // Killed by the server, then idle past the ping threshold (the
+    // condition under test, not a wait for an event).
+    sqlx::query(sqlx::AssertSqlSafe(format!("KILL CONNECTION {used}")))
+        .execute(pool.value())
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(1_100)).await;
+    assert_eq!(update(&app, user, v1::ItemAction::MarkUnread, vec![first], None).await.changed, 1);
+    let replaced = next_lent().await;
+    assert_ne!(replaced, used, "a new connection in the killed one's place");
+    assert_eq!(direct.idle_count(), 1);
+
+    // An update waiting for the user's items, locked by another
+    // transaction, cancelled once the server runs it.
+    let mut locker = pool.value().begin().await.unwrap();
+    sqlx::query("SELECT message_id FROM message_items WHERE user_id = ? FOR UPDATE")
+        .bind(user)
+        .fetch_all(&mut *locker)
+        .await
+        .unwrap();
+    let ids = [second];
+    let user_id = UserId::parse(user, "user_id").unwrap();
+    {
+        let mut waiting = std::pin::pin!(notify_core::inbox::update_items(
+            &app.ctx,
+            user_id,
+            Action::MarkRead,
+            Target::Ids(&ids)
+        ));
+        let running = async {
+            notify_testkit::eventually(
+                "the update waits for the lock",
+                Duration::from_secs(10),
+                || {
+                    let pool = pool.value();
+                    async move {
+                        let busy: i64 = sqlx::query_scalar(
+                            "SELECT COUNT(*) FROM information_schema.PROCESSLIST \
+                             WHERE ID = ? AND INFO IS NOT NULL",
+                        )
+                        .bind(replaced)
+                        .fetch_one(pool)
+                        .await
+                        .unwrap();
+                        (busy == 1).then_some(())
+                    }
+                },
+            )
+            .await
+        };
+        tokio::select! {
+            done = &mut waiting => panic!("the update did not wait for the lock: {done:?}"),
+            () = running => {}
+        }
+    } // the update's future, dropped: the call is cancelled
+    assert_eq!(direct.idle_count(), 0, "the cancelled update's connection was given back");
+    assert_ne!(next_lent().await, replaced, "the cancelled update's connection was lent");
+    locker.rollback().await.unwrap();
+    app.cleanup().await;
+}

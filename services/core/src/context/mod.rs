@@ -30,9 +30,10 @@ pub struct Context {
     pub settings: Arc<Settings>,
     /// One MySQL pool per shard.
     pub pools: ShardPools,
-    /// Connections per shard for inbox pages, apart from the pools (see
-    /// [`db::reads`]); `None` when `database.read_connections` is 0.
-    pub reads: Option<Arc<db::reads::ShardReads>>,
+    /// Connections per shard for inbox pages and item updates, apart from
+    /// the pools (see [`db::direct`]); `None` when
+    /// `database.read_connections` is 0.
+    pub direct: Option<Arc<db::direct::ShardConnections>>,
     /// Redis.
     pub cache: Cache,
     /// RabbitMQ publisher with confirms.
@@ -135,13 +136,13 @@ impl Context {
         InstanceLease::acquire(first.clone(), &ids, instance_lease::LEASE)
             .await?
             .spawn_renewals(&ids);
-        let reads = db::connect_reads(&settings)?.map(Arc::new);
+        let direct = db::connect_direct(&settings)?.map(Arc::new);
         let settings = Arc::new(settings);
         let publisher = Arc::new(publisher);
         let read_feed = anyone_wants(&settings, WebhookEvent::ItemRead);
         Ok(Self {
             settings,
-            reads,
+            direct,
             pools,
             cache,
             publisher,

@@ -208,12 +208,12 @@ async fn read_page(
 ) -> Result<(InboxPage, Option<i64>)> {
     let pool = ctx.pools.for_user(user_id.get());
     let fetch = InboxQuery { limit: query.limit + 1, ..query.clone() };
-    let mut rows = match ctx.reads.as_ref().and_then(|reads| reads.get(pool.shard())) {
-        Some(reads) => {
-            let mut lent = reads.acquire().await?;
+    let mut rows = match ctx.direct.as_ref().and_then(|direct| direct.get(pool.shard())) {
+        Some(direct) => {
+            let mut lent = direct.acquire().await?;
             let mut rows = store::list(lent.conn(), user_id.get(), &fetch).await;
             if rows.is_err() && lent.was_idle() {
-                lent = reads.reconnect(lent).await?;
+                lent = direct.reconnect(lent).await?;
                 rows = store::list(lent.conn(), user_id.get(), &fetch).await;
             }
             let rows = rows?;

@@ -14,10 +14,11 @@ use std::collections::HashSet;
 
 use futures::TryStreamExt;
 use sqlx::mysql::MySqlRow;
-use sqlx::{AssertSqlSafe, Either, MySqlPool, Row};
+use sqlx::{AssertSqlSafe, Either, MySqlConnection, MySqlPool, Row};
 use tracing::instrument;
 
 use super::chunks::read_slot;
+use super::direct::DirectConnections;
 use super::items::{BadgeState, COUNT_UNREAD, ItemFilter, NOT_REVOKED, UnreadTruth};
 use super::preferences::{SUPPRESSION, Suppression};
 use super::{read_backlog, read_feed};
@@ -180,9 +181,15 @@ enum Step {
 /// filter, the backlog row (which also locks its items, so the update
 /// changes the same ones, and whose count feeds `item.read`); then the
 /// update, and the badge's reads.
+///
+/// The script goes on one of the shard's `direct` connections when the
+/// api has them (given back without sqlx's ping, [`super::direct`]), else
+/// on a pooled one. A script that fails is rolled back on its connection,
+/// which is closed when that fails too.
 #[instrument(level = "debug", skip_all, fields(db.system = "mysql", action = action.name()))]
 pub async fn update(
     pool: &MySqlPool,
+    direct: Option<&DirectConnections>,
     user_id: u64,
     action: Action,
     target: Target<'_>,
@@ -194,21 +201,38 @@ pub async fn update(
         return Ok(Updated { changed: 0, changed_ids: Vec::new(), unknown: Vec::new(), badge });
     }
     let (steps, script) = script(user_id, action, target, announcement_ids, feed)?;
-    let mut conn = pool.acquire().await?;
-    let ran = run(&mut conn, &steps, script).await;
-    if ran.is_err() {
-        // The script stopped at the failing statement, inside its
-        // transaction: end it, or drop the connection if that fails too.
-        if sqlx::raw_sql("ROLLBACK").execute(&mut *conn).await.is_err() {
-            conn.close_on_drop();
+    let ran = match direct {
+        Some(direct) => {
+            let mut lent = direct.acquire_for_write().await?;
+            let ran = run(lent.conn(), &steps, script).await;
+            // Dropped, a lent connection closes.
+            if ran.is_ok() || roll_back(lent.conn()).await {
+                lent.give_back();
+            }
+            ran
         }
-    }
+        None => {
+            let mut conn = pool.acquire().await?;
+            let ran = run(&mut conn, &steps, script).await;
+            if ran.is_err() && !roll_back(&mut conn).await {
+                conn.close_on_drop();
+            }
+            ran
+        }
+    };
     let (mut updated, found) = ran?;
     if let Target::Ids(ids) = target {
         let found: HashSet<u64> = found.into_iter().collect();
         updated.unknown = ids.iter().copied().filter(|id| !found.contains(id)).collect();
     }
     Ok(updated)
+}
+
+/// Ends the transaction a failed script stopped in (at its failing
+/// statement); false when that fails too, and the connection is not fit to
+/// be used again.
+async fn roll_back(conn: &mut MySqlConnection) -> bool {
+    sqlx::raw_sql("ROLLBACK").execute(conn).await.is_ok()
 }
 
 /// The statements of an update, and their script.
@@ -318,7 +342,7 @@ fn script(
 /// Runs an update's script and reads what its statements answer: the
 /// update, and the ids found (for a list of ids).
 async fn run(
-    conn: &mut sqlx::MySqlConnection,
+    conn: &mut MySqlConnection,
     steps: &[Step],
     script: String,
 ) -> Result<(Updated, Vec<u64>)> {

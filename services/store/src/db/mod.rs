@@ -7,6 +7,7 @@ pub mod item_times;
 pub mod audit;
 pub mod chunks;
 pub mod contract;
+pub mod direct;
 pub mod erasure;
 pub mod groups;
 pub mod item_updates;
@@ -16,7 +17,6 @@ pub mod messages;
 pub mod preferences;
 pub mod read_backlog;
 pub mod read_feed;
-pub mod reads;
 pub mod recall;
 pub mod recipients;
 pub mod webhook_outbox;
@@ -111,7 +111,7 @@ pub(crate) fn shard_options(
 }
 
 /// How long a pooled connection may sit idle before it is pinged on its
-/// way out of the pool.
+/// way out of the pool (and a direct one before a write, [`direct`]).
 const IDLE_PING_AFTER: Duration = Duration::from_secs(1);
 
 /// Connects a pool to every shard and checks that each one answers.
@@ -173,9 +173,10 @@ pub async fn connect(settings: &Settings) -> Result<ShardPools> {
     Shards::with_members(pools, map, 0).map_err(|e| Error::Internal(e.to_string()))
 }
 
-/// Read connections per shard for inbox pages (`database.read_connections`;
-/// none when 0: those reads then take the pool's connections).
-pub fn connect_reads(settings: &Settings) -> Result<Option<reads::ShardReads>> {
+/// Direct connections per shard for inbox pages and item updates
+/// (`database.read_connections`; none when 0: those calls then take the
+/// pool's connections).
+pub fn connect_direct(settings: &Settings) -> Result<Option<direct::ShardConnections>> {
     let max = settings.database.read_connections;
     if max == 0 {
         return Ok(None);
@@ -184,9 +185,9 @@ pub fn connect_reads(settings: &Settings) -> Result<Option<reads::ShardReads>> {
     let mut shards = Vec::new();
     for shard in &settings.database.shards {
         let options = shard_options(settings, shard)?;
-        shards.push(reads::ReadConnections::new(shard.id, options, max, timeout));
+        shards.push(direct::DirectConnections::new(shard.id, options, max, timeout));
     }
-    Ok(Some(reads::ShardReads::new(shards)))
+    Ok(Some(direct::ShardConnections::new(shards)))
 }
 
 /// Creates every shard database that does not exist and applies pending
