@@ -865,3 +865,62 @@ async fn recipient_status_never_reads_a_user_delivered_mid_call_as_suppressed() 
     assert!(seen.contains(&(S::Unread as i32)), "{calls} calls");
     app.cleanup().await;
 }
+
+/// Recipients pages and status calls read on the shards' direct connections
+/// (given back without sqlx's ping): once the server killed every one the
+/// first reads left idle, the same reads answer the same, each on a new
+/// connection in a killed one's place, without an error.
+#[tokio::test]
+async fn recipient_reads_on_direct_connections_survive_killed_idle_ones() {
+    let app = spawn_app().await;
+    let users: Vec<u64> = (8_300_001..8_300_301).collect();
+    let id = app.send(users.clone()).await;
+    wait_for_status(&app, id, v1::MessageStatus::Completed).await;
+    mark_read(&app, users[7], id).await;
+    let filters = [F::Unspecified, F::Read, F::Unread];
+    let mut before = Vec::new();
+    for filter in filters {
+        before.push(list_all(&app, id, filter, 50).await);
+    }
+    let statuses = status(&app, id, users.clone()).await;
+
+    let direct = app.ctx.direct.as_ref().expect("direct connections");
+    let mut killed = BTreeSet::new();
+    for (shard, pool) in app.ctx.pools.iter() {
+        let set = direct.get(shard).unwrap();
+        let mut idle = Vec::new();
+        for _ in 0..set.idle_count() {
+            idle.push(set.acquire().await.unwrap());
+        }
+        for mut lent in idle {
+            let id: u64 =
+                sqlx::query_scalar("SELECT CONNECTION_ID()").fetch_one(lent.conn()).await.unwrap();
+            lent.give_back();
+            sqlx::query(sqlx::AssertSqlSafe(format!("KILL CONNECTION {id}")))
+                .execute(pool)
+                .await
+                .unwrap();
+            killed.insert(id);
+        }
+    }
+    assert!(killed.len() >= 2, "the first reads left direct connections idle: {killed:?}");
+
+    for (filter, before) in filters.into_iter().zip(&before) {
+        assert_eq!(&list_all(&app, id, filter, 50).await, before, "{filter:?}");
+    }
+    assert_eq!(states(&status(&app, id, users).await), states(&statuses));
+    for (shard, _) in app.ctx.pools.iter() {
+        let set = direct.get(shard).unwrap();
+        let mut idle = Vec::new();
+        for _ in 0..set.idle_count() {
+            idle.push(set.acquire().await.unwrap());
+        }
+        for mut lent in idle {
+            let id: u64 =
+                sqlx::query_scalar("SELECT CONNECTION_ID()").fetch_one(lent.conn()).await.unwrap();
+            assert!(!killed.contains(&id), "shard {shard:?}: killed connection {id} lent again");
+            lent.give_back();
+        }
+    }
+    app.cleanup().await;
+}

@@ -258,7 +258,8 @@ pub async fn list(
     let (recipients, next) = match parts {
         Parts::Readers(pages) => page::merge(pages, page_size as usize),
         Parts::Chunks(parts) => {
-            page::from_candidates(&routes, &send, filter, parts, page_size).await?
+            page::from_candidates(&routes, ctx.direct.as_deref(), &send, filter, parts, page_size)
+                .await?
         }
     };
     Ok(RecipientPage {
@@ -301,13 +302,13 @@ async fn shard_parts(
 ) -> Result<Parts> {
     if filter == Filter::Read {
         let per_shard = per_shard(page_size, ctx.pools.iter().count());
-        let pages = ctx
-            .pools
-            .iter()
-            .map(|(shard, pool)| page::readers(routes, shard, pool, send, after, per_shard));
+        let pages = ctx.pools.iter().map(|(shard, pool)| {
+            page::readers(routes, shard, pool, ctx.direct.as_deref(), send, after, per_shard)
+        });
         return Ok(Parts::Readers(futures::future::try_join_all(pages).await?));
     }
-    let parts =
-        ctx.pools.iter().map(|(_, pool)| page::from_chunks(pool, send, filter, after, page_size));
+    let parts = ctx.pools.iter().map(|(shard, pool)| {
+        page::from_chunks(pool, ctx.direct.as_deref(), shard, send, filter, after, page_size)
+    });
     Ok(Parts::Chunks(futures::future::try_join_all(parts).await?))
 }

@@ -19,6 +19,7 @@ use sqlx::MySqlPool;
 use super::{Filter, Recipient, RecipientState, Sent};
 use notify_domain::error::Result;
 use notify_store::db::chunks::state as chunk;
+use notify_store::db::direct::{self, ShardConnections};
 use notify_store::db::recipients::{self as store, ItemRow};
 
 /// Most recipients a chunk holds (the planner's chunk size).
@@ -26,6 +27,13 @@ const CHUNK_USERS: u32 = 500;
 /// Item lookups per shard and page, in pages: a sparse filter (unread when
 /// almost everyone read, suppressed) returns a shorter page past this.
 const LOOKUP_PAGES: usize = 4;
+
+/// The direct connections of `shard`, if the process has them: a page's
+/// statements go on those (given back without sqlx's ping) rather than the
+/// pool's ([`direct::read`]).
+fn on(direct: Option<&ShardConnections>, shard: ShardId) -> Option<&direct::DirectConnections> {
+    direct.and_then(|direct| direct.get(shard))
+}
 
 /// A shard's part of a page.
 #[derive(Debug, Default)]
@@ -86,6 +94,8 @@ impl Candidate {
 /// ([`store::chunks_after`]).
 pub(super) async fn from_chunks(
     pool: &MySqlPool,
+    direct: Option<&ShardConnections>,
+    shard: ShardId,
     send: &Sent,
     filter: Filter,
     after: u64,
@@ -94,8 +104,10 @@ pub(super) async fn from_chunks(
     let states = filter.chunk_states(send.recalled);
     // The cursor's chunk is read partly: one more than a page needs.
     let per_run = page_size.div_ceil(CHUNK_USERS) + 1;
-    let (chunks, complete_to) =
-        store::chunks_after(pool, send.message_id, &states, after, per_run).await?;
+    let (chunks, complete_to) = direct::read(on(direct, shard), pool, |conn, _| {
+        Box::pin(store::chunks_after(conn, send.message_id, &states, after, per_run))
+    })
+    .await?;
     let mut users: Vec<Candidate> = chunks
         .iter()
         .flat_map(|chunk| {
@@ -125,6 +137,7 @@ pub(super) async fn from_chunks(
 /// need be). Returns the page and the user id the next starts after.
 pub(super) async fn from_candidates(
     routes: &Snapshot<'_, MySqlPool>,
+    direct: Option<&ShardConnections>,
     send: &Sent,
     filter: Filter,
     parts: Vec<ShardCandidates>,
@@ -164,7 +177,7 @@ pub(super) async fn from_candidates(
             (lacking * looked * 2 / entries.len().max(1)).max(100).min(budget - looked)
         };
         let window = &candidates[looked..(looked + take).min(candidates.len())];
-        let settled = settle(routes, send, window).await?;
+        let settled = settle(routes, direct, send, window).await?;
         entries.extend(settled.into_iter().filter(|recipient| filter.matches(recipient.state)));
         looked += window.len();
     }
@@ -183,6 +196,7 @@ pub(super) async fn from_candidates(
 /// items are looked up by primary key, as before chunks recorded this.
 async fn settle(
     routes: &Snapshot<'_, MySqlPool>,
+    direct: Option<&ShardConnections>,
     send: &Sent,
     window: &[Candidate],
 ) -> Result<Vec<Recipient>> {
@@ -196,9 +210,11 @@ async fn settle(
         let last = recorded.next_back().unwrap_or(first);
         (first.user_id, last.user_id)
     });
-    let (found, marks) =
-        futures::future::try_join(items(routes, send, &unrecorded), marks(routes, send, range))
-            .await?;
+    let (found, marks) = futures::future::try_join(
+        items(routes, direct, send, &unrecorded),
+        marks(routes, direct, send, range),
+    )
+    .await?;
     Ok(window
         .iter()
         .map(|c| match c.recorded {
@@ -230,6 +246,7 @@ struct Settled {
 /// shard, each kept where the map routes its user now.
 async fn marks(
     routes: &Snapshot<'_, MySqlPool>,
+    direct: Option<&ShardConnections>,
     send: &Sent,
     range: Option<(u64, u64)>,
 ) -> Result<HashMap<u64, Settled>> {
@@ -237,7 +254,10 @@ async fn marks(
         return Ok(HashMap::new());
     };
     let reads = routes.iter().map(|(shard, pool)| async move {
-        let marks = store::marks_between(pool, send.message_id, from, to).await?;
+        let marks = direct::read(on(direct, shard), pool, |conn, _| {
+            Box::pin(store::marks_between(conn, send.message_id, from, to))
+        })
+        .await?;
         Ok::<_, notify_domain::error::Error>((shard, marks))
     });
     let mut settled: HashMap<u64, Settled> = HashMap::new();
@@ -275,6 +295,7 @@ fn cut(
 /// live on now (a bucket move carries items, not chunks).
 pub(super) async fn items(
     routes: &Snapshot<'_, MySqlPool>,
+    direct: Option<&ShardConnections>,
     send: &Sent,
     users: &[u64],
 ) -> Result<HashMap<u64, ItemRow>> {
@@ -283,7 +304,12 @@ pub(super) async fn items(
     }
     let lookups = routes.partition_users(users).into_iter().filter_map(|(shard, users)| {
         let pool = routes.get(shard)?;
-        Some(async move { store::items(pool, send.message_id, &users).await })
+        Some(async move {
+            direct::read(on(direct, shard), pool, |conn, _| {
+                Box::pin(store::items(conn, send.message_id, &users))
+            })
+            .await
+        })
     });
     let found = futures::future::try_join_all(lookups).await?;
     Ok(found.into_iter().flatten().map(|item| (item.user_id, item)).collect())
@@ -296,6 +322,7 @@ pub(super) async fn readers(
     routes: &Snapshot<'_, MySqlPool>,
     shard: ShardId,
     pool: &MySqlPool,
+    direct: Option<&ShardConnections>,
     send: &Sent,
     after: u64,
     page_size: u32,
@@ -303,7 +330,10 @@ pub(super) async fn readers(
     if send.recalled {
         return Ok(ShardPage::exhausted());
     }
-    let rows = store::reads_after(pool, send.message_id, after, page_size).await?;
+    let rows = direct::read(on(direct, shard), pool, |conn, _| {
+        Box::pin(store::reads_after(conn, send.message_id, after, page_size))
+    })
+    .await?;
     let complete_to = full_page_end(rows.len(), page_size, rows.last().map(|r| r.user_id));
     let entries = rows
         .into_iter()

@@ -15,6 +15,7 @@ use crate::send;
 use notify_domain::domain::{AudienceKind, MessageId, SendStatus, validate_user_ids};
 use notify_domain::error::Result;
 use notify_store::db::chunks::state as chunk;
+use notify_store::db::direct;
 use notify_store::db::recipients::{self as store, ItemRow};
 
 const FIELD: &str = "user_ids";
@@ -292,7 +293,11 @@ async fn items_of(
     let routes = ctx.pools.snapshot();
     let lookups = routes.partition_users(users).into_iter().filter_map(|(shard, users)| {
         let pool = routes.get(shard)?;
-        Some(async move { store::items(pool, message_id, &users).await })
+        let direct = ctx.direct.as_deref().and_then(|direct| direct.get(shard));
+        Some(async move {
+            direct::read(direct, pool, |conn, _| Box::pin(store::items(conn, message_id, &users)))
+                .await
+        })
     });
     let rows = futures::future::try_join_all(lookups).await?;
     Ok(rows.into_iter().flatten().map(|item| (item.user_id, item)).collect())

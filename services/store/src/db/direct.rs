@@ -21,11 +21,13 @@
 //! idle for [`super::IDLE_PING_AFTER`] is pinged before a write
 //! ([`DirectConnections::acquire_for_write`]) and replaced when that fails.
 
+use std::marker::PhantomData;
 use std::sync::{Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
+use futures::future::BoxFuture;
 use shard_router::ShardId;
-use sqlx::mysql::{MySqlConnectOptions, MySqlConnection};
+use sqlx::mysql::{MySqlConnectOptions, MySqlConnection, MySqlPool};
 use sqlx::{ConnectOptions, Connection as _};
 use tokio::sync::{Semaphore, SemaphorePermit};
 
@@ -167,3 +169,35 @@ impl ShardConnections {
         self.shards.iter().find(|set| set.shard == shard)
     }
 }
+
+/// Runs `read` (statements that only read, each run to its end) on one of
+/// `direct`'s connections, and again on a new one when it fails on one that
+/// sat idle; on one of the pool's when the shard has no direct set.
+///
+/// `read` is called with the connection and a [`Borrows`], which only lets
+/// its future borrow what the caller holds (for `'a`) while it holds the
+/// connection (`'c`).
+pub async fn read<'a, T>(
+    direct: Option<&DirectConnections>,
+    pool: &MySqlPool,
+    mut read: impl for<'c> FnMut(&'c mut MySqlConnection, Borrows<'c, 'a>) -> BoxFuture<'c, Result<T>>,
+) -> Result<T> {
+    let Some(direct) = direct else {
+        let mut conn = pool.acquire().await?;
+        return read(&mut conn, PhantomData).await;
+    };
+    let mut lent = direct.acquire().await?;
+    let mut result = read(lent.conn(), PhantomData).await;
+    if result.is_err() && lent.was_idle() {
+        lent = direct.reconnect(lent).await?;
+        result = read(lent.conn(), PhantomData).await;
+    }
+    if result.is_ok() {
+        lent.give_back();
+    }
+    result
+}
+
+/// Says that `'a` outlives `'c` to a closure given to [`read`] (a bound a
+/// closure's signature cannot state otherwise).
+pub type Borrows<'c, 'a> = PhantomData<&'c &'a ()>;

@@ -10,7 +10,7 @@
 //! cursor), then by primary key: simple statements, cheap to plan.
 
 use chrono::NaiveDateTime;
-use sqlx::{FromRow, MySqlPool, QueryBuilder};
+use sqlx::{FromRow, MySqlConnection, MySqlPool, QueryBuilder};
 use tracing::instrument;
 
 use super::chunks::{SPLIT_CHUNK_BIT, decode_user_ids};
@@ -97,7 +97,7 @@ const CHUNK_COLUMNS: &str = "c.chunk_id, c.state, c.batch, c.user_ids, c.applied
 /// state their chunk had during the call.
 #[instrument(level = "debug", skip_all, fields(db.system = "mysql"))]
 pub async fn chunks_after(
-    pool: &MySqlPool,
+    conn: &mut MySqlConnection,
     message_id: MessageId,
     states: &[u8],
     after: u64,
@@ -109,7 +109,7 @@ pub async fn chunks_after(
     if states.is_empty() {
         return Ok((Vec::new(), u64::MAX));
     }
-    let ends = chunk_ends_from(pool, message_id, states, low).await?;
+    let ends = chunk_ends_from(&mut *conn, message_id, states, low).await?;
     let (wanted, complete_to) = page_heads(ends, per_run as usize);
     if wanted.is_empty() {
         return Ok((Vec::new(), complete_to));
@@ -129,7 +129,7 @@ pub async fn chunks_after(
         list.push_bind(*state);
     }
     sql.push(")");
-    let rows: Vec<ChunkRow> = sql.build_query_as().fetch_all(pool).await?;
+    let rows: Vec<ChunkRow> = sql.build_query_as().fetch_all(conn).await?;
     let chunks = rows.into_iter().map(ChunkRow::decode).collect::<Result<Vec<_>>>()?;
     Ok((chunks, complete_to))
 }
@@ -334,8 +334,8 @@ pub struct ItemRow {
 /// its prepared form is reused rather than prepared again for each length
 /// of an `IN` list.
 #[instrument(level = "debug", skip_all, fields(db.system = "mysql", users = user_ids.len()))]
-pub async fn items(
-    pool: &MySqlPool,
+pub async fn items<'e>(
+    conn: impl sqlx::MySqlExecutor<'e>,
     message_id: MessageId,
     user_ids: &[u64],
 ) -> Result<Vec<ItemRow>> {
@@ -351,7 +351,7 @@ pub async fn items(
     ))
     .bind(json_ids(user_ids))
     .bind(message_id.get())
-    .fetch_all(pool)
+    .fetch_all(conn)
     .await?)
 }
 
@@ -376,8 +376,8 @@ pub struct Mark {
 /// one statement. The caller keeps the rows of users routed to this shard
 /// (a bucket move leaves copies behind for a while).
 #[instrument(level = "debug", skip_all, fields(db.system = "mysql"))]
-pub async fn marks_between(
-    pool: &MySqlPool,
+pub async fn marks_between<'e>(
+    conn: impl sqlx::MySqlExecutor<'e>,
     message_id: MessageId,
     from: u64,
     to: u64,
@@ -395,7 +395,7 @@ pub async fn marks_between(
     .bind(message_id.get())
     .bind(from)
     .bind(to)
-    .fetch_all(pool)
+    .fetch_all(conn)
     .await?)
 }
 
@@ -415,8 +415,8 @@ pub struct ReadRow {
 /// Up to `limit` readers of a send on this shard after user `after`, in user
 /// order: a range of `message_reads`' primary key, and one item lookup each.
 #[instrument(level = "debug", skip_all, fields(db.system = "mysql"))]
-pub async fn reads_after(
-    pool: &MySqlPool,
+pub async fn reads_after<'e>(
+    conn: impl sqlx::MySqlExecutor<'e>,
     message_id: MessageId,
     after: u64,
     limit: u32,
@@ -433,7 +433,7 @@ pub async fn reads_after(
     .bind(message_id.get())
     .bind(after)
     .bind(limit)
-    .fetch_all(pool)
+    .fetch_all(conn)
     .await?)
 }
 
