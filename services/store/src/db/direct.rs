@@ -1,6 +1,7 @@
-//! Connections for the api's hot one-round-trip calls, kept apart from
-//! sqlx's pool: inbox pages (one statement) and item updates (one
-//! multi-statement script, [`super::item_updates`]).
+//! Connections for the api's hot calls, kept apart from sqlx's pool: inbox
+//! pages (one statement), item updates (one multi-statement script,
+//! [`super::item_updates`]) and the reads of recipients' pages and status
+//! calls (a few statements per shard, [`read`]).
 //!
 //! sqlx's pool pings every connection it gets back before it lends it again
 //! (`PoolConnection` drop: a `COM_PING` round trip per call), which on an
