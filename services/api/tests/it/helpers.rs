@@ -88,3 +88,29 @@ pub async fn subscribe_then_fail(channel: tonic::transport::Channel) -> tonic::S
         }
     }
 }
+
+/// The server's id of the connection a direct set lends next, given back
+/// again.
+pub async fn next_lent_id(set: &notify_store::db::direct::DirectConnections) -> u64 {
+    let mut lent = set.acquire().await.unwrap();
+    let id = sqlx::query_scalar("SELECT CONNECTION_ID()").fetch_one(lent.conn()).await.unwrap();
+    lent.give_back();
+    id
+}
+
+/// The server's ids of every connection idle in a direct set (each lent,
+/// then given back, so the set holds the same ones after).
+pub async fn idle_ids(set: &notify_store::db::direct::DirectConnections) -> Vec<u64> {
+    let mut idle = Vec::new();
+    for _ in 0..set.idle_count() {
+        idle.push(set.acquire().await.unwrap());
+    }
+    let mut ids = Vec::new();
+    for mut lent in idle {
+        ids.push(
+            sqlx::query_scalar("SELECT CONNECTION_ID()").fetch_one(lent.conn()).await.unwrap(),
+        );
+        lent.give_back();
+    }
+    ids
+}

@@ -409,12 +409,7 @@ async fn inbox_read_connections_survive_a_killed_one_and_drop_a_cancelled_one() 
     send_and_wait(&app, vec![user]).await;
     let pool = app.ctx.pools.for_user(user);
     let direct = app.ctx.direct.as_ref().expect("direct connections").get(pool.shard()).unwrap();
-    let connection_id = async || -> u64 {
-        let mut lent = direct.acquire().await.unwrap();
-        let id = sqlx::query_scalar("SELECT CONNECTION_ID()").fetch_one(lent.conn()).await.unwrap();
-        lent.give_back();
-        id
-    };
+    let connection_id = || crate::helpers::next_lent_id(direct);
 
     // The one idle connection, killed by the server: the next page is read.
     let idle = connection_id().await;

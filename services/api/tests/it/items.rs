@@ -767,13 +767,7 @@ async fn updates_take_a_direct_connection_again_and_close_a_cancelled_ones() {
     let second = deliver(&app, &[user], "billing").await;
     let pool = app.ctx.pools.for_user(user);
     let direct = app.ctx.direct.as_ref().expect("direct connections").get(pool.shard()).unwrap();
-    // The connection the set lends next, given back again.
-    let next_lent = async || -> u64 {
-        let mut lent = direct.acquire().await.unwrap();
-        let id = sqlx::query_scalar("SELECT CONNECTION_ID()").fetch_one(lent.conn()).await.unwrap();
-        lent.give_back();
-        id
-    };
+    let next_lent = || crate::helpers::next_lent_id(direct);
 
     assert_eq!(direct.idle_count(), 0, "no call took one yet");
     assert_eq!(update(&app, user, v1::ItemAction::MarkSeen, vec![first], None).await.changed, 1);

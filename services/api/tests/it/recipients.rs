@@ -20,7 +20,7 @@ use notify_testkit::{
 use shard_router::{BucketSet, ShardId, bucket_of};
 use tonic::Code;
 
-use crate::helpers::{content, inbox_ids, wait_for_status};
+use crate::helpers::{content, idle_ids, inbox_ids, wait_for_status};
 
 /// Every page of a filter, checking order and that each page moves on.
 async fn list_all(app: &TestApp, message_id: u64, state: F, page_size: u32) -> Vec<v1::Recipient> {
@@ -887,15 +887,7 @@ async fn recipient_reads_on_direct_connections_survive_killed_idle_ones() {
     let direct = app.ctx.direct.as_ref().expect("direct connections");
     let mut killed = BTreeSet::new();
     for (shard, pool) in app.ctx.pools.iter() {
-        let set = direct.get(shard).unwrap();
-        let mut idle = Vec::new();
-        for _ in 0..set.idle_count() {
-            idle.push(set.acquire().await.unwrap());
-        }
-        for mut lent in idle {
-            let id: u64 =
-                sqlx::query_scalar("SELECT CONNECTION_ID()").fetch_one(lent.conn()).await.unwrap();
-            lent.give_back();
+        for id in idle_ids(direct.get(shard).unwrap()).await {
             sqlx::query(sqlx::AssertSqlSafe(format!("KILL CONNECTION {id}")))
                 .execute(pool)
                 .await
@@ -910,17 +902,8 @@ async fn recipient_reads_on_direct_connections_survive_killed_idle_ones() {
     }
     assert_eq!(states(&status(&app, id, users).await), states(&statuses));
     for (shard, _) in app.ctx.pools.iter() {
-        let set = direct.get(shard).unwrap();
-        let mut idle = Vec::new();
-        for _ in 0..set.idle_count() {
-            idle.push(set.acquire().await.unwrap());
-        }
-        for mut lent in idle {
-            let id: u64 =
-                sqlx::query_scalar("SELECT CONNECTION_ID()").fetch_one(lent.conn()).await.unwrap();
-            assert!(!killed.contains(&id), "shard {shard:?}: killed connection {id} lent again");
-            lent.give_back();
-        }
+        let idle = idle_ids(direct.get(shard).unwrap()).await;
+        assert!(idle.iter().all(|id| !killed.contains(id)), "shard {shard:?}: {idle:?} lent again");
     }
     app.cleanup().await;
 }
