@@ -204,7 +204,32 @@ impl Env {
         self.wait_port("notify-api", api_addr).await?;
         // The port is bound before tonic serves; make sure a channel works.
         self.channel().await?;
+        for name in ["notify-api", "notify-worker"] {
+            self.ensure_optimized(name).await?;
+        }
         Ok(())
+    }
+
+    /// Refuses a service built with debug assertions: `scripts/test` builds
+    /// the workspace's binaries unoptimized into `target/release`, where a
+    /// release build left them, and a run on those measures a build several
+    /// times slower than the one users run.
+    async fn ensure_optimized(&self, name: &str) -> anyhow::Result<()> {
+        let page = self.scrape(name).await;
+        if page.sum("notify_build_info", &[("debug_assertions", "false")]) >= 1.0 {
+            return Ok(());
+        }
+        let test_build = page.sum("notify_build_info", &[("debug_assertions", "true")]) >= 1.0;
+        bail!(
+            "{name} is {} (notify_build_info): rebuild before measuring: \
+             cargo build --release -p notify-bench -p notify-api -p notify-worker -p notifyctl",
+            if test_build {
+                "a test build, unoptimized with debug assertions (scripts/test builds one into \
+                 target/release)"
+            } else {
+                "of no known build: its /metrics has no notify_build_info"
+            }
+        )
     }
 
     /// Starts one more api over the same databases, queues and keys, with

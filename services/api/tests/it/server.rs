@@ -94,6 +94,22 @@ async fn metrics_endpoint_counts_rpcs() {
     app.cleanup().await;
 }
 
+/// The page says which build serves: a test build (debug assertions on,
+/// as this test's own) or an optimized one; the bench refuses the first.
+#[tokio::test]
+async fn metrics_say_which_build_serves() {
+    let app = spawn_app().await;
+    let page = MetricsPage::parse(&notify_testkit::http_get(app.metrics_addr, "/metrics").await.1);
+    let this_build = if cfg!(debug_assertions) { "true" } else { "false" };
+    let other = if cfg!(debug_assertions) { "false" } else { "true" };
+    let series = |debug: &str| {
+        let labels = [("version", env!("CARGO_PKG_VERSION")), ("debug_assertions", debug)];
+        page.sum("notify_build_info", &labels)
+    };
+    assert_eq!((series(this_build), series(other)), (1.0, 0.0), "{}", page.text());
+    app.cleanup().await;
+}
+
 #[tokio::test]
 async fn metrics_count_a_stream_by_the_status_in_its_trailers() {
     let app = spawn_app_with(test_settings(), false).await;

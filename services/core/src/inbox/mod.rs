@@ -208,23 +208,11 @@ async fn read_page(
 ) -> Result<(InboxPage, Option<i64>)> {
     let pool = ctx.pools.for_user(user_id.get());
     let fetch = InboxQuery { limit: query.limit + 1, ..query.clone() };
-    let mut rows = match ctx.direct.as_ref().and_then(|direct| direct.get(pool.shard())) {
-        Some(direct) => {
-            let mut lent = direct.acquire().await?;
-            let mut rows = store::list(lent.conn(), user_id.get(), &fetch).await;
-            if rows.is_err() && lent.was_idle() {
-                lent = direct.reconnect(lent).await?;
-                rows = store::list(lent.conn(), user_id.get(), &fetch).await;
-            }
-            let rows = rows?;
-            lent.give_back();
-            rows
-        }
-        None => {
-            let read = || store::list(&*pool, user_id.get(), &fetch);
-            notify_store::db::retry_read_on_broken_connection(read).await?
-        }
-    };
+    let direct = ctx.direct.as_deref().and_then(|direct| direct.get(pool.shard()));
+    let mut rows = notify_store::db::direct::read(direct, &pool, |conn, _| {
+        Box::pin(store::list(conn, user_id.get(), &fetch))
+    })
+    .await?;
     let earliest_expiry_ms =
         rows.iter().filter_map(|row| row.expire_at).map(|at| at.and_utc().timestamp_millis()).min();
     let next_page_token = if rows.len() > query.limit as usize {

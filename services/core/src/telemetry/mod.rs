@@ -69,10 +69,25 @@ pub fn metrics_handle() -> PrometheusHandle {
             // handle then renders an empty page, which is harmless.
             if metrics::set_global_recorder(recorder).is_ok() {
                 spawn_upkeep(handle.clone());
+                record_build_info();
             }
             handle
         })
         .clone()
+}
+
+/// `notify_build_info{version, debug_assertions}` = 1: which build serves.
+/// `debug_assertions="true"` is a test build (`scripts/test` builds the
+/// workspace's binaries unoptimized, with debug assertions, into
+/// `target/release`), not one to measure or to run in production; the
+/// bench refuses to start on one.
+fn record_build_info() {
+    metrics::gauge!(
+        "notify_build_info",
+        "version" => env!("CARGO_PKG_VERSION"),
+        "debug_assertions" => if cfg!(debug_assertions) { "true" } else { "false" },
+    )
+    .set(1.0);
 }
 
 /// Upper bounds of the buckets of every `*_seconds` histogram: 100 µs (a

@@ -173,7 +173,9 @@ impl ShardConnections {
 
 /// Runs `read` (statements that only read, each run to its end) on one of
 /// `direct`'s connections, and again on a new one when it fails on one that
-/// sat idle; on one of the pool's when the shard has no direct set.
+/// sat idle; on one of the pool's when the shard has no direct set, and
+/// again on another while those turn out broken (as
+/// [`super::retry_read_on_broken_connection`]).
 ///
 /// `read` is called with the connection and a [`Borrows`], which only lets
 /// its future borrow what the caller holds (for `'a`) while it holds the
@@ -184,8 +186,14 @@ pub async fn read<'a, T>(
     mut read: impl for<'c> FnMut(&'c mut MySqlConnection, Borrows<'c, 'a>) -> BoxFuture<'c, Result<T>>,
 ) -> Result<T> {
     let Some(direct) = direct else {
-        let mut conn = pool.acquire().await?;
-        return read(&mut conn, PhantomData).await;
+        let mut more = super::BROKEN_READ_RETRIES;
+        loop {
+            let mut conn = pool.acquire().await?;
+            match read(&mut conn, PhantomData).await {
+                Err(e) if e.is_broken_connection() && more > 0 => more -= 1,
+                result => return result,
+            }
+        }
     };
     let mut lent = direct.acquire().await?;
     let mut result = read(lent.conn(), PhantomData).await;

@@ -262,19 +262,23 @@ async fn applied_versions(conn: &mut MySqlConnection) -> Vec<i64> {
         .unwrap_or_default()
 }
 
-/// Runs `attempt`, a read, again (up to eight more times) when its pooled
-/// connection turned out broken: one used within the last second is handed
-/// out without a ping (see [`connect`]) and may have broken since (a shard
-/// restart, a network cut), and after a cut several may have. Each such
-/// failure is immediate, on the dead socket; any other error (a shard that
-/// is down times out its connects) ends the retries.
+/// Runs `attempt`, a read, again (up to [`BROKEN_READ_RETRIES`] more
+/// times) when its pooled connection turned out broken: one used within the
+/// last second is handed out without a ping (see [`connect`]) and may have
+/// broken since (a shard restart, a network cut), and after a cut several
+/// may have. Each such failure is immediate, on the dead socket; any other
+/// error (a shard that is down times out its connects) ends the retries.
 pub async fn retry_read_on_broken_connection<T, F, Fut>(attempt: F) -> Result<T>
 where
     F: FnMut() -> Fut,
     Fut: Future<Output = Result<T>>,
 {
-    retry_while(attempt, 8, Error::is_broken_connection).await
+    retry_while(attempt, BROKEN_READ_RETRIES, Error::is_broken_connection).await
 }
+
+/// How many more times a read runs when its pooled connection turned out
+/// broken ([`retry_read_on_broken_connection`]).
+const BROKEN_READ_RETRIES: usize = 8;
 
 /// Runs `attempt`, a whole transaction, again (up to three more times) when
 /// InnoDB picks it as a deadlock victim: concurrent transactions inserting
