@@ -17,9 +17,9 @@
 //!
 //! A connection that sat idle may have been closed by the server meanwhile
 //! (a restart, a network cut). A read on one is run again on a new one when
-//! it fails ([`DirectConnections::reconnect`]: these statements only read,
-//! so running one twice is harmless); a write is never run twice, so one
-//! idle for [`super::IDLE_PING_AFTER`] is pinged before a write
+//! it fails ([`read`]: these statements only read, so running one twice is
+//! harmless); a write is never run twice, so one
+//! idle for `IDLE_PING_AFTER` (a second) is pinged before a write
 //! ([`DirectConnections::acquire_for_write`]) and replaced when that fails.
 
 use std::marker::PhantomData;
@@ -63,10 +63,10 @@ impl DirectConnections {
         }
     }
 
-    /// Lends a connection of the set for a read: the idle one given back
-    /// last if there is one, else a new one. Give it back with
-    /// [`Lent::give_back`] once the read ran to its end; if a read on an
-    /// idle one fails, [`Self::reconnect`] and run it again.
+    /// Lends a connection of the set: the idle one given back last if there
+    /// is one, else a new one. Give it back with [`Lent::give_back`] once
+    /// the call ran to its end. Reads go through [`read`], writes through
+    /// [`Self::acquire_for_write`].
     pub async fn acquire(&self) -> Result<Lent<'_>> {
         let permit = tokio::time::timeout(self.acquire_timeout, self.permits.acquire())
             .await
@@ -82,7 +82,7 @@ impl DirectConnections {
 
     /// Lends a connection of the set for a write, which is never run
     /// twice: like [`Self::acquire`], but one idle for
-    /// [`super::IDLE_PING_AFTER`] or more is pinged first and replaced
+    /// `IDLE_PING_AFTER` (a second) or more is pinged first and replaced
     /// when the ping fails. One in use moments ago costs no round trip.
     pub async fn acquire_for_write(&self) -> Result<Lent<'_>> {
         let mut lent = self.acquire().await?;
@@ -95,7 +95,7 @@ impl DirectConnections {
     }
 
     /// Closes `lent`'s connection and lends a new one in its place.
-    pub async fn reconnect<'a>(&'a self, mut lent: Lent<'a>) -> Result<Lent<'a>> {
+    async fn reconnect<'a>(&'a self, mut lent: Lent<'a>) -> Result<Lent<'a>> {
         drop(lent.conn.take());
         lent.conn = Some(self.connect().await?);
         lent.idle_since = None;
@@ -140,7 +140,7 @@ impl Lent<'_> {
 
     /// True when the connection sat idle before (the server may have
     /// closed it meanwhile: a failed read is worth one retry elsewhere).
-    pub fn was_idle(&self) -> bool {
+    fn was_idle(&self) -> bool {
         self.idle_since.is_some()
     }
 
