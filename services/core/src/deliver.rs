@@ -95,7 +95,8 @@ pub async fn apply_task(ctx: &Context, task: &ChunkTask, redelivered: bool) -> R
         // its write lease holds: no bucket to check, the chunk's are below).
         let routes = ctx.writable_snapshot(&[]).await?;
         let placed = |user_ids: &[u64]| placed_on(&routes, shard, user_ids);
-        match chunks::apply(pool, message_id, task.chunk_id, placed).await? {
+        let hold = ctx.holding_sends.check(shard, message_id);
+        match chunks::apply(pool, message_id, task.chunk_id, hold, placed).await? {
             ApplyOutcome::Misplaced { user_ids } if splits < MAX_SPLITS => {
                 drop(routes);
                 splits += 1;
@@ -112,6 +113,7 @@ pub async fn apply_task(ctx: &Context, task: &ChunkTask, redelivered: bool) -> R
     };
     match applied {
         ApplyOutcome::Applied { user_ids, delivered, held_back, summary } => {
+            ctx.holding_sends.note(shard, message_id, !held_back.is_empty());
             let committed_at_ms = Some(chrono::Utc::now().timestamp_millis());
             match ctx.cache.invalidate_counts(&user_ids).await {
                 Ok(()) => chunks::settle(pool, message_id, task.chunk_id).await?,
@@ -259,9 +261,13 @@ pub async fn apply_group(
     let pool = ctx.task_pool(shard)?;
     let routes = ctx.writable_snapshot(&[]).await?;
     let placed = |user_ids: &[u64]| placed_on(&routes, shard, user_ids);
-    let Some(group) = chunks::apply_many(pool, message_id, chunk_ids, placed).await? else {
+    let hold = ctx.holding_sends.check(shard, message_id);
+    let Some(group) = chunks::apply_many(pool, message_id, chunk_ids, hold, placed).await? else {
         return Ok(None);
     };
+    if group.chunks.iter().any(|chunk| chunk.applied_now) {
+        ctx.holding_sends.note(shard, message_id, !group.held_back.is_empty());
+    }
     drop(routes);
     let committed_at_ms = Some(chrono::Utc::now().timestamp_millis());
     // Chunks done before (a duplicate task) were settled then; the ones left

@@ -5,9 +5,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 mod chunk_indexes;
+mod holding_sends;
 mod stale_seqs;
 
 pub use chunk_indexes::{ChunkIndex, ChunkIndexes};
+pub use holding_sends::HoldingSends;
 pub use stale_seqs::StaleSeqs;
 
 use shard_router::{Key, Routed, ShardId, Snapshot};
@@ -52,6 +54,9 @@ pub struct Context {
     pub stale_seqs: Arc<StaleSeqs>,
     /// The chunk indexes of started sends, for recipient status calls.
     pub chunk_indexes: Arc<ChunkIndexes>,
+    /// Sends whose chunks held recipients back, by shard: how the next
+    /// apply checks preferences.
+    pub holding_sends: Arc<HoldingSends>,
 }
 
 impl Context {
@@ -150,6 +155,7 @@ impl Context {
             cross_shard_permits: Arc::new(Semaphore::new((pool_max / 2).max(1))),
             read_feed,
             stale_seqs: Arc::default(),
+            holding_sends: Arc::default(),
             chunk_indexes: Arc::default(),
         })
     }

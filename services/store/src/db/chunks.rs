@@ -2,6 +2,8 @@
 //! applying one in a single transaction (the exactly-once guard), and the
 //! queries the scheduler, sweeper, resume and cancel need.
 
+use std::collections::HashSet;
+
 use chrono::NaiveDateTime;
 use sqlx::{MySqlPool, QueryBuilder};
 use tracing::instrument;
@@ -369,6 +371,7 @@ pub async fn apply(
     pool: &MySqlPool,
     message_id: MessageId,
     chunk_id: u64,
+    hold: HoldCheck,
     placed: impl Fn(&[u64]) -> bool,
 ) -> Result<ApplyOutcome> {
     let Some(content) = content_row(pool, message_id).await? else {
@@ -394,7 +397,7 @@ pub async fn apply(
     }
 
     let (delivered, held_back) =
-        write_items(&mut tx, message_id, &content, user_ids.iter().copied(), chunk_id, 1).await?;
+        write_items(&mut tx, message_id, &content, user_ids.clone(), chunk_id, 1, hold).await?;
 
     sqlx::query(
         "UPDATE message_chunks SET state = 4, updated_at = UTC_TIMESTAMP(3), \
@@ -467,6 +470,7 @@ pub async fn apply_many(
     pool: &MySqlPool,
     message_id: MessageId,
     chunk_ids: &[u64],
+    hold: HoldCheck,
     placed: impl Fn(&[u64]) -> bool,
 ) -> Result<Option<GroupApplied>> {
     let Some(content) = content_row(pool, message_id).await? else {
@@ -508,10 +512,10 @@ pub async fn apply_many(
         tx.rollback().await?;
         return Ok(Some(GroupApplied { chunks, delivered: 0, held_back: Vec::new(), summary }));
     }
-    let all = pending.iter().flat_map(|c| c.user_ids.iter().copied());
+    let all = pending.iter().flat_map(|c| c.user_ids.iter().copied()).collect();
+    let (first, applied) = (pending[0].chunk_id, pending.len() as u64);
     let (delivered, held_back) =
-        write_items(&mut tx, message_id, &content, all, pending[0].chunk_id, pending.len() as u64)
-            .await?;
+        write_items(&mut tx, message_id, &content, all, first, applied, hold).await?;
     let mut update = QueryBuilder::new(
         "UPDATE message_chunks SET state = 4, updated_at = UTC_TIMESTAMP(3), \
          applied_at = UTC_TIMESTAMP(3)",
@@ -670,6 +674,22 @@ pub(super) const RECIPIENT_ROWS: &str =
 /// critical, a category), the category.
 const HELD_BACK: &str = "(p.erased_before > ? OR (? AND FIND_IN_SET(?, p.muted_categories) > 0))";
 
+/// How an apply tells the recipients whose preferences hold the send back
+/// (a muted category, an erasure) from the others.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum HoldCheck {
+    /// In the insert: one statement, one preference lookup per recipient,
+    /// and a second statement asking who was held back only when the insert
+    /// wrote fewer items than it had recipients. For sends nobody mutes.
+    InInsert,
+    /// Before the insert: who is held back first (one preference lookup per
+    /// recipient), then the insert of the others, which looks nothing up.
+    /// For a send that held someone back on this shard before (a category
+    /// some of its recipients mute), whose every chunk would otherwise look
+    /// each recipient's preferences up twice.
+    First,
+}
+
 /// Inserts one item per recipient (none twice) whose preferences let the
 /// send through (`user_preferences`, checked in the same statement: one
 /// primary-key lookup per recipient); returns how many were new.
@@ -705,10 +725,33 @@ async fn insert_items(
         .rows_affected())
 }
 
-/// Recipients without a new item whom their preferences hold back: a
+/// Inserts one item per recipient (none twice), whose preferences were
+/// checked before ([`HoldCheck::First`]); returns how many were new.
+async fn insert_unchecked_items(
+    tx: &mut sqlx::Transaction<'_, sqlx::MySql>,
+    message_id: MessageId,
+    content: &ContentRow,
+    recipients: &RecipientsJson,
+) -> Result<u64> {
+    let sql = format!(
+        "INSERT IGNORE INTO message_items (user_id, message_id, category, expire_at) \
+         SELECT j.user_id, ?, ?, ? FROM {RECIPIENT_ROWS}"
+    );
+    Ok(sqlx::query(sqlx::AssertSqlSafe(sql))
+        .bind(message_id.get())
+        .bind(&content.category)
+        .bind(content.expire_at)
+        .bind(&recipients.json)
+        .execute(&mut **tx)
+        .await?
+        .rows_affected())
+}
+
+/// Recipients without the item whom their preferences hold back: a
 /// recipient who had the item already (from another batch, before muting)
-/// is a duplicate, not suppressed. Asked only when an insert wrote fewer
-/// items than it had recipients.
+/// is a duplicate, not suppressed. Asked after an insert that wrote fewer
+/// items than it had recipients, or before the insert
+/// ([`HoldCheck::First`]).
 async fn held_back(
     tx: &mut sqlx::Transaction<'_, sqlx::MySql>,
     message_id: MessageId,
@@ -771,26 +814,44 @@ async fn bump_delivered(
     Ok(())
 }
 
-/// Writes the items of an apply and its stats; returns the items written
-/// and the recipients held back by their preferences.
+/// Writes the items of an apply and its stats, checking preferences as
+/// `hold` says; returns the items written and the recipients held back by
+/// their preferences.
 async fn write_items(
     tx: &mut sqlx::Transaction<'_, sqlx::MySql>,
     message_id: MessageId,
     content: &ContentRow,
-    user_ids: impl Iterator<Item = u64>,
+    user_ids: Vec<u64>,
     first_chunk: u64,
     done_chunks: u64,
+    hold: HoldCheck,
 ) -> Result<(u64, Vec<u64>)> {
-    let recipients = RecipientsJson::of(user_ids)?;
-    let delivered = insert_items(tx, message_id, content, &recipients).await?;
-    let held = if delivered < recipients.count {
-        held_back(tx, message_id, content, &recipients).await?
-    } else {
-        Vec::new()
+    let recipients = RecipientsJson::of(user_ids.iter().copied())?;
+    let count = recipients.count;
+    let (delivered, held) = match hold {
+        HoldCheck::InInsert => {
+            let delivered = insert_items(tx, message_id, content, &recipients).await?;
+            let held = if delivered < recipients.count {
+                held_back(tx, message_id, content, &recipients).await?
+            } else {
+                Vec::new()
+            };
+            (delivered, held)
+        }
+        HoldCheck::First => {
+            let held = held_back(tx, message_id, content, &recipients).await?;
+            let rest = if held.is_empty() {
+                recipients
+            } else {
+                let skip: HashSet<u64> = held.iter().copied().collect();
+                RecipientsJson::of(user_ids.into_iter().filter(|user| !skip.contains(user)))?
+            };
+            (insert_unchecked_items(tx, message_id, content, &rest).await?, held)
+        }
     };
     let applied = Applied {
         chunk_id: first_chunk,
-        recipients: recipients.count,
+        recipients: count,
         delivered,
         suppressed: held.len() as u64,
         done_chunks,

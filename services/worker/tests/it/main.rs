@@ -4,5 +4,6 @@
 
 mod broker;
 mod faults;
+mod preferences;
 mod probes;
 mod webhooks;
