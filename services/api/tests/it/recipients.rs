@@ -88,23 +88,8 @@ async fn every_filter_pages_across_shards_in_user_order_without_gaps_or_repeats(
     let app = spawn_app().await;
     // Two batches whose user ranges interleave, so each shard holds two runs
     // of chunks to merge, and a user in both (listed once).
-    let odd: Vec<u64> = (0..700).map(|i| 8_000_001 + 2 * i).collect();
-    let mut even: Vec<u64> = (0..700).map(|i| 8_000_002 + 2 * i).collect();
-    even.push(odd[10]);
-    let id = crate::helpers::create_draft(&app, "recipients").await;
-    for (batch_number, user_ids) in [(1u64, odd.clone()), (2, even.clone())] {
-        app.messages()
-            .append_recipients(v1::AppendRecipientsRequest {
-                message_id: id,
-                batch_number,
-                user_ids,
-            })
-            .await
-            .unwrap();
-    }
-    app.messages().start_message(v1::StartMessageRequest { message_id: id }).await.unwrap();
+    let (id, everyone) = interleaved_send(&app, 8_000_000, 700).await;
     wait_for_status(&app, id, v1::MessageStatus::Completed).await;
-    let everyone: BTreeSet<u64> = odd.iter().chain(&even).copied().collect();
     let shards: BTreeSet<_> = everyone.iter().map(|u| app.ctx.pools.for_user(*u).shard()).collect();
     assert!(shards.len() >= 2, "the recipients live on {} shards", shards.len());
 
@@ -176,6 +161,103 @@ async fn every_filter_pages_across_shards_in_user_order_without_gaps_or_repeats(
         let expected = if read.contains(&recipient.user_id) { S::Read } else { S::Unread };
         assert_eq!(recipient.state, expected as i32, "user {}", recipient.user_id);
         assert_eq!(recipient.read_at.is_some(), expected == S::Read, "user {}", recipient.user_id);
+    }
+    app.cleanup().await;
+}
+
+/// A send of two batches whose user ranges interleave, and a user in both,
+/// started; returns it and every recipient.
+async fn interleaved_send(app: &TestApp, first: u64, per_batch: u64) -> (u64, BTreeSet<u64>) {
+    let odd: Vec<u64> = (0..per_batch).map(|i| first + 1 + 2 * i).collect();
+    let mut even: Vec<u64> = (0..per_batch).map(|i| first + 2 + 2 * i).collect();
+    even.push(odd[10]);
+    let id = crate::helpers::create_draft(app, "recipients").await;
+    for (batch_number, user_ids) in [(1u64, odd.clone()), (2, even.clone())] {
+        let request = v1::AppendRecipientsRequest { message_id: id, batch_number, user_ids };
+        app.messages().append_recipients(request).await.unwrap();
+    }
+    app.messages().start_message(v1::StartMessageRequest { message_id: id }).await.unwrap();
+    (id, odd.iter().chain(&even).copied().collect())
+}
+
+#[tokio::test]
+async fn pages_from_a_kept_chunk_index_list_what_reading_the_index_lists() {
+    // Chunks of 100: each batch has several on every shard, more than a
+    // page reads ahead, and a page of 1,000 needs more than the chunks a
+    // kept index picks hold (the part then reads the index after all).
+    let mut settings = test_settings();
+    settings.send.chunk_size = 100;
+    let app = spawn_app_with(settings, true).await;
+    let (id, everyone) = interleaved_send(&app, 8_060_000, 2_000).await;
+    wait_for_status(&app, id, v1::MessageStatus::Completed).await;
+    let everyone: Vec<u64> = everyone.into_iter().collect();
+    assert!(app.ctx.chunk_indexes.get(id, 1).is_none());
+    // The first page of a started send keeps its index for the next.
+    assert_eq!(users_of(&list_all(&app, id, F::Delivered, 100).await), everyone);
+    eventually("the chunk index kept", Duration::from_secs(10), || async {
+        app.ctx.chunk_indexes.get(id, 1).map(|_| ())
+    })
+    .await;
+    for page_size in [7, 100, 1000] {
+        for filter in [F::Unspecified, F::Delivered, F::Unread] {
+            let listed = list_all(&app, id, filter, page_size).await;
+            assert_eq!(users_of(&listed), everyone, "{filter:?} by {page_size}");
+        }
+        assert!(list_all(&app, id, F::Read, page_size).await.is_empty());
+    }
+
+    // Every other chunk of one shard dead-lettered, its items gone (as a
+    // worker that never applied them leaves them): delivered pages skip
+    // them between the chunks the kept index picks (a part short of its
+    // share reads the index), and their states are read anew.
+    let (_, pool) = app.ctx.pools.iter().next().unwrap();
+    let rows: Vec<(u64, Vec<u8>)> = sqlx::query_as(
+        "SELECT chunk_id, user_ids FROM message_chunks WHERE message_id = ? ORDER BY chunk_id",
+    )
+    .bind(id)
+    .fetch_all(pool)
+    .await
+    .unwrap();
+    assert!(rows.len() >= 8, "{} chunks on the shard", rows.len());
+    let (mut failed, mut kept) = (BTreeSet::new(), BTreeSet::new());
+    for (nth, (chunk_id, packed)) in rows.iter().enumerate() {
+        let users = chunks::decode_user_ids(packed).unwrap();
+        if nth % 2 == 1 {
+            kept.extend(users);
+            continue;
+        }
+        sqlx::query("UPDATE message_chunks SET state = 2 WHERE message_id = ? AND chunk_id = ?")
+            .bind(id)
+            .bind(chunk_id)
+            .execute(pool)
+            .await
+            .unwrap();
+        failed.extend(users);
+    }
+    // The user in both batches, if in a dead-lettered chunk of one and a
+    // delivered chunk of the other, is delivered and keeps the item.
+    let failed: Vec<u64> = failed.difference(&kept).copied().collect();
+    for user in &failed {
+        sqlx::query("DELETE FROM message_items WHERE user_id = ? AND message_id = ?")
+            .bind(user)
+            .bind(id)
+            .execute(pool)
+            .await
+            .unwrap();
+    }
+    let delivered: Vec<u64> = everyone.iter().copied().filter(|u| !failed.contains(u)).collect();
+    for page_size in [7, 100, 1000] {
+        assert_eq!(users_of(&list_all(&app, id, F::Failed, page_size).await), failed);
+        for filter in [F::Delivered, F::Unread] {
+            let listed = list_all(&app, id, filter, page_size).await;
+            assert_eq!(users_of(&listed), delivered, "{filter:?} by {page_size}");
+        }
+        let all = list_all(&app, id, F::Unspecified, page_size).await;
+        assert_eq!(users_of(&all), everyone, "all by {page_size}");
+        for recipient in &all {
+            let expected = if failed.contains(&recipient.user_id) { S::Failed } else { S::Unread };
+            assert_eq!(recipient.state, expected as i32, "user {}", recipient.user_id);
+        }
     }
     app.cleanup().await;
 }

@@ -18,7 +18,10 @@ mod token;
 
 pub use status::status;
 
+use std::borrow::Cow;
+
 use chrono::NaiveDateTime;
+use shard_router::ShardId;
 use tracing::instrument;
 
 use crate::context::Context;
@@ -26,7 +29,7 @@ use crate::send;
 use notify_domain::domain::{AudienceKind, MessageId, SendStatus};
 use notify_domain::error::{Error, Result};
 use notify_store::db::chunks::state as chunk;
-use notify_store::db::recipients::ItemRow;
+use notify_store::db::recipients::{ChunkEnd, ItemRow};
 
 /// Largest page of [`list`], and most users in one [`status`] call.
 pub const MAX_PAGE_SIZE: u32 = 1000;
@@ -237,13 +240,25 @@ pub async fn list(
     // not recalled (the usual case): they are read again when it is, and
     // dropped unread when the send is not the caller's or the filter is
     // answered otherwise (an announcement's).
-    let (row, guess) = futures::future::try_join(
-        send::fetch_visible(ctx, message_id, owner),
-        shard_parts(ctx, &routes, &Sent { message_id, recalled: false }, filter, after, page_size),
-    )
-    .await?;
-    let send = Sent { message_id, recalled: row.status()? == SendStatus::Recalled };
+    let guessed = async {
+        let index = PageIndex::kept(ctx, message_id, after).await?;
+        let unrecalled = Sent { message_id, recalled: false };
+        let parts =
+            shard_parts(ctx, &routes, &unrecalled, filter, after, page_size, index.as_ref())
+                .await?;
+        Ok::<_, Error>((parts, index))
+    };
+    let (row, (guess, index)) =
+        futures::future::try_join(send::fetch_visible(ctx, message_id, owner), guessed).await?;
+    let status = row.status()?;
+    let send = Sent { message_id, recalled: status == SendStatus::Recalled };
     let announcement = row.audience == AudienceKind::AllUsers as u8;
+    if index.is_none() && !announcement && status != SendStatus::NotStarted {
+        // Kept for the next pages (and status calls), read beside this
+        // call's answer.
+        let ctx = ctx.clone();
+        tokio::spawn(async move { status::keep_index(&ctx, message_id, 0).await });
+    }
     let parts = if announcement && filter != Filter::Read {
         let per_shard = per_shard(page_size, ctx.pools.iter().count());
         let pages = ctx.pools.iter().map(|(shard, pool)| {
@@ -251,7 +266,7 @@ pub async fn list(
         });
         Parts::Readers(futures::future::try_join_all(pages).await?)
     } else if send.recalled {
-        shard_parts(ctx, &routes, &send, filter, after, page_size).await?
+        shard_parts(ctx, &routes, &send, filter, after, page_size, index.as_ref()).await?
     } else {
         guess
     };
@@ -290,8 +305,61 @@ enum Parts {
     Chunks(Vec<page::ShardCandidates>),
 }
 
+/// The send's chunk index as a page reads it: the one kept from an earlier
+/// call ([`crate::context::ChunkIndexes`], final once the send started),
+/// with the chunks split off others since (read now, only once a bucket
+/// moved: nothing else adds chunks to a started send).
+struct PageIndex {
+    kept: std::sync::Arc<crate::context::ChunkIndex>,
+    splits: Vec<(ShardId, Vec<ChunkEnd>)>,
+}
+
+impl PageIndex {
+    /// The index kept for pages after user `after`, if one is.
+    async fn kept(ctx: &Context, message_id: MessageId, after: u64) -> Result<Option<Self>> {
+        let Some(low) = after.checked_add(1) else {
+            return Ok(None);
+        };
+        let Some(kept) = ctx.chunk_indexes.get(message_id.get(), low) else {
+            return Ok(None);
+        };
+        let moves = {
+            let routes = ctx.pools.snapshot();
+            !routes.moved().union(routes.frozen()).is_empty()
+        };
+        let splits =
+            if moves { status::read_splits(ctx, message_id, low).await? } else { Vec::new() };
+        Ok(Some(Self { kept, splits }))
+    }
+
+    /// A shard's entries (a chunk split before the index was kept is in
+    /// both, once here).
+    fn ends_of(&self, shard: ShardId) -> Cow<'_, [ChunkEnd]> {
+        let kept = self
+            .kept
+            .shards
+            .iter()
+            .find(|(s, _)| *s == shard)
+            .map_or(&[][..], |(_, ends)| ends.as_slice());
+        let mut splits = self
+            .splits
+            .iter()
+            .filter(|(s, _)| *s == shard)
+            .flat_map(|(_, ends)| ends.iter().copied())
+            .peekable();
+        if splits.peek().is_none() {
+            return Cow::Borrowed(kept);
+        }
+        let mut ends: Vec<ChunkEnd> = kept.iter().copied().chain(splits).collect();
+        ends.sort_unstable_by_key(|end| end.chunk_id);
+        ends.dedup_by_key(|end| end.chunk_id);
+        Cow::Owned(ends)
+    }
+}
+
 /// Every shard's part of a page of a send (not an announcement, but for the
-/// readers, who are recorded alike for both).
+/// readers, who are recorded alike for both), from the chunk index `index`
+/// where one is kept.
 async fn shard_parts(
     ctx: &Context,
     routes: &shard_router::Snapshot<'_, sqlx::MySqlPool>,
@@ -299,6 +367,7 @@ async fn shard_parts(
     filter: Filter,
     after: u64,
     page_size: u32,
+    index: Option<&PageIndex>,
 ) -> Result<Parts> {
     if filter == Filter::Read {
         let per_shard = per_shard(page_size, ctx.pools.iter().count());
@@ -307,8 +376,14 @@ async fn shard_parts(
         });
         return Ok(Parts::Readers(futures::future::try_join_all(pages).await?));
     }
+    let needed = per_shard(page_size, ctx.pools.iter().count()) as usize;
     let parts = ctx.pools.iter().map(|(shard, pool)| {
-        page::from_chunks(pool, ctx.direct.as_deref(), shard, send, filter, after, page_size)
+        let ends = index.map(|index| index.ends_of(shard));
+        async move {
+            let kept = ends.as_deref().map(|ends| page::KeptEnds { ends, needed });
+            let at = page::ShardAt { id: shard, pool, direct: ctx.direct.as_deref() };
+            page::from_chunks(at, send, filter, after, page_size, kept).await
+        }
     });
     Ok(Parts::Chunks(futures::future::try_join_all(parts).await?))
 }

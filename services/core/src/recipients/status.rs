@@ -122,7 +122,7 @@ async fn read_index(ctx: &Context, message_id: MessageId, low: u64) -> Result<Ch
 /// chunks whose users it moved (the split parts are new chunks, on the
 /// shard that owns those users now; the chunks they came from only
 /// narrow, which the membership test reads from the chunk itself).
-async fn read_splits(
+pub(super) async fn read_splits(
     ctx: &Context,
     message_id: MessageId,
     low: u64,
@@ -161,7 +161,7 @@ async fn read_ends(
 /// have come before the start, so it is not the one kept. Best effort: a
 /// failed read keeps nothing, and a send whose index is too large is not
 /// read again for it.
-async fn keep_index(ctx: &Context, message_id: MessageId, low: u64) {
+pub(super) async fn keep_index(ctx: &Context, message_id: MessageId, low: u64) {
     if ctx.chunk_indexes.too_large(message_id.get()) {
         return;
     }

@@ -111,11 +111,26 @@ pub async fn chunks_after(
     }
     let ends = chunk_ends_from(&mut *conn, message_id, states, low).await?;
     let (wanted, complete_to) = page_heads(ends, per_run as usize);
-    if wanted.is_empty() {
-        return Ok((Vec::new(), complete_to));
+    let chunks = chunks_in(conn, message_id, states, &wanted, complete_to).await?;
+    Ok((chunks, complete_to))
+}
+
+/// The chunks `wanted` of a send, with their users, those in `states` that
+/// start at or before `complete_to`: by primary key ([`page_heads`] picks
+/// them from the chunk index, read now or kept).
+#[instrument(level = "debug", skip_all, fields(db.system = "mysql", chunks = wanted.len()))]
+pub async fn chunks_in(
+    conn: &mut MySqlConnection,
+    message_id: MessageId,
+    states: &[u8],
+    wanted: &[u64],
+    complete_to: u64,
+) -> Result<Vec<ChunkUsers>> {
+    if wanted.is_empty() || states.is_empty() {
+        return Ok(Vec::new());
     }
     let mut sql = QueryBuilder::new(format!("SELECT {CHUNK_COLUMNS} FROM JSON_TABLE("));
-    sql.push_bind(json_ids(&wanted))
+    sql.push_bind(json_ids(wanted))
         .push(
             ", '$[*]' COLUMNS (chunk_id BIGINT UNSIGNED PATH '$')) AS j \
              JOIN message_chunks c FORCE INDEX (PRIMARY) ON c.message_id = ",
@@ -130,8 +145,7 @@ pub async fn chunks_after(
     }
     sql.push(")");
     let rows: Vec<ChunkRow> = sql.build_query_as().fetch_all(conn).await?;
-    let chunks = rows.into_iter().map(ChunkRow::decode).collect::<Result<Vec<_>>>()?;
-    Ok((chunks, complete_to))
+    rows.into_iter().map(ChunkRow::decode).collect()
 }
 
 /// Which of a send's chunks past the cursor (`ends`: their index entries,
