@@ -9,8 +9,10 @@
 //! recorded, from a primary-key item lookup. So a page costs O(page) per
 //! shard whatever the filter and however few match (a sparse filter returns
 //! a shorter page with a token, never a longer scan), beside the index-only
-//! read of the chunk entries past the cursor (one per 500 recipients). The
-//! api and the console call it.
+//! read of the chunk entries past the cursor (one per 500 recipients), which
+//! a page of a dense filter skips once the send's chunk index is kept in
+//! memory ([`crate::context::ChunkIndexes`]: the first page of a started
+//! send keeps it). The api and the console call it.
 
 mod page;
 mod status;

@@ -692,7 +692,9 @@ pub enum HoldCheck {
 
 /// Inserts one item per recipient (none twice) whose preferences let the
 /// send through (`user_preferences`, checked in the same statement: one
-/// primary-key lookup per recipient); returns how many were new.
+/// primary-key lookup per recipient), or every recipient when `checked`
+/// says their preferences were checked before ([`HoldCheck::First`]);
+/// returns how many were new.
 ///
 /// The recipients go as one JSON array that the server expands, so every
 /// chunk and group has the same statement text. A multi-row `VALUES` list
@@ -705,46 +707,31 @@ async fn insert_items(
     message_id: MessageId,
     content: &ContentRow,
     recipients: &RecipientsJson,
+    checked: bool,
 ) -> Result<u64> {
-    let sql = format!(
-        "INSERT IGNORE INTO message_items (user_id, message_id, category, expire_at) \
-         SELECT j.user_id, ?, ?, ? FROM {RECIPIENT_ROWS} \
-         LEFT JOIN user_preferences p ON p.user_id = j.user_id \
-         WHERE p.user_id IS NULL OR NOT {HELD_BACK}"
-    );
-    Ok(sqlx::query(sqlx::AssertSqlSafe(sql))
-        .bind(message_id.get())
-        .bind(&content.category)
-        .bind(content.expire_at)
-        .bind(&recipients.json)
-        .bind(message_id.get())
-        .bind(content.mutable())
-        .bind(&content.category)
-        .execute(&mut **tx)
-        .await?
-        .rows_affected())
-}
-
-/// Inserts one item per recipient (none twice), whose preferences were
-/// checked before ([`HoldCheck::First`]); returns how many were new.
-async fn insert_unchecked_items(
-    tx: &mut sqlx::Transaction<'_, sqlx::MySql>,
-    message_id: MessageId,
-    content: &ContentRow,
-    recipients: &RecipientsJson,
-) -> Result<u64> {
-    let sql = format!(
+    let insert = format!(
         "INSERT IGNORE INTO message_items (user_id, message_id, category, expire_at) \
          SELECT j.user_id, ?, ?, ? FROM {RECIPIENT_ROWS}"
     );
-    Ok(sqlx::query(sqlx::AssertSqlSafe(sql))
+    let sql = if checked {
+        insert
+    } else {
+        format!(
+            "{insert} LEFT JOIN user_preferences p ON p.user_id = j.user_id \
+             WHERE p.user_id IS NULL OR NOT {HELD_BACK}"
+        )
+    };
+    let query = sqlx::query(sqlx::AssertSqlSafe(sql))
         .bind(message_id.get())
         .bind(&content.category)
         .bind(content.expire_at)
-        .bind(&recipients.json)
-        .execute(&mut **tx)
-        .await?
-        .rows_affected())
+        .bind(&recipients.json);
+    let query = if checked {
+        query
+    } else {
+        query.bind(message_id.get()).bind(content.mutable()).bind(&content.category)
+    };
+    Ok(query.execute(&mut **tx).await?.rows_affected())
 }
 
 /// Recipients without the item whom their preferences hold back: a
@@ -830,7 +817,7 @@ async fn write_items(
     let count = recipients.count;
     let (delivered, held) = match hold {
         HoldCheck::InInsert => {
-            let delivered = insert_items(tx, message_id, content, &recipients).await?;
+            let delivered = insert_items(tx, message_id, content, &recipients, false).await?;
             let held = if delivered < recipients.count {
                 held_back(tx, message_id, content, &recipients).await?
             } else {
@@ -846,7 +833,7 @@ async fn write_items(
                 let skip: HashSet<u64> = held.iter().copied().collect();
                 RecipientsJson::of(user_ids.into_iter().filter(|user| !skip.contains(user)))?
             };
-            (insert_unchecked_items(tx, message_id, content, &rest).await?, held)
+            (insert_items(tx, message_id, content, &rest, true).await?, held)
         }
     };
     let applied = Applied {
