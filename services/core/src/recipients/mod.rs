@@ -243,7 +243,7 @@ pub async fn list(
     // dropped unread when the send is not the caller's or the filter is
     // answered otherwise (an announcement's).
     let guessed = async {
-        let index = PageIndex::kept(ctx, message_id, after).await?;
+        let index = PageIndex::kept(ctx, message_id, filter, after).await?;
         let unrecalled = Sent { message_id, recalled: false };
         let parts =
             shard_parts(ctx, &routes, &unrecalled, filter, after, page_size, index.as_ref())
@@ -255,7 +255,8 @@ pub async fn list(
     let status = row.status()?;
     let send = Sent { message_id, recalled: status == SendStatus::Recalled };
     let announcement = row.audience == AudienceKind::AllUsers as u8;
-    if index.is_none() && !announcement && status != SendStatus::NotStarted {
+    let reads_chunks = filter != Filter::Read && !announcement;
+    if reads_chunks && index.is_none() && status != SendStatus::NotStarted {
         // Kept for the next pages (and status calls), read beside this
         // call's answer.
         let ctx = ctx.clone();
@@ -317,9 +318,16 @@ struct PageIndex {
 }
 
 impl PageIndex {
-    /// The index kept for pages after user `after`, if one is.
-    async fn kept(ctx: &Context, message_id: MessageId, after: u64) -> Result<Option<Self>> {
-        let Some(low) = after.checked_add(1) else {
+    /// The index kept for pages of `filter` after user `after`, if one is
+    /// and the filter's pages read chunks (readers come from their own
+    /// table).
+    async fn kept(
+        ctx: &Context,
+        message_id: MessageId,
+        filter: Filter,
+        after: u64,
+    ) -> Result<Option<Self>> {
+        let Some(low) = after.checked_add(1).filter(|_| filter != Filter::Read) else {
             return Ok(None);
         };
         let Some(kept) = ctx.chunk_indexes.get(message_id.get(), low) else {

@@ -173,9 +173,9 @@ pub async fn connect(settings: &Settings) -> Result<ShardPools> {
     Shards::with_members(pools, map, 0).map_err(|e| Error::Internal(e.to_string()))
 }
 
-/// Direct connections per shard for inbox pages and item updates
-/// (`database.read_connections`; none when 0: those calls then take the
-/// pool's connections).
+/// Direct connections per shard for inbox pages, item updates and
+/// recipients' reads (`database.read_connections`; none when 0: those calls
+/// then take the pool's connections).
 pub fn connect_direct(settings: &Settings) -> Result<Option<direct::ShardConnections>> {
     let max = settings.database.read_connections;
     if max == 0 {
