@@ -1027,12 +1027,14 @@ async fn read_counts(ctx: &notify_core::Context, limit: Duration) -> anyhow::Res
         let stray: i64 = sqlx::query_scalar(
             "SELECT COUNT(*) FROM message_reads r LEFT JOIN message_items i \
              ON i.user_id = r.user_id AND i.message_id = r.message_id AND i.is_read = 1 \
-             WHERE i.user_id IS NULL",
+             WHERE i.user_id IS NULL OR r.delivered_at <> i.created_at",
         )
         .fetch_one(pool)
         .await?;
         if stray > 0 {
-            bail!("{stray} readers recorded for items that are not read");
+            bail!(
+                "{stray} readers recorded for items that are not read, or delivered at another time"
+            );
         }
     }
     for (id, (read, count, readers)) in &sends {

@@ -162,6 +162,39 @@ async fn every_filter_pages_across_shards_in_user_order_without_gaps_or_repeats(
         assert_eq!(recipient.state, expected as i32, "user {}", recipient.user_id);
         assert_eq!(recipient.read_at.is_some(), expected == S::Read, "user {}", recipient.user_id);
     }
+    // One delivery and one read time per user in every view: a page reads
+    // them from the chunk's apply and the recorded read, GetRecipientStatus
+    // from the item (which the apply wrote with its chunk's time), and the
+    // read filter from the recorded reads alone (each holds its item's
+    // delivery and read time, whichever path read it); a read recorded
+    // without the delivery (by an older build) looks its item up.
+    let mut shown: BTreeMap<u64, v1::Recipient> = BTreeMap::new();
+    let users: Vec<u64> = everyone.iter().copied().collect();
+    for part in users.chunks(1000) {
+        shown.extend(status(&app, id, part.to_vec()).await.into_iter().map(|r| (r.user_id, r)));
+    }
+    for recipient in &all {
+        assert_eq!(Some(recipient), shown.get(&recipient.user_id), "user {}", recipient.user_id);
+    }
+    let as_shown = |listed: &[v1::Recipient]| {
+        for reader in listed {
+            assert!(reader.delivered_at.is_some(), "user {}", reader.user_id);
+            assert_eq!(Some(reader), shown.get(&reader.user_id), "user {}", reader.user_id);
+        }
+    };
+    as_shown(&list_all(&app, id, F::Read, 0).await);
+    for (_, pool) in app.ctx.pools.iter() {
+        sqlx::query(
+            "UPDATE message_reads SET delivered_at = NULL WHERE message_id = ? AND user_id % 2 = 0",
+        )
+        .bind(id)
+        .execute(pool)
+        .await
+        .unwrap();
+    }
+    let listed_read = list_all(&app, id, F::Read, 0).await;
+    assert_eq!(users_of(&listed_read), read.iter().copied().collect::<Vec<_>>());
+    as_shown(&listed_read);
     app.cleanup().await;
 }
 
@@ -410,6 +443,21 @@ async fn recipient_status_answers_each_distinct_user_in_request_order() {
     });
     assert_eq!(by_state[&(S::NotARecipient as i32)], 900);
     assert_eq!(by_state[&(S::Unread as i32)], 99);
+    // Once retention deleted the send's chunks (`chunks_days`, before its
+    // items), the items still say who got it and who read it.
+    let before = status(&app, id, users.clone()).await;
+    for (_, pool) in app.ctx.pools.iter() {
+        sqlx::query("DELETE FROM message_chunks WHERE message_id = ? AND state IN (1, 3)")
+            .bind(id)
+            .execute(pool)
+            .await
+            .unwrap();
+    }
+    assert_eq!(status(&app, id, users.clone()).await, before);
+    assert_eq!(
+        states(&status(&app, id, vec![77, users[7]]).await),
+        [(77, S::NotARecipient as i32), (users[7], S::Read as i32)]
+    );
     app.cleanup().await;
 }
 

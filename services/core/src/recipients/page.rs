@@ -399,11 +399,11 @@ pub(super) async fn readers(
     let complete_to = full_page_end(rows.len(), page_size, rows.last().map(|r| r.user_id));
     let entries = rows
         .into_iter()
-        .filter(|row| row.is_read && routes.of(Key::User(row.user_id)).0 == shard)
+        .filter(|row| routes.of(Key::User(row.user_id)).0 == shard)
         .map(|row| Recipient {
             user_id: row.user_id,
             state: RecipientState::Read,
-            delivered_at: row.created_at,
+            delivered_at: row.delivered_at,
             read_at: Some(row.read_at),
         })
         .collect();

@@ -238,7 +238,7 @@ pub async fn shrink(
     let mut tx = pool.begin().await?;
     let chunk = lock_chunk(&mut tx, message_id, chunk_id).await?;
     let unchanged = match chunk {
-        Some((chunk_state, packed)) => {
+        Some((chunk_state, packed, _)) => {
             chunk_state == state::PENDING && decode_user_ids(&packed)? == expected
         }
         None => false,
@@ -381,7 +381,7 @@ pub async fn apply(
 
     let mut tx = pool.begin().await?;
     let chunk = lock_chunk(&mut tx, message_id, chunk_id).await?;
-    let Some((chunk_state, packed)) = chunk else {
+    let Some((chunk_state, packed, at)) = chunk else {
         return Ok(ApplyOutcome::Missing);
     };
     let user_ids = decode_user_ids(&packed)?;
@@ -396,13 +396,15 @@ pub async fn apply(
         return Ok(ApplyOutcome::Misplaced { user_ids });
     }
 
+    let written = Written { content: &content, at, first_chunk: chunk_id, done_chunks: 1 };
     let (delivered, held_back) =
-        write_items(&mut tx, message_id, &content, user_ids.clone(), chunk_id, 1, hold).await?;
+        write_items(&mut tx, message_id, &written, user_ids.clone(), hold).await?;
 
     sqlx::query(
         "UPDATE message_chunks SET state = 4, updated_at = UTC_TIMESTAMP(3), \
-         applied_at = UTC_TIMESTAMP(3), held_back = ? WHERE message_id = ? AND chunk_id = ?",
+         applied_at = ?, held_back = ? WHERE message_id = ? AND chunk_id = ?",
     )
+    .bind(at)
     .bind(packed_held_back(&held_back))
     .bind(message_id.get())
     .bind(chunk_id)
@@ -414,13 +416,17 @@ pub async fn apply(
 
 /// Locks a chunk's row for the transaction; returns its state and packed
 /// recipients.
+/// Locks a chunk: its state and recipients, and the time of the apply
+/// (its items' `created_at` and the chunk's `applied_at`, one value, so
+/// every view of a delivery shows the same time).
 async fn lock_chunk(
     tx: &mut sqlx::Transaction<'_, sqlx::MySql>,
     message_id: MessageId,
     chunk_id: u64,
-) -> Result<Option<(u8, Vec<u8>)>> {
+) -> Result<Option<(u8, Vec<u8>, NaiveDateTime)>> {
     Ok(sqlx::query_as(
-        "SELECT state, user_ids FROM message_chunks WHERE message_id = ? AND chunk_id = ? FOR UPDATE",
+        "SELECT state, user_ids, UTC_TIMESTAMP(3) FROM message_chunks \
+         WHERE message_id = ? AND chunk_id = ? FOR UPDATE",
     )
     .bind(message_id.get())
     .bind(chunk_id)
@@ -479,7 +485,7 @@ pub async fn apply_many(
     let summary = content.summary();
     let mut tx = pool.begin().await?;
     let mut select = QueryBuilder::new(
-        "SELECT chunk_id, state, user_ids FROM message_chunks WHERE message_id = ",
+        "SELECT chunk_id, state, user_ids, UTC_TIMESTAMP(3) FROM message_chunks WHERE message_id = ",
     );
     select.push_bind(message_id.get()).push(" AND chunk_id IN (");
     let mut ids = select.separated(", ");
@@ -487,13 +493,16 @@ pub async fn apply_many(
         ids.push_bind(*chunk_id);
     }
     select.push(") ORDER BY chunk_id FOR UPDATE");
-    let rows: Vec<(u64, u8, Vec<u8>)> = select.build_query_as().fetch_all(&mut *tx).await?;
+    let rows: Vec<(u64, u8, Vec<u8>, NaiveDateTime)> =
+        select.build_query_as().fetch_all(&mut *tx).await?;
     if rows.len() != chunk_ids.len() {
         tx.rollback().await?;
         return Ok(None);
     }
+    // One statement's time: the apply's (as in `lock_chunk`).
+    let at = rows.first().map(|row| row.3);
     let mut chunks = Vec::with_capacity(rows.len());
-    for (chunk_id, chunk_state, packed) in rows {
+    for (chunk_id, chunk_state, packed, _) in rows {
         let pending = chunk_state == state::PENDING;
         chunks.push(GroupChunk {
             chunk_id,
@@ -513,13 +522,18 @@ pub async fn apply_many(
         return Ok(Some(GroupApplied { chunks, delivered: 0, held_back: Vec::new(), summary }));
     }
     let all = pending.iter().flat_map(|c| c.user_ids.iter().copied()).collect();
-    let (first, applied) = (pending[0].chunk_id, pending.len() as u64);
-    let (delivered, held_back) =
-        write_items(&mut tx, message_id, &content, all, first, applied, hold).await?;
+    let at = at.ok_or_else(|| Error::Internal("a group of chunks without rows".into()))?;
+    let written = Written {
+        content: &content,
+        at,
+        first_chunk: pending[0].chunk_id,
+        done_chunks: pending.len() as u64,
+    };
+    let (delivered, held_back) = write_items(&mut tx, message_id, &written, all, hold).await?;
     let mut update = QueryBuilder::new(
-        "UPDATE message_chunks SET state = 4, updated_at = UTC_TIMESTAMP(3), \
-         applied_at = UTC_TIMESTAMP(3)",
+        "UPDATE message_chunks SET state = 4, updated_at = UTC_TIMESTAMP(3), applied_at = ",
     );
+    update.push_bind(at);
     let held_by_chunk = held_by_chunk(&pending, &held_back);
     if !held_by_chunk.is_empty() {
         // Only a send some recipients mute has any: one CASE arm per chunk
@@ -706,12 +720,13 @@ async fn insert_items(
     tx: &mut sqlx::Transaction<'_, sqlx::MySql>,
     message_id: MessageId,
     content: &ContentRow,
+    at: NaiveDateTime,
     recipients: &RecipientsJson,
     checked: bool,
 ) -> Result<u64> {
     let insert = format!(
-        "INSERT IGNORE INTO message_items (user_id, message_id, category, expire_at) \
-         SELECT j.user_id, ?, ?, ? FROM {RECIPIENT_ROWS}"
+        "INSERT IGNORE INTO message_items (user_id, message_id, category, expire_at, created_at) \
+         SELECT j.user_id, ?, ?, ?, ? FROM {RECIPIENT_ROWS}"
     );
     let sql = if checked {
         insert
@@ -725,6 +740,7 @@ async fn insert_items(
         .bind(message_id.get())
         .bind(&content.category)
         .bind(content.expire_at)
+        .bind(at)
         .bind(&recipients.json);
     let query = if checked {
         query
@@ -801,23 +817,34 @@ async fn bump_delivered(
     Ok(())
 }
 
+/// What an apply writes besides its recipients.
+struct Written<'a> {
+    /// The send's content copy.
+    content: &'a ContentRow,
+    /// The apply's time: its items' `created_at` (the chunks' `applied_at`).
+    at: NaiveDateTime,
+    /// The first chunk applied (its stats slot).
+    first_chunk: u64,
+    /// Chunks applied.
+    done_chunks: u64,
+}
+
 /// Writes the items of an apply and its stats, checking preferences as
 /// `hold` says; returns the items written and the recipients held back by
 /// their preferences.
 async fn write_items(
     tx: &mut sqlx::Transaction<'_, sqlx::MySql>,
     message_id: MessageId,
-    content: &ContentRow,
+    written: &Written<'_>,
     user_ids: Vec<u64>,
-    first_chunk: u64,
-    done_chunks: u64,
     hold: HoldCheck,
 ) -> Result<(u64, Vec<u64>)> {
+    let Written { content, at, first_chunk, done_chunks } = *written;
     let recipients = RecipientsJson::of(user_ids.iter().copied())?;
     let count = recipients.count;
     let (delivered, held) = match hold {
         HoldCheck::InInsert => {
-            let delivered = insert_items(tx, message_id, content, &recipients, false).await?;
+            let delivered = insert_items(tx, message_id, content, at, &recipients, false).await?;
             let held = if delivered < recipients.count {
                 held_back(tx, message_id, content, &recipients).await?
             } else {
@@ -833,7 +860,7 @@ async fn write_items(
                 let skip: HashSet<u64> = held.iter().copied().collect();
                 RecipientsJson::of(user_ids.into_iter().filter(|user| !skip.contains(user)))?
             };
-            (insert_items(tx, message_id, content, &rest, true).await?, held)
+            (insert_items(tx, message_id, content, at, &rest, true).await?, held)
         }
     };
     let applied = Applied {

@@ -176,11 +176,12 @@ enum Step {
 /// user's reads waiting to be counted; a filter's items are what a list
 /// with it shows (of sends not withdrawn, as the badge counts them).
 /// Then, over the items the action changes: for ids, their ids, the read
-/// counts and readers by message, and (a read, with `feed`: some endpoint
-/// wants `item.read`) the reads for the feed ([`read_feed`]); for a
-/// filter, the backlog row (which also locks its items, so the update
-/// changes the same ones, and whose count feeds `item.read`); then the
-/// update, and the badge's reads.
+/// counts by message, an unread's recorded reads deleted, and (a read, with
+/// `feed`: some endpoint wants `item.read`) the reads for the feed
+/// ([`read_feed`]); for a filter, the backlog row (which also locks its
+/// items, so the update changes the same ones, and whose count feeds
+/// `item.read`); then the update, a read's recorded reads (from the items
+/// now read, with their read time and delivery), and the badge's reads.
 ///
 /// The script goes on one of the shard's `direct` connections when the
 /// api has them (given back without sqlx's ping, [`super::direct`]), else
@@ -251,7 +252,9 @@ fn script(
     }
     steps.push((Step::Begin, "START TRANSACTION".to_owned()));
     let items = "message_items i";
-    let selected = match target {
+    // What the update changes, and for a list of ids the items it names
+    // (changed or not).
+    let (selected, named) = match target {
         Target::Ids(ids) => {
             let named = format!(
                 "WHERE i.user_id = {user_id} AND {} AND i.message_id IN ({})",
@@ -267,7 +270,7 @@ fn script(
                 let waiting = read_backlog::LOCK_WAITING.replacen('?', &user_id.to_string(), 1);
                 steps.push((Step::Waiting, waiting));
             }
-            format!("{named}{}", action.changes())
+            (format!("{named}{}", action.changes()), Some(named))
         }
         // Items alone, their withdrawn sends tested by NOT IN: with a join
         // to the content copies MariaDB runs a multi-table UPDATE, which
@@ -276,10 +279,13 @@ fn script(
         // did, while `idx_items_unread` held `is_read`), then reads each
         // back; 10,000 items: the script took 185 ms against 137 ms
         // without the join.
-        Target::All(filter) => format!(
-            "WHERE i.user_id = {user_id}{}{}{NOT_REVOKED}",
-            filter.item_conditions()?,
-            action.changes()
+        Target::All(filter) => (
+            format!(
+                "WHERE i.user_id = {user_id}{}{}{NOT_REVOKED}",
+                filter.item_conditions()?,
+                action.changes()
+            ),
+            None,
         ),
     };
     if matches!(target, Target::Ids(_)) {
@@ -303,24 +309,36 @@ fn script(
                  ON DUPLICATE KEY UPDATE read_count = read_count + VALUES(read_count)"
             ),
         ));
-        let reads = if action == Action::MarkRead {
-            format!(
-                "INSERT INTO message_reads (message_id, user_id, read_at) \
-                 SELECT i.message_id, i.user_id, UTC_TIMESTAMP(3) FROM {items} {selected} \
-                 ON DUPLICATE KEY UPDATE read_at = VALUES(read_at)"
-            )
-        } else {
-            format!(
-                "DELETE r FROM {items} JOIN message_reads r \
-                 ON r.message_id = i.message_id AND r.user_id = i.user_id {selected}"
-            )
-        };
-        steps.push((Step::Reads, reads));
+        if action == Action::MarkUnread {
+            steps.push((
+                Step::Reads,
+                format!(
+                    "DELETE r FROM {items} JOIN message_reads r \
+                     ON r.message_id = i.message_id AND r.user_id = i.user_id {selected}"
+                ),
+            ));
+        }
         if feed && action == Action::MarkRead {
             steps.push((Step::Feed, read_feed::record(items, &selected)));
         }
     }
     steps.push((Step::Update, format!("UPDATE {items} SET {} {selected}", action.assignments())));
+    if let (Action::MarkRead, Some(named)) = (action, &named) {
+        // After the update, from the items, so that the record holds the
+        // item's own read time and delivery (a page of readers reads this
+        // table alone): every named item now read, those read before
+        // included (their rows hold the same).
+        steps.push((
+            Step::Reads,
+            format!(
+                "INSERT INTO message_reads (message_id, user_id, read_at, delivered_at) \
+                 SELECT i.message_id, i.user_id, {}, i.created_at FROM {items} {named} \
+                 AND i.is_read = 1 ON DUPLICATE KEY UPDATE read_at = VALUES(read_at), \
+                 delivered_at = VALUES(delivered_at)",
+                read_time!("i"),
+            ),
+        ));
+    }
     let user = user_id.to_string();
     steps.push((Step::Count, COUNT_UNREAD.replacen('?', &user, 1)));
     if !announcement_ids.is_empty() {
@@ -437,6 +455,13 @@ mod tests {
             steps,
             [&expected[..], &[Step::Reads, Step::Update, Step::Count, Step::Commit]].concat()
         );
+        // A read records its readers after the update, from the items.
+        let (steps, sql) = script(42, Action::MarkRead, Target::Ids(&[5]), &[], false).unwrap();
+        assert_eq!(
+            steps,
+            [&expected[..], &[Step::Update, Step::Reads, Step::Count, Step::Commit]].concat()
+        );
+        assert!(sql.contains("i.created_at FROM message_items i WHERE i.user_id = 42"), "{sql}");
         let (steps, _) = script(42, Action::MarkSeen, Target::All(filter), &[], false).unwrap();
         assert_eq!(steps, [Step::Begin, Step::Update, Step::Count, Step::Commit]);
     }

@@ -116,15 +116,22 @@ pub async fn apply(pool: &MySqlPool, user_id: u64, feed: bool) -> Result<u64> {
             if feed { &["message_reads", "read_feed"] } else { &["message_reads"] };
         for table in tables {
             let read_at = read_time!("i");
+            // Who read it keeps when the item was delivered too (a page of
+            // readers reads that table alone); the feed does not need it.
+            let (delivered, delivered_at, updated) = if *table == "message_reads" {
+                (", delivered_at", ", i.created_at", ", delivered_at = VALUES(delivered_at)")
+            } else {
+                ("", "", "")
+            };
             let mut readers = QueryBuilder::new(format!(
-                "INSERT INTO {table} (message_id, user_id, read_at) \
-                 SELECT DISTINCT i.message_id, i.user_id, {read_at} FROM read_backlog b STRAIGHT_JOIN {IDS} \
+                "INSERT INTO {table} (message_id, user_id, read_at{delivered}) \
+                 SELECT DISTINCT i.message_id, i.user_id, {read_at}{delivered_at} FROM read_backlog b STRAIGHT_JOIN {IDS} \
                  STRAIGHT_JOIN message_items i ON i.user_id = b.user_id AND i.message_id = j.message_id \
                  STRAIGHT_JOIN message_contents c ON c.message_id = i.message_id \
                  WHERE b.delta > 0 AND i.is_read = 1 AND c.revoked = 0 AND"
             ));
             chosen(&mut readers);
-            readers.push(" ON DUPLICATE KEY UPDATE read_at = VALUES(read_at)");
+            readers.push(format!(" ON DUPLICATE KEY UPDATE read_at = VALUES(read_at){updated}"));
             readers.build().execute(&mut *tx).await?;
         }
     }

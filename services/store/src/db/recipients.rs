@@ -280,6 +280,9 @@ pub struct Held {
     /// at all, or no apply recorded it), aligned likewise when the chunk's
     /// apply held the user back.
     pub held_position: u64,
+    /// When the chunk's apply recorded itself (its items' `created_at`);
+    /// `None` when it is not applied, or was by a build before the record.
+    pub applied_at: Option<NaiveDateTime>,
 }
 
 /// Which of these (chunk, user) pairs of a send hold the user, tested in
@@ -311,8 +314,8 @@ pub async fn chunks_holding(
     Ok(sqlx::query_as(
         "SELECT p.user_id, c.chunk_id, c.state, \
          CAST(INSTR(c.user_ids, UNHEX(p.bytes)) AS UNSIGNED) AS position, \
-         CAST(COALESCE(INSTR(c.held_back, UNHEX(p.bytes)), 0) AS UNSIGNED) AS held_position \
-         FROM JSON_TABLE(?, '$[*]' COLUMNS (chunk_id BIGINT UNSIGNED PATH '$[0]', \
+         CAST(COALESCE(INSTR(c.held_back, UNHEX(p.bytes)), 0) AS UNSIGNED) AS held_position, \
+         c.applied_at FROM JSON_TABLE(?, '$[*]' COLUMNS (chunk_id BIGINT UNSIGNED PATH '$[0]', \
          user_id BIGINT UNSIGNED PATH '$[1]', bytes CHAR(16) PATH '$[2]')) AS p \
          JOIN message_chunks c FORCE INDEX (PRIMARY) \
          ON c.message_id = ? AND c.chunk_id = p.chunk_id \
@@ -413,21 +416,61 @@ pub async fn marks_between<'e>(
     .await?)
 }
 
-/// A recorded read, with its item.
+/// The reads of a send recorded on this shard for these users, and those
+/// of them erased since the send was written ([`marks_between`] for a list
+/// of users): primary-key lookups, in one statement whatever the number of
+/// users (a JSON array, so its prepared form is reused). The caller keeps
+/// the rows of users routed to this shard.
+#[instrument(level = "debug", skip_all, fields(db.system = "mysql", users = user_ids.len()))]
+pub async fn marks_of<'e>(
+    conn: impl sqlx::MySqlExecutor<'e>,
+    message_id: MessageId,
+    user_ids: &[u64],
+) -> Result<Vec<Mark>> {
+    if user_ids.is_empty() {
+        return Ok(Vec::new());
+    }
+    let users = json_ids(user_ids);
+    Ok(sqlx::query_as(
+        "SELECT r.user_id, r.read_at, FALSE AS erased \
+         FROM JSON_TABLE(?, '$[*]' COLUMNS (user_id BIGINT UNSIGNED PATH '$')) AS j \
+         STRAIGHT_JOIN message_reads r FORCE INDEX (PRIMARY) \
+         ON r.message_id = ? AND r.user_id = j.user_id \
+         UNION ALL SELECT p.user_id, NULL, TRUE \
+         FROM JSON_TABLE(?, '$[*]' COLUMNS (user_id BIGINT UNSIGNED PATH '$')) AS j \
+         STRAIGHT_JOIN user_preferences p FORCE INDEX (PRIMARY) ON p.user_id = j.user_id \
+         WHERE p.erased_before > ?",
+    )
+    .bind(&users)
+    .bind(message_id.get())
+    .bind(&users)
+    .bind(message_id.get())
+    .fetch_all(conn)
+    .await?)
+}
+
+/// A recorded read.
 #[derive(Debug, Clone, FromRow)]
 pub struct ReadRow {
     /// The reader.
     pub user_id: u64,
-    /// When they read it (the item's time, else the record's).
+    /// When they read it.
     pub read_at: NaiveDateTime,
-    /// When the item was written; `None` if it is gone meanwhile.
-    pub created_at: Option<NaiveDateTime>,
-    /// The item is there and read.
-    pub is_read: bool,
+    /// When the item was delivered; `None` if the read was recorded without
+    /// it (by an older build) and the item is gone meanwhile.
+    pub delivered_at: Option<NaiveDateTime>,
 }
 
 /// Up to `limit` readers of a send on this shard after user `after`, in user
-/// order: a range of `message_reads`' primary key, and one item lookup each.
+/// order: a range of `message_reads`' primary key, the row holding the
+/// read's time and the item's delivery. A row recorded without the delivery
+/// (by a build before `20261130000026_reads_delivered_at`) looks its item
+/// up by key (`COALESCE` evaluates the lookup only for such a row).
+///
+/// A recorded read is the item's read: the update that reads or unreads an
+/// item by id writes or deletes its row in the same transaction; a filtered
+/// one's rows follow when its backlog row is counted (at once, by the
+/// process that wrote it: [`super::read_backlog`]).
 #[instrument(level = "debug", skip_all, fields(db.system = "mysql"))]
 pub async fn reads_after<'e>(
     conn: impl sqlx::MySqlExecutor<'e>,
@@ -435,15 +478,13 @@ pub async fn reads_after<'e>(
     after: u64,
     limit: u32,
 ) -> Result<Vec<ReadRow>> {
-    Ok(sqlx::query_as(concat!(
-        "SELECT r.user_id, COALESCE(",
-        read_time!("i"),
-        ", r.read_at) AS read_at, i.created_at, COALESCE(i.is_read, 0) = 1 AS is_read \
+    Ok(sqlx::query_as(
+        "SELECT r.user_id, r.read_at, COALESCE(r.delivered_at, \
+         (SELECT i.created_at FROM message_items i FORCE INDEX (PRIMARY) \
+         WHERE i.user_id = r.user_id AND i.message_id = r.message_id)) AS delivered_at \
          FROM message_reads r FORCE INDEX (PRIMARY) \
-         LEFT JOIN message_items i FORCE INDEX (PRIMARY) \
-         ON i.user_id = r.user_id AND i.message_id = r.message_id \
-         WHERE r.message_id = ? AND r.user_id > ? ORDER BY r.user_id LIMIT ?"
-    ))
+         WHERE r.message_id = ? AND r.user_id > ? ORDER BY r.user_id LIMIT ?",
+    )
     .bind(message_id.get())
     .bind(after)
     .bind(limit)
