@@ -280,9 +280,6 @@ pub struct Held {
     /// at all, or no apply recorded it), aligned likewise when the chunk's
     /// apply held the user back.
     pub held_position: u64,
-    /// When the chunk's apply recorded itself (its items' `created_at`);
-    /// `None` when it is not applied, or was by a build before the record.
-    pub applied_at: Option<NaiveDateTime>,
 }
 
 /// Which of these (chunk, user) pairs of a send hold the user, tested in
@@ -314,8 +311,8 @@ pub async fn chunks_holding(
     Ok(sqlx::query_as(
         "SELECT p.user_id, c.chunk_id, c.state, \
          CAST(INSTR(c.user_ids, UNHEX(p.bytes)) AS UNSIGNED) AS position, \
-         CAST(COALESCE(INSTR(c.held_back, UNHEX(p.bytes)), 0) AS UNSIGNED) AS held_position, \
-         c.applied_at FROM JSON_TABLE(?, '$[*]' COLUMNS (chunk_id BIGINT UNSIGNED PATH '$[0]', \
+         CAST(COALESCE(INSTR(c.held_back, UNHEX(p.bytes)), 0) AS UNSIGNED) AS held_position \
+         FROM JSON_TABLE(?, '$[*]' COLUMNS (chunk_id BIGINT UNSIGNED PATH '$[0]', \
          user_id BIGINT UNSIGNED PATH '$[1]', bytes CHAR(16) PATH '$[2]')) AS p \
          JOIN message_chunks c FORCE INDEX (PRIMARY) \
          ON c.message_id = ? AND c.chunk_id = p.chunk_id \
@@ -412,39 +409,6 @@ pub async fn marks_between<'e>(
     .bind(message_id.get())
     .bind(from)
     .bind(to)
-    .fetch_all(conn)
-    .await?)
-}
-
-/// The reads of a send recorded on this shard for these users, and those
-/// of them erased since the send was written ([`marks_between`] for a list
-/// of users): primary-key lookups, in one statement whatever the number of
-/// users (a JSON array, so its prepared form is reused). The caller keeps
-/// the rows of users routed to this shard.
-#[instrument(level = "debug", skip_all, fields(db.system = "mysql", users = user_ids.len()))]
-pub async fn marks_of<'e>(
-    conn: impl sqlx::MySqlExecutor<'e>,
-    message_id: MessageId,
-    user_ids: &[u64],
-) -> Result<Vec<Mark>> {
-    if user_ids.is_empty() {
-        return Ok(Vec::new());
-    }
-    let users = json_ids(user_ids);
-    Ok(sqlx::query_as(
-        "SELECT r.user_id, r.read_at, FALSE AS erased \
-         FROM JSON_TABLE(?, '$[*]' COLUMNS (user_id BIGINT UNSIGNED PATH '$')) AS j \
-         STRAIGHT_JOIN message_reads r FORCE INDEX (PRIMARY) \
-         ON r.message_id = ? AND r.user_id = j.user_id \
-         UNION ALL SELECT p.user_id, NULL, TRUE \
-         FROM JSON_TABLE(?, '$[*]' COLUMNS (user_id BIGINT UNSIGNED PATH '$')) AS j \
-         STRAIGHT_JOIN user_preferences p FORCE INDEX (PRIMARY) ON p.user_id = j.user_id \
-         WHERE p.erased_before > ?",
-    )
-    .bind(&users)
-    .bind(message_id.get())
-    .bind(&users)
-    .bind(message_id.get())
     .fetch_all(conn)
     .await?)
 }
