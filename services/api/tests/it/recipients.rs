@@ -176,7 +176,7 @@ async fn every_filter_pages_across_shards_in_user_order_without_gaps_or_repeats(
     // The user in both batches (`interleaved_send`'s odd[10]) got one item,
     // from the first apply; a page shows the time of the chunk it lists them
     // from, either apply's.
-    let twice = 8_000_021;
+    let twice = 8_000_000 + 1 + 2 * 10;
     for recipient in &all {
         let item = &shown[&recipient.user_id];
         if recipient.user_id == twice {
