@@ -44,8 +44,9 @@ pub struct RecipientsArgs {
     /// Pages each reader lists per filter (from the first, until the end).
     #[arg(long, default_value_t = 100)]
     pages: u64,
-    /// GetRecipientStatus calls per reader.
-    #[arg(long, default_value_t = 100)]
+    /// GetRecipientStatus calls per reader (a p99 of 100 calls is their
+    /// second slowest: the cold start's first calls, named in the report).
+    #[arg(long, default_value_t = 1000)]
     status_calls: u64,
     /// Shard databases.
     #[arg(long, default_value_t = 4)]
@@ -187,7 +188,7 @@ async fn body(env: &mut Env, args: &RecipientsArgs) -> anyhow::Result<String> {
     // once it is reported beside it, as load.
     let mut status_ok = true;
     for (callers, target) in [(1, true), (args.readers, false)] {
-        let status = status_calls(&messages, id, args, callers).await?;
+        let (status, slowest) = status_calls(&messages, id, args, callers).await?;
         let ok = ms(&status, 0.99) < STATUS_TARGET_MS;
         if target {
             status_ok = ok;
@@ -204,6 +205,14 @@ async fn body(env: &mut Env, args: &RecipientsArgs) -> anyhow::Result<String> {
                 "(load, no target)".to_owned()
             }
         );
+        println!("{line}");
+        lines.push(line);
+        // Which calls the tail is: the first ones (a cold start) or any.
+        let slowest: Vec<String> = slowest
+            .iter()
+            .map(|(call, micros)| format!("call {call}: {:.2} ms", *micros as f64 / 1000.0))
+            .collect();
+        let line = format!("    slowest: {}", slowest.join(", "));
         println!("{line}");
         lines.push(line);
         env.check_children()?;
@@ -293,19 +302,26 @@ async fn list_pages(
     Ok((total, listed, started.elapsed().as_secs_f64()))
 }
 
+/// How many of the slowest status calls are named (by their number in
+/// their caller's sequence).
+const SLOWEST_NAMED: usize = 5;
+
 /// `--status-calls` per caller, `callers` at once, each of 1,000 users:
-/// 900 spread over the recipients and 100 who are not.
+/// 900 spread over the recipients and 100 who are not. Returns every
+/// call's time and the slowest calls' numbers (in their caller's
+/// sequence, from 0) and times.
 async fn status_calls(
     messages: &MessageServiceClient<Channel>,
     message_id: u64,
     args: &RecipientsArgs,
     callers: usize,
-) -> anyhow::Result<Histogram<u64>> {
+) -> anyhow::Result<(Histogram<u64>, Vec<(u64, u64)>)> {
     let n = args.recipients;
     let readers = (0..callers).map(|reader| {
         let mut client = messages.clone();
         async move {
             let mut hist = new_hist();
+            let mut calls = Vec::new();
             for call_index in 0..args.status_calls {
                 let seed = (reader as u64) * 1_000_003 + call_index * 7919;
                 let mut user_ids: Vec<u64> =
@@ -315,15 +331,21 @@ async fn status_calls(
                 let call = Instant::now();
                 let found =
                     client.get_recipient_status(request).await.context("GetRecipientStatus")?;
-                hist.saturating_record(micros(call));
+                let took = micros(call);
+                hist.saturating_record(took);
+                calls.push((call_index, took));
                 ensure!(!found.into_inner().recipients.is_empty(), "no answer");
             }
-            anyhow::Ok(hist)
+            anyhow::Ok((hist, calls))
         }
     });
     let mut total = new_hist();
-    for hist in futures::future::try_join_all(readers).await? {
+    let mut calls = Vec::new();
+    for (hist, caller_calls) in futures::future::try_join_all(readers).await? {
         total.add(&hist)?;
+        calls.extend(caller_calls);
     }
-    Ok(total)
+    calls.sort_unstable_by_key(|(_, took)| std::cmp::Reverse(*took));
+    calls.truncate(SLOWEST_NAMED);
+    Ok((total, calls))
 }
