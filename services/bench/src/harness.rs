@@ -381,7 +381,7 @@ impl Env {
             if let Ok(Err(e)) | Err(e) = step.await.map_err(anyhow::Error::from) {
                 problems.push(format!("delete rabbitmq topology: {e:#}"));
             }
-            let step = tokio::time::timeout(Duration::from_secs(30), delete_redis_keys(&settings));
+            let step = tokio::time::timeout(Duration::from_secs(120), delete_redis_keys(&settings));
             if let Ok(Err(e)) | Err(e) = step.await.map_err(anyhow::Error::from) {
                 problems.push(format!("delete redis keys: {e:#}"));
             }
@@ -487,12 +487,28 @@ async fn delete_topology(settings: &Settings) -> anyhow::Result<()> {
 pub async fn delete_redis_keys(settings: &Settings) -> anyhow::Result<()> {
     let client = redis::Client::open(settings.redis.url.expose_secret())?;
     let mut conn = client.get_multiplexed_async_connection().await?;
+    // SCAN, not KEYS: a run leaves millions of keys (three per user of a
+    // 1M send), and KEYS blocks the server while it lists them all; UNLINK
+    // frees them off Redis's main thread.
     let pattern = format!("{}*", settings.redis.key_prefix);
-    let keys: Vec<String> = conn.keys(pattern).await?;
-    for batch in keys.chunks(1000) {
-        conn.del::<_, ()>(batch).await?;
+    let mut cursor: u64 = 0;
+    loop {
+        let (next, keys): (u64, Vec<String>) = redis::cmd("SCAN")
+            .arg(cursor)
+            .arg("MATCH")
+            .arg(&pattern)
+            .arg("COUNT")
+            .arg(10_000)
+            .query_async(&mut conn)
+            .await?;
+        if !keys.is_empty() {
+            conn.unlink::<_, ()>(keys).await?;
+        }
+        if next == 0 {
+            return Ok(());
+        }
+        cursor = next;
     }
-    Ok(())
 }
 
 /// A connection to the MariaDB server (no database) for global status.
@@ -576,6 +592,23 @@ pub async fn send_draft(
     content: v1::Content,
     users: &[u64],
 ) -> anyhow::Result<u64> {
+    let id = draft(channel, content, users).await?;
+    start_message(channel, id).await?;
+    Ok(id)
+}
+
+/// Starts a draft (`StartMessage`).
+pub async fn start_message(channel: &Channel, message_id: u64) -> anyhow::Result<()> {
+    MessageServiceClient::new(channel.clone())
+        .start_message(v1::StartMessageRequest { message_id })
+        .await
+        .context("StartMessage")?;
+    Ok(())
+}
+
+/// A draft of `content` to `users` (CreateMessage, numbered AppendRecipients
+/// batches of up to 100,000 ids), not started; returns the message id.
+pub async fn draft(channel: &Channel, content: v1::Content, users: &[u64]) -> anyhow::Result<u64> {
     let mut messages = MessageServiceClient::new(channel.clone())
         .max_decoding_message_size(64 << 20)
         .max_encoding_message_size(64 << 20);
@@ -599,10 +632,6 @@ pub async fn send_draft(
             .await
             .context("AppendRecipients")?;
     }
-    messages
-        .start_message(v1::StartMessageRequest { message_id: id })
-        .await
-        .context("StartMessage")?;
     Ok(id)
 }
 

@@ -7,7 +7,7 @@
 //! badge (unread and unseen, as served) equals MySQL's count.
 
 use std::collections::HashMap;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, ensure};
 use futures::{StreamExt, TryStreamExt};
@@ -64,8 +64,15 @@ async fn body(env: &mut Env, args: &RecallArgs) -> anyhow::Result<String> {
         category: "bench".into(),
         data: Default::default(),
     };
-    let id = harness::send_draft(&channel, content, &users).await?;
+    let id = harness::draft(&channel, content, &users).await?;
+    // Each timed phase starts on a server done writing what came before
+    // (the appends' pages here, the fan-out's before the recall), as the
+    // other phase did: a flush behind one of them is not its own cost.
+    let mut server = harness::server_connection(&env.settings).await?;
+    let (waited, dirty) = harness::quiesce(&mut server, Duration::from_secs(60)).await?;
+    println!("quiesce before the fan-out: {waited:.1} s, {dirty} dirty pages left");
     let started = Instant::now();
+    harness::start_message(&channel, id).await?;
     harness::watch_until(&channel, id, args.timeout_secs, "COMPLETED", |m| {
         m.status == v1::MessageStatus::Completed as i32
     })
@@ -91,6 +98,8 @@ async fn body(env: &mut Env, args: &RecallArgs) -> anyhow::Result<String> {
     println!("before: {} of {} badges show it unread", thousands(unread_before), thousands(n));
     env.check_children()?;
 
+    let (waited, dirty) = harness::quiesce(&mut server, Duration::from_secs(60)).await?;
+    println!("quiesce before the recall: {waited:.1} s, {dirty} dirty pages left");
     let mut messages = MessageServiceClient::new(channel.clone());
     let recalling = Instant::now();
     messages.recall_message(v1::RecallMessageRequest { message_id: id }).await?;
