@@ -414,8 +414,6 @@ pub async fn apply(
     Ok(ApplyOutcome::Applied { user_ids, delivered, held_back, summary })
 }
 
-/// Locks a chunk's row for the transaction; returns its state and packed
-/// recipients.
 /// Locks a chunk: its state and recipients, and the time of the apply
 /// (its items' `created_at` and the chunk's `applied_at`, one value, so
 /// every view of a delivery shows the same time).
