@@ -70,6 +70,7 @@ struct Database<'a> {
     url: &'a str,
     pool_max: u32,
     read_connections: usize,
+    read_keep_warm_secs: u64,
     shards: Vec<Shard<'a>>,
     /// Always empty: the shards split the buckets evenly.
     bucket_ranges: &'static [u32],
@@ -132,6 +133,7 @@ pub fn to_toml(s: &Settings) -> String {
             url: s.database.url.expose_secret(),
             pool_max: s.database.pool_max,
             read_connections: s.database.read_connections,
+            read_keep_warm_secs: s.database.read_keep_warm_secs,
             shards: s
                 .database
                 .shards

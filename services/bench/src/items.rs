@@ -2,7 +2,9 @@
 //! 10,000 items (each item from a send of its own), timed call by call, with
 //! the round trips each call makes to each shard (counted by a proxy in
 //! front of each shard, [`counting`]: every command in the call's window,
-//! and apart those on the connections that carried the updates' scripts). After each read and unread, it
+//! and apart those in it on the connections that carried the updates'
+//! scripts; those connections' commands between the calls, the keepalive's
+//! pings, are reported beside). After each read and unread, it
 //! waits (untimed) until the sends' read counts followed (the backlog of
 //! `notify_store::db::read_backlog` is empty) and reports that time and
 //! its round trips apart: the next call starts on a quiet shard.
@@ -94,13 +96,17 @@ struct Timed {
     /// background rate (over an idle window as long as the run, after it).
     per_call: Vec<f64>,
     /// Commands per call to each shard on the connections that carried
-    /// the updates' scripts, over the run and the idle window after it
-    /// (the update's own round trips and its connection's pings, exactly,
-    /// when nothing else uses those connections).
+    /// the updates' scripts, in the calls' windows (the update's own round
+    /// trips and its connection's pings, exactly, when nothing else uses
+    /// those connections).
     on_updates: Vec<f64>,
-    /// Of those, pings per call (all shards): a connection idle for a
-    /// second or more is pinged before an update.
+    /// Of those, pings per call (all shards): a connection not known open
+    /// within the second is pinged before an update.
     pings_on_updates: f64,
+    /// Commands on those connections outside the calls' windows, over the
+    /// run and the idle window after it (all shards; the direct
+    /// connections' keepalive pings), and how many seconds that was.
+    between_calls: (u64, f64),
     /// Read and unread: from the answer until the sends' read counts
     /// followed (the user's `read_backlog` empty), and the round trips of
     /// that counting per call on each shard.
@@ -354,7 +360,6 @@ impl Run<'_> {
             || self.proxies.iter().map(CountingProxy::update_commands).collect::<Vec<_>>();
         let updates_before = update_counts();
         let update_pings = || self.proxies.iter().map(CountingProxy::update_pings).sum::<u64>();
-        let pings_before = update_pings();
         let mut hists: Vec<Histogram<u64>> = actions.iter().map(|_| new_hist()).collect();
         let mut counting_hists: Vec<Histogram<u64>> = actions.iter().map(|_| new_hist()).collect();
         let shards = self.proxies.len();
@@ -362,18 +367,23 @@ impl Run<'_> {
         // countings' (answer to the backlog empty), and how long those were.
         let (mut in_calls, mut in_counting) = (vec![0u64; shards], vec![0u64; shards]);
         let (mut call_secs, mut counting_secs) = (0.0, 0.0);
+        // Commands on the updates' connections in the calls' windows, and
+        // the pings among them.
+        let (mut updates_in_calls, mut pings_in_calls) = (vec![0u64; shards], 0);
         let cpu0 = self.tracked.snap();
         let started = Instant::now();
         for _ in 0..calls {
             for ((action, hist), counting) in
                 actions.iter().zip(&mut hists).zip(&mut counting_hists)
             {
-                let before = counts();
+                let (before, updates, pings) = (counts(), update_counts(), update_pings());
                 let call = Instant::now();
                 update_all(client, self.args, &mut self.state, *action, Some(hist)).await?;
                 call_secs += call.elapsed().as_secs_f64();
                 let answered = counts();
                 add_between(&mut in_calls, &before, &answered);
+                add_between(&mut updates_in_calls, &updates, &update_counts());
+                pings_in_calls += update_pings() - pings;
                 if matches!(action, v1::ItemAction::MarkRead | v1::ItemAction::MarkUnread) {
                     let since = Instant::now();
                     backlog_drained(self.shard).await?;
@@ -397,12 +407,15 @@ impl Run<'_> {
             .map(|(b, a)| (b - a) as f64 / idle.as_secs_f64())
             .collect();
         let total_calls = f64::from(calls) * actions.len() as f64;
-        let on_updates: Vec<f64> = update_counts()
-            .iter()
-            .zip(&updates_before)
-            .map(|(after, before)| (after - before) as f64 / total_calls)
-            .collect();
-        let pings_on_updates = (update_pings() - pings_before) as f64 / total_calls;
+        let on_updates: Vec<f64> =
+            updates_in_calls.iter().map(|n| *n as f64 / total_calls).collect();
+        let pings_on_updates = pings_in_calls as f64 / total_calls;
+        let on_updates_all: u64 =
+            update_counts().iter().zip(&updates_before).map(|(after, before)| after - before).sum();
+        let between_calls = (
+            on_updates_all - updates_in_calls.iter().sum::<u64>(),
+            secs - call_secs + idle.as_secs_f64(),
+        );
         ensure!(
             on_updates.iter().sum::<f64>() >= 1.0,
             "no command was seen carrying an item update: has the script's UPDATE changed? \
@@ -430,6 +443,7 @@ impl Run<'_> {
                 per_call: per_call.clone(),
                 on_updates: on_updates.clone(),
                 pings_on_updates,
+                between_calls,
                 counting: (!counting_hist.is_empty())
                     .then(|| (counting_hist, counting_trips.clone())),
                 cpu: cpu.clone(),
@@ -517,8 +531,9 @@ fn summary(args: &ItemsArgs, user_slot: usize, timed: &[Timed], machine_max: usi
         s,
         "round trips per call by shard slot (MySQL commands counted by each shard's proxy over the \
          run, net of the services' rate over an idle window as long as the run, right after it; \
-         then those on the connections that carried the updates' scripts, over the run and that \
-         window; the user's shard is slot {user_slot}):"
+         then those on the connections that carried the updates' scripts, in the calls' windows; \
+         and those connections' commands outside the calls, over the run and that window, all \
+         shards: the keepalive's pings; the user's shard is slot {user_slot}):"
     );
     let mut groups: Vec<&str> = Vec::new();
     for t in timed {
@@ -531,12 +546,14 @@ fn summary(args: &ItemsArgs, user_slot: usize, timed: &[Timed], machine_max: usi
                 counts.iter().enumerate().map(|(slot, n)| format!("{slot}: {n:.2}")).collect();
             counts.join(", ")
         };
+        let (between, between_secs) = t.between_calls;
         let _ = writeln!(
             s,
-            "  {}: {} | on the updates' connections: {}",
+            "  {}: {} | on the updates' connections: {} | outside the calls: {between} in {:.1} s",
             t.group,
             by_slot(&t.per_call),
-            by_slot(&t.on_updates)
+            by_slot(&t.on_updates),
+            between_secs
         );
         let _ = writeln!(s, "    cpu: {}", t.cpu.line(machine_max));
     }

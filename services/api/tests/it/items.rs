@@ -752,9 +752,10 @@ async fn times_written_by_the_build_before_read_as_the_later_of_both() {
 /// Updates go on the shard's direct connections, not sqlx's pool (which
 /// pings each connection it gets back): one that ran to its end is given
 /// back and taken again by the next update; one the server closed while it
-/// sat idle for over a second is pinged and replaced, so the write does not
-/// fail; one whose update was cancelled half-way is closed, not lent again
-/// with its replies on the wire and its transaction open.
+/// sat idle is dropped by the keepalive, so the next write does not fail
+/// (the ping before a write past the keepalive's window: `keepalive.rs`);
+/// one whose update was cancelled half-way is closed, not lent again with
+/// its replies on the wire and its transaction open.
 #[tokio::test]
 async fn updates_take_a_direct_connection_again_and_close_a_cancelled_ones() {
     use notify_domain::domain::UserId;
@@ -776,17 +777,21 @@ async fn updates_take_a_direct_connection_again_and_close_a_cancelled_ones() {
     assert_eq!(update(&app, user, v1::ItemAction::MarkRead, vec![first], None).await.changed, 1);
     assert_eq!((direct.idle_count(), next_lent().await), (1, used), "the same one, again");
 
-    // Killed by the server, then idle past the ping threshold (the
-    // condition under test, not a wait for an event).
+    // Killed by the server while idle: the keepalive's ping finds it so.
     sqlx::query(sqlx::AssertSqlSafe(format!("KILL CONNECTION {used}")))
         .execute(pool.value())
         .await
         .unwrap();
-    tokio::time::sleep(Duration::from_millis(1_100)).await;
+    notify_testkit::eventually("the keepalive drops it", Duration::from_secs(10), || async {
+        (direct.stats().dropped_by_keepalive == 1).then_some(())
+    })
+    .await;
+    assert_eq!(direct.idle_count(), 0);
     assert_eq!(update(&app, user, v1::ItemAction::MarkUnread, vec![first], None).await.changed, 1);
     let replaced = next_lent().await;
     assert_ne!(replaced, used, "a new connection in the killed one's place");
     assert_eq!(direct.idle_count(), 1);
+    assert_eq!(direct.stats().pinged_before_write, 0, "a new one is not pinged");
 
     // An update waiting for the user's items, locked by another
     // transaction, cancelled once the server runs it.

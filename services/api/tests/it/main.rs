@@ -14,6 +14,7 @@ mod helpers;
 mod ids;
 mod inbox;
 mod items;
+mod keepalive;
 mod lifecycle;
 mod near_cache;
 mod page_cache;

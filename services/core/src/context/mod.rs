@@ -142,6 +142,9 @@ impl Context {
             .await?
             .spawn_renewals(&ids);
         let direct = db::connect_direct(&settings)?.map(Arc::new);
+        if let Some(direct) = &direct {
+            direct.spawn_keepalive();
+        }
         let settings = Arc::new(settings);
         let publisher = Arc::new(publisher);
         let read_feed = anyone_wants(&settings, WebhookEvent::ItemRead);

@@ -148,6 +148,10 @@ pub struct DatabaseSettings {
     /// Connections per shard kept apart from the pool for inbox pages
     /// (given back without sqlx's ping); 0: inbox pages use the pool.
     pub read_connections: usize,
+    /// How long after its last call an idle read connection is kept open
+    /// by background pings, so that a write on it needs none first (0:
+    /// never pinged in the background).
+    pub read_keep_warm_secs: u64,
     /// Connect timeout.
     pub connect_timeout_secs: u64,
     /// Server-side end of sessions idle inside a transaction (0: unset).

@@ -182,10 +182,11 @@ pub fn connect_direct(settings: &Settings) -> Result<Option<direct::ShardConnect
         return Ok(None);
     }
     let timeout = Duration::from_secs(settings.database.connect_timeout_secs);
+    let keep_warm = Duration::from_secs(settings.database.read_keep_warm_secs);
     let mut shards = Vec::new();
     for shard in &settings.database.shards {
         let options = shard_options(settings, shard)?;
-        shards.push(direct::DirectConnections::new(shard.id, options, max, timeout));
+        shards.push(direct::DirectConnections::new(shard.id, options, max, timeout, keep_warm));
     }
     Ok(Some(direct::ShardConnections::new(shards)))
 }
