@@ -4,7 +4,10 @@
 //! cached; then `RecallMessage`, timed to the recall's end (`RECALLED` with
 //! `finished_at`: every chunk's items taken back). Target (issue 34): the
 //! recall takes at most the fan-out's time, and afterwards every recipient's
-//! badge (unread and unseen, as served) equals MySQL's count.
+//! badge (unread and unseen, as served) equals MySQL's count. Then, reported
+//! beside (not judged): retention's purge of the recalled rows, which a
+//! worker runs `purge_hidden_after_secs` after the recall, timed as such a
+//! run from a quiet server.
 
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
@@ -124,6 +127,12 @@ async fn body(env: &mut Env, args: &RecallArgs) -> anyhow::Result<String> {
         .filter(|(user, counts)| truth.get(user).copied().unwrap_or((0, 0)) != **counts)
         .map(|(user, _)| *user)
         .collect();
+    // The rows' purge, as a retention run that late would do it.
+    let (waited, dirty) = harness::quiesce(&mut server, Duration::from_secs(60)).await?;
+    println!("quiesce before the purge: {waited:.1} s, {dirty} dirty pages left");
+    let (purge_secs, purged) = purge(&env.settings).await?;
+    println!("purge: {} rows in {purge_secs:.2} s", thousands(purged));
+    ensure!(purged == recalled, "the purge took {purged} rows out, {recalled} were taken back");
     let ratio = recall_secs / fanout_secs.max(1e-9);
     let time_ok = ratio <= 1.0;
     let badges_ok = wrong.is_empty() && served.len() as u64 == n;
@@ -134,11 +143,14 @@ async fn body(env: &mut Env, args: &RecallArgs) -> anyhow::Result<String> {
          fan-out (StartMessage -> COMPLETED)        {fanout_secs:>8.2} s\n\
          recall  (RecallMessage -> finished)        {recall_secs:>8.2} s  (the call answered in {answered_ms:.1} ms)\n\
          recall / fan-out = {ratio:.2}  target <= 1.0: {}\n\
+         then retention's purge of the recalled rows (a worker's run purge_hidden_after_secs \
+         later; not judged) {purge_secs:>8.2} s, {:.2} of the fan-out\n\
          items taken back {}; badges as served equal to MySQL: {} of {} ({} wrong{}): {}\n\
          ==============================================================",
         thousands(n),
         args.shards,
         verdict(time_ok),
+        purge_secs / fanout_secs.max(1e-9),
         thousands(recalled),
         thousands(n - wrong.len() as u64),
         thousands(n),
@@ -146,6 +158,23 @@ async fn body(env: &mut Env, args: &RecallArgs) -> anyhow::Result<String> {
         first_wrong.map(|w| format!(", first {w:?}")).unwrap_or_default(),
         verdict(badges_ok),
     ))
+}
+
+/// Runs retention once as a worker would `purge_hidden_after_secs` after the
+/// recall (every shard, one after the other); returns its time and the
+/// hidden rows it purged.
+async fn purge(settings: &Settings) -> anyhow::Result<(f64, u64)> {
+    let pools = notify_store::db::connect(settings).await.map_err(|e| anyhow::anyhow!("{e}"))?;
+    let cache =
+        notify_cache::Cache::connect(&settings.redis).await.map_err(|e| anyhow::anyhow!("{e}"))?;
+    let retention = &settings.retention;
+    let later = chrono::Utc::now()
+        + chrono::Duration::seconds(retention.purge_hidden_after_secs as i64 + 60);
+    let started = Instant::now();
+    let report = notify_core::retention::run_once(&pools, &cache, retention, later)
+        .await
+        .map_err(|e| anyhow::anyhow!("retention: {e}"))?;
+    Ok((started.elapsed().as_secs_f64(), report.hidden_items_purged))
 }
 
 /// Every user's badge as served, `user -> (unread, unseen)`.

@@ -390,6 +390,16 @@ impl TestApp {
         self.count_rows("SELECT COUNT(*) FROM message_items WHERE message_id = ?", message_id).await
     }
 
+    /// Counts a send's items a recall took back (marked recalled, hidden
+    /// until retention purges them) over every shard (test assertions only).
+    pub async fn count_recalled_items(&self, message_id: u64) -> u64 {
+        self.count_rows(
+            "SELECT COUNT(*) FROM message_items WHERE message_id = ? AND recalled = 1",
+            message_id,
+        )
+        .await
+    }
+
     /// Counts a send's recorded reads over every shard (test assertions only).
     pub async fn count_reads(&self, message_id: u64) -> u64 {
         self.count_rows("SELECT COUNT(*) FROM message_reads WHERE message_id = ?", message_id).await

@@ -11,9 +11,22 @@ use tonic::Code;
 use crate::helpers::{content, send_request, wait_for_status};
 use crate::items::{served, truth};
 
-/// Items of a send in MySQL, on every shard.
-async fn items_of(app: &TestApp, message_id: u64) -> u64 {
-    app.count_items(message_id).await
+/// Items of a send in MySQL, on every shard, and of those the ones a
+/// recall took back (they stay, hidden, until retention purges them).
+async fn items_of(app: &TestApp, message_id: u64) -> (u64, u64) {
+    (app.count_items(message_id).await, app.count_recalled_items(message_id).await)
+}
+
+/// Runs retention as if `purge_hidden_after_secs` had passed since the
+/// recalls; returns the hidden items it purged.
+async fn purge_hidden(app: &TestApp) -> u64 {
+    let settings = &app.settings.retention;
+    let later = chrono::Utc::now()
+        + chrono::Duration::seconds(settings.purge_hidden_after_secs as i64 + 60);
+    let report = notify_core::retention::run_once(&app.ctx.pools, &app.ctx.cache, settings, later)
+        .await
+        .unwrap();
+    report.hidden_items_purged
 }
 
 async fn recall(app: &TestApp, message_id: u64) -> v1::Message {
@@ -87,7 +100,7 @@ async fn a_completed_send_is_taken_back_from_every_inbox_also_where_it_was_read(
     assert_eq!(progress.recalled, delivered, "every item taken back once");
     assert_eq!(progress.pending_chunks, 0);
     assert_eq!(progress.read, 0, "no item is read any more");
-    assert_eq!(items_of(&app, id).await, 0);
+    assert_eq!(items_of(&app, id).await, (delivered, delivered), "each marked, left for retention");
     assert_eq!(app.count_reads(id).await, 0, "no read recorded any more");
     assert_eq!(crate::helpers::inbox_ids(&app, recipients[0]).await, [other], "others stay");
     for user in &recipients[..20] {
@@ -96,6 +109,41 @@ async fn a_completed_send_is_taken_back_from_every_inbox_also_where_it_was_read(
     // A repeat is harmless; another recall counts nothing twice.
     let again = recall(&app, id).await;
     assert_eq!(again.progress.unwrap().recalled, delivered);
+
+    // Retention's purge of hidden items takes the rows out; nothing shows.
+    assert_eq!(purge_hidden(&app).await, delivered);
+    assert_eq!(items_of(&app, id).await, (0, 0));
+    assert_eq!(crate::helpers::inbox_ids(&app, recipients[0]).await, [other]);
+    for user in &recipients[..20] {
+        assert_eq!(served(&app, *user).await, truth(&app, *user).await, "user {user}");
+    }
+    assert_eq!(recalled(&app, id).await.progress.unwrap().recalled, delivered);
+    app.cleanup().await;
+}
+
+/// A recipient in two batches of a send (two chunks on their shard) has one
+/// item, delivered once and taken back once: the recall counts exactly the
+/// items delivered, whichever chunk comes first.
+#[tokio::test]
+async fn a_recipient_in_two_chunks_is_taken_back_once() {
+    let mut settings = test_settings();
+    settings.send.chunk_size = 100;
+    let app = spawn_app_with(settings, true).await;
+    let id = crate::helpers::create_draft(&app, "twice").await;
+    let mut client = app.messages();
+    for (batch_number, user_ids) in [(1, users(9_150_000, 600)), (2, users(9_150_400, 600))] {
+        let batch = v1::AppendRecipientsRequest { message_id: id, batch_number, user_ids };
+        client.append_recipients(batch).await.unwrap();
+    }
+    client.start_message(v1::StartMessageRequest { message_id: id }).await.unwrap();
+    let done = wait_for_status(&app, id, v1::MessageStatus::Completed).await;
+    assert_eq!(done.progress.unwrap().delivered, 1_000, "200 recipients in both batches");
+    assert_eq!(items_of(&app, id).await, (1_000, 0));
+
+    recall(&app, id).await;
+    let progress = recalled(&app, id).await.progress.unwrap();
+    assert_eq!((progress.delivered, progress.recalled), (1_000, 1_000), "{progress:?}");
+    assert_eq!(items_of(&app, id).await, (1_000, 1_000));
     app.cleanup().await;
 }
 
@@ -129,7 +177,7 @@ async fn a_sending_or_paused_send_stops_delivering_and_what_was_delivered_goes_b
     assert!(at_pause.delivered < 3_000, "the pause came too late to test anything");
     assert_eq!(last.recalled, last.delivered);
     assert_eq!(last.delivered + last.cancelled, 3_000, "{last:?}");
-    assert_eq!(items_of(&app, paused).await, 0);
+    assert_eq!(items_of(&app, paused).await, (last.delivered, last.delivered));
 
     // Sending: recalled while its chunks are being applied.
     let sending = app.send(users(9_300_000, 3_000)).await;
@@ -144,7 +192,7 @@ async fn a_sending_or_paused_send_stops_delivering_and_what_was_delivered_goes_b
     let last = recalled(&app, sending).await.progress.unwrap();
     assert_eq!(last.recalled, last.delivered);
     assert_eq!(last.delivered + last.cancelled, 3_000, "{last:?}");
-    assert_eq!(items_of(&app, sending).await, 0);
+    assert_eq!(items_of(&app, sending).await, (last.delivered, last.delivered));
     app.cleanup().await;
 }
 
@@ -354,7 +402,7 @@ async fn recall_tasks_invalidate_badges_unless_the_call_retired_them() {
     app.start_worker().await;
     let last = recalled(&app, id).await.progress.unwrap();
     assert_eq!(last.recalled, 1_200, "{last:?}");
-    assert_eq!(items_of(&app, id).await, 0);
+    assert_eq!(items_of(&app, id).await, (1_200, 1_200));
     for user in swept_users.iter().chain(&retired_users) {
         assert_eq!(served(&app, *user).await, truth(&app, *user).await, "user {user}");
     }
@@ -403,7 +451,7 @@ async fn a_recall_whose_caller_hangs_up_mid_call_still_finishes_and_is_audited()
     assert!(matches!(hung_up.code(), Code::DeadlineExceeded | Code::Cancelled), "{hung_up:?}");
 
     reaches(v1::MessageStatus::Recalled, 1_000).await;
-    assert_eq!(items_of(&app, id).await, 0);
+    assert_eq!(items_of(&app, id).await, (1_000, 1_000));
     let admin =
         v1::admin_service_client::AdminServiceClient::new(authed(app.channel(), &tokens["ops"]));
     let filter = v1::list_audit_records_request::Filter::MessageId(id);

@@ -199,8 +199,8 @@ async fn invalidate_pending(pool: &MySqlPool, cache: &Cache) -> Result<u64> {
 /// Purges hidden items, then their content rows: those of expired messages
 /// through the recipients in the send's chunks on this shard (an expired
 /// send's items whose chunks are gone already, after `chunks_days`, stay
-/// hidden until their month is dropped), and those of cancelled
-/// announcements by message id.
+/// hidden until their month is dropped), and those of revoked messages
+/// (cancelled announcements, cancelled and recalled sends) by message id.
 async fn purge_hidden(
     pool: &MySqlPool,
     settings: &RetentionSettings,
@@ -232,11 +232,13 @@ async fn purge_hidden(
     }
 }
 
-/// Purges a cancelled announcement's items on this shard (made per reader
-/// when they read their inbox, so no chunk lists them), then its content
-/// row. `message_items` is partitioned by message id, so each delete reads
-/// only the month partition that holds the id; announcements are few, and
-/// cancelled ones fewer.
+/// Purges a revoked message's items on this shard, then its content row: a
+/// cancelled announcement's (made per reader when they read their inbox,
+/// so no chunk lists them), and a cancelled or recalled send's (a recall
+/// marks its items and leaves the rows to this purge; a bucket move may
+/// have brought some here that no chunk of this shard lists). `message_items`
+/// is partitioned by message id, so the walk reads only the month partition
+/// that holds the id, once; cancels and recalls are rare.
 async fn purge_revoked(
     pool: &MySqlPool,
     message_id: u64,

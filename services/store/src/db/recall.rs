@@ -2,6 +2,17 @@
 //! one transaction (the guard: the chunk moves done -> recalled, so a
 //! redelivered task changes nothing), counted once in the shard's stats, and
 //! the queries that publish, settle and finish a recall.
+//!
+//! The items left every list and count when the recall revoked the send's
+//! content copies (every read of items leaves out a revoked send's); taking
+//! a chunk's items back marks them (`message_items.recalled`, so each is
+//! counted once), forgets their reads and counts them, and their rows go
+//! with retention's purge of hidden items (`purge_hidden_after_secs`
+//! later), as a cancelled send's do. Deleting them here cost the recall
+//! more than inserting them cost the fan-out: a delete marks the row and
+//! each index entry, and InnoDB's purge removes them again beside it; the
+//! mark changes the row in place and no index
+//! (migration `20261130000027_items_recalled`).
 
 use std::collections::HashMap;
 
@@ -20,8 +31,9 @@ pub enum RecallOutcome {
     Recalled {
         /// The chunk's recipients (their badges to invalidate).
         user_ids: Vec<u64>,
-        /// Items deleted (a recipient who had the item from another chunk
-        /// of the send, or erased since, is counted where it was deleted).
+        /// Items taken back now (a recipient who had the item from another
+        /// chunk of the send is counted with the chunk taken back first;
+        /// one erased since, not at all).
         items: u64,
     },
     /// An earlier attempt took them back; `unsettled` when the recipients'
@@ -44,12 +56,14 @@ pub enum RecallOutcome {
 /// groups): the chunk rows are locked, the delivered ones (done or
 /// unsettled) move to [`state::RECALL_UNSETTLED`] (or straight to
 /// [`state::RECALLED`] when `settled`: no badge needs invalidating, the
-/// caller knows), their recipients' items
-/// and recorded reads of the send are deleted, and the stats count the
+/// caller knows), their recipients' items of the send not taken back yet
+/// are locked, read (which were read) and marked recalled, the recorded
+/// reads of those that were read are deleted, and the stats count the
 /// items recalled (and no longer read), in the stats slot of the first
-/// chunk recalled. Returns one outcome per chunk id, in the order given;
-/// the items deleted are counted on the first [`RecallOutcome::Recalled`]
-/// (the others say 0), since one statement deletes them all.
+/// chunk recalled. The items' rows stay, hidden, for retention's purge
+/// (module doc). Returns one outcome per chunk id, in the order given; the
+/// items are counted on the first [`RecallOutcome::Recalled`] (the others
+/// say 0), since one statement takes them all.
 #[instrument(level = "debug", skip_all, fields(db.system = "mysql", chunks = chunk_ids.len()))]
 pub async fn recall_many(
     pool: &MySqlPool,
@@ -91,13 +105,31 @@ pub async fn recall_many(
     if recalled.is_empty() {
         tx.rollback().await?;
     } else {
-        // The items go in one pass that says which were read: only their
-        // readers can have a read recorded (a read adds the row, a
+        // The items not taken back yet, locked, saying which were read: only
+        // their readers can have a read recorded (a read adds the row, a
         // mark-unread removes it), and the send's read count loses them.
-        let mut delete = in_users("DELETE FROM message_items WHERE TRUE", message_id, &users);
-        delete.push(" RETURNING user_id, is_read");
-        let taken: Vec<(u64, bool)> = delete.build_query_as().fetch_all(&mut *tx).await?;
+        // Then marked, the same rows (locked), by primary key: a recipient
+        // in an earlier chunk of the send was taken back with it and is not
+        // counted again. Both statements name the chunks' users, so their
+        // texts are one per group size, as a delivery's are.
+        let mut select = in_users(
+            "SELECT user_id, is_read FROM message_items WHERE recalled = 0",
+            message_id,
+            &users,
+        );
+        select.push(" FOR UPDATE");
+        let taken: Vec<(u64, bool)> = select.build_query_as().fetch_all(&mut *tx).await?;
         items = taken.len() as u64;
+        if !taken.is_empty() {
+            in_users(
+                "UPDATE message_items SET recalled = 1 WHERE recalled = 0",
+                message_id,
+                &users,
+            )
+            .build()
+            .execute(&mut *tx)
+            .await?;
+        }
         let readers: Vec<u64> =
             taken.iter().filter(|(_, read)| *read).map(|(user_id, _)| *user_id).collect();
         if !readers.is_empty() {
