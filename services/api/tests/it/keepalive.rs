@@ -8,7 +8,7 @@
 use std::time::{Duration, Instant};
 
 use notify_proto::v1;
-use notify_testkit::{TestApp, eventually, spawn_app, spawn_app_with, test_settings};
+use notify_testkit::{TestApp, eventually, spawn_app_with, test_settings};
 
 use crate::helpers::next_lent_id;
 use crate::items::{deliver, update};
@@ -19,18 +19,28 @@ fn direct_of(app: &TestApp, user: u64) -> &notify_store::db::direct::DirectConne
     app.ctx.direct.as_ref().expect("direct connections").get(shard).unwrap()
 }
 
+/// An app with `read_keep_warm_secs` set, and an item of `user` marked
+/// seen by one update: returns the app, the item and the id of the
+/// connection the update went on (idle in its set now).
+async fn updated_once(keep_warm_secs: u64, user: u64) -> (TestApp, u64, u64) {
+    let mut settings = test_settings();
+    settings.database.read_keep_warm_secs = keep_warm_secs;
+    let app = spawn_app_with(settings, true).await;
+    let item = deliver(&app, &[user], "billing").await;
+    assert_eq!(update(&app, user, v1::ItemAction::MarkSeen, vec![item], None).await.changed, 1);
+    let used = next_lent_id(direct_of(&app, user)).await;
+    (app, item, used)
+}
+
 /// An update after a pause longer than the ping threshold finds its
 /// connection checked by the keepalive moments before: the same
 /// connection, and no ping of its own.
 #[tokio::test]
 async fn an_update_after_a_pause_finds_its_connection_kept_warm() {
-    let app = spawn_app().await;
     let user = 5_300_001;
-    let item = deliver(&app, &[user], "billing").await;
-    let direct = direct_of(&app, user);
-    assert_eq!(update(&app, user, v1::ItemAction::MarkSeen, vec![item], None).await.changed, 1);
+    let (app, item, used) = updated_once(60, user).await;
     let paused = Instant::now();
-    let used = next_lent_id(direct).await;
+    let direct = direct_of(&app, user);
 
     // Pinged once idle for half a second, and again half a second later:
     // by then the connection sat idle past the second a write checks.
@@ -54,14 +64,9 @@ async fn an_update_after_a_pause_finds_its_connection_kept_warm() {
 /// new one, without an error.
 #[tokio::test]
 async fn past_the_keep_warm_window_an_update_pings_its_connection_first() {
-    let mut settings = test_settings();
-    settings.database.read_keep_warm_secs = 1;
-    let app = spawn_app_with(settings, true).await;
     let user = 5_300_101;
-    let item = deliver(&app, &[user], "billing").await;
+    let (app, item, used) = updated_once(1, user).await;
     let direct = direct_of(&app, user);
-    assert_eq!(update(&app, user, v1::ItemAction::MarkSeen, vec![item], None).await.changed, 1);
-    let used = next_lent_id(direct).await;
 
     // The window passing is the condition under test: after it, the
     // keepalive sends nothing more, and a killed connection stays in the
@@ -89,14 +94,9 @@ async fn past_the_keep_warm_window_an_update_pings_its_connection_first() {
 /// keepalive.
 #[tokio::test]
 async fn without_a_keep_warm_window_an_update_after_a_pause_pings_first() {
-    let mut settings = test_settings();
-    settings.database.read_keep_warm_secs = 0;
-    let app = spawn_app_with(settings, true).await;
     let user = 5_300_201;
-    let item = deliver(&app, &[user], "billing").await;
+    let (app, item, used) = updated_once(0, user).await;
     let direct = direct_of(&app, user);
-    assert_eq!(update(&app, user, v1::ItemAction::MarkSeen, vec![item], None).await.changed, 1);
-    let used = next_lent_id(direct).await;
     // The pause past the ping threshold is the condition under test.
     tokio::time::sleep(Duration::from_millis(1_100)).await;
     assert_eq!(update(&app, user, v1::ItemAction::MarkRead, vec![item], None).await.changed, 1);
