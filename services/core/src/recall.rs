@@ -8,8 +8,10 @@
 //! (`ItemRevoked`). Then the workers take the items back chunk by chunk
 //! through the same queues as deliveries, in groups as deliveries go
 //! ([`apply_group`]): one transaction per group of one send's chunks on a
-//! shard deletes their recipients' items, moves the chunks to recalled (the
-//! guard: a redelivered task changes nothing) and counts the items in
+//! shard marks their recipients' items taken back (each once; the rows stay,
+//! hidden, until retention's purge of hidden items takes them out, as it
+//! does a cancelled send's), moves the chunks to recalled (the guard: a
+//! redelivered task changes nothing) and counts the items in
 //! `progress.recalled`; the recipients' badges are invalidated after the
 //! commit, as a delivery's are. A chunk a worker applies concurrently with
 //! the recall is recalled too: the sweeper publishes recall tasks for every
