@@ -523,6 +523,35 @@ pub async fn mysql_status(conn: &mut MySqlConnection) -> anyhow::Result<HashMap<
     Ok(rows.into_iter().filter_map(|(k, v)| Some((k, v.parse().ok()?))).collect())
 }
 
+/// MariaDB's buffer pool against the shards' `message_items` (rows and
+/// indexes, as InnoDB reports them), in MB: whether the items a run reads
+/// can all be cached, or some are a page read from disk away.
+pub async fn pool_and_items(
+    conn: &mut MySqlConnection,
+    settings: &Settings,
+) -> anyhow::Result<String> {
+    let pool: u64 =
+        sqlx::query_scalar("SELECT @@innodb_buffer_pool_size").fetch_one(&mut *conn).await?;
+    let mut items = 0u64;
+    for database in db_names(settings) {
+        let (data, index): (u64, u64) = sqlx::query_as(
+            "SELECT CAST(COALESCE(SUM(data_length), 0) AS UNSIGNED), \
+             CAST(COALESCE(SUM(index_length), 0) AS UNSIGNED) FROM information_schema.TABLES \
+             WHERE table_schema = ? AND table_name = 'message_items'",
+        )
+        .bind(database)
+        .fetch_one(&mut *conn)
+        .await?;
+        items += data + index;
+    }
+    let mb = |bytes: u64| bytes as f64 / (1 << 20) as f64;
+    Ok(format!(
+        "MariaDB buffer pool {:.0} MB; the shards' message_items {:.0} MB (rows and indexes)",
+        mb(pool),
+        mb(items)
+    ))
+}
+
 /// Summary of MariaDB work between two status snapshots.
 pub fn mysql_delta(a: &HashMap<String, u64>, b: &HashMap<String, u64>) -> String {
     let d = |k: &str| b.get(k).copied().unwrap_or(0).saturating_sub(a.get(k).copied().unwrap_or(0));

@@ -19,6 +19,7 @@ use notify_proto::v1;
 use notify_proto::v1::RecipientFilter as F;
 use notify_proto::v1::inbox_service_client::InboxServiceClient;
 use notify_proto::v1::message_service_client::MessageServiceClient;
+use sqlx::MySqlConnection;
 use tonic::transport::Channel;
 
 use crate::harness::{self, Env, thousands, verdict};
@@ -151,6 +152,8 @@ async fn body(env: &mut Env, args: &RecipientsArgs) -> anyhow::Result<String> {
     let mut server = harness::server_connection(&env.settings).await?;
     let (waited, dirty) = harness::quiesce(&mut server, Duration::from_secs(60)).await?;
     println!("quiesce: {waited:.1} s, {dirty} dirty pages left");
+    let sizes = harness::pool_and_items(&mut server, &env.settings).await?;
+    println!("{sizes}");
 
     let messages = MessageServiceClient::new(channel.clone()).max_decoding_message_size(16 << 20);
     let mut lines = Vec::new();
@@ -188,7 +191,9 @@ async fn body(env: &mut Env, args: &RecipientsArgs) -> anyhow::Result<String> {
     // once it is reported beside it, as load.
     let mut status_ok = true;
     for (callers, target) in [(1, true), (args.readers, false)] {
-        let (status, slowest) = status_calls(&messages, id, args, callers).await?;
+        // One caller: the pages each call made MariaDB read from disk.
+        let server = (callers == 1).then_some(&mut server);
+        let (status, slowest, disk) = status_calls(&messages, id, args, callers, server).await?;
         let ok = ms(&status, 0.99) < STATUS_TARGET_MS;
         if target {
             status_ok = ok;
@@ -210,16 +215,28 @@ async fn body(env: &mut Env, args: &RecipientsArgs) -> anyhow::Result<String> {
         // Which calls the tail is: the first ones (a cold start) or any.
         let slowest: Vec<String> = slowest
             .iter()
-            .map(|(call, micros)| format!("call {call}: {:.2} ms", *micros as f64 / 1000.0))
+            .map(|call| {
+                let reads = call.disk_reads.map(|n| format!(", {n} pages from disk"));
+                format!(
+                    "call {}: {:.2} ms{}",
+                    call.index,
+                    call.micros as f64 / 1000.0,
+                    reads.unwrap_or_default()
+                )
+            })
             .collect();
-        let line = format!("    slowest: {}", slowest.join(", "));
+        let line = format!("    slowest: {}", slowest.join("; "));
         println!("{line}");
         lines.push(line);
+        if let Some(disk) = disk {
+            println!("{disk}");
+            lines.push(disk);
+        }
         env.check_children()?;
     }
     Ok(format!(
         "\n================ notify-bench recipients: summary ================\n\
-         send {id}: {} recipients, {} shards, fan-out {fanout_secs:.1} s; {} readers at once\n{}\n\
+         send {id}: {} recipients, {} shards, fan-out {fanout_secs:.1} s; {} readers at once\n{sizes}\n{}\n\
          every target: {}\n==================================================================",
         thousands(n),
         args.shards,
@@ -306,19 +323,38 @@ async fn list_pages(
 /// their caller's sequence).
 const SLOWEST_NAMED: usize = 5;
 
+/// The first calls of a run, whose pages MariaDB reads from disk are
+/// reported apart from the rest's (a cold start).
+const FIRST_CALLS: usize = 10;
+
+/// One status call: its number in its caller's sequence (from 0), its time,
+/// and (one caller) the pages MariaDB read from disk while it ran.
+struct Call {
+    index: u64,
+    micros: u64,
+    disk_reads: Option<u64>,
+}
+
 /// `--status-calls` per caller, `callers` at once, each of 1,000 users:
 /// 900 spread over the recipients and 100 who are not. Returns every
-/// call's time and the slowest calls' numbers (in their caller's
-/// sequence, from 0) and times.
+/// call's time, the slowest calls, and with `server` (one caller) a line
+/// saying how many pages the server read from disk per call (its
+/// `Innodb_buffer_pool_reads` before and after each call, read outside
+/// the call's time), for the first calls and the rest.
 async fn status_calls(
     messages: &MessageServiceClient<Channel>,
     message_id: u64,
     args: &RecipientsArgs,
     callers: usize,
-) -> anyhow::Result<(Histogram<u64>, Vec<(u64, u64)>)> {
+    server: Option<&mut MySqlConnection>,
+) -> anyhow::Result<(Histogram<u64>, Vec<Call>, Option<String>)> {
     let n = args.recipients;
+    // The first caller takes the connection (there is one caller when
+    // there is a connection).
+    let server = &std::sync::Mutex::new(server);
     let readers = (0..callers).map(|reader| {
         let mut client = messages.clone();
+        let mut server = server.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).take();
         async move {
             let mut hist = new_hist();
             let mut calls = Vec::new();
@@ -328,12 +364,15 @@ async fn status_calls(
                     (0..900u64).map(|i| 1 + (seed + i * 104_729) % n).collect();
                 user_ids.extend((0..100u64).map(|i| n + 1 + seed % 1000 + i));
                 let request = v1::GetRecipientStatusRequest { message_id, user_ids };
+                let before = disk_reads(server.as_deref_mut()).await?;
                 let call = Instant::now();
                 let found =
                     client.get_recipient_status(request).await.context("GetRecipientStatus")?;
                 let took = micros(call);
+                let after = disk_reads(server.as_deref_mut()).await?;
                 hist.saturating_record(took);
-                calls.push((call_index, took));
+                let disk_reads = before.zip(after).map(|(a, b)| b.saturating_sub(a));
+                calls.push(Call { index: call_index, micros: took, disk_reads });
                 ensure!(!found.into_inner().recipients.is_empty(), "no answer");
             }
             anyhow::Ok((hist, calls))
@@ -345,7 +384,41 @@ async fn status_calls(
         total.add(&hist)?;
         calls.extend(caller_calls);
     }
-    calls.sort_unstable_by_key(|(_, took)| std::cmp::Reverse(*took));
+    let disk = disk_line(&calls);
+    calls.sort_unstable_by_key(|call| std::cmp::Reverse(call.micros));
     calls.truncate(SLOWEST_NAMED);
-    Ok((total, calls))
+    Ok((total, calls, disk))
+}
+
+/// MariaDB's count of pages read from disk into its buffer pool, with a
+/// server connection.
+async fn disk_reads(server: Option<&mut MySqlConnection>) -> anyhow::Result<Option<u64>> {
+    let Some(conn) = server else { return Ok(None) };
+    let (_, value): (String, String) =
+        sqlx::query_as("SHOW GLOBAL STATUS LIKE 'Innodb_buffer_pool_reads'")
+            .fetch_one(conn)
+            .await?;
+    Ok(Some(value.parse()?))
+}
+
+/// Pages read from disk per call, the first calls' and the rest's, when
+/// they were counted.
+fn disk_line(calls: &[Call]) -> Option<String> {
+    let per_call = |calls: &[Call]| {
+        let reads: Option<Vec<u64>> = calls.iter().map(|call| call.disk_reads).collect();
+        let reads = reads?;
+        let mean = reads.iter().sum::<u64>() as f64 / reads.len().max(1) as f64;
+        let millis = calls.iter().map(|call| call.micros).sum::<u64>() as f64
+            / calls.len().max(1) as f64
+            / 1000.0;
+        Some(format!("{mean:.1} pages a call (mean {millis:.2} ms)"))
+    };
+    let (first, rest) = calls.split_at(FIRST_CALLS.min(calls.len()));
+    Some(format!(
+        "    pages MariaDB read from disk: the first {} calls {}, the other {} {}",
+        first.len(),
+        per_call(first)?,
+        rest.len(),
+        per_call(rest).unwrap_or_else(|| "none".to_owned())
+    ))
 }
