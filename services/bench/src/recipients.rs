@@ -346,15 +346,14 @@ async fn status_calls(
     message_id: u64,
     args: &RecipientsArgs,
     callers: usize,
-    server: Option<&mut MySqlConnection>,
+    mut server: Option<&mut MySqlConnection>,
 ) -> anyhow::Result<(Histogram<u64>, Vec<Call>, Option<String>)> {
     let n = args.recipients;
-    // The first caller takes the connection (there is one caller when
-    // there is a connection).
-    let server = &std::sync::Mutex::new(server);
     let readers = (0..callers).map(|reader| {
         let mut client = messages.clone();
-        let mut server = server.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).take();
+        // The first caller takes the connection (there is one caller when
+        // there is a connection).
+        let mut server = server.take();
         async move {
             let mut hist = new_hist();
             let mut calls = Vec::new();
@@ -405,8 +404,7 @@ async fn disk_reads(server: Option<&mut MySqlConnection>) -> anyhow::Result<Opti
 /// they were counted.
 fn disk_line(calls: &[Call]) -> Option<String> {
     let per_call = |calls: &[Call]| {
-        let reads: Option<Vec<u64>> = calls.iter().map(|call| call.disk_reads).collect();
-        let reads = reads?;
+        let reads = calls.iter().map(|call| call.disk_reads).collect::<Option<Vec<u64>>>()?;
         let mean = reads.iter().sum::<u64>() as f64 / reads.len().max(1) as f64;
         let millis = calls.iter().map(|call| call.micros).sum::<u64>() as f64
             / calls.len().max(1) as f64
