@@ -81,6 +81,7 @@ pub async fn run(args: ItemsArgs) -> anyhow::Result<()> {
         args.calls,
         crate::procstat::loadavg()
     );
+    println!("{}", crate::procstat::memory_line().await);
     let outcome = crate::guarded(body(&mut env, &args, &proxies)).await;
     env.finish(outcome).await
 }
@@ -111,6 +112,11 @@ struct Timed {
     /// followed (the user's `read_backlog` empty), and the round trips of
     /// that counting per call on each shard.
     counting: Option<(Histogram<u64>, Vec<f64>)>,
+    /// Each call's latency in microseconds, in the order they ran (the
+    /// slowest are named by their number), with the pause before it in
+    /// milliseconds: since the answer to the call before (or the run's
+    /// untimed round), the bench's wait for the read counts included.
+    calls: Vec<(u64, u64)>,
     cpu: CpuUse,
 }
 
@@ -160,7 +166,8 @@ async fn body(
         update_all(&mut client, args, &mut state, action, None).await?;
     }
 
-    let mut run = Run { args, tracked: &tracked, state, proxies, shard: &pool };
+    let last_answer = Instant::now();
+    let mut run = Run { args, tracked: &tracked, state, proxies, shard: &pool, last_answer };
     let mut timed = Vec::new();
     // Unread items are still unseen: one call marks every item seen.
     timed.append(&mut run.actions(&mut client, &[v1::ItemAction::MarkSeen], 1).await?);
@@ -299,14 +306,15 @@ impl ItemState {
 }
 
 /// One `UpdateItems(action, all)` of every item in every view; checks that
-/// it changed every item and the counts it answers.
+/// it changed every item and the counts it answers. Returns its latency in
+/// microseconds.
 async fn update_all(
     client: &mut InboxServiceClient<Channel>,
     args: &ItemsArgs,
     state: &mut ItemState,
     action: v1::ItemAction,
     hist: Option<&mut Histogram<u64>>,
-) -> anyhow::Result<()> {
+) -> anyhow::Result<u64> {
     let started = Instant::now();
     let reply = client
         .update_items(v1::UpdateItemsRequest {
@@ -318,8 +326,9 @@ async fn update_all(
         .await
         .with_context(|| format!("UpdateItems({})", action.as_str_name()))?
         .into_inner();
+    let took = (started.elapsed().as_nanos() as u64 / 1000).max(1);
     if let Some(hist) = hist {
-        hist.saturating_record((started.elapsed().as_nanos() as u64 / 1000).max(1));
+        hist.saturating_record(took);
     }
     let (next, changes) = state.after(action);
     *state = next;
@@ -333,7 +342,7 @@ async fn update_all(
         reply.unread,
         reply.unseen
     );
-    Ok(())
+    Ok(took)
 }
 
 /// The timed part, with what it needs.
@@ -344,6 +353,8 @@ struct Run<'a> {
     proxies: &'a [CountingProxy],
     /// The user's shard, direct (not through its proxy).
     shard: &'a MySqlPool,
+    /// When the last call, timed or not, was answered.
+    last_answer: Instant,
 }
 
 impl Run<'_> {
@@ -358,10 +369,10 @@ impl Run<'_> {
         let counts = || self.proxies.iter().map(CountingProxy::commands).collect::<Vec<_>>();
         let update_counts =
             || self.proxies.iter().map(CountingProxy::update_commands).collect::<Vec<_>>();
-        let updates_before = update_counts();
         let update_pings = || self.proxies.iter().map(CountingProxy::update_pings).sum::<u64>();
         let mut hists: Vec<Histogram<u64>> = actions.iter().map(|_| new_hist()).collect();
         let mut counting_hists: Vec<Histogram<u64>> = actions.iter().map(|_| new_hist()).collect();
+        let mut each: Vec<Vec<(u64, u64)>> = actions.iter().map(|_| Vec::new()).collect();
         let shards = self.proxies.len();
         // Commands in the calls' windows (request to answer) and in the
         // countings' (answer to the backlog empty), and how long those were.
@@ -370,15 +381,32 @@ impl Run<'_> {
         // Commands on the updates' connections in the calls' windows, and
         // the pings among them.
         let (mut updates_in_calls, mut pings_in_calls) = (vec![0u64; shards], 0);
+        // A pair leaves the items as it found them: one untimed round first,
+        // after the idle window that ended the run before (each call's
+        // pause is reported with the slowest ones).
+        if actions.len() > 1 {
+            for action in actions {
+                update_all(client, self.args, &mut self.state, *action, None).await?;
+                if matches!(action, v1::ItemAction::MarkRead | v1::ItemAction::MarkUnread) {
+                    backlog_drained(self.shard).await?;
+                }
+            }
+            self.last_answer = Instant::now();
+        }
+        let updates_before = update_counts();
         let cpu0 = self.tracked.snap();
         let started = Instant::now();
         for _ in 0..calls {
-            for ((action, hist), counting) in
-                actions.iter().zip(&mut hists).zip(&mut counting_hists)
+            for (((action, hist), counting), each) in
+                actions.iter().zip(&mut hists).zip(&mut counting_hists).zip(&mut each)
             {
                 let (before, updates, pings) = (counts(), update_counts(), update_pings());
                 let call = Instant::now();
-                update_all(client, self.args, &mut self.state, *action, Some(hist)).await?;
+                let pause = call.duration_since(self.last_answer).as_millis() as u64;
+                let took =
+                    update_all(client, self.args, &mut self.state, *action, Some(hist)).await?;
+                self.last_answer = Instant::now();
+                each.push((took, pause));
                 call_secs += call.elapsed().as_secs_f64();
                 let answered = counts();
                 add_between(&mut in_calls, &before, &answered);
@@ -436,7 +464,8 @@ impl Run<'_> {
             .iter()
             .zip(hists)
             .zip(counting_hists)
-            .map(|((action, hist), counting_hist)| Timed {
+            .zip(each)
+            .map(|(((action, hist), counting_hist), calls)| Timed {
                 action: *action,
                 group: group.clone(),
                 hist,
@@ -446,10 +475,35 @@ impl Run<'_> {
                 between_calls,
                 counting: (!counting_hist.is_empty())
                     .then(|| (counting_hist, counting_trips.clone())),
+                calls,
                 cpu: cpu.clone(),
             })
             .collect())
     }
+}
+
+/// The slowest calls of a run of several, by number (1 = the first),
+/// latency and the pause before them, slowest first: whether a tail is
+/// spread over the run or follows a pause (which costs this machine's
+/// memory, [`crate::procstat::memory_after_pause`]).
+fn slowest(calls: &[(u64, u64)]) -> String {
+    if calls.len() < 2 {
+        return String::new();
+    }
+    let mut by_time: Vec<(usize, (u64, u64))> = calls.iter().copied().enumerate().collect();
+    by_time.sort_unstable_by_key(|(_, (took, _))| std::cmp::Reverse(*took));
+    let named: Vec<String> = by_time
+        .iter()
+        .take(3)
+        .map(|(at, (took, pause))| {
+            format!(
+                "#{} {:.1} ms ({pause} ms after the answer before)",
+                at + 1,
+                *took as f64 / 1000.0
+            )
+        })
+        .collect();
+    format!("\n{:<24} slowest calls: {}", "", named.join(", "))
 }
 
 /// Adds each shard's commands between two counts.
@@ -516,7 +570,7 @@ fn summary(args: &ItemsArgs, user_slot: usize, timed: &[Timed], machine_max: usi
             "{:<24} {:>3} calls  p50 {:>6.1} ms  p99 {:>6.1} ms  max {:>6.1} ms (target < {TARGET_MS} \
              ms: {}) | {own:.2} round trips a call on the updates' connections ({:.2} of them pings) over \
              {touched} shard(s) touched (target 1 per shard touched: {}); all commands in the calls' windows, \
-             net of the services' estimated rate: {trips:.1}{counting}",
+             net of the services' estimated rate: {trips:.1}{counting}{}",
             t.action.as_str_name(),
             t.hist.len(),
             ms(0.5),
@@ -524,7 +578,8 @@ fn summary(args: &ItemsArgs, user_slot: usize, timed: &[Timed], machine_max: usi
             t.hist.max() as f64 / 1000.0,
             verdict(ms(0.99) < TARGET_MS),
             t.pings_on_updates,
-            verdict(own <= touched as f64 + 0.05)
+            verdict(own <= touched as f64 + 0.05),
+            slowest(&t.calls)
         );
     }
     let _ = writeln!(

@@ -84,6 +84,7 @@ pub async fn run(args: RecipientsArgs) -> anyhow::Result<()> {
         args.page_size,
         crate::procstat::loadavg()
     );
+    println!("{}", crate::procstat::memory_line().await);
     let outcome = crate::guarded(body(&mut env, &args)).await;
     env.finish(outcome).await
 }
