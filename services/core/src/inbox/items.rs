@@ -66,12 +66,6 @@ pub async fn update_items(
     finish_count_change(ctx, user).await;
     drop(pool);
     let updated = result?;
-    let counts_reads = matches!(action, Action::MarkRead | Action::MarkUnread);
-    if counts_reads && matches!(target, Target::All(_)) && updated.changed > 0 {
-        // The sends' read counts and readers follow from the row the
-        // update wrote (read_counts).
-        read_counts::count_soon(ctx, user);
-    }
     if updated.changed > 0 {
         let (message_ids, filter) = match target {
             Target::Ids(_) => (updated.changed_ids, None),
@@ -79,6 +73,14 @@ pub async fn update_items(
         };
         let event = BusEvent::ItemsUpdated { user_id: user, action, message_ids, filter };
         events::publish_best_effort(ctx, &event).await;
+    }
+    let counts_reads = matches!(action, Action::MarkRead | Action::MarkUnread);
+    if counts_reads && matches!(target, Target::All(_)) && updated.changed > 0 {
+        // The sends' read counts and readers follow from the row the
+        // update wrote (read_counts). Last, as the call answers: counting
+        // 10,000 reads keeps MariaDB busy for a while, and the event and
+        // the answer should not share the cores with it.
+        read_counts::count_soon(ctx, user);
     }
     let counts = counted(&updated.badge, &live).0;
     Ok(Changed { changed: updated.changed, unknown: updated.unknown, counts })
