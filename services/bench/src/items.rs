@@ -163,7 +163,7 @@ async fn body(
     // (archive and back leave the items unseen, for the timed MARK_SEEN).
     let mut state = ItemState::default();
     for action in [v1::ItemAction::Archive, v1::ItemAction::Unarchive] {
-        update_all(&mut client, args, &mut state, action, None).await?;
+        update_all(&mut client, args, &mut state, action).await?;
     }
 
     let last_answer = Instant::now();
@@ -313,7 +313,6 @@ async fn update_all(
     args: &ItemsArgs,
     state: &mut ItemState,
     action: v1::ItemAction,
-    hist: Option<&mut Histogram<u64>>,
 ) -> anyhow::Result<u64> {
     let started = Instant::now();
     let reply = client
@@ -327,9 +326,6 @@ async fn update_all(
         .with_context(|| format!("UpdateItems({})", action.as_str_name()))?
         .into_inner();
     let took = (started.elapsed().as_nanos() as u64 / 1000).max(1);
-    if let Some(hist) = hist {
-        hist.saturating_record(took);
-    }
     let (next, changes) = state.after(action);
     *state = next;
     let n = if changes { args.items } else { 0 };
@@ -370,7 +366,6 @@ impl Run<'_> {
         let update_counts =
             || self.proxies.iter().map(CountingProxy::update_commands).collect::<Vec<_>>();
         let update_pings = || self.proxies.iter().map(CountingProxy::update_pings).sum::<u64>();
-        let mut hists: Vec<Histogram<u64>> = actions.iter().map(|_| new_hist()).collect();
         let mut counting_hists: Vec<Histogram<u64>> = actions.iter().map(|_| new_hist()).collect();
         let mut each: Vec<Vec<(u64, u64)>> = actions.iter().map(|_| Vec::new()).collect();
         let shards = self.proxies.len();
@@ -386,25 +381,23 @@ impl Run<'_> {
         // pause is reported with the slowest ones).
         if actions.len() > 1 {
             for action in actions {
-                update_all(client, self.args, &mut self.state, *action, None).await?;
+                update_all(client, self.args, &mut self.state, *action).await?;
+                self.last_answer = Instant::now();
                 if matches!(action, v1::ItemAction::MarkRead | v1::ItemAction::MarkUnread) {
                     backlog_drained(self.shard).await?;
                 }
             }
-            self.last_answer = Instant::now();
         }
         let updates_before = update_counts();
         let cpu0 = self.tracked.snap();
         let started = Instant::now();
         for _ in 0..calls {
-            for (((action, hist), counting), each) in
-                actions.iter().zip(&mut hists).zip(&mut counting_hists).zip(&mut each)
+            for ((action, counting), each) in actions.iter().zip(&mut counting_hists).zip(&mut each)
             {
                 let (before, updates, pings) = (counts(), update_counts(), update_pings());
                 let call = Instant::now();
                 let pause = call.duration_since(self.last_answer).as_millis() as u64;
-                let took =
-                    update_all(client, self.args, &mut self.state, *action, Some(hist)).await?;
+                let took = update_all(client, self.args, &mut self.state, *action).await?;
                 self.last_answer = Instant::now();
                 each.push((took, pause));
                 call_secs += call.elapsed().as_secs_f64();
@@ -462,13 +455,12 @@ impl Run<'_> {
         let counting_trips = net(&in_counting, counting_secs);
         Ok(actions
             .iter()
-            .zip(hists)
             .zip(counting_hists)
             .zip(each)
-            .map(|(((action, hist), counting_hist), calls)| Timed {
+            .map(|((action, counting_hist), calls)| Timed {
                 action: *action,
                 group: group.clone(),
-                hist,
+                hist: latencies(&calls),
                 per_call: per_call.clone(),
                 on_updates: on_updates.clone(),
                 pings_on_updates,
@@ -526,6 +518,15 @@ async fn backlog_drained(pool: &MySqlPool) -> anyhow::Result<()> {
         ensure!(Instant::now() < deadline, "reads still waiting to be counted after 30 s");
         tokio::time::sleep(Duration::from_millis(1)).await;
     }
+}
+
+/// The histogram of calls' latencies (microseconds, as [`Timed::calls`]).
+fn latencies(calls: &[(u64, u64)]) -> Histogram<u64> {
+    let mut hist = new_hist();
+    for (took, _) in calls {
+        hist.saturating_record(*took);
+    }
+    hist
 }
 
 fn new_hist() -> Histogram<u64> {
