@@ -152,7 +152,10 @@ async fn reads_racing_by_filter_and_by_ids_leave_counts_and_readers_exact() {
 }
 
 /// What a process killed right after a filtered read's commit leaves: the
-/// items read and the row waiting, nobody to count it at once.
+/// items read and the row waiting, nobody to count it at once. The row's
+/// ids as versions before this one wrote them (`JSON_ARRAYAGG`; this one
+/// joins them with `GROUP_CONCAT`, the same text), which a rollout leaves
+/// for the new pods to count.
 async fn read_and_leave_waiting(app: &TestApp, user_id: u64) {
     let pool = app.ctx.pools.for_user(user_id);
     let mut tx = pool.value().begin().await.unwrap();

@@ -435,6 +435,10 @@ mod tests {
         // No join: MariaDB would copy every changed row to a temporary table.
         assert!(!sql.contains("JOIN"), "{sql}");
         assert!(sql.contains(&format!("AND i.is_read = 0{NOT_REVOKED}")), "{sql}");
+        // The ids as a JSON array joined by GROUP_CONCAT, 2 ms less than
+        // JSON_ARRAYAGG for 10,000 (read_backlog::record).
+        assert!(sql.contains("CONCAT('[', GROUP_CONCAT(i.message_id), ']')"), "{sql}");
+        assert!(!sql.contains("JSON_ARRAYAGG"), "{sql}");
         let (steps, _) = script(42, Action::Archive, Target::All(filter), &[], false).unwrap();
         assert_eq!(steps, [Step::Begin, Step::Update, Step::Count, Step::Commit]);
         let (steps, sql) = script(42, Action::Archive, Target::Ids(&[5, 6]), &[], false).unwrap();
