@@ -19,7 +19,7 @@ use tracing::instrument;
 
 use super::chunks::read_slot;
 use super::direct::DirectConnections;
-use super::items::{BadgeState, COUNT_UNREAD, ItemFilter, NOT_REVOKED, UnreadTruth};
+use super::items::{BadgeState, COUNT_UNREAD, ItemFilter, NOT_REVOKED, NOW, UnreadTruth};
 use super::preferences::{SUPPRESSION, Suppression};
 use super::{read_backlog, read_feed};
 use notify_domain::error::{Error, Result};
@@ -147,11 +147,19 @@ pub struct Updated {
     pub badge: BadgeState,
 }
 
+/// The time a filtered read or unread's items expire against, fixed by
+/// the first statement of its script: its backlog row and its `UPDATE`
+/// each select the items, and each statement reads the clock anew, so an
+/// item expiring between the two would be recorded as read (its send's
+/// read count up by one) and stay unread. A user variable, which the next
+/// script on the connection sets again.
+const FIXED_NOW: &str = "@notify_now";
+
 /// What one statement of an update's script is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Step {
     Begin,
-    Raise,
+    Session,
     Found,
     Waiting,
     Changed,
@@ -247,8 +255,11 @@ fn script(
     let list = |ids: &[u64]| ids.iter().map(u64::to_string).collect::<Vec<_>>().join(", ");
     let delta = action.read_delta();
     let mut steps = Vec::new();
-    if delta != 0 && matches!(target, Target::All(_)) {
-        steps.push((Step::Raise, read_backlog::RAISE_AGGREGATE_LIMIT.to_owned()));
+    // A filtered read or unread selects its items twice (backlog, update).
+    let twice = delta != 0 && matches!(target, Target::All(_));
+    if twice {
+        let session = format!("{}, {FIXED_NOW} = {NOW}", read_backlog::RAISE_AGGREGATE_LIMIT);
+        steps.push((Step::Session, session));
     }
     steps.push((Step::Begin, "START TRANSACTION".to_owned()));
     let items = "message_items i";
@@ -282,7 +293,7 @@ fn script(
         Target::All(filter) => (
             format!(
                 "WHERE i.user_id = {user_id}{}{}{NOT_REVOKED}",
-                filter.item_conditions()?,
+                filter.item_conditions(if twice { FIXED_NOW } else { NOW })?,
                 action.changes()
             ),
             None,
@@ -419,7 +430,7 @@ mod tests {
             script(42, Action::MarkRead, Target::All(filter), &[7, 9], true).unwrap();
         // The feed of a filtered read is written when its row is counted.
         let expected = [
-            Step::Raise,
+            Step::Session,
             Step::Begin,
             Step::Backlog,
             Step::Update,
@@ -439,8 +450,19 @@ mod tests {
         // JSON_ARRAYAGG for 10,000 (read_backlog::record).
         assert!(sql.contains("CONCAT('[', GROUP_CONCAT(i.message_id), ']')"), "{sql}");
         assert!(!sql.contains("JSON_ARRAYAGG"), "{sql}");
-        let (steps, _) = script(42, Action::Archive, Target::All(filter), &[], false).unwrap();
+        // The backlog row and the update expire items against one time.
+        assert!(
+            sql.starts_with(
+                "SET SESSION group_concat_max_len = 4294967295, @notify_now = UTC_TIMESTAMP(3);"
+            ),
+            "{sql}"
+        );
+        assert_eq!(sql.matches("i.expire_at > @notify_now").count(), 2, "{sql}");
+        assert_eq!(sql.matches("i.expire_at > UTC_TIMESTAMP(3)").count(), 1, "the count's: {sql}");
+        let (steps, sql) = script(42, Action::Archive, Target::All(filter), &[], false).unwrap();
         assert_eq!(steps, [Step::Begin, Step::Update, Step::Count, Step::Commit]);
+        // One statement selects the items: the clock as it starts.
+        assert!(!sql.contains("@notify_now") && sql.contains("i.expire_at > UTC_TIMESTAMP(3)"));
         let (steps, sql) = script(42, Action::Archive, Target::Ids(&[5, 6]), &[], false).unwrap();
         let expected = [Step::Begin, Step::Found, Step::Changed, Step::Update, Step::Count];
         assert_eq!(steps, [&expected[..], &[Step::Commit]].concat());

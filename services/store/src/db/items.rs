@@ -99,7 +99,7 @@ impl ItemFilter<'_> {
     /// cancelled announcement) is the caller's to add: a list joins the copy
     /// `c` anyway ([`CONTENT_VISIBLE`]), an update asks for it by id.
     pub(crate) fn push_item_conditions(&self, sql: &mut QueryBuilder<sqlx::MySql>) -> Result<()> {
-        sql.push(self.item_conditions()?);
+        sql.push(self.item_conditions(NOW)?);
         Ok(())
     }
 
@@ -107,7 +107,10 @@ impl ItemFilter<'_> {
     /// are numbers, and a category is checked here (again) to be
     /// `[a-z0-9_.-]`, so no value can end its literal. A bulk update sends
     /// its whole transaction as one script, which takes no bound values.
-    pub(crate) fn item_conditions(&self) -> Result<String> {
+    /// Items expire against `now`, SQL: [`NOW`], or a time the script
+    /// fixed before, when more than one of its statements selects the
+    /// items (each statement reads the clock anew).
+    pub(crate) fn item_conditions(&self, now: &str) -> Result<String> {
         let mut sql = String::from(concat!(" AND ", not_deleted!("i")));
         match self.view {
             View::Inbox => sql.push_str(" AND i.is_archived = 0"),
@@ -130,10 +133,14 @@ impl ItemFilter<'_> {
         if let Some(up_to) = self.up_to {
             sql.push_str(&format!(" AND i.message_id <= {up_to}"));
         }
-        sql.push_str(" AND (i.expire_at IS NULL OR i.expire_at > UTC_TIMESTAMP(3))");
+        sql.push_str(&format!(" AND (i.expire_at IS NULL OR i.expire_at > {now})"));
         Ok(sql)
     }
 }
+
+/// The time items expire against in a statement of its own: the clock as
+/// the statement starts.
+pub(crate) const NOW: &str = "UTC_TIMESTAMP(3)";
 
 /// SQL condition on a joined content copy `c`: its send was not withdrawn.
 pub(crate) const CONTENT_VISIBLE: &str = " AND c.revoked = 0";
