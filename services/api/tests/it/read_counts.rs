@@ -151,6 +151,43 @@ async fn reads_racing_by_filter_and_by_ids_leave_counts_and_readers_exact() {
     app.cleanup().await;
 }
 
+#[tokio::test]
+async fn an_item_expiring_between_a_filtered_reads_statements_is_read_and_counted_or_neither() {
+    let app = spawn_app().await;
+    let user = 5_700_101;
+    let sends = [deliver(&app, &[user], "billing").await, deliver(&app, &[user], "billing").await];
+    let pool = app.ctx.pools.for_user(user);
+    let pool = pool.value();
+    sqlx::query(
+        "UPDATE message_items SET expire_at = UTC_TIMESTAMP(3) + INTERVAL 5 SECOND \
+         WHERE user_id = ? AND message_id = ?",
+    )
+    .bind(user)
+    .bind(sends[1])
+    .execute(pool)
+    .await
+    .unwrap();
+    // The clock of the session writing the backlog row jumps 10 s as the
+    // row is written (this test's shard only): the statements after it in
+    // the update's script see the second item expired, as they would if
+    // it expired between them.
+    sqlx::query(
+        "CREATE TRIGGER test_clock_jumps BEFORE INSERT ON read_backlog FOR EACH ROW \
+         SET @@session.timestamp = UNIX_TIMESTAMP(NOW(6)) + 10",
+    )
+    .execute(pool)
+    .await
+    .unwrap();
+
+    let reply = update(&app, user, v1::ItemAction::MarkRead, vec![], everything()).await;
+    sqlx::query("DROP TRIGGER test_clock_jumps").execute(pool).await.unwrap();
+    assert_eq!(reply.changed, 2, "both items were in the inbox as the update began");
+    app.reads_counted().await;
+    assert_counts_agree(&app, &sends).await;
+    assert_eq!(read_counts(&app, &sends).await, [1, 1]);
+    app.cleanup().await;
+}
+
 /// What a process killed right after a filtered read's commit leaves: the
 /// items read and the row waiting, nobody to count it at once. The row's
 /// ids as versions before this one wrote them (`JSON_ARRAYAGG`; this one
