@@ -2,6 +2,7 @@
 //! field on the way in.
 
 use chrono::{DateTime, NaiveDateTime, Utc};
+use notify_core::control::OperationKind;
 use notify_core::inbox::{InboxPage, PageFormat};
 use notify_core::send::{MessageView, Progress};
 use notify_domain::auth::{Client, Scope};
@@ -348,7 +349,21 @@ pub fn message_to_proto(view: MessageView) -> Result<v1::Message> {
         finished_at: opt_timestamp(row.finished_at),
         critical: row.critical,
         edited_at: opt_timestamp(row.edited_at),
+        pending_operations: view
+            .pending_operations
+            .iter()
+            .map(|kind| operation_to_proto(*kind) as i32)
+            .collect(),
     })
+}
+
+/// The proto name of a control operation.
+fn operation_to_proto(kind: OperationKind) -> v1::ControlOperation {
+    match kind {
+        OperationKind::Cancel => v1::ControlOperation::Cancel,
+        OperationKind::Recall => v1::ControlOperation::Recall,
+        OperationKind::Edit => v1::ControlOperation::Edit,
+    }
 }
 
 #[cfg(test)]

@@ -94,7 +94,7 @@ pub async fn end_expired(ctx: &Context, shard: ShardId, pool: &MySqlPool) -> Res
             continue;
         }
         drop(home);
-        send::refresh_status_best_effort(ctx, MessageId::from_raw(id)).await;
+        crate::status::refresh_status_best_effort(ctx, MessageId::from_raw(id)).await;
         tracing::info!(message_id = id, "announcement expired, completed");
         ended.push(id);
     }
@@ -220,8 +220,10 @@ pub async fn materialize_live(ctx: &Context, user_id: u64) -> Result<(Vec<Active
     let ids: Vec<u64> = missing.iter().map(|a| a.message_id).collect();
     ctx.cache.begin_count_change(user_id).await?;
     // Concurrent first reads of a new user can deadlock creating its state row.
-    let written =
-        notify_store::db::retry_on_deadlock(|| items::materialize(&pool, user_id, &ids)).await;
+    let written = notify_store::db::retrying("items::materialize", || {
+        items::materialize(&pool, user_id, &ids)
+    })
+    .await;
     if let Err(e) = ctx.cache.end_count_change(user_id).await {
         warn!(error = %e, user_id, "could not clear a badge change marker");
     }

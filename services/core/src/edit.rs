@@ -1,20 +1,21 @@
-//! Editing a send's content after it went out: the home record and every
-//! shard's content copy (at most one per shard, never one per recipient)
-//! take the new title, body and data, and items show `edited_at`. The
-//! category stays: items are filed (the category filter and its index) and
-//! muted by it. Cached inbox pages hold the old content, so the edit retires
-//! them (the announcement epoch), and gateway streams get `ItemUpdated`.
+//! Editing a send's content after it went out: the home record takes the
+//! new title, body and data (with `edited_at` and the next content
+//! version), and the edit is a control operation ([`crate::control`]) that
+//! gives every shard's content copy (at most one per shard, never one per
+//! recipient) the edit, retires the cached inbox pages that hold the old
+//! content (its recipients', or every user's for an announcement or a large
+//! send) and tells gateway streams (`ItemUpdated`). The category stays:
+//! items are filed (the category filter and its index) and muted by it.
 
-use chrono::Utc;
-use shard_router::Key;
-use tracing::{info, instrument, warn};
+use tracing::{info, instrument};
 
 use crate::context::Context;
-use crate::events::{self, BusEvent};
+use crate::control;
 use crate::send::{self, MessageView};
 use notify_domain::domain::{Content, MessageId, SendStatus};
 use notify_domain::error::{Error, Result};
-use notify_store::db::{chunks, messages};
+use notify_store::db::messages::ControlChange;
+use notify_store::db::operations::OperationKind;
 
 /// What an edit did.
 #[derive(Debug, Clone)]
@@ -56,22 +57,8 @@ pub async fn edit(
             &format!("must stay {:?}: items are filed and muted by it", row.category),
         ));
     }
-    let home = ctx.writable(Key::Message(message_id.get())).await?;
-    messages::edit(&home, message_id, content).await?;
-    drop(home);
-    for (_, pool) in ctx.pools.iter() {
-        chunks::edit_content(pool, message_id, content).await?;
-    }
-    if let Err(e) = ctx.cache.bump_announcement_epoch().await {
-        // Cached pages show the old content until they expire.
-        warn!(error = %e, message_id = %message_id, "could not retire cached inbox pages");
-    }
-    let event = BusEvent::Edited {
-        message_id: message_id.get(),
-        title: content.title.clone(),
-        edited_at_ms: Utc::now().timestamp_millis(),
-    };
-    events::publish_best_effort(ctx, &event).await;
+    let change = ControlChange::Content(content);
+    control::begin(ctx, &row, change, OperationKind::Edit, None).await?;
     info!(message_id = %message_id, "message edited");
     let view = send::get(ctx, message_id, None).await?;
     Ok(Edited { view, previous_title: row.title })

@@ -102,12 +102,17 @@ pub enum BusEvent {
         #[serde(rename = "c")]
         summary: ContentSummary,
     },
-    /// A send's items were withdrawn (an announcement was cancelled).
+    /// A send's items were withdrawn (a recall, an announcement's cancel).
     #[serde(rename = "revoked")]
     Revoked {
         /// The send.
         #[serde(rename = "m")]
         message_id: u64,
+        /// Its recipients on one shard, whose streams and badges this is
+        /// about (a recall of a send retired per recipient); absent: every
+        /// user's (an announcement, or a recall of a large send).
+        #[serde(rename = "u", default, skip_serializing_if = "Option::is_none")]
+        user_ids: Option<Vec<u64>>,
     },
     /// A send's content was edited: every stream's users who have the item
     /// see the new headline.

@@ -13,6 +13,7 @@
 pub mod announce;
 pub mod audit;
 pub mod context;
+pub mod control;
 pub mod deliver;
 pub mod edit;
 pub mod erase;
@@ -27,6 +28,7 @@ pub mod recall;
 pub mod recipients;
 pub mod retention;
 pub mod send;
+pub mod status;
 pub mod telemetry;
 pub mod webhooks;
 

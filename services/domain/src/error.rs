@@ -74,31 +74,114 @@ impl Error {
         }
     }
 
-    /// Returns true when InnoDB rolled the transaction back as a deadlock
-    /// victim (SQLSTATE 40001): running it again is the documented remedy.
-    pub fn is_deadlock(&self) -> bool {
-        matches!(self, Self::Database(sqlx::Error::Database(e)) if e.code().as_deref() == Some("40001"))
+    /// Says what kind of database failure this is, for a database error:
+    /// what the system does about it ([`DbFailure`]).
+    pub fn db_failure(&self) -> Option<DbFailure> {
+        match self {
+            Self::Database(e) => Some(DbFailure::of(e)),
+            _ => None,
+        }
+    }
+
+    /// Returns true when InnoDB rolled the work back as a deadlock victim
+    /// or gave up waiting for a lock: running the whole transaction again
+    /// is the documented remedy.
+    pub fn is_lock_conflict(&self) -> bool {
+        matches!(self.db_failure(), Some(DbFailure::Deadlock | DbFailure::LockWaitTimeout))
     }
 
     /// Returns true when the MySQL connection itself failed (closed or
-    /// reset under the statement): a read may be run again at once, on
+    /// reset under the statement): the work may be run again at once, on
     /// another connection (the pool closes a broken one on its release).
     pub fn is_broken_connection(&self) -> bool {
-        matches!(self, Self::Database(sqlx::Error::Io(_)))
+        self.db_failure() == Some(DbFailure::ConnectionLost)
     }
 
-    /// Returns true when retrying the same operation later may succeed.
+    /// Returns true when retrying the same operation later may succeed: a
+    /// dependency is down or busy. A database error that says the request
+    /// itself is wrong (a constraint, a value too long, a bad statement) is
+    /// not: retrying it fails the same way, and it surfaces as INTERNAL.
     pub fn is_transient(&self) -> bool {
         match self {
-            Self::Database(e) => !matches!(
-                e,
-                sqlx::Error::RowNotFound
-                    | sqlx::Error::ColumnDecode { .. }
-                    | sqlx::Error::Decode(_)
-                    | sqlx::Error::TypeNotFound { .. }
-            ),
+            Self::Database(_) => self.db_failure().is_some_and(DbFailure::is_transient),
             Self::Broker(_) | Self::Cache(_) | Self::Unavailable(_) => true,
             _ => false,
+        }
+    }
+}
+
+/// What a database error means for whoever ran the statement.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum DbFailure {
+    /// InnoDB picked the transaction as a deadlock victim (1213) and rolled
+    /// it back: run it again.
+    Deadlock,
+    /// A lock was not granted within `innodb_lock_wait_timeout` (1205):
+    /// run the whole transaction again.
+    LockWaitTimeout,
+    /// The connection broke under the statement (reset, closed, killed,
+    /// the server went away: 2006, 2013, 1927, 1053): a read or an
+    /// idempotent write may run again on a fresh connection.
+    ConnectionLost,
+    /// The server cannot take the work now (no connection in time, too
+    /// many connections, read-only during a failover, a statement over its
+    /// time limit): a dependency is down, the caller may retry later.
+    Unavailable,
+    /// Anything else (a constraint, data too long, an unknown column, a
+    /// value that does not decode): the request or the code is wrong, and
+    /// running it again fails the same way.
+    Internal,
+}
+
+impl DbFailure {
+    /// Classifies a sqlx error by its kind and, for a server error, by
+    /// MySQL's error number.
+    pub fn of(error: &sqlx::Error) -> Self {
+        match error {
+            sqlx::Error::Io(_) | sqlx::Error::Protocol(_) | sqlx::Error::WorkerCrashed => {
+                Self::ConnectionLost
+            }
+            sqlx::Error::PoolTimedOut | sqlx::Error::PoolClosed | sqlx::Error::Tls(_) => {
+                Self::Unavailable
+            }
+            sqlx::Error::Database(e) => {
+                let number = e
+                    .try_downcast_ref::<sqlx::mysql::MySqlDatabaseError>()
+                    .map(sqlx::mysql::MySqlDatabaseError::number);
+                match number {
+                    Some(1213) => Self::Deadlock,
+                    Some(1205) => Self::LockWaitTimeout,
+                    // Server shutdown, connection killed, aborted or
+                    // interrupted, network errors on the server's side.
+                    Some(1053 | 1077 | 1152 | 1153 | 1158..=1161 | 1317 | 1927 | 2006 | 2013) => {
+                        Self::ConnectionLost
+                    }
+                    // Too many connections, host blocked, read-only (a
+                    // failover), statement time limit, out of resources.
+                    Some(1040 | 1041 | 1129 | 1203 | 1290 | 1836 | 1969 | 3024) => {
+                        Self::Unavailable
+                    }
+                    _ if e.code().as_deref() == Some("40001") => Self::Deadlock,
+                    _ => Self::Internal,
+                }
+            }
+            _ => Self::Internal,
+        }
+    }
+
+    /// Returns true for the failures that may pass when tried again later.
+    pub fn is_transient(self) -> bool {
+        self != Self::Internal
+    }
+
+    /// A short name for metrics and logs.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Deadlock => "deadlock",
+            Self::LockWaitTimeout => "lock_wait_timeout",
+            Self::ConnectionLost => "connection_lost",
+            Self::Unavailable => "unavailable",
+            Self::Internal => "internal",
         }
     }
 }

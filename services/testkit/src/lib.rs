@@ -385,6 +385,27 @@ impl TestApp {
             .unwrap_or_else(|_| panic!("message {message_id} did not reach {status:?} in 90 s"))
     }
 
+    /// Follows WatchMessage until no control operation (cancel, recall,
+    /// edit) of the send is left on any shard; returns that state. Panics
+    /// after 90 s.
+    pub async fn wait_for_operations(&self, message_id: u64) -> v1::Message {
+        let request = v1::WatchMessageRequest { message_id, interval_ms: 100 };
+        let mut stream =
+            self.messages().watch_message(request).await.expect("watch opens").into_inner();
+        let watch = async {
+            while let Some(message) = stream.next().await {
+                let message = message.expect("watch item");
+                if message.pending_operations.is_empty() {
+                    return message;
+                }
+            }
+            panic!("watch ended before message {message_id}'s operations were done");
+        };
+        tokio::time::timeout(Duration::from_secs(90), watch).await.unwrap_or_else(|_| {
+            panic!("message {message_id}'s control operations were not done in 90 s")
+        })
+    }
+
     /// Counts rows of `message_items` over every shard (test assertions only).
     pub async fn count_items(&self, message_id: u64) -> u64 {
         self.count_rows("SELECT COUNT(*) FROM message_items WHERE message_id = ?", message_id).await

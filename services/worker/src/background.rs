@@ -6,6 +6,7 @@
 //! drops item partitions and deletes old rows.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 use std::time::Duration;
 
 use notify_core::health::Heartbeats;
@@ -15,6 +16,7 @@ use notify_domain::Result;
 use notify_domain::domain::{Lane, MessageId, SendStatus};
 use notify_store::db::{chunks, messages};
 use shard_router::ShardId;
+use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
@@ -149,11 +151,6 @@ pub async fn sweep_once(ctx: &Context) -> Result<u64> {
         let finishing = async {
             complete_finished_sends(ctx, shard, pool).await;
             end_expired_announcements(ctx, shard, pool).await;
-            match notify_core::recall::sweep(ctx, pool, BATCH).await {
-                Ok(0) => {}
-                Ok(published) => info!(published, shard = %shard, "sweeper published recall tasks"),
-                Err(e) => warn!(error = %e, shard = %shard, "sweeper cannot move recalls on"),
-            }
         };
         if tokio::time::timeout(limit, finishing).await.is_err() {
             warn!(shard = %shard, "sweeper gave up on a shard that does not answer");
@@ -165,6 +162,39 @@ pub async fn sweep_once(ctx: &Context) -> Result<u64> {
         metrics::counter!("notify_chunks_republished_total").increment(republished);
     }
     Ok(republished)
+}
+
+/// Takes the control operations (cancel, recall, edit) whose lease ran out
+/// on every home shard that answers, and drives each in a task of its own,
+/// at most `drives` at once in this worker ([`notify_core::control::sweep`]).
+pub async fn control_once(ctx: &Context, drives: &Arc<Semaphore>) -> Result<()> {
+    let limit = Duration::from_secs(ctx.settings.worker.operation_timeout_secs);
+    for (shard, pool) in ctx.pools.iter() {
+        if let Err(e) = within(limit, notify_core::control::sweep(ctx, pool, drives)).await {
+            warn!(error = %e, shard = %shard, "cannot take the control operations of a shard");
+        }
+    }
+    report_operations(ctx, limit).await;
+    Ok(())
+}
+
+/// Sets `notify_control_operations_pending` and
+/// `notify_oldest_control_operation_age_seconds` over every home shard that
+/// answers (an operation a shard keeps from finishing shows as an age that
+/// keeps growing).
+async fn report_operations(ctx: &Context, limit: Duration) {
+    let (mut count, mut oldest) = (0u64, 0f64);
+    for (shard, pool) in ctx.pools.iter() {
+        match within(limit, notify_store::db::operations::summary(pool)).await {
+            Ok((n, age)) => {
+                count += n;
+                oldest = oldest.max(age);
+            }
+            Err(e) => warn!(error = %e, shard = %shard, "cannot count control operations"),
+        }
+    }
+    metrics::gauge!("notify_control_operations_pending").set(count as f64);
+    metrics::gauge!("notify_oldest_control_operation_age_seconds").set(oldest);
 }
 
 /// Settles the chunks applied while Redis was away (see

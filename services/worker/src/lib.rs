@@ -30,6 +30,10 @@ use crate::consumer::LaneHealth;
 /// longest a badge cached before an outage can be served after it.
 const SETTLE_INTERVAL: Duration = Duration::from_millis(500);
 
+/// Control operations one worker drives at once when their first driver
+/// died or failed (each holds a connection to the shard it pages through).
+const CONTROL_DRIVES: usize = 4;
+
 /// The `notify-worker` process, all of it ([`telemetry::run_process`] on a
 /// multi-threaded runtime): works until SIGTERM or Ctrl-C.
 ///
@@ -163,6 +167,22 @@ impl Worker {
                 move || {
                     let ctx = ctx.clone();
                     async move { background::sweep_once(&ctx).await.map(|_| ()) }
+                },
+            ));
+        }
+        {
+            // Control operations (cancel, recall, edit) whose driver died or
+            // failed: at most CONTROL_DRIVES driven at once by this worker.
+            let ctx = ctx.clone();
+            let drives = Arc::new(tokio::sync::Semaphore::new(CONTROL_DRIVES));
+            tasks.spawn(background::every(
+                "control operations",
+                Duration::from_secs(worker_settings.sweep_interval_secs),
+                heartbeats.clone(),
+                shutdown.clone(),
+                move || {
+                    let (ctx, drives) = (ctx.clone(), drives.clone());
+                    async move { background::control_once(&ctx, &drives).await }
                 },
             ));
         }

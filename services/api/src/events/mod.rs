@@ -437,7 +437,10 @@ impl Hub {
                 }
                 self.badges_changed(followed);
             }
-            BusEvent::Revoked { message_id } => self.revoke(message_id),
+            BusEvent::Revoked { message_id, user_ids: None } => self.revoke(message_id),
+            BusEvent::Revoked { message_id, user_ids: Some(user_ids) } => {
+                self.revoke_for(message_id, user_ids);
+            }
             BusEvent::Edited { message_id, title, edited_at_ms } => {
                 let streams: Vec<Arc<Stream>> = self.read().streams.values().cloned().collect();
                 let event = v1::ItemUpdated {
@@ -510,6 +513,28 @@ impl Hub {
             stream.offer_to_all(Event::ItemRevoked(v1::ItemRevoked { message_id }));
         }
         self.badges_changed(everyone);
+    }
+
+    /// Tells the streams of `user_ids` (a recall's recipients on one
+    /// shard) that a message was withdrawn, and refreshes their badges.
+    fn revoke_for(&self, message_id: u64, user_ids: Vec<u64>) {
+        let followed = {
+            let tables = self.read();
+            let mut followed = Vec::new();
+            for user_id in user_ids {
+                let streams = streams_of(&tables, user_id);
+                if streams.is_empty() {
+                    continue;
+                }
+                followed.push(user_id);
+                for stream in streams {
+                    let event = v1::ItemRevoked { message_id };
+                    stream.offer_for(user_id, Event::ItemRevoked(event));
+                }
+            }
+            followed
+        };
+        self.badges_changed(followed);
     }
 
     /// An announcement ends at its expiry: streams learn it then.

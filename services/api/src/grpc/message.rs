@@ -476,6 +476,10 @@ impl MessageService for MessageApi {
 }
 
 fn is_final(message: &v1::Message) -> bool {
+    // A cancel, recall or edit is over once every shard's part is done.
+    if !message.pending_operations.is_empty() {
+        return false;
+    }
     match v1::MessageStatus::try_from(message.status) {
         Ok(v1::MessageStatus::Completed | v1::MessageStatus::Cancelled) => true,
         // A recall is over once every chunk's items are taken back.

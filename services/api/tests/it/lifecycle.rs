@@ -274,7 +274,7 @@ async fn a_cancelled_chunks_recipient_delivered_by_another_batch_counts_once() {
         }
     }
     client.cancel_message(v1::CancelMessageRequest { message_id: id }).await.unwrap();
-    let progress = get(&app, id).await.progress.unwrap();
+    let progress = app.wait_for_operations(id).await.progress.unwrap();
     assert_eq!(
         (progress.total, progress.delivered, progress.cancelled, progress.pending),
         (15, 10, 5, 0),
@@ -291,6 +291,7 @@ async fn windowed_app() -> TestApp {
     settings.send.chunk_size = 10;
     settings.send.small_send_threshold = 10;
     settings.rabbitmq.publish_window = 3;
+    settings.control.cancel_page_chunks = 7;
     let mut app = spawn_app_with(settings, true).await;
     // Tasks stay in the queues, where they can be counted.
     app.stop_worker().await;
@@ -321,9 +322,12 @@ async fn cancel_walks_every_pending_chunk_a_page_at_a_time() {
     let id = send(&app, (1..=1_000).collect()).await;
     let cancelled =
         app.messages().cancel_message(v1::CancelMessageRequest { message_id: id }).await;
-    assert_eq!(cancelled.unwrap().into_inner().status, v1::MessageStatus::Cancelled as i32);
-    // Every chunk, read 12 at a time, was cancelled inside the call.
-    let progress = get(&app, id).await.progress.unwrap();
+    let answer = cancelled.unwrap().into_inner();
+    assert_eq!(answer.status, v1::MessageStatus::Cancelled as i32);
+    // The call recorded the cancel; the operation cancels every chunk, 7
+    // per transaction, behind it.
+    let cancelled = app.wait_for_operations(id).await;
+    let progress = cancelled.progress.unwrap();
     assert_eq!((progress.cancelled, progress.pending, progress.pending_chunks), (1_000, 0, 0));
 
     // The queued tasks find nothing to deliver.

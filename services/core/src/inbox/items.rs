@@ -59,7 +59,7 @@ pub async fn update_items(
     let live_ids: Vec<u64> = live.iter().map(|a| a.message_id).collect();
     ctx.cache.begin_count_change(user).await?;
     let direct = ctx.direct.as_ref().and_then(|direct| direct.get(pool.shard()));
-    let result = notify_store::db::retry_on_deadlock(|| {
+    let result = notify_store::db::retrying("item_updates::update", || {
         item_updates::update(&pool, direct, user, action, target, &live_ids, ctx.read_feed)
     })
     .await;

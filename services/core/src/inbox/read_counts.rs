@@ -13,7 +13,7 @@ use tracing::{debug, warn};
 
 use crate::context::Context;
 use notify_domain::error::Result;
-use notify_store::db::{read_backlog, retry_on_deadlock};
+use notify_store::db::{read_backlog, retrying};
 
 /// How old a row is before the settler takes it (the writer's own count
 /// normally ends within milliseconds).
@@ -23,7 +23,9 @@ pub const LEFT_AFTER: Duration = Duration::from_secs(2);
 pub async fn count(ctx: &Context, user_id: u64) -> Result<u64> {
     // Like any write of the user's rows: not while a move freezes them.
     let pool = ctx.writable(Key::User(user_id)).await?;
-    let counted = retry_on_deadlock(|| read_backlog::apply(&pool, user_id, ctx.read_feed)).await?;
+    let counted =
+        retrying("read_backlog::apply", || read_backlog::apply(&pool, user_id, ctx.read_feed))
+            .await?;
     metrics::counter!("notify_read_backlog_applied_total").increment(counted);
     Ok(counted)
 }

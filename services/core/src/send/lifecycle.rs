@@ -21,50 +21,13 @@ use super::{MessageView, fetch_visible, get};
 use crate::context::Context;
 use crate::events::{self, BusEvent};
 use crate::queue::ChunkTask;
+use crate::status::{refresh_status, refresh_status_best_effort};
 use notify_domain::domain::{AudienceKind, Lane, MessageId, Priority, SendStatus};
 use notify_domain::error::{Error, Result};
 use notify_domain::settings::WebhookEvent;
-use notify_store::db::{chunks, messages};
-
-/// Returns a send's status: from the cache, else from its home shard (then
-/// cached). `None` when the send does not exist.
-pub async fn status_of(ctx: &Context, message_id: MessageId) -> Result<Option<SendStatus>> {
-    match ctx.cache.cached_status(message_id.get()).await {
-        Ok(Some(status)) => return SendStatus::from_db(status).map(Some),
-        Ok(None) => {}
-        Err(e) => {
-            warn!(error = %e, message_id = %message_id, "status cache unavailable, reading the home shard")
-        }
-    }
-    let home = ctx.pools.for_message(message_id.get());
-    let Some((status, version)) = messages::fetch_status_version(&home, message_id).await? else {
-        return Ok(None);
-    };
-    let ttl = ctx.settings.send.status_cache_ttl_secs;
-    if let Err(e) = ctx.cache.write_status(message_id.get(), version, status.to_db(), ttl).await {
-        warn!(error = %e, message_id = %message_id, "could not cache a message status");
-    }
-    Ok(Some(status))
-}
-
-/// Caches the send's current status and version, read from its home shard.
-async fn refresh_status(ctx: &Context, message_id: MessageId) -> Result<()> {
-    let home = ctx.pools.for_message(message_id.get());
-    if let Some((status, version)) = messages::fetch_status_version(&home, message_id).await? {
-        let ttl = ctx.settings.send.status_cache_ttl_secs;
-        ctx.cache.write_status(message_id.get(), version, status.to_db(), ttl).await?;
-    }
-    Ok(())
-}
-
-/// Refreshes the cache where a stale entry is harmless (a start or resume:
-/// at worst workers skip chunks until the entry expires and the sweeper
-/// re-publishes them).
-pub(crate) async fn refresh_status_best_effort(ctx: &Context, message_id: MessageId) {
-    if let Err(e) = refresh_status(ctx, message_id).await {
-        warn!(error = %e, message_id = %message_id, "could not refresh the cached status");
-    }
-}
+use notify_store::db::chunks;
+use notify_store::db::messages::{self, ControlChange};
+use notify_store::db::operations::OperationKind;
 
 async fn reject_announcement(
     ctx: &Context,
@@ -88,17 +51,6 @@ pub(crate) async fn activated(ctx: &Context, message_id: MessageId) {
         Ok(None) => {}
         Err(e) => warn!(error = %e, message_id = %message_id, "could not read the announcement"),
     }
-}
-
-/// Hides a cancelled announcement everywhere: revokes every content copy
-/// (materialized items disappear), retires cached badges and tells streams.
-async fn revoke(ctx: &Context, message_id: MessageId) -> Result<()> {
-    for (_, pool) in ctx.pools.iter() {
-        chunks::revoke_content(pool, message_id).await?;
-    }
-    retire_badges(ctx, message_id).await;
-    events::publish_best_effort(ctx, &BusEvent::Revoked { message_id: message_id.get() }).await;
-    Ok(())
 }
 
 async fn retire_badges(ctx: &Context, message_id: MessageId) {
@@ -317,26 +269,21 @@ pub async fn resume(
     get(ctx, message_id, None).await
 }
 
-/// Cancels a send that has not completed; its pending chunks are marked
-/// cancelled (and the sweeper finishes the job if a shard is down now).
+/// Cancels a send that has not completed: it is CANCELLED when this
+/// returns (no chunk starts after), and its cancel is a control operation
+/// ([`crate::control`]) that cancels its pending chunks a page at a time in
+/// the background (an announcement's: hides it from every inbox at once).
 #[instrument(skip_all, fields(message_id = %message_id))]
 pub async fn cancel(
     ctx: &Context,
     message_id: MessageId,
     owner: Option<&str>,
 ) -> Result<MessageView> {
-    fetch_visible(ctx, message_id, owner).await?;
+    let row = fetch_visible(ctx, message_id, owner).await?;
     let from = [SendStatus::NotStarted, SendStatus::Sending, SendStatus::Paused];
-    transition(ctx, message_id, &from, SendStatus::Cancelled, "cancel", None).await?;
-    let home = ctx.pools.for_message(message_id.get());
-    if messages::fetch_existing(&home, message_id).await?.audience == AudienceKind::AllUsers as u8 {
-        revoke(ctx, message_id).await?;
-        return get(ctx, message_id, None).await;
-    }
-    for (shard, pool) in ctx.pools.iter() {
-        if let Err(e) = chunks::cancel_pending(pool, message_id, ctx.publisher.page()).await {
-            warn!(error = %e, shard = %shard, message_id = %message_id, "cancelling chunks failed, the sweeper will retry");
-        }
+    let change = ControlChange::Status { from: &from, to: SendStatus::Cancelled };
+    if crate::control::begin(ctx, &row, change, OperationKind::Cancel, None).await? {
+        info!(message_id = %message_id, "message cancelled");
     }
     get(ctx, message_id, None).await
 }

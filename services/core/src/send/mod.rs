@@ -16,9 +16,11 @@ use notify_domain::domain::{AudienceKind, Content, MessageId, Priority, SendStat
 use notify_domain::error::{Error, Result};
 use notify_store::db::chunks::{self, ContentCopy};
 use notify_store::db::messages::{self, MessageRow, NewMessage};
+use notify_store::db::operations::OperationKind;
 
-pub(crate) use lifecycle::{activated, refresh_status_best_effort, transition};
-pub use lifecycle::{complete_if_done, publish_pending, start_due, status_of};
+pub use crate::status::status_of;
+pub(crate) use lifecycle::activated;
+pub use lifecycle::{complete_if_done, publish_pending, start_due};
 pub use progress::{Progress, progress};
 pub use webhooks::relay_once as relay_webhooks;
 pub(crate) use webhooks::{Outboxed, record_of};
@@ -57,6 +59,8 @@ pub struct MessageView {
     pub row: MessageRow,
     /// Its counters.
     pub progress: Progress,
+    /// Its control operations not yet done on every shard.
+    pub pending_operations: Vec<OperationKind>,
 }
 
 /// Result of creating a send.
@@ -207,7 +211,7 @@ pub async fn append(
                 .ok_or_else(|| Error::Internal(format!("no pool for shard {shard}")))?;
             // Stores of concurrent sends next to each other in the chunk and
             // stats indexes can deadlock; a store is idempotent.
-            notify_store::db::retry_on_deadlock(|| {
+            notify_store::db::retrying("chunks::store", || {
                 chunks::store(pool, message_id, copy, chunk_plans)
             })
             .await
@@ -270,7 +274,8 @@ pub async fn send_to_users(
 pub async fn get(ctx: &Context, message_id: MessageId, owner: Option<&str>) -> Result<MessageView> {
     let row = fetch_visible(ctx, message_id, owner).await?;
     let progress = view_progress(ctx, &row).await?;
-    Ok(MessageView { row, progress })
+    let pending_operations = crate::control::pending(ctx, message_id).await?;
+    Ok(MessageView { row, progress, pending_operations })
 }
 
 /// A send's progress as its view shows it: per audience, and for a recall
@@ -348,7 +353,9 @@ where
     rows.truncate(limit as usize);
     let views = rows.into_iter().map(|row| async move {
         let progress = view_progress(ctx, &row).await?;
-        Ok::<_, Error>(MessageView { row, progress })
+        let message_id = MessageId::from_raw(row.message_id);
+        let pending_operations = crate::control::pending(ctx, message_id).await?;
+        Ok::<_, Error>(MessageView { row, progress, pending_operations })
     });
     futures::future::try_join_all(views).await
 }

@@ -38,6 +38,8 @@ pub struct Settings {
     pub redis: RedisSettings,
     /// Send limits and tuning.
     pub send: SendSettings,
+    /// Control operations (cancel, recall, edit).
+    pub control: ControlSettings,
     /// Inbox and badge tuning.
     pub inbox: InboxSettings,
     /// Group limits and caching.
@@ -232,6 +234,23 @@ pub struct SendSettings {
     pub send_at_past_tolerance_secs: i64,
     /// TTL of a cached message status.
     pub status_cache_ttl_secs: u64,
+}
+
+/// Control operations (cancel, recall, edit): durable, driven to the end
+/// on every shard.
+#[derive(Debug, Clone, Deserialize)]
+pub struct ControlSettings {
+    /// Most recipients a recall or edit retires the cached badges and
+    /// pages of one by one; beyond, every user's are retired at once.
+    pub retire_recipients_max: u64,
+    /// How long a drive holds an operation before another may take it.
+    pub lease_secs: u64,
+    /// First wait before a failed drive is tried again (doubling).
+    pub retry_ms: u64,
+    /// Pending chunks a cancel takes per transaction.
+    pub cancel_page_chunks: u32,
+    /// How long the call waits for its operation's visible part.
+    pub answer_within_ms: u64,
 }
 
 /// Inbox and badge tuning.
@@ -492,6 +511,9 @@ impl Settings {
             ("console.update_interval_ms", self.console.update_interval_ms),
             ("database.freeze_wait_ms", self.database.freeze_wait_ms),
             ("database.shard_move_wait_secs", self.database.shard_move_wait_secs),
+            ("control.lease_secs", self.control.lease_secs),
+            ("control.retry_ms", self.control.retry_ms),
+            ("control.cancel_page_chunks", u64::from(self.control.cancel_page_chunks)),
             ("database.replica_lease_secs", self.database.replica_lease_secs),
             ("redis.near_cache_max_lag_ms", self.redis.near_cache_max_lag_ms),
             ("groups.max_members", self.groups.max_members),

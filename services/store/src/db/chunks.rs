@@ -293,22 +293,27 @@ pub async fn store_content<'e>(
     Ok(())
 }
 
-/// Replaces the shard's content copy's title, body and data (an edit),
-/// stamping `edited_at`; a no-op on a shard without a copy.
+/// Gives the shard's content copy the home record's edited title, body and
+/// data, unless it holds that edit or a later one already (two drives of
+/// edits may run at once: every copy ends with the last); a no-op on a
+/// shard without a copy.
 #[instrument(level = "debug", skip_all, fields(db.system = "mysql"))]
 pub async fn edit_content(
     pool: &MySqlPool,
     message_id: MessageId,
-    content: &Content,
+    edited: &super::messages::EditedContent,
 ) -> Result<()> {
     sqlx::query(
-        "UPDATE message_contents SET title = ?, body = ?, data = ?, edited_at = UTC_TIMESTAMP(3) \
-         WHERE message_id = ?",
+        "UPDATE message_contents SET title = ?, body = ?, data = ?, edited_at = ?, \
+         content_version = ? WHERE message_id = ? AND content_version < ?",
     )
-    .bind(&content.title)
-    .bind(&content.body)
-    .bind(content.data_json())
+    .bind(&edited.title)
+    .bind(&edited.body)
+    .bind(&edited.data)
+    .bind(edited.edited_at)
+    .bind(edited.content_version)
     .bind(message_id.get())
+    .bind(edited.content_version)
     .execute(pool)
     .await?;
     Ok(())
@@ -1032,24 +1037,126 @@ async fn finish_pending(
     Ok(true)
 }
 
-/// Cancels every pending chunk of a message on this shard, reading their
-/// ids `page` at a time. Returns how many.
+/// Cancels up to `limit` of a send's pending chunks on this shard, from
+/// chunk id `from` on, in ONE transaction (set-based: a locking read of the
+/// page, one `UPDATE`, one stats bump), so cancelling a 10M-recipient send
+/// is 20,000 chunks in 40 statements a shard, not 20,000 transactions.
+/// Recipients who got the item from another batch's chunk are counted as
+/// duplicates, not cancelled (they are not undelivered); `delivered_any`
+/// false (the send never started) skips that lookup: nothing of it was
+/// delivered. Returns the chunks cancelled and where the next page starts
+/// (`None` after the last).
+#[instrument(level = "debug", skip_all, fields(db.system = "mysql"))]
+pub async fn cancel_pending_page(
+    pool: &MySqlPool,
+    message_id: MessageId,
+    from: u64,
+    limit: u32,
+    delivered_any: bool,
+) -> Result<(u64, Option<u64>)> {
+    let mut tx = pool.begin().await?;
+    let page: Vec<(u64, u16, Vec<u8>)> = sqlx::query_as(sqlx::AssertSqlSafe(format!(
+        "SELECT chunk_id, recipients, user_ids FROM message_chunks \
+         FORCE INDEX (idx_chunks_message_state) WHERE message_id = ? AND state = {} \
+         AND chunk_id >= ? ORDER BY chunk_id LIMIT ? FOR UPDATE",
+        state::PENDING
+    )))
+    .bind(message_id.get())
+    .bind(from)
+    .bind(limit)
+    .fetch_all(&mut *tx)
+    .await?;
+    let Some(last) = page.last().map(|(chunk_id, _, _)| *chunk_id) else {
+        tx.rollback().await?;
+        return Ok((0, None));
+    };
+    let next = if page.len() < limit as usize { None } else { last.checked_add(1) };
+    let recipients: u64 = page.iter().map(|(_, recipients, _)| u64::from(*recipients)).sum();
+    let already = if delivered_any {
+        let mut users = Vec::with_capacity(recipients as usize);
+        for (_, _, packed) in &page {
+            // A chunk whose list cannot be read counts every recipient as
+            // undelivered.
+            users.extend(decode_user_ids(packed).unwrap_or_default());
+        }
+        let delivered: i64 = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
+            "SELECT COUNT(*) FROM {RECIPIENT_ROWS} STRAIGHT_JOIN message_items i \
+             ON i.user_id = j.user_id AND i.message_id = ?"
+        )))
+        .bind(super::json_ids(&users))
+        .bind(message_id.get())
+        .fetch_one(&mut *tx)
+        .await?;
+        (delivered.max(0) as u64).min(recipients)
+    } else {
+        0
+    };
+    let mut update = QueryBuilder::new("UPDATE message_chunks SET state = ");
+    update.push_bind(state::CANCELLED);
+    update.push(", updated_at = UTC_TIMESTAMP(3) WHERE message_id = ");
+    update.push_bind(message_id.get()).push(" AND chunk_id IN (");
+    let ids: Vec<u64> = page.iter().map(|(chunk_id, _, _)| *chunk_id).collect();
+    push_ids(&mut update, &ids);
+    update.push(")");
+    update.build().execute(&mut *tx).await?;
+    let cancelled = page.len() as u64;
+    bump_stats_by(&mut tx, message_id, last, "cancelled", recipients - already, already, cancelled)
+        .await?;
+    tx.commit().await?;
+    Ok((cancelled, next))
+}
+
+/// Cancels every pending chunk of a send on this shard, a page of `page`
+/// chunks per transaction ([`cancel_pending_page`]). Returns how many.
 #[instrument(level = "debug", skip_all, fields(db.system = "mysql"))]
 pub async fn cancel_pending(pool: &MySqlPool, message_id: MessageId, page: u32) -> Result<u64> {
     let mut cancelled = 0;
     let mut from = Some(0);
     while let Some(start) = from {
-        let ids = pending_page(pool, message_id, start, page).await?;
-        from = next_page_from(&ids);
-        for chunk_id in ids {
-            if finish_pending(pool, message_id, chunk_id, state::CANCELLED, "cancelled", None)
-                .await?
-            {
-                cancelled += 1;
-            }
-        }
+        let (count, next) = super::retrying("chunks::cancel_pending", || {
+            cancel_pending_page(pool, message_id, start, page, true)
+        })
+        .await?;
+        cancelled += count;
+        from = next;
     }
     Ok(cancelled)
+}
+
+/// A page of a send's delivered chunks on this shard (applied, or taken back
+/// since) from chunk id `from` on: their ids and recipients, whose cached
+/// badges and pages an edit or a recall retires. Returns where the next page
+/// starts (`None` after the last).
+#[instrument(level = "debug", skip_all, fields(db.system = "mysql"))]
+pub async fn delivered_recipients(
+    pool: &MySqlPool,
+    message_id: MessageId,
+    from: u64,
+    limit: u32,
+) -> Result<(Vec<u64>, Option<u64>)> {
+    let page: Vec<(u64, Vec<u8>)> = sqlx::query_as(sqlx::AssertSqlSafe(format!(
+        "SELECT chunk_id, user_ids FROM message_chunks FORCE INDEX (idx_chunks_message_state) \
+         WHERE message_id = ? AND state IN ({}, {}, {}, {}) AND chunk_id >= ? \
+         ORDER BY chunk_id LIMIT ?",
+        state::DONE,
+        state::UNSETTLED,
+        state::RECALLED,
+        state::RECALL_UNSETTLED
+    )))
+    .bind(message_id.get())
+    .bind(from)
+    .bind(limit)
+    .fetch_all(pool)
+    .await?;
+    let next = match page.last() {
+        Some((last, _)) if page.len() == limit as usize => last.checked_add(1),
+        _ => None,
+    };
+    let mut users = Vec::new();
+    for (_, packed) in &page {
+        users.extend(decode_user_ids(packed)?);
+    }
+    Ok((users, next))
 }
 
 /// Where the page after `ids` (a page of [`pending_page`]) starts; `None`
@@ -1160,7 +1267,7 @@ pub async fn claim_stale(
 ) -> Result<Vec<(u64, u64)>> {
     // Two claims moving the same index range can deadlock (the victim
     // claimed nothing).
-    super::retry_on_deadlock(|| claim_stale_once(pool, older_than_secs, limit)).await
+    super::retrying("chunks::claim_stale", || claim_stale_once(pool, older_than_secs, limit)).await
 }
 
 async fn claim_stale_once(

@@ -317,8 +317,8 @@ impl ShardConnections {
 /// Runs `read` (statements that only read, each run to its end) on one of
 /// `direct`'s connections, and again on a new one when it fails on one that
 /// sat idle; on one of the pool's when the shard has no direct set, and
-/// again on another while those turn out broken (as
-/// [`super::retry_read_on_broken_connection`]).
+/// again on another once when that one turns out broken (as
+/// [`super::retrying`] runs a read again).
 ///
 /// `read` is called with the connection and a [`Borrows`], which only lets
 /// its future borrow what the caller holds (for `'a`) while it holds the
@@ -329,14 +329,15 @@ pub async fn read<'a, T>(
     mut read: impl for<'c> FnMut(&'c mut MySqlConnection, Borrows<'c, 'a>) -> BoxFuture<'c, Result<T>>,
 ) -> Result<T> {
     let Some(direct) = direct else {
-        let mut more = super::BROKEN_READ_RETRIES;
-        loop {
-            let mut conn = pool.acquire().await?;
-            match read(&mut conn, PhantomData).await {
-                Err(e) if e.is_broken_connection() && more > 0 => more -= 1,
-                result => return result,
-            }
+        let mut conn = pool.acquire().await?;
+        let result = read(&mut conn, PhantomData).await;
+        if !result.as_ref().is_err_and(Error::is_broken_connection) {
+            return result;
         }
+        drop(conn);
+        super::note_connection_loss();
+        let mut conn = pool.acquire().await?;
+        return read(&mut conn, PhantomData).await;
     };
     let mut lent = direct.acquire().await?;
     let mut result = read(lent.conn(), PhantomData).await;

@@ -38,7 +38,8 @@ pub async fn remove_user(pool: &MySqlPool, user_id: u64, keep_marker: bool) -> R
     // Reads waiting to be counted first: the sends keep their read counts
     // (as for reads counted before), and a count running meanwhile ends
     // before the readers go. None of them is reported (`item.read`).
-    super::retry_on_deadlock(|| super::read_backlog::apply(pool, user_id, false)).await?;
+    super::retrying("erasure::count_reads", || super::read_backlog::apply(pool, user_id, false))
+        .await?;
     let mut removed = Removed::default();
     loop {
         let deleted = sqlx::query("DELETE FROM message_items WHERE user_id = ? LIMIT ?")

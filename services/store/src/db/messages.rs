@@ -10,6 +10,7 @@ use chrono::NaiveDateTime;
 use sqlx::{FromRow, MySqlPool};
 use tracing::instrument;
 
+use super::operations::{self, Operation, OperationKind, Retire};
 use super::webhook_outbox::{Record, execute_with};
 
 use notify_domain::domain::{AudienceKind, Content, MessageId, SendStatus};
@@ -293,6 +294,13 @@ pub async fn transition(
     to: SendStatus,
     webhook: Option<Record<'_>>,
 ) -> Result<bool> {
+    let sql = transition_sql(from, to);
+    let change = sqlx::query(sqlx::AssertSqlSafe(sql)).bind(to.to_db()).bind(message_id.get());
+    execute_with(pool, change, webhook).await
+}
+
+/// The statement of [`transition`]: binds the new status and the id.
+fn transition_sql(from: &[SendStatus], to: SendStatus) -> String {
     let allowed: Vec<String> = from.iter().map(|s| s.to_db().to_string()).collect();
     let stamp = match to {
         SendStatus::Sending => ", started_at = COALESCE(started_at, UTC_TIMESTAMP(3))",
@@ -301,13 +309,108 @@ pub async fn transition(
         SendStatus::Recalled => ", finished_at = NULL",
         _ => "",
     };
-    let sql = format!(
+    format!(
         "UPDATE messages FORCE INDEX (PRIMARY) SET status = ?, status_version = status_version + 1{stamp} \
          WHERE message_id = ? AND status IN ({})",
         allowed.join(",")
-    );
-    let change = sqlx::query(sqlx::AssertSqlSafe(sql)).bind(to.to_db()).bind(message_id.get());
-    execute_with(pool, change, webhook).await
+    )
+}
+
+/// What a control operation changes on a send's home record.
+#[derive(Debug, Clone, Copy)]
+pub enum ControlChange<'a> {
+    /// Its status moves `from` one of these `to` this.
+    Status {
+        /// The statuses it may move from.
+        from: &'a [SendStatus],
+        /// Where it moves.
+        to: SendStatus,
+    },
+    /// Its title, body and data become these (an edit), stamped with
+    /// `edited_at` and the next `content_version`; refused for a draft and
+    /// for a recalled send.
+    Content(&'a Content),
+}
+
+/// Changes a send's home record and records the operation that carries the
+/// change to every shard ([`super::operations::record`]), in ONE
+/// transaction, with `webhook` when given: nothing changes without the
+/// intent to finish it. Returns the operation, or `None` when the record
+/// was not in a state the change applies to (nothing was written).
+#[allow(clippy::too_many_arguments)]
+#[instrument(level = "debug", skip_all, fields(db.system = "mysql"))]
+pub async fn change_with_operation(
+    pool: &MySqlPool,
+    message_id: MessageId,
+    change: ControlChange<'_>,
+    kind: OperationKind,
+    retire: Retire,
+    token: u64,
+    lease_ms: u64,
+    webhook: Option<Record<'_>>,
+) -> Result<Option<Operation>> {
+    let mut tx = pool.begin().await?;
+    let changed = match change {
+        ControlChange::Status { from, to } => {
+            let sql = transition_sql(from, to);
+            sqlx::query(sqlx::AssertSqlSafe(sql))
+                .bind(to.to_db())
+                .bind(message_id.get())
+                .execute(&mut *tx)
+                .await?
+        }
+        ControlChange::Content(content) => {
+            sqlx::query(
+                "UPDATE messages FORCE INDEX (PRIMARY) SET title = ?, body = ?, data = ?, \
+                 edited_at = UTC_TIMESTAMP(3), content_version = content_version + 1 \
+                 WHERE message_id = ? AND status IN (1, 2, 3, 4)",
+            )
+            .bind(&content.title)
+            .bind(&content.body)
+            .bind(content.data_json())
+            .bind(message_id.get())
+            .execute(&mut *tx)
+            .await?
+        }
+    };
+    if changed.rows_affected() != 1 {
+        tx.rollback().await?;
+        return Ok(None);
+    }
+    if let Some(webhook) = webhook {
+        webhook.write(&mut tx).await?;
+    }
+    let operation = operations::record(&mut tx, message_id, kind, retire, token, lease_ms).await?;
+    tx.commit().await?;
+    Ok(Some(operation))
+}
+
+/// The home record's content as an edit left it: what every shard's copy
+/// takes, with its version and when it was made.
+#[derive(Debug, Clone, FromRow)]
+pub struct EditedContent {
+    /// Title.
+    pub title: String,
+    /// Body.
+    pub body: String,
+    /// Data as a JSON object.
+    pub data: String,
+    /// How many edits it has had.
+    pub content_version: u32,
+    /// When the last was made.
+    pub edited_at: Option<NaiveDateTime>,
+}
+
+/// Reads a send's content as the home record holds it, with its version.
+#[instrument(level = "debug", skip_all, fields(db.system = "mysql"))]
+pub async fn edited_content(pool: &MySqlPool, message_id: MessageId) -> Result<EditedContent> {
+    sqlx::query_as(
+        "SELECT title, body, data, content_version, edited_at FROM messages WHERE message_id = ?",
+    )
+    .bind(message_id.get())
+    .fetch_optional(pool)
+    .await?
+    .ok_or_else(|| Error::NotFound(format!("message {message_id}")))
 }
 
 /// Records StartMessage on a NOT_STARTED message: picks the lane and, when
@@ -373,23 +476,6 @@ pub async fn finish_recall(pool: &MySqlPool, message_id: MessageId) -> Result<bo
     .execute(pool)
     .await?;
     Ok(result.rows_affected() == 1)
-}
-
-/// Replaces a send's title, body and data on its home record, stamping
-/// `edited_at`.
-#[instrument(level = "debug", skip_all, fields(db.system = "mysql"))]
-pub async fn edit(pool: &MySqlPool, message_id: MessageId, content: &Content) -> Result<()> {
-    sqlx::query(
-        "UPDATE messages FORCE INDEX (PRIMARY) SET title = ?, body = ?, data = ?, \
-         edited_at = UTC_TIMESTAMP(3) WHERE message_id = ?",
-    )
-    .bind(&content.title)
-    .bind(&content.body)
-    .bind(content.data_json())
-    .bind(message_id.get())
-    .execute(pool)
-    .await?;
-    Ok(())
 }
 
 /// Returns this home shard's live announcements: started, not cancelled,

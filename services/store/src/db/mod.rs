@@ -14,6 +14,7 @@ pub mod item_updates;
 pub mod items;
 pub mod lookups;
 pub mod messages;
+pub mod operations;
 pub mod preferences;
 pub mod read_backlog;
 pub mod read_feed;
@@ -22,14 +23,17 @@ pub mod recipients;
 pub mod webhook_outbox;
 
 use std::str::FromStr;
-use std::time::Duration;
+use std::sync::LazyLock;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
 
 use shard_router::{ShardId, Shards};
 use sqlx::mysql::{MySqlConnectOptions, MySqlPool, MySqlPoolOptions, MySqlSslMode};
 use sqlx::{ConnectOptions, Connection, MySqlConnection};
 use tracing::{info, instrument};
 
-use notify_domain::error::{Error, Result};
+use notify_domain::backoff::Reconnect;
+use notify_domain::error::{DbFailure, Error, Result};
 use notify_domain::settings::{MySqlTlsMode, Settings, ShardSettings};
 
 /// `ids` as a JSON array of numbers, for a `JSON_TABLE` (one statement text
@@ -149,10 +153,13 @@ pub async fn connect(settings: &Settings) -> Result<ShardPools> {
             // Except one idle for a while: after an outage (a restart, a
             // network cut) each idle connection would fail one call, so one
             // idle for IDLE_PING_AFTER is pinged first, and a broken one is
-            // replaced. Busy connections come back within milliseconds.
+            // replaced. Busy connections come back within milliseconds; once
+            // one was found broken, those released before it are pinged too
+            // (they may have broken with it), so a statement run again after
+            // a lost connection gets one that answers ([`retrying`]).
             .before_acquire(|conn, meta| {
                 Box::pin(async move {
-                    if meta.idle_for >= IDLE_PING_AFTER {
+                    if meta.idle_for >= IDLE_PING_AFTER || released_before_a_loss(meta.idle_for) {
                         conn.ping().await?;
                     }
                     Ok(true)
@@ -263,60 +270,103 @@ async fn applied_versions(conn: &mut MySqlConnection) -> Vec<i64> {
         .unwrap_or_default()
 }
 
-/// Runs `attempt`, a read, again (up to [`BROKEN_READ_RETRIES`] more
-/// times) when its pooled connection turned out broken: one used within the
-/// last second is handed out without a ping (see [`connect`]) and may have
-/// broken since (a shard restart, a network cut), and after a cut several
-/// may have. Each such failure is immediate, on the dead socket; any other
-/// error (a shard that is down times out its connects) ends the retries.
+/// Runs `attempt`, a read, again when its pooled connection turned out
+/// broken: the same as [`retrying`] (a read is idempotent), named for the
+/// calls that only read.
 pub async fn retry_read_on_broken_connection<T, F, Fut>(attempt: F) -> Result<T>
 where
     F: FnMut() -> Fut,
     Fut: Future<Output = Result<T>>,
 {
-    retry_while(attempt, BROKEN_READ_RETRIES, Error::is_broken_connection).await
+    retrying("read", attempt).await
 }
 
-/// How many more times a read runs when its pooled connection turned out
-/// broken ([`retry_read_on_broken_connection`]).
-const BROKEN_READ_RETRIES: usize = 8;
+/// Most runs of one unit of work that InnoDB keeps rolling back as a
+/// deadlock victim or for a lock wait timeout.
+const LOCK_CONFLICT_ATTEMPTS: usize = 5;
 
-/// Runs `attempt`, a whole transaction, again (up to three more times) when
-/// InnoDB picks it as a deadlock victim: concurrent transactions inserting
-/// next to each other in an index can deadlock, one is rolled back with
-/// nothing written, and trying it again is the documented remedy.
-pub async fn retry_on_deadlock<T, F, Fut>(attempt: F) -> Result<T>
+/// The wait before the first run again after a lock conflict; it doubles,
+/// jittered, up to [`LOCK_CONFLICT_MAX_WAIT`].
+const LOCK_CONFLICT_MIN_WAIT: Duration = Duration::from_millis(5);
+const LOCK_CONFLICT_MAX_WAIT: Duration = Duration::from_millis(250);
+
+/// Runs `attempt` (one transaction, or a read, or a sequence of statements
+/// each of which is a no-op when run again) and runs it again where the
+/// database asks for it:
+/// - a deadlock (1213) or a lock wait timeout (1205): the whole of
+///   `attempt` again, up to [`LOCK_CONFLICT_ATTEMPTS`] runs in all, after
+///   a jittered, doubling wait (two transactions that deadlocked must not
+///   meet again in the same instant). A failed transaction is rolled back
+///   when `attempt`'s future drops it, so each run starts clean;
+/// - a lost connection (reset, closed, killed, the server restarted): once,
+///   at once. Every pooled connection released before the loss is pinged
+///   before it is handed out again ([`connect`]), so the run again gets a
+///   connection that answers. `attempt` must be idempotent for this: a
+///   connection lost while a `COMMIT` was on its way leaves the outcome
+///   unknown, and the run again must find the work done (every write here
+///   moves a row from a state and only from it, or sets a value).
+///
+/// Every other error is returned as it is: the first time. Each failure is
+/// counted in `notify_db_errors_total` by kind, `op` and whether it was
+/// run again, so a deterministic failure shows up at once as the bug it is.
+pub async fn retrying<T, F, Fut>(op: &'static str, mut attempt: F) -> Result<T>
 where
     F: FnMut() -> Fut,
     Fut: Future<Output = Result<T>>,
 {
-    retry_while(attempt, 3, |e| {
-        let again = e.is_deadlock();
-        if again {
-            metrics::counter!("notify_deadlock_retries_total").increment(1);
-        }
-        again
-    })
-    .await
-}
-
-/// Runs `attempt`, and again (up to `more` more times) while it fails with
-/// an error `again` accepts.
-async fn retry_while<T, F, Fut>(
-    mut attempt: F,
-    more: usize,
-    again: impl Fn(&Error) -> bool,
-) -> Result<T>
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = Result<T>>,
-{
-    let mut result = attempt().await;
-    for _ in 0..more {
-        match &result {
-            Err(e) if again(e) => result = attempt().await,
-            _ => break,
+    let mut waits = Reconnect::new(LOCK_CONFLICT_MIN_WAIT, LOCK_CONFLICT_MAX_WAIT);
+    let (mut conflicts, mut reconnected) = (0, false);
+    loop {
+        let result = attempt().await;
+        let Some(failure) = result.as_ref().err().and_then(Error::db_failure) else {
+            return result;
+        };
+        let wait = match failure {
+            DbFailure::Deadlock | DbFailure::LockWaitTimeout
+                if conflicts + 1 < LOCK_CONFLICT_ATTEMPTS =>
+            {
+                conflicts += 1;
+                Some(waits.next_delay())
+            }
+            DbFailure::ConnectionLost if !reconnected => {
+                reconnected = true;
+                note_connection_loss();
+                Some(Duration::ZERO)
+            }
+            _ => None,
+        };
+        let outcome = if wait.is_some() { "retried" } else { "returned" };
+        metrics::counter!("notify_db_errors_total", "kind" => failure.name(), "op" => op, "outcome" => outcome)
+            .increment(1);
+        match wait {
+            Some(wait) if !wait.is_zero() => tokio::time::sleep(wait).await,
+            Some(_) => {}
+            None => return result,
         }
     }
-    result
+}
+
+/// When a connection was last found broken, in ms since [`CLOCK`] began
+/// (0: never).
+static LAST_CONNECTION_LOSS_MS: AtomicU64 = AtomicU64::new(0);
+
+/// The process's clock for [`LAST_CONNECTION_LOSS_MS`].
+static CLOCK: LazyLock<Instant> = LazyLock::new(Instant::now);
+
+/// Records that a connection was found broken now: every pooled connection
+/// released before it is pinged before it is handed out again.
+pub(crate) fn note_connection_loss() {
+    let now = CLOCK.elapsed().as_millis() as u64;
+    LAST_CONNECTION_LOSS_MS.fetch_max(now.max(1), Ordering::Relaxed);
+}
+
+/// True when a pooled connection idle for `idle_for` was released before
+/// the last connection loss (it may have broken with the others).
+fn released_before_a_loss(idle_for: Duration) -> bool {
+    let lost = LAST_CONNECTION_LOSS_MS.load(Ordering::Relaxed);
+    if lost == 0 {
+        return false;
+    }
+    let released = CLOCK.elapsed().saturating_sub(idle_for).as_millis() as u64;
+    released <= lost
 }

@@ -1,0 +1,37 @@
+-- A control operation on a send (cancel, recall, edit), recorded on the
+-- send's home shard in the same transaction as the status or content change
+-- it stands for: the durable intent that the caller's api, then any
+-- worker's sweeper, drives to the end on every shard, whatever fails midway.
+-- The row goes once every shard's part is done.
+--
+-- `generation` grows when the operation is asked for again (an edit after
+-- an edit) and `shards_done` lists the shards whose visible part (a content
+-- copy revoked or edited, its recipients' cached badges and pages retired)
+-- is done for that generation. `retire` says which cached badges and pages
+-- the operation retires: 0 none (nothing delivered yet), 1 the recipients'
+-- (per chunk, read from the send's chunks on each shard), 2 every user's
+-- (the announcement epoch: an announcement, or a send over
+-- `control.retire_recipients_max`). A drive holds `leased_until` (renewed as
+-- it goes, under `lease_token`); the sweeper takes operations whose lease
+-- ran out.
+CREATE TABLE IF NOT EXISTS message_operations (
+    message_id   BIGINT UNSIGNED  NOT NULL,
+    kind         TINYINT UNSIGNED NOT NULL COMMENT '1 cancel, 2 recall, 3 edit',
+    generation   INT UNSIGNED     NOT NULL DEFAULT 1,
+    retire       TINYINT UNSIGNED NOT NULL DEFAULT 0,
+    shards_done  VARCHAR(1024)    NOT NULL DEFAULT '',
+    leased_until DATETIME(3)      NOT NULL,
+    lease_token  BIGINT UNSIGNED  NOT NULL DEFAULT 0,
+    attempts     INT UNSIGNED     NOT NULL DEFAULT 0,
+    last_error   VARCHAR(255)     NOT NULL DEFAULT '',
+    created_at   DATETIME(3)      NOT NULL DEFAULT CURRENT_TIMESTAMP(3),
+    PRIMARY KEY (message_id, kind),
+    KEY idx_operations_due (leased_until)
+) ENGINE=InnoDB;
+
+-- Edits in order: the home record counts them, and a shard's content copy
+-- takes an edit only if it is newer than the one it holds, so two edits
+-- driven at once (the caller's api and a sweeper) leave every copy with the
+-- last.
+ALTER TABLE messages ADD COLUMN IF NOT EXISTS content_version INT UNSIGNED NOT NULL DEFAULT 0;
+ALTER TABLE message_contents ADD COLUMN IF NOT EXISTS content_version INT UNSIGNED NOT NULL DEFAULT 0;
