@@ -338,7 +338,7 @@ pub fn message_to_proto(view: MessageView) -> Result<v1::Message> {
         message_id: row.message_id,
         sender: row.sender.clone(),
         status: status as i32,
-        progress: Some(progress_to_proto(&view.progress)),
+        progress: view.progress.as_ref().map(progress_to_proto),
         content: Some(content_to_proto(row.content())),
         audience: audience as i32,
         priority: priority as i32,

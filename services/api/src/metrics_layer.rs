@@ -84,6 +84,17 @@ impl MethodMetrics {
 static METHODS: LazyLock<RwLock<HashMap<String, Arc<MethodMetrics>>>> =
     LazyLock::new(RwLock::default);
 
+tokio::task_local! {
+    /// The method of the call whose handler is running.
+    static CURRENT_METHOD: Arc<MethodMetrics>;
+}
+
+/// The gRPC method (`/notify.v1.MessageService/CancelMessage`) whose handler
+/// runs in this task, for what it logs; empty outside a handler.
+pub fn current_method() -> String {
+    CURRENT_METHOD.try_with(|method| method.method.clone()).unwrap_or_default()
+}
+
 fn method_metrics(path: &str) -> Arc<MethodMetrics> {
     let known = METHODS.read().unwrap_or_else(|e| e.into_inner()).get(path).cloned();
     if let Some(known) = known {
@@ -154,8 +165,10 @@ where
         let started = Instant::now();
         metrics.in_flight.increment(1.0);
         let future = self.inner.call(request);
+        let method = Arc::clone(&metrics);
         Box::pin(async move {
-            match future.await {
+            // The handler runs inside `future`: what it logs can name the call.
+            match CURRENT_METHOD.scope(method, future).await {
                 Ok(response) => Ok(ObservedBody::wrap(response, Finished { metrics, started })),
                 Err(error) => {
                     metrics.in_flight.decrement(1.0);

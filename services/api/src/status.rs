@@ -2,6 +2,9 @@
 //! are explained; internal details are logged and never sent.
 
 use notify_domain::Error;
+use notify_domain::error::DbFailure;
+
+use crate::metrics_layer::current_method;
 use tonic::{Code, Status};
 use tonic_types::{ErrorDetails, StatusExt};
 use tracing::{error, warn};
@@ -26,11 +29,13 @@ pub fn to_status(err: Error) -> Status {
         Error::Unavailable(_) | Error::Database(_) | Error::Broker(_) | Error::Cache(_)
             if err.is_transient() =>
         {
-            warn!(error = %err, "dependency unavailable");
+            let kind = err.db_failure().map_or("", DbFailure::name);
+            warn!(error = %err, rpc = %current_method(), kind, "dependency unavailable");
             Status::unavailable("a dependency is temporarily unavailable, retry later")
         }
         other => {
-            error!(error = %other, "internal error");
+            let kind = other.db_failure().map_or("", DbFailure::name);
+            error!(error = %other, rpc = %current_method(), kind, "internal error");
             Status::internal("internal error")
         }
     }

@@ -60,6 +60,6 @@ pub async fn edit(
     let change = ControlChange::Content(content);
     control::begin(ctx, &row, change, OperationKind::Edit, None).await?;
     info!(message_id = %message_id, "message edited");
-    let view = send::get(ctx, message_id, None).await?;
+    let view = send::get_after_change(ctx, message_id).await?;
     Ok(Edited { view, previous_title: row.title })
 }

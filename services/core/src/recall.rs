@@ -69,7 +69,7 @@ pub async fn recall(
             webhook.queue(ctx, &home).await;
         }
     }
-    send::get(ctx, message_id, None).await
+    send::get_after_change(ctx, message_id).await
 }
 
 /// Takes one chunk's items back (a worker's recall task): the group of one.

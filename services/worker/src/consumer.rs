@@ -461,7 +461,7 @@ async fn handle(
                 return;
             }
             Err(e) if e.is_transient() => {
-                warn!(error = %e, attempt, message_id = task.message_id, chunk_id = task.chunk_id, "chunk attempt failed");
+                warn!(error = %e, attempt, task = ?task.kind, message_id = task.message_id, chunk_id = task.chunk_id, "chunk attempt failed");
                 if circuits.trips(ctx, task.shard).await {
                     park(lane, &task, &delivery).await;
                     return;
@@ -476,7 +476,7 @@ async fn handle(
                 delay = (delay * 2).min(Duration::from_secs(10));
             }
             Err(e) => {
-                error!(error = %e, attempt, message_id = task.message_id, chunk_id = task.chunk_id, "chunk failed for good, dead-lettering");
+                error!(error = %e, kind = e.db_failure().map_or("", notify_domain::error::DbFailure::name), attempt, task = ?task.kind, message_id = task.message_id, chunk_id = task.chunk_id, "chunk failed for good, dead-lettering");
                 metrics::counter!("notify_chunks_failed_total", "lane" => lane.name()).increment(1);
                 // A recall task's chunk stays delivered: the sweeper
                 // publishes it again.

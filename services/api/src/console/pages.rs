@@ -280,7 +280,7 @@ fn actions(view: &MessageView, manage: bool) -> Vec<Action> {
     let recipients = if announcement {
         "every user".to_owned()
     } else {
-        format!("{} recipients", group_digits(view.progress.total))
+        format!("{} recipients", group_digits(view.progress.unwrap_or_default().total))
     };
     let named = format!("send {} (\u{201c}{}\u{201d}) to {recipients}", row.message_id, row.title);
     let action = |name, label, confirm: String, danger| Action { name, label, confirm, danger };
@@ -292,8 +292,8 @@ fn actions(view: &MessageView, manage: bool) -> Vec<Action> {
         SendStatus::Paused => {
             actions.push(action("resume", "Resume", format!("Resume {named}?"), false));
         }
-        SendStatus::Completed if !announcement && view.progress.failed > 0 => {
-            let failed = group_digits(view.progress.failed);
+        SendStatus::Completed if !announcement && view.progress.is_some_and(|p| p.failed > 0) => {
+            let failed = group_digits(view.progress.unwrap_or_default().failed);
             actions.push(action(
                 "redrive",
                 "Redrive failed",

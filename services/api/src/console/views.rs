@@ -175,7 +175,7 @@ impl SendRow {
         let status = row.status().map_or("unknown", SendStatus::name);
         let audience =
             if row.audience == AudienceKind::AllUsers as u8 { "all users" } else { "users" };
-        let p = view.progress;
+        let p = view.progress.unwrap_or_default();
         let finished = p.delivered + p.failed + p.suppressed + p.cancelled;
         Self {
             id: row.message_id,

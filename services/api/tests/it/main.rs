@@ -5,6 +5,7 @@ mod announce;
 mod auth;
 mod badge_cache;
 mod console;
+mod control;
 mod erase;
 mod events;
 mod faults;

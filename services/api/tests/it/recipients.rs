@@ -371,6 +371,7 @@ async fn pending_failed_and_cancelled_recipients_are_listed_by_their_chunks() {
     assert_eq!(users_of(&list_all(&app, id, F::Pending, 50).await), still);
 
     app.messages().cancel_message(v1::CancelMessageRequest { message_id: id }).await.unwrap();
+    app.wait_for_operations(id).await;
     assert_eq!(users_of(&list_all(&app, id, F::Cancelled, 1000).await), still);
     assert!(list_all(&app, id, F::Pending, 1000).await.is_empty());
     let some = vec![failed[0], still[0], 42];

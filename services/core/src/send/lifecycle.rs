@@ -285,7 +285,7 @@ pub async fn cancel(
     if crate::control::begin(ctx, &row, change, OperationKind::Cancel, None).await? {
         info!(message_id = %message_id, "message cancelled");
     }
-    get(ctx, message_id, None).await
+    super::get_after_change(ctx, message_id).await
 }
 
 /// Moves a send's failed chunks back to pending and publishes them again.

@@ -57,8 +57,9 @@ pub struct NewSend {
 pub struct MessageView {
     /// The control record.
     pub row: MessageRow,
-    /// Its counters.
-    pub progress: Progress,
+    /// Its counters; `None` in the answer to a control operation when a
+    /// shard could not be read (the operation is recorded and goes on).
+    pub progress: Option<Progress>,
     /// Its control operations not yet done on every shard.
     pub pending_operations: Vec<OperationKind>,
 }
@@ -273,7 +274,25 @@ pub async fn send_to_users(
 /// another client than `owner`, when set).
 pub async fn get(ctx: &Context, message_id: MessageId, owner: Option<&str>) -> Result<MessageView> {
     let row = fetch_visible(ctx, message_id, owner).await?;
-    let progress = view_progress(ctx, &row).await?;
+    let progress = Some(view_progress(ctx, &row).await?);
+    let pending_operations = crate::control::pending(ctx, message_id).await?;
+    Ok(MessageView { row, progress, pending_operations })
+}
+
+/// Reads a send right after a control operation was recorded on it (the
+/// answer of CancelMessage, RecallMessage, EditMessage): as [`get`], but a
+/// shard that cannot be read leaves the progress out instead of failing the
+/// call, since the operation is recorded and the system finishes it.
+pub(crate) async fn get_after_change(ctx: &Context, message_id: MessageId) -> Result<MessageView> {
+    let row = fetch_visible(ctx, message_id, None).await?;
+    let progress = match view_progress(ctx, &row).await {
+        Ok(progress) => Some(progress),
+        Err(e) if e.is_transient() => {
+            tracing::warn!(error = %e, message_id = %message_id, "progress left out of the answer: a shard is unavailable");
+            None
+        }
+        Err(e) => return Err(e),
+    };
     let pending_operations = crate::control::pending(ctx, message_id).await?;
     Ok(MessageView { row, progress, pending_operations })
 }
@@ -352,7 +371,7 @@ where
     rows.sort_unstable_by_key(|row| std::cmp::Reverse(row.message_id));
     rows.truncate(limit as usize);
     let views = rows.into_iter().map(|row| async move {
-        let progress = view_progress(ctx, &row).await?;
+        let progress = Some(view_progress(ctx, &row).await?);
         let message_id = MessageId::from_raw(row.message_id);
         let pending_operations = crate::control::pending(ctx, message_id).await?;
         Ok::<_, Error>(MessageView { row, progress, pending_operations })

@@ -112,7 +112,7 @@ async fn queue_event(ctx: &Context, event: &OutboxEvent) -> Result<()> {
         return Ok(());
     }
     let status = view.row.status().map(|s| s.name()).unwrap_or("unknown");
-    let p = &view.progress;
+    let p = view.progress.unwrap_or_default();
     let mut data = serde_json::json!({
         "message_id": message_id.get().to_string(),
         "sender": view.row.sender,
