@@ -32,11 +32,18 @@ pub struct AnnounceArgs {
     /// Users whose first and second inbox reads are timed.
     #[arg(long, default_value_t = 200)]
     readers: u64,
+    /// Known users whose first reads of a fresh announcement go at once.
+    #[arg(long, default_value_t = 2_000)]
+    crowd: u64,
+    /// Concurrent readers of the crowd.
+    #[arg(long, default_value_t = 16)]
+    crowd_tasks: usize,
 }
 
 /// Runs the benchmark and prints its report.
 pub async fn run(args: AnnounceArgs) -> anyhow::Result<()> {
     ensure!(args.small > 0 && args.large > args.small && args.sends > 0, "bad flags");
+    ensure!(args.crowd > 0 && args.crowd <= args.large && args.crowd_tasks > 0, "bad flags");
     let base = Settings::load().map_err(|e| anyhow::anyhow!("{e}"))?;
     let tag = harness::fresh_tag();
     let mut env = Env::new(harness::settings_for(&base, &tag, 4))?;
@@ -80,6 +87,16 @@ async fn body(env: &mut Env, args: &AnnounceArgs) -> anyhow::Result<String> {
         second_commits += commits(&middle, &after);
     }
     let extra = (first_commits as f64 - second_commits as f64) / args.readers as f64;
+
+    // A crowd of known users opening their inbox right after a fresh
+    // announcement: each first read materializes it (its stats row is the
+    // one every first read updates), against the same users' second reads.
+    let crowd: Vec<u64> = (1..=args.crowd).map(|i| i * (args.large / args.crowd)).collect();
+    read_all(&channel, &crowd, args.crowd_tasks).await?; // the announcements timed above
+    send_announcement(&mut MessageServiceClient::new(channel.clone())).await?;
+    let first_crowd = read_all(&channel, &crowd, args.crowd_tasks).await?;
+    let second_crowd = read_all(&channel, &crowd, args.crowd_tasks).await?;
+    let crowd_ratio = second_crowd / first_crowd;
     let growth = large.value_at_quantile(0.5) as f64 / small.value_at_quantile(0.5).max(1) as f64;
     Ok(format!(
         "\n================ notify-bench announce: summary ================\n\
@@ -88,6 +105,7 @@ async fn body(env: &mut Env, args: &AnnounceArgs) -> anyhow::Result<String> {
          growth    p50 large/small = {growth:.2}  (flat means <= 1.5: {})\n\
          inbox     first read after announcement {announcement}: p50 {:.2} ms p99 {:.2} ms; second read p50 {:.2} ms p99 {:.2} ms\n\
          txns      extra commits per first read = {extra:.2}  (target <= 1: {})\n\
+         crowd     {} first reads by {} readers: {:.0}/s; second reads {:.0}/s; ratio {crowd_ratio:.2}  (target >= 0.5: {})\n\
          ==================================================================",
         thousands(args.small),
         ms(&small, 0.5),
@@ -101,7 +119,32 @@ async fn body(env: &mut Env, args: &AnnounceArgs) -> anyhow::Result<String> {
         ms(&second, 0.5),
         ms(&second, 0.99),
         verdict(extra <= 1.0),
+        thousands(args.crowd),
+        args.crowd_tasks,
+        args.crowd as f64 / first_crowd,
+        args.crowd as f64 / second_crowd,
+        verdict(crowd_ratio >= 0.5),
     ))
+}
+
+/// Reads every user's first inbox page, `tasks` readers at once; returns
+/// the seconds it took.
+async fn read_all(channel: &Channel, users: &[u64], tasks: usize) -> anyhow::Result<f64> {
+    let next = std::sync::atomic::AtomicUsize::new(0);
+    let started = Instant::now();
+    let readers = (0..tasks).map(|_| {
+        let mut inbox = InboxServiceClient::new(channel.clone());
+        let next = &next;
+        async move {
+            loop {
+                let index = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                let Some(user_id) = users.get(index) else { return Ok::<_, anyhow::Error>(()) };
+                list(&mut inbox, *user_id).await?;
+            }
+        }
+    });
+    futures::future::try_join_all(readers).await?;
+    Ok(started.elapsed().as_secs_f64())
 }
 
 fn ms(histogram: &Histogram<u64>, quantile: f64) -> f64 {

@@ -301,6 +301,26 @@ impl Cache {
         self.change_memberships(user_ids, -1).await
     }
 
+    /// Deletes users' cached group cursors and their rebuild leases (a
+    /// write Redis missed is repaired so: `notify_core::repair`).
+    #[instrument(level = "debug", skip_all, fields(db.system = "redis"))]
+    pub async fn invalidate_memberships(&self, user_ids: &[u64]) -> Result<()> {
+        let groups = self.by_slot(user_ids.iter().copied(), USERS_PER_CALL, |user_id| {
+            self.keys.memberships(*user_id)
+        });
+        let calls = groups.into_iter().map(|group| {
+            let mut del = redis::cmd("DEL");
+            for user_id in group {
+                del.arg(self.keys.memberships(user_id)).arg(self.keys.memberships_lease(user_id));
+            }
+            let mut conn = self.conn.clone();
+            async move { del.query_async::<()>(&mut conn).await }
+        });
+        try_join_all(calls).await?;
+        self.forget_near(user_ids.iter().map(|user_id| Held::Cursors(*user_id)));
+        Ok(())
+    }
+
     async fn change_memberships(&self, user_ids: &[u64], delta: i64) -> Result<()> {
         let groups = self.by_slot(user_ids.iter().copied(), USERS_PER_CALL, |user_id| {
             self.keys.memberships(*user_id)

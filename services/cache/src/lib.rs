@@ -37,7 +37,9 @@ pub use pages::{CachedPage, PageToStore};
 pub use values::{CachedCounts, CachedGroup, CachedUserState, Counts};
 
 use std::collections::HashMap;
-use std::time::Duration;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, LazyLock};
+use std::time::{Duration, Instant};
 use tracing::instrument;
 
 use redis::aio::{ConnectionLike, ConnectionManager};
@@ -114,9 +116,16 @@ fn cluster_client(settings: &RedisSettings) -> Result<redis::cluster::ClusterCli
 
 /// A connection to one Redis node or to a Redis Cluster. Both multiplex
 /// every caller over their sockets and reconnect by themselves; clones are
-/// cheap handles.
+/// cheap handles. A [`Breaker`] in front answers at once while Redis was
+/// just found unreachable.
 #[derive(Clone)]
-pub enum Connection {
+pub struct Connection {
+    to: Connected,
+    breaker: Breaker,
+}
+
+#[derive(Clone)]
+enum Connected {
     /// One node (or a replicated primary).
     Node(ConnectionManager),
     /// A Redis Cluster: each command goes to the master of its key's slot.
@@ -128,25 +137,82 @@ impl Connection {
     /// when Redis is unreachable.
     pub async fn open(settings: &RedisSettings) -> Result<Self> {
         let unreachable = |e| Error::Unavailable(format!("redis.url: cannot connect: {e}"));
-        if settings.cluster {
+        let to = if settings.cluster {
             let client = cluster_client(settings)?;
-            return Ok(Self::Cluster(client.get_async_connection().await.map_err(unreachable)?));
+            Connected::Cluster(client.get_async_connection().await.map_err(unreachable)?)
+        } else {
+            let config = redis::aio::ConnectionManagerConfig::new()
+                .set_connection_timeout(Some(Duration::from_secs(3)))
+                .set_response_timeout(Some(Duration::from_secs(3)))
+                .set_number_of_retries(2);
+            let client = client(settings, None)?;
+            let manager = client.get_connection_manager_with_config(config).await;
+            Connected::Node(manager.map_err(unreachable)?)
+        };
+        Ok(Self { to, breaker: Breaker::default() })
+    }
+
+    fn is_cluster(&self) -> bool {
+        matches!(self.to, Connected::Cluster(_))
+    }
+}
+
+/// How long commands are answered at once with an error after one found
+/// Redis unreachable. Without it every command of every caller tries the
+/// connection again (with the manager's retries, ~0.4 s each), so a write
+/// that makes three Redis calls while Redis is away takes over a second.
+const BREAKER_OPEN: Duration = Duration::from_millis(500);
+
+/// Fails commands at once for [`BREAKER_OPEN`] after one failed on the
+/// connection itself (refused, reset, timed out); the first command after
+/// that tries Redis again.
+#[derive(Clone, Default)]
+struct Breaker {
+    /// When the breaker closes again, in ms since [`BREAKER_CLOCK`] (0: closed).
+    open_until_ms: Arc<AtomicU64>,
+}
+
+static BREAKER_CLOCK: LazyLock<Instant> = LazyLock::new(Instant::now);
+
+impl Breaker {
+    fn now_ms() -> u64 {
+        BREAKER_CLOCK.elapsed().as_millis() as u64
+    }
+
+    fn refuses(&self) -> bool {
+        self.open_until_ms.load(Ordering::Relaxed) > Self::now_ms()
+    }
+
+    fn observe<T>(&self, result: &redis::RedisResult<T>) {
+        match result {
+            Err(e) if e.is_io_error() || e.is_connection_refusal() || e.is_timeout() => {
+                let until = Self::now_ms() + BREAKER_OPEN.as_millis() as u64;
+                self.open_until_ms.store(until, Ordering::Relaxed);
+            }
+            _ => {}
         }
-        let config = redis::aio::ConnectionManagerConfig::new()
-            .set_connection_timeout(Some(Duration::from_secs(3)))
-            .set_response_timeout(Some(Duration::from_secs(3)))
-            .set_number_of_retries(2);
-        let manager = client(settings, None)?.get_connection_manager_with_config(config).await;
-        Ok(Self::Node(manager.map_err(unreachable)?))
+    }
+
+    fn refusal<T>() -> redis::RedisResult<T> {
+        Err(redis::RedisError::from((redis::ErrorKind::Io, "redis was unreachable a moment ago")))
     }
 }
 
 impl ConnectionLike for Connection {
     fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
-        match self {
-            Self::Node(conn) => conn.req_packed_command(cmd),
-            Self::Cluster(conn) => conn.req_packed_command(cmd),
+        if self.breaker.refuses() {
+            return Box::pin(std::future::ready(Breaker::refusal()));
         }
+        let breaker = self.breaker.clone();
+        let sent = match &mut self.to {
+            Connected::Node(conn) => conn.req_packed_command(cmd),
+            Connected::Cluster(conn) => conn.req_packed_command(cmd),
+        };
+        Box::pin(async move {
+            let result = sent.await;
+            breaker.observe(&result);
+            result
+        })
     }
 
     fn req_packed_commands<'a>(
@@ -155,16 +221,25 @@ impl ConnectionLike for Connection {
         offset: usize,
         count: usize,
     ) -> RedisFuture<'a, Vec<Value>> {
-        match self {
-            Self::Node(conn) => conn.req_packed_commands(pipeline, offset, count),
-            Self::Cluster(conn) => conn.req_packed_commands(pipeline, offset, count),
+        if self.breaker.refuses() {
+            return Box::pin(std::future::ready(Breaker::refusal()));
         }
+        let breaker = self.breaker.clone();
+        let sent = match &mut self.to {
+            Connected::Node(conn) => conn.req_packed_commands(pipeline, offset, count),
+            Connected::Cluster(conn) => conn.req_packed_commands(pipeline, offset, count),
+        };
+        Box::pin(async move {
+            let result = sent.await;
+            breaker.observe(&result);
+            result
+        })
     }
 
     fn get_db(&self) -> i64 {
-        match self {
-            Self::Node(conn) => conn.get_db(),
-            Self::Cluster(conn) => conn.get_db(),
+        match &self.to {
+            Connected::Node(conn) => conn.get_db(),
+            Connected::Cluster(conn) => conn.get_db(),
         }
     }
 }
@@ -416,7 +491,7 @@ impl Cache {
 
     /// True on a Redis Cluster.
     pub fn is_cluster(&self) -> bool {
-        matches!(self.conn, Connection::Cluster(_))
+        self.conn.is_cluster()
     }
 
     /// Sets each lease key to a fresh token for [`LEASE_MS`] (one pipeline

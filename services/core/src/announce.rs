@@ -218,14 +218,12 @@ pub async fn materialize_live(ctx: &Context, user_id: u64) -> Result<(Vec<Active
     }
     let pool = ctx.writable(Key::User(user_id)).await?;
     let ids: Vec<u64> = missing.iter().map(|a| a.message_id).collect();
-    ctx.cache.begin_count_change(user_id).await?;
+    let repair = crate::repair::begin(ctx, user_id, false).await;
     // Concurrent first reads of a new user can deadlock creating its state row.
     let written = notify_store::db::retrying("items::materialize", || {
-        items::materialize(&pool, user_id, &ids)
+        items::materialize(&pool, user_id, &ids, repair)
     })
     .await;
-    if let Err(e) = ctx.cache.end_count_change(user_id).await {
-        warn!(error = %e, user_id, "could not clear a badge change marker");
-    }
+    crate::repair::end(ctx, user_id, false).await;
     written.map(|_| (live, complete))
 }

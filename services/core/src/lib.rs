@@ -26,6 +26,7 @@ pub mod preferences;
 pub mod queue;
 pub mod recall;
 pub mod recipients;
+pub mod repair;
 pub mod retention;
 pub mod send;
 pub mod status;

@@ -6,14 +6,16 @@
 //! muted) is invalidated around the change like any other write.
 
 use shard_router::Key;
-use tracing::{instrument, warn};
+use tracing::instrument;
 
 use crate::context::Context;
 use crate::events;
+use crate::repair;
 use notify_domain::domain::UserId;
 use notify_domain::error::Result;
 use notify_domain::preferences::Preferences;
 use notify_store::db::preferences as store;
+use notify_store::db::retrying;
 
 /// Reads a user's preferences (empty when they have none).
 #[instrument(skip_all, fields(user_id = user_id.get()))]
@@ -29,25 +31,12 @@ pub async fn set(ctx: &Context, user_id: UserId, preferences: &Preferences) -> R
     let pool = ctx.writable(Key::User(user)).await?;
     // Both caches show what preferences decide: the badge counts the live
     // announcements not muted, the group total the groups not muted.
-    ctx.cache.begin_count_change(user).await?;
-    if let Err(e) = ctx.cache.begin_membership_change(&[user]).await {
-        end_changes(ctx, user).await;
-        return Err(e);
-    }
-    let stored = store::set(&pool, user, preferences).await;
-    end_changes(ctx, user).await;
+    let repair = repair::begin(ctx, user, true).await;
+    let stored =
+        retrying("preferences::set", || store::set(&pool, user, preferences, repair)).await;
+    repair::end(ctx, user, true).await;
     drop(pool);
     stored?;
     events::badges_changed(ctx, vec![user]).await;
     Ok(preferences.clone())
-}
-
-async fn end_changes(ctx: &Context, user_id: u64) {
-    // On failure the dirty markers expire by themselves and caching resumes.
-    if let Err(e) = ctx.cache.end_membership_change(&[user_id]).await {
-        warn!(error = %e, user_id, "could not clear a group cursor change marker");
-    }
-    if let Err(e) = ctx.cache.end_count_change(user_id).await {
-        warn!(error = %e, user_id, "could not clear a badge change marker");
-    }
 }

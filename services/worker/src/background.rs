@@ -181,9 +181,10 @@ pub async fn control_once(ctx: &Context, drives: &Arc<Semaphore>) -> Result<()> 
 /// Sets `notify_control_operations_pending` and
 /// `notify_oldest_control_operation_age_seconds` over every home shard that
 /// answers (an operation a shard keeps from finishing shows as an age that
-/// keeps growing).
+/// keeps growing), and `notify_badge_repairs_pending` (users whose cached
+/// state waits for Redis to answer again).
 async fn report_operations(ctx: &Context, limit: Duration) {
-    let (mut count, mut oldest) = (0u64, 0f64);
+    let (mut count, mut oldest, mut repairs) = (0u64, 0f64, 0u64);
     for (shard, pool) in ctx.pools.iter() {
         match within(limit, notify_store::db::operations::summary(pool)).await {
             Ok((n, age)) => {
@@ -192,9 +193,14 @@ async fn report_operations(ctx: &Context, limit: Duration) {
             }
             Err(e) => warn!(error = %e, shard = %shard, "cannot count control operations"),
         }
+        match within(limit, notify_store::db::badge_repairs::count(pool)).await {
+            Ok(n) => repairs += n,
+            Err(e) => warn!(error = %e, shard = %shard, "cannot count badge repairs"),
+        }
     }
     metrics::gauge!("notify_control_operations_pending").set(count as f64);
     metrics::gauge!("notify_oldest_control_operation_age_seconds").set(oldest);
+    metrics::gauge!("notify_badge_repairs_pending").set(repairs as f64);
 }
 
 /// Settles the chunks applied while Redis was away (see
@@ -212,6 +218,7 @@ pub async fn settle_once(ctx: &Context) -> Result<()> {
             warn!(error = %e, shard = %shard, "settler could not count waiting reads on a shard");
         }
         let settling = async {
+            notify_core::repair::settle(ctx, pool, BATCH).await?;
             notify_core::deliver::settle(ctx, pool, BATCH).await?;
             notify_core::recall::settle(ctx, pool, BATCH).await
         };

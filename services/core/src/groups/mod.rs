@@ -352,7 +352,7 @@ pub async fn recall(
 /// an unknown group, `PermissionDenied` for a non-member.
 async fn member_of(ctx: &Context, user_id: UserId, group_id: u64) -> Result<Membership> {
     let pool = ctx.pools.for_user(user_id.get());
-    if let Some(membership) = store::membership(&pool, user_id.get(), group_id).await? {
+    if let Some(membership) = store::membership(&*pool, user_id.get(), group_id).await? {
         return Ok(membership);
     }
     if store::group_exists(&ctx.pools.for_group(group_id), group_id).await? {
@@ -410,11 +410,14 @@ pub async fn ack(ctx: &Context, user_id: UserId, group_id: u64, seq: u64) -> Res
             &format!("is {seq}, beyond the group's max seq {max_seq}"),
         ));
     }
-    let users = [user_id.get()];
-    ctx.cache.begin_membership_change(&users).await?;
-    let pool = ctx.writable(Key::User(user_id.get())).await?;
-    let advanced = store::advance_ack(&pool, user_id.get(), group_id, seq).await;
-    finish_membership_change(ctx, &users).await;
+    let user = user_id.get();
+    let pool = ctx.writable(Key::User(user)).await?;
+    let repair = crate::repair::begin(ctx, user, true).await;
+    let advanced = notify_store::db::retrying("groups::advance_ack", || {
+        store::advance_ack(&pool, user, group_id, seq, repair)
+    })
+    .await;
+    crate::repair::end(ctx, user, true).await;
     if advanced.as_ref().is_ok_and(Option::is_some) {
         events::badges_changed(ctx, vec![user_id.get()]).await;
     }

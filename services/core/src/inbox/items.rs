@@ -17,6 +17,7 @@ use super::read_counts;
 use crate::announce;
 use crate::context::Context;
 use crate::events::{self, BusEvent, BusFilter};
+use crate::repair;
 use notify_cache::Counts;
 use notify_domain::domain::UserId;
 use notify_domain::error::Result;
@@ -57,13 +58,14 @@ pub async fn update_items(
     };
     let pool = ctx.writable(Key::User(user)).await?;
     let live_ids: Vec<u64> = live.iter().map(|a| a.message_id).collect();
-    ctx.cache.begin_count_change(user).await?;
+    let repair = repair::begin(ctx, user, false).await;
     let direct = ctx.direct.as_ref().and_then(|direct| direct.get(pool.shard()));
+    let feed = ctx.read_feed;
     let result = notify_store::db::retrying("item_updates::update", || {
-        item_updates::update(&pool, direct, user, action, target, &live_ids, ctx.read_feed)
+        item_updates::update(&pool, direct, user, action, target, &live_ids, feed, repair)
     })
     .await;
-    finish_count_change(ctx, user).await;
+    repair::end(ctx, user, false).await;
     drop(pool);
     let updated = result?;
     if updated.changed > 0 {
@@ -103,11 +105,4 @@ pub async fn mark_all_read(
 ) -> Result<Changed> {
     let filter = ItemFilter { view: View::All, category, up_to, ..ItemFilter::default() };
     update_items(ctx, user_id, Action::MarkRead, Target::All(filter)).await
-}
-
-async fn finish_count_change(ctx: &Context, user_id: u64) {
-    // On failure the dirty marker expires by itself and caching resumes.
-    if let Err(e) = ctx.cache.end_count_change(user_id).await {
-        warn!(error = %e, user_id, "could not clear a badge change marker");
-    }
 }

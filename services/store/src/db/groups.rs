@@ -402,8 +402,8 @@ pub struct Membership {
 
 /// Reads a user's membership of a group (on the user's shard).
 #[instrument(level = "debug", skip_all, fields(db.system = "mysql"))]
-pub async fn membership(
-    pool: &MySqlPool,
+pub async fn membership<'e>(
+    pool: impl sqlx::MySqlExecutor<'e>,
     user_id: u64,
     group_id: u64,
 ) -> Result<Option<Membership>> {
@@ -439,7 +439,9 @@ pub async fn advance_ack(
     user_id: u64,
     group_id: u64,
     seq: u64,
+    repair: bool,
 ) -> Result<Option<u64>> {
+    let mut tx = pool.begin().await?;
     sqlx::query(
         "UPDATE group_members SET last_ack_seq = GREATEST(last_ack_seq, ?) \
          WHERE user_id = ? AND group_id = ?",
@@ -447,9 +449,14 @@ pub async fn advance_ack(
     .bind(seq)
     .bind(user_id)
     .bind(group_id)
-    .execute(pool)
+    .execute(&mut *tx)
     .await?;
-    Ok(membership(pool, user_id, group_id).await?.map(|m| m.last_ack_seq))
+    if repair {
+        super::badge_repairs::record(&mut tx, user_id).await?;
+    }
+    let membership = membership(&mut *tx, user_id, group_id).await?;
+    tx.commit().await?;
+    Ok(membership.map(|m| m.last_ack_seq))
 }
 
 /// Counts a group's members on one shard whose bucket `owned` says this shard

@@ -171,6 +171,7 @@ enum Step {
     Count,
     Present,
     Suppression,
+    Repair,
     Commit,
 }
 
@@ -191,10 +192,16 @@ enum Step {
 /// `item.read`); then the update, a read's recorded reads (from the items
 /// now read, with their read time and delivery), and the badge's reads.
 ///
+/// With `repair` (Redis did not answer the caller's "before commit"
+/// invalidation), the transaction also records the user in
+/// [`super::badge_repairs`], whose settler retires the user's cached state
+/// once Redis answers.
+///
 /// The script goes on one of the shard's `direct` connections when the
 /// api has them (given back without sqlx's ping, [`super::direct`]), else
 /// on a pooled one. A script that fails is rolled back on its connection,
 /// which is closed when that fails too.
+#[allow(clippy::too_many_arguments)]
 #[instrument(level = "debug", skip_all, fields(db.system = "mysql", action = action.name()))]
 pub async fn update(
     pool: &MySqlPool,
@@ -204,12 +211,13 @@ pub async fn update(
     target: Target<'_>,
     announcement_ids: &[u64],
     feed: bool,
+    repair: bool,
 ) -> Result<Updated> {
     if let Target::Ids([]) = target {
         let badge = super::items::badge_state(pool, user_id, announcement_ids).await?;
         return Ok(Updated { changed: 0, changed_ids: Vec::new(), unknown: Vec::new(), badge });
     }
-    let (steps, script) = script(user_id, action, target, announcement_ids, feed)?;
+    let (steps, script) = script(user_id, action, target, announcement_ids, feed, repair)?;
     let ran = match direct {
         Some(direct) => {
             let mut lent = direct.acquire_for_write().await?;
@@ -251,6 +259,7 @@ fn script(
     target: Target<'_>,
     announcement_ids: &[u64],
     feed: bool,
+    repair: bool,
 ) -> Result<(Vec<Step>, String)> {
     let list = |ids: &[u64]| ids.iter().map(u64::to_string).collect::<Vec<_>>().join(", ");
     let delta = action.read_delta();
@@ -363,6 +372,10 @@ fn script(
         ));
         steps.push((Step::Suppression, SUPPRESSION.replacen('?', &user, 1)));
     }
+    if repair {
+        let record = super::badge_repairs::RECORD.replacen('?', &user, 1);
+        steps.push((Step::Repair, record));
+    }
     steps.push((Step::Commit, "COMMIT".to_owned()));
     let script = steps.iter().map(|(_, sql)| sql.as_str()).collect::<Vec<_>>().join(";\n");
     Ok((steps.into_iter().map(|(step, _)| step).collect(), script))
@@ -427,7 +440,7 @@ mod tests {
         let filter =
             ItemFilter { view: View::Inbox, category: Some("billing.eu"), ..Default::default() };
         let (steps, sql) =
-            script(42, Action::MarkRead, Target::All(filter), &[7, 9], true).unwrap();
+            script(42, Action::MarkRead, Target::All(filter), &[7, 9], true, false).unwrap();
         // The feed of a filtered read is written when its row is counted.
         let expected = [
             Step::Session,
@@ -459,43 +472,49 @@ mod tests {
         );
         assert_eq!(sql.matches("i.expire_at > @notify_now").count(), 2, "{sql}");
         assert_eq!(sql.matches("i.expire_at > UTC_TIMESTAMP(3)").count(), 1, "the count's: {sql}");
-        let (steps, sql) = script(42, Action::Archive, Target::All(filter), &[], false).unwrap();
+        let (steps, sql) =
+            script(42, Action::Archive, Target::All(filter), &[], false, false).unwrap();
         assert_eq!(steps, [Step::Begin, Step::Update, Step::Count, Step::Commit]);
         // One statement selects the items: the clock as it starts.
         assert!(!sql.contains("@notify_now") && sql.contains("i.expire_at > UTC_TIMESTAMP(3)"));
-        let (steps, sql) = script(42, Action::Archive, Target::Ids(&[5, 6]), &[], false).unwrap();
+        let (steps, sql) =
+            script(42, Action::Archive, Target::Ids(&[5, 6]), &[], false, false).unwrap();
         let expected = [Step::Begin, Step::Found, Step::Changed, Step::Update, Step::Count];
         assert_eq!(steps, [&expected[..], &[Step::Commit]].concat());
         assert!(sql.contains("i.message_id IN (5, 6)"), "{sql}");
         // Readers of one send count in slots by user, not all in one row.
         for user in [42, 43] {
-            let (_, sql) = script(user, Action::MarkRead, Target::Ids(&[5]), &[], false).unwrap();
+            let (_, sql) =
+                script(user, Action::MarkRead, Target::Ids(&[5]), &[], false, false).unwrap();
             let slot = read_slot(user);
             assert!((1..super::super::chunks::STATS_SLOTS).contains(&slot));
             assert!(sql.contains(&format!("SELECT i.message_id, {slot}, 1 FROM")), "{sql}");
         }
         assert_ne!(read_slot(42), read_slot(43));
-        let (steps, _) = script(42, Action::MarkUnread, Target::Ids(&[5]), &[], false).unwrap();
+        let (steps, _) =
+            script(42, Action::MarkUnread, Target::Ids(&[5]), &[], false, false).unwrap();
         let expected = [Step::Begin, Step::Found, Step::Waiting, Step::Changed, Step::ReadCounts];
         assert_eq!(
             steps,
             [&expected[..], &[Step::Reads, Step::Update, Step::Count, Step::Commit]].concat()
         );
         // A read records its readers after the update, from the items.
-        let (steps, sql) = script(42, Action::MarkRead, Target::Ids(&[5]), &[], false).unwrap();
+        let (steps, sql) =
+            script(42, Action::MarkRead, Target::Ids(&[5]), &[], false, false).unwrap();
         assert_eq!(
             steps,
             [&expected[..], &[Step::Update, Step::Reads, Step::Count, Step::Commit]].concat()
         );
         assert!(sql.contains("i.created_at FROM message_items i WHERE i.user_id = 42"), "{sql}");
-        let (steps, _) = script(42, Action::MarkSeen, Target::All(filter), &[], false).unwrap();
+        let (steps, _) =
+            script(42, Action::MarkSeen, Target::All(filter), &[], false, false).unwrap();
         assert_eq!(steps, [Step::Begin, Step::Update, Step::Count, Step::Commit]);
     }
 
     #[test]
     fn a_read_by_ids_records_its_reads_for_the_feed_only_when_asked() {
         let fed = |action, feed| {
-            let (steps, sql) = script(42, action, Target::Ids(&[5, 6]), &[], feed).unwrap();
+            let (steps, sql) = script(42, action, Target::Ids(&[5, 6]), &[], feed, false).unwrap();
             let at = steps.iter().position(|step| *step == Step::Feed);
             if let Some(at) = at {
                 // Before the update moves the items out of its selection.
@@ -516,7 +535,19 @@ mod tests {
         for category in ["a'b", "a\\b", "A", "a;b", "a b"] {
             let filter = ItemFilter { category: Some(category), ..Default::default() };
             let target = Target::All(filter);
-            assert!(script(42, Action::Delete, target, &[], false).is_err(), "{category:?}");
+            assert!(script(42, Action::Delete, target, &[], false, false).is_err(), "{category:?}");
         }
+    }
+
+    #[test]
+    fn a_write_redis_did_not_see_records_its_user_for_repair_in_its_transaction() {
+        let (steps, sql) =
+            script(42, Action::MarkRead, Target::Ids(&[5]), &[], false, true).unwrap();
+        let repair = steps.iter().position(|step| *step == Step::Repair).unwrap();
+        assert_eq!(steps[repair + 1], Step::Commit, "in the transaction");
+        assert!(sql.contains("INSERT INTO badge_repairs (user_id, changed_at) VALUES (42,"));
+        let (steps, _) =
+            script(42, Action::MarkRead, Target::Ids(&[5]), &[], false, false).unwrap();
+        assert!(!steps.contains(&Step::Repair));
     }
 }

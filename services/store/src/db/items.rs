@@ -322,9 +322,16 @@ pub async fn present<'e>(
 /// announcement in a muted category, unless critical, is neither shown nor
 /// counted; one sent before the user was erased never comes back) and
 /// records them as the announcements' recipients, bumps their stats and
-/// the user's watermark. Returns how many items were written.
+/// the user's watermark; with `repair` (Redis did not answer the caller's
+/// invalidation), records the user in [`super::badge_repairs`]. Returns how
+/// many items were written.
 #[instrument(level = "debug", skip_all, fields(db.system = "mysql"))]
-pub async fn materialize(pool: &MySqlPool, user_id: u64, message_ids: &[u64]) -> Result<u64> {
+pub async fn materialize(
+    pool: &MySqlPool,
+    user_id: u64,
+    message_ids: &[u64],
+    repair: bool,
+) -> Result<u64> {
     let mut tx = pool.begin().await?;
     // Creates or exclusively locks the user's state row in one statement.
     sqlx::query(
@@ -370,13 +377,21 @@ pub async fn materialize(pool: &MySqlPool, user_id: u64, message_ids: &[u64]) ->
             row.push_bind(*id).push_bind(user_id);
         });
         recipients.build().execute(&mut *tx).await?;
+        // In the user's slot, as the user's reads count: the first reads of
+        // a new announcement come all at once, and one row for all of them
+        // would queue every materialization behind one lock held to its
+        // commit.
+        let slot = super::chunks::read_slot(user_id);
         let mut stats =
             QueryBuilder::new("INSERT INTO message_shard_stats (message_id, slot, delivered) ");
         stats.push_values(&allowed, |mut row, id| {
-            row.push_bind(*id).push_bind(0u8).push_bind(1i64);
+            row.push_bind(*id).push_bind(slot).push_bind(1i64);
         });
         stats.push(" ON DUPLICATE KEY UPDATE delivered = delivered + VALUES(delivered)");
         stats.build().execute(&mut *tx).await?;
+    }
+    if repair {
+        super::badge_repairs::record(&mut tx, user_id).await?;
     }
     let newest = missing.iter().copied().max().unwrap_or(0);
     sqlx::query(

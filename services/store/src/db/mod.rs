@@ -5,6 +5,7 @@
 pub mod item_times;
 
 pub mod audit;
+pub mod badge_repairs;
 pub mod chunks;
 pub mod contract;
 pub mod direct;

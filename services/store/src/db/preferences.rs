@@ -50,9 +50,17 @@ pub async fn get<'e>(db: impl sqlx::MySqlExecutor<'e>, user_id: u64) -> Result<P
     }))
 }
 
-/// Replaces a user's mutes (an erasure marker stays as it is).
+/// Replaces a user's mutes (an erasure marker stays as it is); with
+/// `repair` (Redis did not answer the caller's invalidation), records the
+/// user in [`super::badge_repairs`] in the same transaction.
 #[instrument(level = "debug", skip_all, fields(db.system = "mysql"))]
-pub async fn set(pool: &MySqlPool, user_id: u64, preferences: &Preferences) -> Result<()> {
+pub async fn set(
+    pool: &MySqlPool,
+    user_id: u64,
+    preferences: &Preferences,
+    repair: bool,
+) -> Result<()> {
+    let mut tx = pool.begin().await?;
     sqlx::query(
         "INSERT INTO user_preferences (user_id, muted_categories, muted_group_ids) \
          VALUES (?, ?, ?) ON DUPLICATE KEY UPDATE \
@@ -61,8 +69,12 @@ pub async fn set(pool: &MySqlPool, user_id: u64, preferences: &Preferences) -> R
     .bind(user_id)
     .bind(join_list(&preferences.muted_categories))
     .bind(join_list(&preferences.muted_group_ids))
-    .execute(pool)
+    .execute(&mut *tx)
     .await?;
+    if repair {
+        super::badge_repairs::record(&mut tx, user_id).await?;
+    }
+    tx.commit().await?;
     Ok(())
 }
 

@@ -35,3 +35,15 @@ CREATE TABLE IF NOT EXISTS message_operations (
 -- last.
 ALTER TABLE messages ADD COLUMN IF NOT EXISTS content_version INT UNSIGNED NOT NULL DEFAULT 0;
 ALTER TABLE message_contents ADD COLUMN IF NOT EXISTS content_version INT UNSIGNED NOT NULL DEFAULT 0;
+
+-- Users whose cached badge, inbox pages and group cursors a write could not
+-- retire because Redis did not answer: written in the write's transaction
+-- (an item update, an announcement's materialization, a preference change,
+-- a group ack), so the write succeeds with Redis away, and every worker's
+-- settler retires the user's cached state once Redis answers again, then
+-- deletes the row (unless a later write stamped it again since).
+CREATE TABLE IF NOT EXISTS badge_repairs (
+    user_id    BIGINT UNSIGNED NOT NULL,
+    changed_at DATETIME(6)     NOT NULL,
+    PRIMARY KEY (user_id)
+) ENGINE=InnoDB;
