@@ -47,3 +47,17 @@ CREATE TABLE IF NOT EXISTS badge_repairs (
     changed_at DATETIME(6)     NOT NULL,
     PRIMARY KEY (user_id)
 ) ENGINE=InnoDB;
+
+-- Gateway events recorded in the transaction of the change they report
+-- (an item update, a preference change, a group ack, send, recall or
+-- member change, an erasure, an announcement's start), on the shard of
+-- that transaction: the api that made the change publishes it after the
+-- commit and deletes the row; a row left (the publish failed, the api died
+-- first) is published by every worker's relay. `body` is a `BusEvent`
+-- (JSON) that tells every gateway what to refresh.
+CREATE TABLE IF NOT EXISTS event_outbox (
+    id         BIGINT UNSIGNED NOT NULL AUTO_INCREMENT,
+    body       BLOB            NOT NULL,
+    created_at DATETIME(3)     NOT NULL DEFAULT CURRENT_TIMESTAMP(3),
+    PRIMARY KEY (id)
+) ENGINE=InnoDB;

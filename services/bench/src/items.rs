@@ -210,13 +210,32 @@ async fn feed_cost(pool: &MySqlPool, args: &ItemsArgs) -> anyhow::Result<String>
     for round in 0..args.feed_rounds * 2 {
         let feed = round % 2 == 1;
         let started = Instant::now();
-        let read =
-            update(pool, None, args.user, Action::MarkRead, Target::Ids(&ids), &[], feed, false)
-                .await?;
+        let read = update(
+            pool,
+            None,
+            args.user,
+            Action::MarkRead,
+            Target::Ids(&ids),
+            &[],
+            feed,
+            false,
+            None,
+        )
+        .await?;
         arms[usize::from(feed)].record(started.elapsed().as_micros() as u64)?;
         ensure!(read.changed == 10, "a read by ids changed {} of 10 items", read.changed);
-        update(pool, None, args.user, Action::MarkUnread, Target::Ids(&ids), &[], false, false)
-            .await?;
+        update(
+            pool,
+            None,
+            args.user,
+            Action::MarkUnread,
+            Target::Ids(&ids),
+            &[],
+            false,
+            false,
+            None,
+        )
+        .await?;
     }
     let ms = |hist: &Histogram<u64>, q: f64| hist.value_at_quantile(q) as f64 / 1000.0;
     let [off, on] = &arms;

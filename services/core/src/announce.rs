@@ -73,9 +73,14 @@ pub async fn send(ctx: &Context, new_send: &NewSend) -> Result<(Created, SendSta
     let copies = ctx.pools.iter().map(|(_, pool)| chunks::store_content(pool, id, &copy));
     futures::future::try_join_all(copies).await?;
     let start_now = row.send_at.is_none_or(|at| at <= send::now());
-    messages::request_start(&*home, id, Lane::High as u8, start_now).await?;
     if start_now {
-        send::activated(ctx, id).await;
+        let now = send::AnnouncementStart::Now;
+        if let Some(started) = send::start_announcement(&home, id, now).await? {
+            crate::status::refresh_status_best_effort(ctx, id).await;
+            send::activated(ctx, id, home.shard(), started).await;
+        }
+    } else {
+        messages::request_start(&*home, id, Lane::High as u8, false).await?;
     }
     let status = messages::fetch_existing(&home, id).await?.status()?;
     Ok((created, status))

@@ -14,12 +14,12 @@ use shard_router::Key;
 use tracing::{info, instrument, warn};
 
 use crate::context::Context;
-use crate::events;
+use crate::events::{self, BusEvent};
 use crate::groups;
 use notify_domain::domain::UserId;
 use notify_domain::error::{Error, Result};
 use notify_domain::ids;
-use notify_store::db::{erasure, groups as group_store, preferences};
+use notify_store::db::{erasure, event_outbox, groups as group_store, preferences};
 
 /// How far past the erasure the marker reaches (clock skew between replicas).
 pub const ERASURE_MARGIN_MS: u64 = 1_000;
@@ -64,9 +64,15 @@ pub async fn erase_user(ctx: &Context, user_id: UserId) -> Result<Erased> {
         end_changes(ctx, user).await;
         return Err(e);
     }
+    let event = BusEvent::BadgesChanged { user_ids: vec![user] };
+    let mut recorded = None;
     let removed = async {
         // The marker first: from its commit on, no apply writes for the user.
-        preferences::mark_erased(&*home, user, erased_before).await?;
+        // Its transaction records the event that tells gateways.
+        let mut marking = home.begin().await?;
+        preferences::mark_erased(&mut *marking, user, erased_before).await?;
+        recorded = Some(event_outbox::record(&mut marking, &event.recorded_body()).await?);
+        marking.commit().await?;
         let mut removed = erasure::Removed::default();
         for (shard, pool) in ctx.pools.iter() {
             let on_shard = erasure::remove_user(pool, user, shard == home.shard()).await?;
@@ -76,6 +82,7 @@ pub async fn erase_user(ctx: &Context, user_id: UserId) -> Result<Erased> {
     }
     .await;
     end_changes(ctx, user).await;
+    let home_shard = home.shard();
     drop(home);
     let removed = removed?;
     erased.items = removed.items;
@@ -84,7 +91,9 @@ pub async fn erase_user(ctx: &Context, user_id: UserId) -> Result<Erased> {
     if let Err(e) = ctx.cache.invalidate_counts(&[user]).await {
         warn!(error = %e, user_id = user, "could not invalidate the erased user's badge");
     }
-    events::badges_changed(ctx, vec![user]).await;
+    if let Some(id) = recorded {
+        events::publish_recorded(ctx, home_shard, id, Some(&event)).await;
+    }
     info!(user_id = user, items = erased.items, memberships = erased.memberships, "user erased");
     Ok(erased)
 }

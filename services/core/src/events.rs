@@ -9,18 +9,33 @@
 //! module).
 //!
 //! Events are hints on top of the stored truth: a stream's snapshot reads
-//! MySQL and Redis, and an event only says "this changed". Publishing is
-//! best-effort where the change is already committed (a lost event is made
-//! up by the fresh snapshots every replica sends after its event consumer
-//! reconnects), except for deliveries: the worker publishes before it acks
-//! the chunk, so a failed publish redelivers the chunk and publishes again.
+//! MySQL and Redis, and an event only says "this changed". None is dropped
+//! silently:
+//! - the worker publishes a delivery's event before it acks the chunk, so a
+//!   failed publish redelivers the chunk and publishes again;
+//! - a control operation (cancel, recall, edit) publishes its events as one
+//!   of its steps, which run again until they succeed ([`crate::control`]);
+//! - every other change records an event in its own transaction (the event
+//!   outbox, [`Recorded`]): an event that tells every gateway what to
+//!   refresh. After the commit the api publishes the change's own event and
+//!   forgets the record ([`publish_recorded`]); a record left (the publish
+//!   failed, the api died first) is published by a worker's relay
+//!   `events.outbox_retry_ms` later ([`relay_once`]). So a gateway hears of
+//!   every change at least once; what it hears may be the recorded event
+//!   (fresh badges for the users, the group's followed members) rather than
+//!   the detailed one, and twice, both harmless.
+//!
+//! The few events left best-effort ([`publish_best_effort`]) repeat one
+//! already sent (a settler's badge refresh after Redis came back).
 
 use serde::{Deserialize, Serialize};
-use tracing::warn;
+use shard_router::ShardId;
+use tracing::{info, warn};
 
 use crate::context::Context;
 use notify_domain::error::{Error, Result};
 use notify_store::db::chunks::ContentSummary;
+use notify_store::db::event_outbox;
 use notify_store::db::item_updates::Action;
 use notify_store::db::items::{ItemFilter, View};
 
@@ -78,6 +93,15 @@ pub enum BusEvent {
         /// The message.
         #[serde(rename = "m")]
         message_id: u64,
+    },
+    /// Something of a group changed (a message sent or recalled): every
+    /// followed member's badge is refreshed. What a group change records in
+    /// its transaction, published when the detailed event was not.
+    #[serde(rename = "group_changed")]
+    GroupChanged {
+        /// The group.
+        #[serde(rename = "g")]
+        group_id: u64,
     },
     /// Members joined or left a group.
     #[serde(rename = "members")]
@@ -188,6 +212,7 @@ impl BusEvent {
             Self::BadgesChanged { .. } => "badges",
             Self::GroupMessage { .. } => "group",
             Self::GroupMessageRecalled { .. } => "group_recalled",
+            Self::GroupChanged { .. } => "group_changed",
             Self::MembersChanged { .. } => "members",
             Self::Announced { .. } => "announced",
             Self::Revoked { .. } => "revoked",
@@ -206,6 +231,67 @@ impl BusEvent {
         serde_json::from_slice(bytes).map_err(|e| Error::Internal(format!("malformed event: {e}")))
     }
 }
+
+/// An event recorded in the transaction of the change it reports (the
+/// event outbox, `event_outbox` on that transaction's shard), and what to
+/// publish after the commit.
+#[derive(Debug)]
+pub struct Recorded {
+    /// Where the record is.
+    pub shard: ShardId,
+    /// Its row, once the transaction wrote it.
+    pub id: Option<u64>,
+}
+
+impl BusEvent {
+    /// The body a change's transaction records for this event.
+    pub fn recorded_body(&self) -> Vec<u8> {
+        self.encode()
+    }
+}
+
+/// After the commit of a change that recorded an event on `shard` (row
+/// `id`): publishes `event` (the change's own, when it has one to tell),
+/// then forgets the record (deleted with others in the background). A
+/// failed publish leaves the record to the relay.
+pub async fn publish_recorded(ctx: &Context, shard: ShardId, id: u64, event: Option<&BusEvent>) {
+    if let Some(event) = event
+        && !publish_best_effort(ctx, event).await
+    {
+        return;
+    }
+    ctx.event_outbox.forget(shard, id);
+}
+
+/// Publishes, on every shard that answers, the recorded events their api
+/// left (older than `events.outbox_retry_ms`), deleting each once the
+/// broker confirmed it. Returns how many it published.
+pub async fn relay_once(ctx: &Context) -> Result<u64> {
+    let older_than = ctx.settings.events.outbox_retry_ms;
+    let mut published = 0;
+    for (shard, pool) in ctx.pools.iter() {
+        let relayed = event_outbox::relay(pool, older_than, RELAY_BATCH, |due| async move {
+            for recorded in due {
+                let kind = BusEvent::decode(&recorded.body).map_or("unknown", |event| event.kind());
+                ctx.publisher.publish_event(kind, &recorded.body).await?;
+            }
+            Ok(())
+        })
+        .await;
+        match relayed {
+            Ok(count) => published += count,
+            Err(e) => warn!(error = %e, shard = %shard, "cannot relay recorded events of a shard"),
+        }
+    }
+    if published > 0 {
+        metrics::counter!("notify_events_relayed_total").increment(published);
+        info!(published, "relayed events their api did not publish");
+    }
+    Ok(published)
+}
+
+/// Recorded events the relay takes from one shard at a time.
+const RELAY_BATCH: u32 = 500;
 
 /// Tells gateway streams that users' badges changed (best effort).
 pub async fn badges_changed(ctx: &Context, user_ids: Vec<u64>) {

@@ -9,7 +9,7 @@ use shard_router::Key;
 use tracing::instrument;
 
 use crate::context::Context;
-use crate::events;
+use crate::events::{self, BusEvent};
 use crate::repair;
 use notify_domain::domain::UserId;
 use notify_domain::error::Result;
@@ -32,11 +32,13 @@ pub async fn set(ctx: &Context, user_id: UserId, preferences: &Preferences) -> R
     // Both caches show what preferences decide: the badge counts the live
     // announcements not muted, the group total the groups not muted.
     let repair = repair::begin(ctx, user, true).await;
+    let event = BusEvent::BadgesChanged { user_ids: vec![user] };
+    let body = event.recorded_body();
     let stored =
-        retrying("preferences::set", || store::set(&pool, user, preferences, repair)).await;
+        retrying("preferences::set", || store::set(&pool, user, preferences, repair, &body)).await;
     repair::end(ctx, user, true).await;
+    let shard = pool.shard();
     drop(pool);
-    stored?;
-    events::badges_changed(ctx, vec![user]).await;
+    events::publish_recorded(ctx, shard, stored?, Some(&event)).await;
     Ok(preferences.clone())
 }

@@ -187,6 +187,20 @@ impl Worker {
             ));
         }
         {
+            // Gateway events their api did not publish (the event outbox).
+            let ctx = ctx.clone();
+            tasks.spawn(background::every(
+                "event relay",
+                Duration::from_millis(ctx.settings.events.outbox_retry_ms),
+                heartbeats.clone(),
+                shutdown.clone(),
+                move || {
+                    let ctx = ctx.clone();
+                    async move { notify_core::events::relay_once(&ctx).await.map(|_| ()) }
+                },
+            ));
+        }
+        {
             // A send's webhook events its own process did not queue.
             let ctx = ctx.clone();
             tasks.spawn(background::every(

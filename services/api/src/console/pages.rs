@@ -591,7 +591,7 @@ pub(crate) async fn user(
         view: view.name().to_owned(),
         unread: 0,
         unseen: 0,
-        group_unread: 0,
+        group_unread: "0".to_owned(),
         items: Vec::new(),
         groups: Vec::new(),
         muted_categories: Vec::new(),
@@ -621,7 +621,7 @@ pub(crate) async fn user(
         .flatten();
     page.unread = state.badge.unread;
     page.unseen = state.badge.unseen;
-    page.group_unread = state.badge.group_unread;
+    page.group_unread = state.badge.group_unread.map_or_else(|| "unknown".to_owned(), group_digits);
     page.items = state
         .items
         .iter()

@@ -361,7 +361,8 @@ pub(crate) struct UserPage {
     pub view: String,
     pub unread: u64,
     pub unseen: u64,
-    pub group_unread: u64,
+    /// "unknown" when a group's home shard could not be read.
+    pub group_unread: String,
     pub items: Vec<ItemLine>,
     pub groups: Vec<GroupLine>,
     pub muted_categories: Vec<String>,

@@ -404,6 +404,10 @@ impl Hub {
                 };
                 self.badges_changed(members);
             }
+            BusEvent::GroupChanged { group_id } => {
+                let members = followed_members(&self.read(), group_id);
+                self.badges_changed(members);
+            }
             BusEvent::MembersChanged { group_id, added, removed } => {
                 let mut changed = Vec::new();
                 {
@@ -621,8 +625,9 @@ impl Hub {
                                 let event = v1::BadgeChanged {
                                     user_id,
                                     unread: badge.unread,
-                                    group_unread: badge.group_unread,
+                                    group_unread: badge.group_unread.unwrap_or(0),
                                     unseen: badge.unseen,
+                                    group_unread_unknown: badge.group_unread.is_none(),
                                 };
                                 stream.offer_for(user_id, Event::BadgeChanged(event));
                             }
@@ -725,13 +730,13 @@ impl Hub {
             Ok(summary) => {
                 let ids: Vec<u64> = summary.groups.iter().map(|g| g.group_id).collect();
                 self.set_groups(user_id, version, ids);
-                summary.total
+                Some(summary.total)
             }
             Err(e) => {
                 // The inbox badge still answers; group routes stay as they were.
                 metrics::counter!("notify_badge_group_errors_total").increment(1);
                 warn!(error = %e, user_id, "group unread unavailable in a snapshot");
-                0
+                None
             }
         };
         let latest = page.items.into_iter().next().map(|item| {
@@ -746,9 +751,10 @@ impl Hub {
         Ok(v1::Snapshot {
             user_id,
             unread: counts.unread,
-            group_unread,
+            group_unread: group_unread.unwrap_or(0),
             latest,
             unseen: counts.unseen,
+            group_unread_unknown: group_unread.is_none(),
         })
     }
 

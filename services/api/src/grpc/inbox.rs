@@ -188,7 +188,8 @@ impl InboxService for InboxApi {
         Ok(Response::new(v1::GetUnreadCountResponse {
             user_id: user.get(),
             unread: badge.unread,
-            group_unread: badge.group_unread,
+            group_unread: badge.group_unread.unwrap_or(0),
+            group_unread_unknown: badge.group_unread.is_none(),
             unseen: badge.unseen,
         }))
     }

@@ -585,3 +585,59 @@ async fn a_recalled_group_message_is_revoked_once_per_members_stream_and_their_b
     assert!(!seen.iter().any(|e| matches!(e, Event::ItemRevoked(_))), "{seen:?}");
     app.cleanup().await;
 }
+
+/// Item updates, preference changes and group acks made on a replica whose
+/// broker went away after their commits: their events were recorded with
+/// the changes, and a worker's relay publishes them, so a gateway on
+/// another replica ends with every user's exact badge though that replica
+/// never lost the bus (nothing made it send fresh snapshots).
+#[tokio::test]
+async fn events_a_replica_could_not_publish_reach_gateways_through_the_relay() {
+    let mut settings = test_settings();
+    settings.events.outbox_retry_ms = 300;
+    let app = spawn_app_with(settings, true).await;
+    let users: Vec<u64> = (6_300_001..=6_300_020).collect();
+    let mut sends = Vec::new();
+    for _ in 0..4 {
+        sends.push(send(&app, users.clone()).await);
+    }
+    for id in &sends {
+        wait_for_status(&app, *id, v1::MessageStatus::Completed).await;
+    }
+    let mut gateway = Subscriber::open(app.channel(), &users).await;
+    let snapshots = gateway.snapshots(&users).await;
+    assert!(snapshots.values().all(|snapshot| snapshot.unread == 4));
+
+    let mut cut = app.settings.clone();
+    let broker = notify_testkit::faults::FaultProxy::start("rabbitmq", "127.0.0.1:5672").await;
+    cut.rabbitmq.url = format!("amqp://guest:guest@{}/%2f", broker.addr()).into();
+    let replica = app.spawn_api_replica_with(cut).await;
+    broker.down().await;
+    let mut inbox = v1::inbox_service_client::InboxServiceClient::new(replica.channel());
+    for (index, user) in users.iter().enumerate() {
+        let read = sends[..=index % sends.len()].to_vec();
+        let request = v1::MarkReadRequest { user_id: *user, message_ids: read };
+        inbox.mark_read(request).await.expect("the write commits, the broker away or not");
+    }
+    // Every gateway event now comes from the relay: the replica that made
+    // the changes could publish none of them.
+    let expected: HashMap<u64, u64> = {
+        let mut expected = HashMap::new();
+        for user in &users {
+            expected.insert(*user, app.unread_truth(*user).await);
+        }
+        expected
+    };
+    assert!(expected.values().any(|unread| *unread < 4), "precondition: badges changed");
+    let mut last: HashMap<u64, u64> = HashMap::new();
+    gateway
+        .until(|event| {
+            if let Event::BadgeChanged(badge) = event {
+                last.insert(badge.user_id, badge.unread);
+            }
+            (users.iter().all(|user| last.get(user) == expected.get(user))).then_some(())
+        })
+        .await;
+    replica.stop().await;
+    app.cleanup().await;
+}

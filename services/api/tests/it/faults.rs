@@ -876,3 +876,39 @@ async fn group_seqs_written_during_a_redis_outage_are_counted_once_it_is_back() 
     assert_eq!(badge.group_unread, 3, "the badge carries it too");
     app.cleanup().await;
 }
+
+/// With the home shard of a user's group down, the badge still answers the
+/// inbox counts and says its group part is unknown, never a wrong 0; once
+/// the shard is back, the group count is there again.
+#[tokio::test]
+async fn a_group_whose_home_shard_is_down_makes_the_group_unread_unknown_not_zero() {
+    let (app, proxies, _) = spawn_behind_proxies().await;
+    let map = app.settings.shard_map().unwrap();
+    // A group whose home shard is not the user's: the inbox still answers.
+    let user = (6_400_001..).find(|u| map.shard_for_user(*u) == map.shards()[0]).unwrap();
+    let group = loop {
+        let id = crate::groups::create_group(&app, "home down").await;
+        if map.shard_for_user(id) != map.shards()[0] {
+            break id;
+        }
+    };
+    crate::groups::add(&app, group, vec![user], false).await;
+    crate::groups::send(&mut app.groups(), group, "while-up").await;
+    let sent = send(&app, vec![user]).await;
+    wait_for_status(&app, sent, v1::MessageStatus::Completed).await;
+    let counts = crate::helpers::counts(&app, user).await;
+    assert_eq!((counts.unread, counts.group_unread, counts.group_unread_unknown), (1, 1, false));
+
+    let home = map.shard_for_user(group); // a group id hashes as a user id
+    let index = app.settings.database.shards.iter().position(|s| s.id == home).unwrap();
+    proxies.shards[index].down().await;
+    app.flush_cache().await; // what Redis held of the group must be read again
+    let counts = crate::helpers::counts(&app, user).await;
+    assert_eq!(counts.unread, 1, "the inbox badge answers");
+    assert!(counts.group_unread_unknown, "the group part is unknown: {counts:?}");
+
+    proxies.shards[index].up().await;
+    let counts = crate::helpers::counts(&app, user).await;
+    assert_eq!((counts.group_unread, counts.group_unread_unknown), (1, false));
+    app.cleanup().await;
+}

@@ -6,10 +6,12 @@ use std::time::Duration;
 
 mod chunk_indexes;
 mod holding_sends;
+mod outbox;
 mod stale_seqs;
 
 pub use chunk_indexes::{ChunkIndex, ChunkIndexes};
 pub use holding_sends::HoldingSends;
+pub use outbox::OutboxCleaner;
 pub use stale_seqs::StaleSeqs;
 
 use shard_router::{Key, Routed, ShardId, Snapshot};
@@ -57,6 +59,8 @@ pub struct Context {
     /// Sends whose chunks held recipients back, by shard: how the next
     /// apply checks preferences.
     pub holding_sends: Arc<HoldingSends>,
+    /// Deletes the records of published events (the event outbox).
+    pub event_outbox: Arc<OutboxCleaner>,
 }
 
 impl Context {
@@ -127,6 +131,7 @@ impl Context {
     /// the setting of whatever is unreachable.
     pub async fn connect(settings: Settings) -> Result<Self> {
         let pools = db::connect(&settings).await?;
+        let pools_for_cleaner = pools.clone();
         notify_store::shard_map::adopt(&settings, &pools).await?;
         let pool_max = settings.database.pool_max as usize;
         let cache = Cache::connect(&settings.redis).await?;
@@ -160,6 +165,7 @@ impl Context {
             stale_seqs: Arc::default(),
             holding_sends: Arc::default(),
             chunk_indexes: Arc::default(),
+            event_outbox: Arc::new(OutboxCleaner::start(pools_for_cleaner)),
         })
     }
 }

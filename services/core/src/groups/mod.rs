@@ -133,12 +133,12 @@ pub async fn add_members(
         }),
     )
     .await;
-    lock.commit().await?;
-    if added.as_ref().is_ok_and(|added| *added > 0) {
-        let event =
-            BusEvent::MembersChanged { group_id, added: user_ids.to_vec(), removed: Vec::new() };
-        events::publish_best_effort(ctx, &event).await;
-    }
+    let event =
+        BusEvent::MembersChanged { group_id, added: user_ids.to_vec(), removed: Vec::new() };
+    let home = routes.of(Key::Group(group_id)).0;
+    let recorded = record_and_commit(lock, &event).await?;
+    let told = added.as_ref().is_ok_and(|added| *added > 0).then_some(&event);
+    events::publish_recorded(ctx, home, recorded, told).await;
     added
 }
 
@@ -157,13 +157,26 @@ pub async fn remove_members(ctx: &Context, group_id: u64, user_ids: &[u64]) -> R
         }),
     )
     .await;
-    lock.commit().await?;
-    if removed.as_ref().is_ok_and(|removed| *removed > 0) {
-        let event =
-            BusEvent::MembersChanged { group_id, added: Vec::new(), removed: user_ids.to_vec() };
-        events::publish_best_effort(ctx, &event).await;
-    }
+    let event =
+        BusEvent::MembersChanged { group_id, added: Vec::new(), removed: user_ids.to_vec() };
+    let home = routes.of(Key::Group(group_id)).0;
+    let recorded = record_and_commit(lock, &event).await?;
+    let told = removed.as_ref().is_ok_and(|removed| *removed > 0).then_some(&event);
+    events::publish_recorded(ctx, home, recorded, told).await;
     removed
+}
+
+/// Records a member change's event in the group's lock transaction (on its
+/// home shard) and commits it: whichever shards the change reached, the
+/// event is published, by this api or by the relay.
+async fn record_and_commit(
+    mut lock: sqlx::Transaction<'static, sqlx::MySql>,
+    event: &BusEvent,
+) -> Result<u64> {
+    let recorded =
+        notify_store::db::event_outbox::record(&mut lock, &event.recorded_body()).await?;
+    lock.commit().await?;
+    Ok(recorded)
 }
 
 /// Runs per-shard member writes between the cursor cache's begin and end
@@ -261,26 +274,26 @@ pub struct Sent {
 #[instrument(skip_all, fields(group_id = message.group_id, sender = %message.sender))]
 pub async fn send(ctx: &Context, message: &NewMessage) -> Result<Sent> {
     let home = ctx.writable(Key::Group(message.group_id)).await?;
-    let appended = store::append_message(
-        &home,
-        &NewGroupMessage {
-            group_id: message.group_id,
-            message_id: ctx.ids.next_id()?.get(),
-            sender: &message.sender,
-            client: &message.client,
-            idempotency_key: message.idempotency_key.as_deref(),
-            content: &message.content,
-        },
-    )
-    .await?;
+    let recorded = BusEvent::GroupChanged { group_id: message.group_id }.recorded_body();
+    let new_message = NewGroupMessage {
+        group_id: message.group_id,
+        message_id: ctx.ids.next_id()?.get(),
+        sender: &message.sender,
+        client: &message.client,
+        idempotency_key: message.idempotency_key.as_deref(),
+        content: &message.content,
+    };
+    let appended = store::append_message(&home, &new_message, &recorded).await?;
+    let shard = home.shard();
+    drop(home);
     raise_cached_max_seq(ctx, message.group_id, appended.seq).await;
-    if !appended.deduplicated {
+    if let Some(id) = appended.recorded {
         let event = BusEvent::GroupMessage {
             group_id: message.group_id,
             seq: appended.seq,
             message_id: appended.message_id,
         };
-        events::publish_best_effort(ctx, &event).await;
+        events::publish_recorded(ctx, shard, id, Some(&event)).await;
     }
     Ok(Sent {
         message_id: appended.message_id,
@@ -339,11 +352,17 @@ pub async fn recall(
         return Err(Error::invalid("seq", "must not be 0 (seqs start at 1)"));
     }
     let home = ctx.writable(Key::Group(group_id)).await?;
-    let recall = store::recall_message(&home, group_id, seq, owner).await?;
-    raise_recalled_seq(ctx, group_id, recall.seq).await;
-    if recall.recalled_now {
+    let recorded = BusEvent::GroupChanged { group_id }.recorded_body();
+    let recall = notify_store::db::retrying("groups::recall_message", || {
+        store::recall_message(&home, group_id, seq, owner, &recorded)
+    })
+    .await?;
+    let shard = home.shard();
+    drop(home);
+    raise_recalled_seq(ctx, group_id, recall.seq.clone()).await;
+    if let Some(id) = recall.recorded {
         let event = BusEvent::GroupMessageRecalled { group_id, seq, message_id: recall.message_id };
-        events::publish_best_effort(ctx, &event).await;
+        events::publish_recorded(ctx, shard, id, Some(&event)).await;
     }
     Ok(Recalled { message_id: recall.message_id, recalled_now: recall.recalled_now })
 }
@@ -413,15 +432,19 @@ pub async fn ack(ctx: &Context, user_id: UserId, group_id: u64, seq: u64) -> Res
     let user = user_id.get();
     let pool = ctx.writable(Key::User(user)).await?;
     let repair = crate::repair::begin(ctx, user, true).await;
+    let event = BusEvent::BadgesChanged { user_ids: vec![user] };
+    let body = event.recorded_body();
     let advanced = notify_store::db::retrying("groups::advance_ack", || {
-        store::advance_ack(&pool, user, group_id, seq, repair)
+        store::advance_ack(&pool, user, group_id, seq, repair, &body)
     })
     .await;
     crate::repair::end(ctx, user, true).await;
-    if advanced.as_ref().is_ok_and(Option::is_some) {
-        events::badges_changed(ctx, vec![user_id.get()]).await;
-    }
-    advanced?.ok_or_else(|| {
+    let shard = pool.shard();
+    drop(pool);
+    let (advanced, recorded) = advanced?;
+    let told = advanced.is_some().then_some(&event);
+    events::publish_recorded(ctx, shard, recorded, told).await;
+    advanced.ok_or_else(|| {
         Error::PermissionDenied(format!(
             "user {} is not a member of group {group_id}",
             user_id.get()

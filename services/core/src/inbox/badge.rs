@@ -25,8 +25,10 @@ pub struct Badge {
     pub unread: u64,
     /// Of those, the ones not seen either.
     pub unseen: u64,
-    /// Unread group messages over the user's groups it does not mute.
-    pub group_unread: u64,
+    /// Unread group messages over the user's groups it does not mute;
+    /// `None` when they could not be read (a group's home shard is down):
+    /// unknown, never shown as 0.
+    pub group_unread: Option<u64>,
 }
 
 /// Returns users' inbox counts, in input order, from Redis where cached,
@@ -56,11 +58,14 @@ pub async fn badge(ctx: &Context, user_id: UserId) -> Result<Badge> {
     .await;
     // The group total may need the home shards of the user's groups; one of
     // them being down must not take the inbox badge with it.
-    let group_unread = groups.map(|summary| summary.total).unwrap_or_else(|e| {
-        metrics::counter!("notify_badge_group_errors_total").increment(1);
-        warn!(error = %e, user_id = user_id.get(), "group unread unavailable, badge shows 0");
-        0
-    });
+    let group_unread = match groups {
+        Ok(summary) => Some(summary.total),
+        Err(e) => {
+            metrics::counter!("notify_badge_group_errors_total").increment(1);
+            warn!(error = %e, user_id = user_id.get(), "group unread unavailable, the badge says unknown");
+            None
+        }
+    };
     let inbox = counts?.first().copied().unwrap_or_default();
     Ok(Badge { unread: inbox.unread, unseen: inbox.unseen, group_unread })
 }

@@ -59,22 +59,28 @@ pub async fn update_items(
     let pool = ctx.writable(Key::User(user)).await?;
     let live_ids: Vec<u64> = live.iter().map(|a| a.message_id).collect();
     let repair = repair::begin(ctx, user, false).await;
-    let direct = ctx.direct.as_ref().and_then(|direct| direct.get(pool.shard()));
+    let shard = pool.shard();
+    let direct = ctx.direct.as_ref().and_then(|direct| direct.get(shard));
     let feed = ctx.read_feed;
+    // What the relay tells gateways if this api cannot: refresh the user.
+    let recorded = BusEvent::BadgesChanged { user_ids: vec![user] }.recorded_body();
     let result = notify_store::db::retrying("item_updates::update", || {
-        item_updates::update(&pool, direct, user, action, target, &live_ids, feed, repair)
+        let event = Some(recorded.as_slice());
+        item_updates::update(&pool, direct, user, action, target, &live_ids, feed, repair, event)
     })
     .await;
     repair::end(ctx, user, false).await;
     drop(pool);
-    let updated = result?;
-    if updated.changed > 0 {
+    let mut updated = result?;
+    let event = (updated.changed > 0).then(|| {
         let (message_ids, filter) = match target {
-            Target::Ids(_) => (updated.changed_ids, None),
+            Target::Ids(_) => (std::mem::take(&mut updated.changed_ids), None),
             Target::All(filter) => (Vec::new(), Some(BusFilter::from(&filter))),
         };
-        let event = BusEvent::ItemsUpdated { user_id: user, action, message_ids, filter };
-        events::publish_best_effort(ctx, &event).await;
+        BusEvent::ItemsUpdated { user_id: user, action, message_ids, filter }
+    });
+    if let Some(id) = updated.recorded {
+        events::publish_recorded(ctx, shard, id, event.as_ref()).await;
     }
     let counts_reads = matches!(action, Action::MarkRead | Action::MarkUnread);
     if counts_reads && matches!(target, Target::All(_)) && updated.changed > 0 {

@@ -12,7 +12,7 @@
 //! one. Pause and cancel return only after the cache holds their status, so
 //! a worker that checks the cache after PauseMessage returns sees PAUSED.
 
-use shard_router::Key;
+use shard_router::{Key, ShardId};
 use sqlx::MySqlPool;
 use tracing::{info, instrument, warn};
 
@@ -25,9 +25,9 @@ use crate::status::{refresh_status, refresh_status_best_effort};
 use notify_domain::domain::{AudienceKind, Lane, MessageId, Priority, SendStatus};
 use notify_domain::error::{Error, Result};
 use notify_domain::settings::WebhookEvent;
-use notify_store::db::chunks;
 use notify_store::db::messages::{self, ControlChange};
 use notify_store::db::operations::OperationKind;
+use notify_store::db::{chunks, event_outbox};
 
 async fn reject_announcement(
     ctx: &Context,
@@ -39,18 +39,54 @@ async fn reject_announcement(
     reject_for_announcement(row.audience, verb, message_id)
 }
 
-/// Makes a newly live announcement visible to every badge and stream.
-pub(crate) async fn activated(ctx: &Context, message_id: MessageId) {
-    retire_badges(ctx, message_id).await;
-    let home = ctx.pools.for_message(message_id.get());
-    match chunks::content_summary(&home, message_id).await {
-        Ok(Some(summary)) => {
-            let event = BusEvent::Announced { message_id: message_id.get(), summary };
-            events::publish_best_effort(ctx, &event).await;
+/// How an announcement starts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum AnnouncementStart {
+    /// Now, as it is sent.
+    Now,
+    /// Its `send_at` came (the scheduler).
+    Due,
+}
+
+/// Starts an announcement on its home shard `home`, recording its
+/// `Announced` event in the same transaction; returns the event and its
+/// record's row when this call started it. Its content copies are stored
+/// before it starts.
+pub(crate) async fn start_announcement(
+    home: &MySqlPool,
+    message_id: MessageId,
+    how: AnnouncementStart,
+) -> Result<Option<(BusEvent, u64)>> {
+    let mut tx = home.begin().await?;
+    let started = match how {
+        AnnouncementStart::Now => {
+            messages::request_start(&mut *tx, message_id, Lane::High as u8, true).await?
         }
-        Ok(None) => {}
-        Err(e) => warn!(error = %e, message_id = %message_id, "could not read the announcement"),
+        AnnouncementStart::Due => messages::start_scheduled(&mut *tx, message_id).await?,
+    };
+    if !started {
+        tx.rollback().await?;
+        return Ok(None);
     }
+    let summary = chunks::content_summary(&mut *tx, message_id)
+        .await?
+        .ok_or_else(|| Error::Internal(format!("announcement {message_id} has no content copy")))?;
+    let event = BusEvent::Announced { message_id: message_id.get(), summary };
+    let recorded = event_outbox::record(&mut tx, &event.recorded_body()).await?;
+    tx.commit().await?;
+    Ok(Some((event, recorded)))
+}
+
+/// Makes a newly live announcement visible to every badge and stream: its
+/// event (recorded with its start on `home`, row `recorded`) is published.
+pub(crate) async fn activated(
+    ctx: &Context,
+    message_id: MessageId,
+    home: ShardId,
+    (event, recorded): (BusEvent, u64),
+) {
+    retire_badges(ctx, message_id).await;
+    events::publish_recorded(ctx, home, recorded, Some(&event)).await;
 }
 
 async fn retire_badges(ctx: &Context, message_id: MessageId) {
@@ -189,16 +225,23 @@ pub async fn start(
 #[instrument(skip_all, fields(message_id = %message_id))]
 pub async fn start_due(ctx: &Context, message_id: MessageId) -> Result<bool> {
     let home = ctx.writable(Key::Message(message_id.get())).await?;
-    if !messages::start_scheduled(&home, message_id).await? {
-        return Ok(false);
-    }
-    refresh_status_best_effort(ctx, message_id).await;
     let row = messages::fetch_existing(&home, message_id).await?;
     if row.audience == AudienceKind::AllUsers as u8 {
-        activated(ctx, message_id).await;
+        let due = AnnouncementStart::Due;
+        let Some(started) = start_announcement(&home, message_id, due).await? else {
+            return Ok(false);
+        };
+        let shard = home.shard();
+        drop(home);
+        refresh_status_best_effort(ctx, message_id).await;
+        activated(ctx, message_id, shard, started).await;
         info!("scheduled announcement started");
         return Ok(true);
     }
+    if !messages::start_scheduled(&*home, message_id).await? {
+        return Ok(false);
+    }
+    refresh_status_best_effort(ctx, message_id).await;
     let lane = Lane::from_db(row.lane);
     publish_or_leave_to_sweeper(ctx, message_id, lane).await;
     info!(lane = lane.name(), "scheduled message started");

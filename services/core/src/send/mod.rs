@@ -19,7 +19,7 @@ use notify_store::db::messages::{self, MessageRow, NewMessage};
 use notify_store::db::operations::OperationKind;
 
 pub use crate::status::status_of;
-pub(crate) use lifecycle::activated;
+pub(crate) use lifecycle::{AnnouncementStart, activated, start_announcement};
 pub use lifecycle::{complete_if_done, publish_pending, start_due};
 pub use progress::{Progress, progress};
 pub use webhooks::relay_once as relay_webhooks;

@@ -291,6 +291,9 @@ pub struct EventSettings {
     pub heartbeat_secs: u64,
     /// Snapshots read at once per replica (and badge refreshes at once).
     pub snapshot_concurrency: usize,
+    /// How long after its change a recorded event the api did not publish
+    /// is published by a worker's relay.
+    pub outbox_retry_ms: u64,
 }
 
 /// The web console (`notify-api`, its own listener: browsers speak HTTP/1.1
@@ -512,6 +515,7 @@ impl Settings {
             ("database.freeze_wait_ms", self.database.freeze_wait_ms),
             ("database.shard_move_wait_secs", self.database.shard_move_wait_secs),
             ("control.lease_secs", self.control.lease_secs),
+            ("events.outbox_retry_ms", self.events.outbox_retry_ms),
             ("control.retry_ms", self.control.retry_ms),
             ("control.cancel_page_chunks", u64::from(self.control.cancel_page_chunks)),
             ("database.replica_lease_secs", self.database.replica_lease_secs),

@@ -624,8 +624,8 @@ impl ContentSummary {
 
 /// Reads a message's summary from its content copy on `pool`.
 #[instrument(level = "debug", skip_all, fields(db.system = "mysql"))]
-pub async fn content_summary(
-    pool: &MySqlPool,
+pub async fn content_summary<'e>(
+    pool: impl sqlx::MySqlExecutor<'e>,
     message_id: MessageId,
 ) -> Result<Option<ContentSummary>> {
     Ok(content_row(pool, message_id).await?.map(|content| content.summary()))
@@ -657,7 +657,10 @@ impl ContentRow {
     }
 }
 
-async fn content_row(pool: &MySqlPool, message_id: MessageId) -> Result<Option<ContentRow>> {
+async fn content_row<'e>(
+    pool: impl sqlx::MySqlExecutor<'e>,
+    message_id: MessageId,
+) -> Result<Option<ContentRow>> {
     Ok(sqlx::query_as(
         "SELECT title, category, expire_at, created_at, critical <> 0 AS critical \
          FROM message_contents WHERE message_id = ?",

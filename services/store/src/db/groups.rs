@@ -152,14 +152,22 @@ pub struct Appended {
     pub seq: u64,
     /// True when the idempotency key matched an earlier message.
     pub deduplicated: bool,
+    /// The row of the event recorded with a new message.
+    pub recorded: Option<u64>,
 }
 
 /// Stores a message under the group's next seq, in one transaction on the
 /// home shard. Taking the seq locks the group's counter row until commit, so
 /// concurrent senders (on any api replica) queue, and a rolled-back send
-/// gives its seq back: seqs are strictly increasing without gaps.
+/// gives its seq back: seqs are strictly increasing without gaps. A new
+/// message records `event` in [`super::event_outbox`] in the same
+/// transaction.
 #[instrument(level = "debug", skip_all, fields(db.system = "mysql"))]
-pub async fn append_message(pool: &MySqlPool, message: &NewGroupMessage<'_>) -> Result<Appended> {
+pub async fn append_message(
+    pool: &MySqlPool,
+    message: &NewGroupMessage<'_>,
+    event: &[u8],
+) -> Result<Appended> {
     let mut tx = pool.begin().await?;
     // LAST_INSERT_ID(expr) hands the new value back in the OK packet.
     let bumped = sqlx::query(
@@ -201,8 +209,9 @@ pub async fn append_message(pool: &MySqlPool, message: &NewGroupMessage<'_>) -> 
     .await;
     match inserted {
         Ok(_) => {
+            let recorded = Some(super::event_outbox::record(&mut tx, event).await?);
             tx.commit().await?;
-            Ok(Appended { message_id: message.message_id, seq, deduplicated: false })
+            Ok(Appended { message_id: message.message_id, seq, deduplicated: false, recorded })
         }
         // The counter lock serializes senders, so the key check above sees
         // every committed duplicate; this only guards that reasoning.
@@ -233,7 +242,12 @@ async fn find_by_key(
     .bind(key)
     .fetch_optional(conn)
     .await?;
-    Ok(found.map(|(message_id, seq)| Appended { message_id, seq, deduplicated: true }))
+    Ok(found.map(|(message_id, seq)| Appended {
+        message_id,
+        seq,
+        deduplicated: true,
+        recorded: None,
+    }))
 }
 
 /// A stored group message.
@@ -288,19 +302,23 @@ pub struct GroupRecall {
     pub recalled_now: bool,
     /// The group's seq state after the recall.
     pub seq: GroupSeq,
+    /// The row of the event recorded with a recall made now.
+    pub recorded: Option<u64>,
 }
 
 /// Recalls the message at `seq`, in one transaction on the group's home
 /// shard: the message becomes a tombstone (content cleared, its seq kept)
 /// and its seq joins the group's recalled seqs. With an `owner`, only a
 /// message that client sent may be recalled. Taking the counter row's lock
-/// first, as a send does, orders recalls and sends of a group.
+/// first, as a send does, orders recalls and sends of a group. A recall
+/// made now records `event` in [`super::event_outbox`] with it.
 #[instrument(level = "debug", skip_all, fields(db.system = "mysql"))]
 pub async fn recall_message(
     pool: &MySqlPool,
     group_id: u64,
     seq: u64,
     owner: Option<&str>,
+    event: &[u8],
 ) -> Result<GroupRecall> {
     let mut tx = pool.begin().await?;
     let counter: Option<(u64, Option<String>)> = sqlx::query_as(
@@ -340,7 +358,7 @@ pub async fn recall_message(
         tx.rollback().await?;
         // Repaired here if a failure once left the list without it.
         state.recall(seq);
-        return Ok(GroupRecall { message_id, recalled_now: false, seq: state });
+        return Ok(GroupRecall { message_id, recalled_now: false, seq: state, recorded: None });
     }
     sqlx::query(
         "UPDATE group_messages SET recalled_at = UTC_TIMESTAMP(3), \
@@ -356,8 +374,9 @@ pub async fn recall_message(
         .bind(group_id)
         .execute(&mut *tx)
         .await?;
+    let recorded = Some(super::event_outbox::record(&mut tx, event).await?);
     tx.commit().await?;
-    Ok(GroupRecall { message_id, recalled_now: true, seq: state })
+    Ok(GroupRecall { message_id, recalled_now: true, seq: state, recorded })
 }
 
 /// Drops recalled seqs up to `through` from a group's list (retention: every
@@ -431,8 +450,10 @@ pub async fn memberships(pool: &MySqlPool, user_id: u64) -> Result<Vec<GroupCurs
     .await?)
 }
 
-/// Moves a member's cursor forward to `seq` (never back); returns the cursor
-/// after the update, `None` when the user is not a member.
+/// Moves a member's cursor forward to `seq` (never back), recording `event`
+/// in [`super::event_outbox`] (and the user for repair, with `repair`) in
+/// the same transaction; returns the cursor after the update (`None` when
+/// the user is not a member) and the event's row.
 #[instrument(level = "debug", skip_all, fields(db.system = "mysql"))]
 pub async fn advance_ack(
     pool: &MySqlPool,
@@ -440,7 +461,8 @@ pub async fn advance_ack(
     group_id: u64,
     seq: u64,
     repair: bool,
-) -> Result<Option<u64>> {
+    event: &[u8],
+) -> Result<(Option<u64>, u64)> {
     let mut tx = pool.begin().await?;
     sqlx::query(
         "UPDATE group_members SET last_ack_seq = GREATEST(last_ack_seq, ?) \
@@ -455,8 +477,9 @@ pub async fn advance_ack(
         super::badge_repairs::record(&mut tx, user_id).await?;
     }
     let membership = membership(&mut *tx, user_id, group_id).await?;
+    let recorded = super::event_outbox::record(&mut tx, event).await?;
     tx.commit().await?;
-    Ok(membership.map(|m| m.last_ack_seq))
+    Ok((membership.map(|m| m.last_ack_seq), recorded))
 }
 
 /// Counts a group's members on one shard whose bucket `owned` says this shard

@@ -145,6 +145,8 @@ pub struct Updated {
     pub unknown: Vec<u64>,
     /// The user's badge state after the change, read in its transaction.
     pub badge: BadgeState,
+    /// The row of the event recorded with the change, when one was given.
+    pub recorded: Option<u64>,
 }
 
 /// The time a filtered read or unread's items expire against, fixed by
@@ -172,6 +174,8 @@ enum Step {
     Present,
     Suppression,
     Repair,
+    Outbox,
+    OutboxId,
     Commit,
 }
 
@@ -191,6 +195,9 @@ enum Step {
 /// items, so the update changes the same ones, and whose count feeds
 /// `item.read`); then the update, a read's recorded reads (from the items
 /// now read, with their read time and delivery), and the badge's reads.
+///
+/// With `event`, the transaction records it in [`super::event_outbox`] (its
+/// row id is in the answer).
 ///
 /// With `repair` (Redis did not answer the caller's "before commit"
 /// invalidation), the transaction also records the user in
@@ -212,12 +219,14 @@ pub async fn update(
     announcement_ids: &[u64],
     feed: bool,
     repair: bool,
+    event: Option<&[u8]>,
 ) -> Result<Updated> {
     if let Target::Ids([]) = target {
         let badge = super::items::badge_state(pool, user_id, announcement_ids).await?;
-        return Ok(Updated { changed: 0, changed_ids: Vec::new(), unknown: Vec::new(), badge });
+        let (changed_ids, unknown) = (Vec::new(), Vec::new());
+        return Ok(Updated { changed: 0, changed_ids, unknown, badge, recorded: None });
     }
-    let (steps, script) = script(user_id, action, target, announcement_ids, feed, repair)?;
+    let (steps, script) = script(user_id, action, target, announcement_ids, feed, repair, event)?;
     let ran = match direct {
         Some(direct) => {
             let mut lent = direct.acquire_for_write().await?;
@@ -260,6 +269,7 @@ fn script(
     announcement_ids: &[u64],
     feed: bool,
     repair: bool,
+    event: Option<&[u8]>,
 ) -> Result<(Vec<Step>, String)> {
     let list = |ids: &[u64]| ids.iter().map(u64::to_string).collect::<Vec<_>>().join(", ");
     let delta = action.read_delta();
@@ -376,6 +386,11 @@ fn script(
         let record = super::badge_repairs::RECORD.replacen('?', &user, 1);
         steps.push((Step::Repair, record));
     }
+    if let Some(event) = event {
+        let [insert, id] = super::event_outbox::record_sql(event);
+        steps.push((Step::Outbox, insert));
+        steps.push((Step::OutboxId, id));
+    }
     steps.push((Step::Commit, "COMMIT".to_owned()));
     let script = steps.iter().map(|(_, sql)| sql.as_str()).collect::<Vec<_>>().join(";\n");
     Ok((steps.into_iter().map(|(step, _)| step).collect(), script))
@@ -397,6 +412,7 @@ async fn run(
     let mut changed_ids = Vec::new();
     let mut present = Vec::new();
     let mut suppression = None;
+    let mut recorded = None;
     while let Some(result) = results.try_next().await? {
         let step = *steps.get(at).ok_or_else(|| malformed("more results than statements"))?;
         match result {
@@ -413,6 +429,7 @@ async fn run(
                 Step::Count => truth = Some(UnreadTruth::from_row(count_row(&row)?)),
                 Step::Present => present.push(row.try_get::<u64, _>(0)?),
                 Step::Suppression => suppression = Some((row.try_get(0)?, row.try_get(1)?)),
+                Step::OutboxId => recorded = Some(row.try_get::<u64, _>(0)?),
                 _ => return Err(malformed("a row from a statement that has none")),
             },
         }
@@ -423,7 +440,8 @@ async fn run(
     let changed = changed.ok_or_else(|| malformed("no update"))?;
     let truth = truth.ok_or_else(|| malformed("no count"))?;
     let badge = BadgeState { truth, present, suppression: Suppression::from_row(suppression) };
-    Ok((Updated { changed, changed_ids, unknown: Vec::new(), badge }, found))
+    let unknown = Vec::new();
+    Ok((Updated { changed, changed_ids, unknown, badge, recorded }, found))
 }
 
 fn count_row(row: &MySqlRow) -> Result<(i64, i64, Option<chrono::NaiveDateTime>)> {
@@ -440,7 +458,7 @@ mod tests {
         let filter =
             ItemFilter { view: View::Inbox, category: Some("billing.eu"), ..Default::default() };
         let (steps, sql) =
-            script(42, Action::MarkRead, Target::All(filter), &[7, 9], true, false).unwrap();
+            script(42, Action::MarkRead, Target::All(filter), &[7, 9], true, false, None).unwrap();
         // The feed of a filtered read is written when its row is counted.
         let expected = [
             Step::Session,
@@ -473,26 +491,26 @@ mod tests {
         assert_eq!(sql.matches("i.expire_at > @notify_now").count(), 2, "{sql}");
         assert_eq!(sql.matches("i.expire_at > UTC_TIMESTAMP(3)").count(), 1, "the count's: {sql}");
         let (steps, sql) =
-            script(42, Action::Archive, Target::All(filter), &[], false, false).unwrap();
+            script(42, Action::Archive, Target::All(filter), &[], false, false, None).unwrap();
         assert_eq!(steps, [Step::Begin, Step::Update, Step::Count, Step::Commit]);
         // One statement selects the items: the clock as it starts.
         assert!(!sql.contains("@notify_now") && sql.contains("i.expire_at > UTC_TIMESTAMP(3)"));
         let (steps, sql) =
-            script(42, Action::Archive, Target::Ids(&[5, 6]), &[], false, false).unwrap();
+            script(42, Action::Archive, Target::Ids(&[5, 6]), &[], false, false, None).unwrap();
         let expected = [Step::Begin, Step::Found, Step::Changed, Step::Update, Step::Count];
         assert_eq!(steps, [&expected[..], &[Step::Commit]].concat());
         assert!(sql.contains("i.message_id IN (5, 6)"), "{sql}");
         // Readers of one send count in slots by user, not all in one row.
         for user in [42, 43] {
             let (_, sql) =
-                script(user, Action::MarkRead, Target::Ids(&[5]), &[], false, false).unwrap();
+                script(user, Action::MarkRead, Target::Ids(&[5]), &[], false, false, None).unwrap();
             let slot = read_slot(user);
             assert!((1..super::super::chunks::STATS_SLOTS).contains(&slot));
             assert!(sql.contains(&format!("SELECT i.message_id, {slot}, 1 FROM")), "{sql}");
         }
         assert_ne!(read_slot(42), read_slot(43));
         let (steps, _) =
-            script(42, Action::MarkUnread, Target::Ids(&[5]), &[], false, false).unwrap();
+            script(42, Action::MarkUnread, Target::Ids(&[5]), &[], false, false, None).unwrap();
         let expected = [Step::Begin, Step::Found, Step::Waiting, Step::Changed, Step::ReadCounts];
         assert_eq!(
             steps,
@@ -500,21 +518,22 @@ mod tests {
         );
         // A read records its readers after the update, from the items.
         let (steps, sql) =
-            script(42, Action::MarkRead, Target::Ids(&[5]), &[], false, false).unwrap();
+            script(42, Action::MarkRead, Target::Ids(&[5]), &[], false, false, None).unwrap();
         assert_eq!(
             steps,
             [&expected[..], &[Step::Update, Step::Reads, Step::Count, Step::Commit]].concat()
         );
         assert!(sql.contains("i.created_at FROM message_items i WHERE i.user_id = 42"), "{sql}");
         let (steps, _) =
-            script(42, Action::MarkSeen, Target::All(filter), &[], false, false).unwrap();
+            script(42, Action::MarkSeen, Target::All(filter), &[], false, false, None).unwrap();
         assert_eq!(steps, [Step::Begin, Step::Update, Step::Count, Step::Commit]);
     }
 
     #[test]
     fn a_read_by_ids_records_its_reads_for_the_feed_only_when_asked() {
         let fed = |action, feed| {
-            let (steps, sql) = script(42, action, Target::Ids(&[5, 6]), &[], feed, false).unwrap();
+            let (steps, sql) =
+                script(42, action, Target::Ids(&[5, 6]), &[], feed, false, None).unwrap();
             let at = steps.iter().position(|step| *step == Step::Feed);
             if let Some(at) = at {
                 // Before the update moves the items out of its selection.
@@ -535,19 +554,22 @@ mod tests {
         for category in ["a'b", "a\\b", "A", "a;b", "a b"] {
             let filter = ItemFilter { category: Some(category), ..Default::default() };
             let target = Target::All(filter);
-            assert!(script(42, Action::Delete, target, &[], false, false).is_err(), "{category:?}");
+            assert!(
+                script(42, Action::Delete, target, &[], false, false, None).is_err(),
+                "{category:?}"
+            );
         }
     }
 
     #[test]
     fn a_write_redis_did_not_see_records_its_user_for_repair_in_its_transaction() {
         let (steps, sql) =
-            script(42, Action::MarkRead, Target::Ids(&[5]), &[], false, true).unwrap();
+            script(42, Action::MarkRead, Target::Ids(&[5]), &[], false, true, None).unwrap();
         let repair = steps.iter().position(|step| *step == Step::Repair).unwrap();
         assert_eq!(steps[repair + 1], Step::Commit, "in the transaction");
         assert!(sql.contains("INSERT INTO badge_repairs (user_id, changed_at) VALUES (42,"));
         let (steps, _) =
-            script(42, Action::MarkRead, Target::Ids(&[5]), &[], false, false).unwrap();
+            script(42, Action::MarkRead, Target::Ids(&[5]), &[], false, false, None).unwrap();
         assert!(!steps.contains(&Step::Repair));
     }
 }

@@ -437,7 +437,10 @@ pub async fn request_start<'e>(
 /// Starts a scheduled send whose time has come. Returns true for the one
 /// caller (of several worker replicas) whose update won.
 #[instrument(level = "debug", skip_all, fields(db.system = "mysql"))]
-pub async fn start_scheduled(pool: &MySqlPool, message_id: MessageId) -> Result<bool> {
+pub async fn start_scheduled<'e>(
+    pool: impl sqlx::MySqlExecutor<'e>,
+    message_id: MessageId,
+) -> Result<bool> {
     let result = sqlx::query(
         "UPDATE messages FORCE INDEX (PRIMARY) SET status = 1, status_version = status_version + 1, \
          started_at = UTC_TIMESTAMP(3) WHERE message_id = ? \

@@ -10,6 +10,7 @@ pub mod chunks;
 pub mod contract;
 pub mod direct;
 pub mod erasure;
+pub mod event_outbox;
 pub mod groups;
 pub mod item_updates;
 pub mod items;

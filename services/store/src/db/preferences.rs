@@ -50,16 +50,18 @@ pub async fn get<'e>(db: impl sqlx::MySqlExecutor<'e>, user_id: u64) -> Result<P
     }))
 }
 
-/// Replaces a user's mutes (an erasure marker stays as it is); with
+/// Replaces a user's mutes (an erasure marker stays as it is) and records
+/// `event` in [`super::event_outbox`] (its row id is returned); with
 /// `repair` (Redis did not answer the caller's invalidation), records the
-/// user in [`super::badge_repairs`] in the same transaction.
+/// user in [`super::badge_repairs`], all in one transaction.
 #[instrument(level = "debug", skip_all, fields(db.system = "mysql"))]
 pub async fn set(
     pool: &MySqlPool,
     user_id: u64,
     preferences: &Preferences,
     repair: bool,
-) -> Result<()> {
+    event: &[u8],
+) -> Result<u64> {
     let mut tx = pool.begin().await?;
     sqlx::query(
         "INSERT INTO user_preferences (user_id, muted_categories, muted_group_ids) \
@@ -74,8 +76,9 @@ pub async fn set(
     if repair {
         super::badge_repairs::record(&mut tx, user_id).await?;
     }
+    let recorded = super::event_outbox::record(&mut tx, event).await?;
     tx.commit().await?;
-    Ok(())
+    Ok(recorded)
 }
 
 /// Reads what a user's preferences hold back.

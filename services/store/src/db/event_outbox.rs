@@ -1,0 +1,115 @@
+//! Gateway events recorded with the change they report (`event_outbox`,
+//! migration 28): the transaction that makes a change also records the
+//! event ([`record`], or [`record_sql`] inside a script), so the event
+//! outlives whatever fails after the commit. The process that made the
+//! change publishes it and [`remove`]s the row; a worker's relay
+//! [`claim_due`]s rows left past their due time, publishes them and deletes
+//! them in the transaction that claimed them.
+
+use sqlx::{MySqlConnection, MySqlPool, QueryBuilder};
+use tracing::instrument;
+
+use notify_domain::error::Result;
+
+/// A recorded event, as the relay reads it back.
+#[derive(Debug, Clone, PartialEq, Eq, sqlx::FromRow)]
+pub struct Recorded {
+    /// Its row.
+    pub id: u64,
+    /// The event, as published.
+    pub body: Vec<u8>,
+}
+
+/// Records `body` in the caller's transaction `conn`; returns its row id.
+#[instrument(level = "debug", skip_all, fields(db.system = "mysql"))]
+pub async fn record(conn: &mut MySqlConnection, body: &[u8]) -> Result<u64> {
+    let done =
+        sqlx::query("INSERT INTO event_outbox (body) VALUES (?)").bind(body).execute(conn).await?;
+    Ok(done.last_insert_id())
+}
+
+/// The statements that record `body` inside a multi-statement script, the
+/// body written in as a hex literal (no quoting, nothing to escape): the
+/// insert, then a `SELECT` of its row id (one row, one column).
+pub fn record_sql(body: &[u8]) -> [String; 2] {
+    let mut hex = String::with_capacity(body.len() * 2);
+    for byte in body {
+        hex.push_str(&format!("{byte:02X}"));
+    }
+    [
+        format!("INSERT INTO event_outbox (body) VALUES (X'{hex}')"),
+        "SELECT LAST_INSERT_ID()".to_owned(),
+    ]
+}
+
+/// Deletes published events' rows.
+#[instrument(level = "debug", skip_all, fields(db.system = "mysql"))]
+pub async fn remove(pool: &MySqlPool, ids: &[u64]) -> Result<()> {
+    if ids.is_empty() {
+        return Ok(());
+    }
+    let mut delete = QueryBuilder::new("DELETE FROM event_outbox WHERE id IN (");
+    super::push_ids(&mut delete, ids);
+    delete.push(")");
+    delete.build().execute(pool).await?;
+    Ok(())
+}
+
+/// Takes up to `limit` events recorded over `older_than_ms` ago (their
+/// process did not publish them, or died first), oldest first, skipping rows
+/// another relay holds, and hands them to `publish` inside the transaction
+/// that deletes them: a row is gone only once `publish` returned `Ok`.
+/// Returns how many were published.
+#[instrument(level = "debug", skip_all, fields(db.system = "mysql"))]
+pub async fn relay<F, Fut>(
+    pool: &MySqlPool,
+    older_than_ms: u64,
+    limit: u32,
+    publish: F,
+) -> Result<u64>
+where
+    F: FnOnce(Vec<Recorded>) -> Fut,
+    Fut: Future<Output = Result<()>>,
+{
+    let mut tx = pool.begin().await?;
+    let due: Vec<Recorded> = sqlx::query_as(
+        "SELECT id, body FROM event_outbox \
+         WHERE created_at < UTC_TIMESTAMP(3) - INTERVAL ? * 1000 MICROSECOND \
+         ORDER BY id LIMIT ? FOR UPDATE SKIP LOCKED",
+    )
+    .bind(older_than_ms)
+    .bind(limit)
+    .fetch_all(&mut *tx)
+    .await?;
+    if due.is_empty() {
+        tx.rollback().await?;
+        return Ok(0);
+    }
+    let ids: Vec<u64> = due.iter().map(|event| event.id).collect();
+    publish(due).await?;
+    let mut delete = QueryBuilder::new("DELETE FROM event_outbox WHERE id IN (");
+    super::push_ids(&mut delete, &ids);
+    delete.push(")");
+    delete.build().execute(&mut *tx).await?;
+    tx.commit().await?;
+    Ok(ids.len() as u64)
+}
+
+/// How many events wait on this shard.
+pub async fn count(pool: &MySqlPool) -> Result<u64> {
+    let n: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM event_outbox").fetch_one(pool).await?;
+    Ok(n.max(0) as u64)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_script_records_its_body_as_hex_with_nothing_to_escape() {
+        let [insert, select] = record_sql(br#"{"t":"badges","u":[42]}'; DROP"#);
+        assert!(insert.starts_with("INSERT INTO event_outbox (body) VALUES (X'7B2274223A"));
+        assert!(!insert[..insert.len() - 2].contains("';"), "{insert}");
+        assert_eq!(select, "SELECT LAST_INSERT_ID()");
+    }
+}
