@@ -394,3 +394,74 @@ async fn a_scheduled_send_cancelled_has_every_chunk_cancelled_page_by_page() {
     assert_eq!(app.count_items(id).await, 0, "nothing of a cancelled send is delivered");
     app.cleanup().await;
 }
+
+/// Ten callers sending small sends, ten users marking everything read and
+/// reading their inboxes, an announcement sent and cancelled among them,
+/// three times over: every call succeeds (a deadlock is run again, not
+/// passed on), and once all is done every badge equals MySQL and nobody
+/// lists or counts the cancelled announcement.
+#[tokio::test]
+async fn a_burst_of_sends_mark_reads_and_an_announcement_cancel_fails_no_call() {
+    let app = spawn_app_with(test_settings(), true).await;
+    let readers = users(8_900_001, 10);
+    let mut sent = Vec::new();
+    let mut cancelled = Vec::new();
+    for round in 0..3u64 {
+        let announcement = announce(&app).await;
+        let senders = (0..10u64).map(|sender| {
+            let mut client = app.messages();
+            let readers = readers.clone();
+            async move {
+                let mut ids = Vec::new();
+                for i in 0..4u64 {
+                    let to: Vec<u64> =
+                        readers.iter().copied().filter(|u| (u + sender + i) % 3 != 0).collect();
+                    let mut request = notify_testkit::send_request(to);
+                    request.idempotency_key = format!("burst-{round}-{sender}-{i}");
+                    let reply = client.send_message(request).await.expect("a send in the burst");
+                    ids.push(reply.into_inner().message_id);
+                }
+                ids
+            }
+        });
+        let markers = readers.iter().map(|user_id| {
+            let mut inbox = app.inbox();
+            async move {
+                for _ in 0..4 {
+                    let request =
+                        v1::MarkAllReadRequest { user_id: *user_id, ..Default::default() };
+                    inbox.mark_all_read(request).await.expect("a mark-all-read in the burst");
+                    let page = v1::ListInboxRequest {
+                        user_id: *user_id,
+                        page_size: 20,
+                        ..Default::default()
+                    };
+                    inbox.list_inbox(page).await.expect("a list in the burst");
+                }
+            }
+        });
+        let cancelling = async {
+            cancel(&app, announcement).await;
+        };
+        let (ids, (), ()) = futures::join!(
+            futures::future::join_all(senders),
+            async {
+                futures::future::join_all(markers).await;
+            },
+            cancelling
+        );
+        sent.extend(ids.into_iter().flatten());
+        cancelled.push(announcement);
+    }
+    for id in &sent {
+        wait_for_status(&app, *id, v1::MessageStatus::Completed).await;
+    }
+    for id in &cancelled {
+        app.wait_for_operations(*id).await;
+        assert_gone(&app, *id, &readers).await;
+    }
+    for user in &readers {
+        assert_eq!(served(&app, *user).await, truth(&app, *user).await, "user {user}");
+    }
+    app.cleanup().await;
+}
