@@ -12,7 +12,10 @@
 //! The load: sends of 1 to 200,000 recipients (ranges of user ids, retried
 //! with their idempotency key until accepted), announcements, group sends
 //! (retried with their key), inbox reads, mark-reads (by ids, and by filter:
-//! read and unread), group pulls and acks, badge reads. Calls fail while faults last; that is expected and counted.
+//! read and unread), group pulls and acks, badge reads, and a controller
+//! that cancels, recalls and edits sends and cancels announcements (each
+//! call repeated until it answers, none repeated to make it right). Calls
+//! fail while faults last; that is expected and counted.
 //!
 //! At the end, with every fault healed and every send finished:
 //! - every completed send has exactly one item per recipient, and its
@@ -21,6 +24,11 @@
 //! - every touched user's badge and group unread count equal MySQL, and so
 //!   does their first inbox page (items and read states);
 //! - no pending or unsettled chunk is left under a completed or cancelled send;
+//! - no control operation is left, and a recalled send or a cancelled
+//!   announcement is listed and counted by nobody: every shard's content
+//!   copy is revoked, no item of it is read by anyone since, and a recall
+//!   took back every item delivered;
+//! - every shard's content copy of an edited send has its last edit;
 //! - once the reads waiting to be counted are, every send's read count and
 //!   readers equal its items read;
 //! - every reader was reported to the `item.read` endpoint (a receiver in
@@ -147,6 +155,11 @@ struct Ledger {
     /// Accepted sends: message id -> recipients (a range, so distinct).
     sends: BTreeMap<u64, (u64, u64)>,
     announcements: Vec<u64>,
+    /// Sends cancelled, recalled, and edited (with their last title), and
+    /// announcements cancelled, by the controller.
+    cancelled: BTreeSet<u64>,
+    recalled: BTreeSet<u64>,
+    edited: BTreeMap<u64, String>,
     touched: BTreeSet<u64>,
     calls: u64,
     failed_calls: u64,
@@ -224,6 +237,7 @@ async fn soak(
         load.spawn(senders(channels.clone(), args.users, shared.clone(), stop.clone(), worker));
     }
     load.spawn(announcer(channels.clone(), shared.clone(), stop.clone()));
+    load.spawn(controller(channels.clone(), shared.clone(), stop.clone()));
     load.spawn(group_senders(channels.clone(), groups.clone(), shared.clone(), stop.clone()));
     for _ in 0..2 {
         load.spawn(readers(channels.clone(), groups.clone(), shared.clone(), stop.clone()));
@@ -277,6 +291,11 @@ async fn soak(
         first_pages(&ctx, &shared, &mut inbox, args.badge_checks).await,
     );
     checks.record("no pending chunk under a finished send", leftover_chunks(&ctx, &shared).await);
+    checks.record(
+        "cancelled and recalled: listed and counted by nobody",
+        withdrawn(&ctx, &shared, &mut messages).await,
+    );
+    checks.record("edits: every shard's copy has the last", edits(&ctx, &shared).await);
     checks.record(
         "read counts and readers equal items read",
         read_counts(&ctx, Duration::from_secs(60)).await,
@@ -775,19 +794,157 @@ async fn wait_finished(
     let deadline = Instant::now() + within;
     for id in &ids {
         let id = *id;
-        // Nothing pauses or cancels: every accepted send must complete.
+        // Completed, or cancelled or recalled by the controller.
         loop {
             let status = status_of(ctx, id).await?;
-            if status == Some(SendStatus::Completed as u8) {
+            let done = [SendStatus::Completed, SendStatus::Cancelled, SendStatus::Recalled];
+            if status.is_some_and(|s| done.iter().any(|d| *d as u8 == s)) {
                 break;
             }
             if Instant::now() > deadline {
-                bail!("send {id} did not complete: status {status:?} (0 draft, 1 sending)");
+                bail!("send {id} did not finish: status {status:?} (0 draft, 1 sending)");
             }
             tokio::time::sleep(Duration::from_millis(200)).await;
         }
     }
+    // And every control operation is through, on every shard.
+    loop {
+        let mut left = 0;
+        for (_, pool) in ctx.pools.iter() {
+            let n: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM message_operations")
+                .fetch_one(pool)
+                .await?;
+            left += n;
+        }
+        if left == 0 {
+            break;
+        }
+        if Instant::now() > deadline {
+            bail!("{left} control operations not finished");
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
     Ok(ids.len() as u64)
+}
+
+/// Every `4-8 s`, cancels, recalls or edits one of the accepted sends, and
+/// now and then cancels an announcement: each call repeated while it fails
+/// on a fault, until it answers (a refusal for the send's state is an
+/// answer: a cancel of a completed send, an edit of a recalled one).
+async fn controller(channels: Vec<Channel>, shared: Shared, stop: Arc<AtomicBool>) {
+    let mut serial = 0u64;
+    while !stop.load(Ordering::Relaxed) {
+        let pause = Duration::from_millis(rand::rng().random_range(4_000..8_000));
+        tokio::time::sleep(pause).await;
+        serial += 1;
+        let (send, announcement) = {
+            let ledger = ledger(&shared);
+            let index = rand::rng().random_range(0..ledger.sends.len().max(1));
+            let send = ledger.sends.keys().nth(index).copied();
+            let live = ledger.announcements.iter().rev().find(|a| !ledger.cancelled.contains(a));
+            (send, live.copied())
+        };
+        let kind = serial % 4;
+        let target = if kind == 3 { announcement } else { send };
+        let Some(id) = target else { continue };
+        let title = format!("edited-{serial}");
+        let answered = retried(&channels, &shared, 30, |channel| {
+            let title = title.clone();
+            async move {
+                let mut client = MessageServiceClient::new(channel);
+                let call = match kind {
+                    0 | 3 => {
+                        client.cancel_message(v1::CancelMessageRequest { message_id: id }).await
+                    }
+                    1 => client.recall_message(v1::RecallMessageRequest { message_id: id }).await,
+                    _ => {
+                        let request = v1::EditMessageRequest {
+                            message_id: id,
+                            content: Some(content(title)),
+                        };
+                        client.edit_message(request).await
+                    }
+                };
+                match call {
+                    Ok(_) => Ok(true),
+                    Err(e) if e.code() == tonic::Code::FailedPrecondition => Ok(false),
+                    Err(e) => Err(e),
+                }
+            }
+        })
+        .await;
+        if answered == Some(true) {
+            let mut ledger = ledger(&shared);
+            match kind {
+                0 | 3 => ledger.cancelled.insert(id),
+                1 => ledger.recalled.insert(id),
+                _ => ledger.edited.insert(id, title).is_none(),
+            };
+        }
+    }
+}
+
+/// Recalled sends and cancelled announcements: on every shard, the content
+/// copy (where there is one) is revoked, so no list or count shows them;
+/// no item of theirs is read but by a reader before the withdrawal counted
+/// in a recall; and a recall took back every item delivered.
+async fn withdrawn(
+    ctx: &notify_core::Context,
+    shared: &Shared,
+    messages: &mut MessageServiceClient<Channel>,
+) -> anyhow::Result<u64> {
+    let (recalled, cancelled, announcements) = {
+        let ledger = ledger(shared);
+        (ledger.recalled.clone(), ledger.cancelled.clone(), ledger.announcements.clone())
+    };
+    let withdrawn: Vec<u64> = recalled
+        .iter()
+        .copied()
+        .chain(announcements.iter().copied().filter(|a| cancelled.contains(a)))
+        .collect();
+    for id in &withdrawn {
+        for (shard, pool) in ctx.pools.iter() {
+            let shown: i64 = sqlx::query_scalar(
+                "SELECT COUNT(*) FROM message_contents WHERE message_id = ? AND revoked = 0",
+            )
+            .bind(id)
+            .fetch_one(pool)
+            .await?;
+            if shown > 0 {
+                bail!("message {id}: shard {shard}'s content copy is not revoked");
+            }
+        }
+    }
+    for id in &recalled {
+        let message = messages.get_message(v1::GetMessageRequest { message_id: *id }).await?;
+        let message = message.into_inner();
+        let progress = message.progress.unwrap_or_default();
+        if message.finished_at.is_none() || progress.recalled != progress.delivered {
+            bail!("send {id}: recall not finished or partial: {progress:?}");
+        }
+    }
+    Ok(withdrawn.len() as u64)
+}
+
+/// Every shard's content copy of each edited (and not recalled) send has
+/// its last edit's title.
+async fn edits(ctx: &notify_core::Context, shared: &Shared) -> anyhow::Result<u64> {
+    let edited = ledger(shared).edited.clone();
+    let mut checked = 0;
+    for (id, title) in &edited {
+        for (shard, pool) in ctx.pools.iter() {
+            let titles: Vec<String> =
+                sqlx::query_scalar("SELECT title FROM message_contents WHERE message_id = ?")
+                    .bind(id)
+                    .fetch_all(pool)
+                    .await?;
+            if let Some(other) = titles.iter().find(|shown| *shown != title) {
+                bail!("send {id}: shard {shard}'s copy shows {other:?}, the last edit {title:?}");
+            }
+        }
+        checked += 1;
+    }
+    Ok(checked)
 }
 
 async fn exactly_once(
@@ -1008,7 +1165,9 @@ async fn read_counts(ctx: &notify_core::Context, limit: Duration) -> anyhow::Res
     let mut sends: BTreeMap<u64, (i64, i64, i64)> = BTreeMap::new();
     for (_, pool) in ctx.pools.iter() {
         let tallies = [
-            "SELECT message_id, COUNT(*) FROM message_items WHERE is_read = 1 GROUP BY message_id",
+            // A recall takes its items' reads out of the counts.
+            "SELECT message_id, COUNT(*) FROM message_items WHERE is_read = 1 AND recalled = 0 \
+             GROUP BY message_id",
             "SELECT message_id, CAST(SUM(read_count) AS SIGNED) FROM message_shard_stats \
              GROUP BY message_id",
             "SELECT message_id, COUNT(*) FROM message_reads GROUP BY message_id",
@@ -1027,7 +1186,7 @@ async fn read_counts(ctx: &notify_core::Context, limit: Duration) -> anyhow::Res
         let stray: i64 = sqlx::query_scalar(
             "SELECT COUNT(*) FROM message_reads r LEFT JOIN message_items i \
              ON i.user_id = r.user_id AND i.message_id = r.message_id AND i.is_read = 1 \
-             WHERE i.user_id IS NULL OR r.delivered_at <> i.created_at",
+             AND i.recalled = 0 WHERE i.user_id IS NULL OR r.delivered_at <> i.created_at",
         )
         .fetch_one(pool)
         .await?;

@@ -28,6 +28,7 @@ mod calls;
 mod chaos;
 mod config_file;
 mod console;
+mod control;
 mod events;
 mod fanout;
 mod group;
@@ -71,6 +72,8 @@ enum Command {
     Recall(recall::RecallArgs),
     /// Mixed load under random faults and SIGKILLs, then invariants from MySQL.
     Chaos(chaos::ChaosArgs),
+    /// Cancel and recall of a scheduled 10M send; a small recall's and edit's cached badges.
+    Control(control::ControlArgs),
     /// N GetUnreadCount calls against a running api (for profiling it).
     Calls(calls::CallsArgs),
     /// A bucket move under mark-read load vs a raw copy of the same rows.
@@ -93,6 +96,7 @@ async fn main() {
         Command::Recipients(args) => recipients::run(args).await,
         Command::Recall(args) => recall::run(args).await,
         Command::Chaos(args) => chaos::run(args).await,
+        Command::Control(args) => control::run(args).await,
         Command::Calls(args) => calls::run(args).await,
         Command::Move(args) => moves::run(args).await,
         Command::Console(args) => console::run(args).await,

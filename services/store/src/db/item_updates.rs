@@ -286,8 +286,11 @@ fn script(
     // (changed or not).
     let (selected, named) = match target {
         Target::Ids(ids) => {
+            // An item of a withdrawn send (recalled, a cancelled
+            // announcement) is unknown, as no list shows it: a read of it
+            // would count for a send taken back.
             let named = format!(
-                "WHERE i.user_id = {user_id} AND {} AND i.message_id IN ({})",
+                "WHERE i.user_id = {user_id} AND {} AND i.message_id IN ({}){NOT_REVOKED}",
                 not_deleted!("i"),
                 list(ids)
             );
