@@ -256,30 +256,30 @@ async fn drive_once(
     let home = ctx.pools.for_message(message_id.get());
     let row = messages::fetch_existing(&home, message_id).await?;
     drop(home);
-    let done = visible_part(ctx, operation, &row).await?;
+    let (done, unfinished) = visible_part(ctx, operation, &row).await;
     let announcement = row.audience == AudienceKind::AllUsers as u8;
     if !announcement && operation.kind != OperationKind::Edit {
         // The rest pages through chunks: the call need not wait for it.
         visible.now();
     }
-    let all_done = ctx.pools.iter().all(|(shard, _)| done.contains(&shard.0));
-    match operation.kind {
-        OperationKind::Edit | OperationKind::Cancel if announcement => {}
-        OperationKind::Edit => {}
-        OperationKind::Cancel | OperationKind::Recall => {
-            let delivered_any = row.started_at.is_some();
-            for (shard, pool) in ctx.pools.iter().filter(|(shard, _)| done.contains(&shard.0)) {
-                if !cancel_pending(ctx, operation, shard, pool, delivered_any).await? {
-                    return Ok(Drive::LostLease);
+    // A shard whose visible part failed holds back only its own bulk part.
+    let mut unfinished = unfinished.err();
+    let paging = matches!(operation.kind, OperationKind::Cancel | OperationKind::Recall);
+    if paging && !announcement {
+        let delivered_any = row.started_at.is_some();
+        for (shard, pool) in ctx.pools.iter().filter(|(shard, _)| done.contains(&shard.0)) {
+            match cancel_pending(ctx, operation, shard, pool, delivered_any).await {
+                Ok(true) => {}
+                Ok(false) => return Ok(Drive::LostLease),
+                Err(e) => {
+                    warn!(error = %e, shard = shard.0, message_id = %message_id, "cancelling a shard's pending chunks failed");
+                    unfinished.get_or_insert(e);
                 }
             }
         }
     }
-    if !all_done {
-        return Err(Error::Unavailable(format!(
-            "the {} of message {message_id} is not done on every shard yet",
-            operation.kind.name()
-        )));
+    if let Some(e) = unfinished {
+        return Err(e);
     }
     if operation.kind == OperationKind::Recall && !announcement {
         recall::publish_unless_moving(ctx, message_id).await?;
@@ -302,8 +302,12 @@ async fn drive_once(
 
 /// Runs the visible part on every shard not done yet, in parallel (each
 /// bounded by `worker.operation_timeout_secs`); returns the shards done,
-/// or the error of the first that failed once the others finished.
-async fn visible_part(ctx: &Context, operation: &Operation, row: &MessageRow) -> Result<Vec<u32>> {
+/// and the error of the first that failed, if one did, once all finished.
+async fn visible_part(
+    ctx: &Context,
+    operation: &Operation,
+    row: &MessageRow,
+) -> (Vec<u32>, Result<()>) {
     let message_id = operation.message_id;
     // Workers check the status before every chunk: none starts a chunk of
     // a cancelled or recalled send once the cache holds it. Redis away,
@@ -316,7 +320,10 @@ async fn visible_part(ctx: &Context, operation: &Operation, row: &MessageRow) ->
     let edited = match operation.kind {
         OperationKind::Edit => {
             let home = ctx.pools.for_message(message_id.get());
-            Some(messages::edited_content(&home, message_id).await?)
+            match messages::edited_content(&home, message_id).await {
+                Ok(edited) => Some(edited),
+                Err(e) => return (operation.shards_done.clone(), Err(e)),
+            }
         }
         _ => None,
     };
@@ -343,25 +350,15 @@ async fn visible_part(ctx: &Context, operation: &Operation, row: &MessageRow) ->
     let results = futures::future::join_all(steps).await;
     let mut done = operation.shards_done.clone();
     let mut first_error = None;
-    let mut changed = false;
     for (shard, result) in results {
         match result {
-            Ok(()) => {
-                done.push(shard.0);
-                changed = true;
-            }
+            Ok(()) => done.push(shard.0),
             Err(e) => {
                 first_error.get_or_insert(e);
             }
         }
     }
-    if changed {
-        tell_everyone(ctx, operation, announcement).await?;
-    }
-    match first_error {
-        Some(e) => Err(e),
-        None => refreshed.map(|()| done),
-    }
+    (done, first_error.map_or(refreshed, Err))
 }
 
 /// One shard's visible part: its content copy changed, then what may hold
@@ -392,6 +389,10 @@ async fn shard_step(
         }
         Retire::Recipients => retire_recipients(ctx, operation, pool).await?,
     }
+    // Before the shard is recorded done: a publish that fails makes the
+    // step run again, so the event is never dropped (a duplicate, per
+    // shard, is harmless).
+    tell_everyone(ctx, operation, announcement, edited).await?;
     let home = ctx.pools.for_message(message_id.get());
     let generation = operation.generation;
     retrying("operations::shard_done", || {
@@ -428,18 +429,20 @@ async fn retire_recipients(ctx: &Context, operation: &Operation, pool: &MySqlPoo
 
 /// Tells every stream of a change whose audience is everyone (an
 /// announcement's cancel or recall, a large recall) or that every stream
-/// shows (an edit's new headline). A failed publish fails the drive, which
-/// runs again: the event is never dropped.
-async fn tell_everyone(ctx: &Context, operation: &Operation, announcement: bool) -> Result<()> {
+/// shows (an edit's new headline).
+async fn tell_everyone(
+    ctx: &Context,
+    operation: &Operation,
+    announcement: bool,
+    edited: Option<&messages::EditedContent>,
+) -> Result<()> {
     let message_id = operation.message_id.get();
-    let event = match operation.kind {
-        OperationKind::Edit => {
-            let home = ctx.pools.for_message(message_id);
-            let edited = messages::edited_content(&home, operation.message_id).await?;
+    let event = match (operation.kind, edited) {
+        (OperationKind::Edit, Some(edited)) => {
             let edited_at_ms = edited.edited_at.map_or(0, |at| at.and_utc().timestamp_millis());
-            BusEvent::Edited { message_id, title: edited.title, edited_at_ms }
+            BusEvent::Edited { message_id, title: edited.title.clone(), edited_at_ms }
         }
-        OperationKind::Cancel if !announcement => return Ok(()),
+        (OperationKind::Cancel, _) if !announcement => return Ok(()),
         _ if operation.retire != Retire::Everyone => return Ok(()),
         _ => BusEvent::Revoked { message_id, user_ids: None },
     };
