@@ -52,14 +52,7 @@ pub async fn recall(
     owner: Option<&str>,
 ) -> Result<MessageView> {
     let row = send::fetch_visible(ctx, message_id, owner).await?;
-    let from = [
-        SendStatus::NotStarted,
-        SendStatus::Sending,
-        SendStatus::Paused,
-        SendStatus::Completed,
-        SendStatus::Cancelled,
-    ];
-    let change = ControlChange::Status { from: &from, to: SendStatus::Recalled };
+    let change = ControlChange::Status { from: &SendStatus::RECALLABLE, to: SendStatus::Recalled };
     let webhook = Outboxed::new(ctx, message_id, WebhookEvent::MessageRecalled, None);
     let record = record_of(ctx, &webhook);
     if control::begin(ctx, &row, change, OperationKind::Recall, record).await? {

@@ -90,6 +90,13 @@ pub enum SendStatus {
 }
 
 impl SendStatus {
+    /// The statuses a cancel moves a send from (any before COMPLETED).
+    pub const CANCELLABLE: [Self; 3] = [Self::NotStarted, Self::Sending, Self::Paused];
+
+    /// The statuses a recall moves a send from (any but RECALLED).
+    pub const RECALLABLE: [Self; 5] =
+        [Self::NotStarted, Self::Sending, Self::Paused, Self::Completed, Self::Cancelled];
+
     /// Decodes a stored column value.
     pub fn from_db(value: u8) -> Result<Self> {
         Ok(match value {

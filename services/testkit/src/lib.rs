@@ -368,42 +368,41 @@ impl TestApp {
     /// Follows WatchMessage (an event stream, no polling here) until the send
     /// reaches `status`; returns that state. Panics after 90 s.
     pub async fn wait_for_status(&self, message_id: u64, status: v1::MessageStatus) -> v1::Message {
-        let request = v1::WatchMessageRequest { message_id, interval_ms: 100 };
-        let mut stream =
-            self.messages().watch_message(request).await.expect("watch opens").into_inner();
-        let watch = async {
-            while let Some(message) = stream.next().await {
-                let message = message.expect("watch item");
-                if message.status == status as i32 {
-                    return message;
-                }
-            }
-            panic!("watch ended before message {message_id} reached {status:?}");
-        };
-        tokio::time::timeout(Duration::from_secs(90), watch)
-            .await
-            .unwrap_or_else(|_| panic!("message {message_id} did not reach {status:?} in 90 s"))
+        let what = format!("{status:?}");
+        self.watch_until(message_id, &what, |message| message.status == status as i32).await
     }
 
     /// Follows WatchMessage until no control operation (cancel, recall,
     /// edit) of the send is left on any shard; returns that state. Panics
     /// after 90 s.
     pub async fn wait_for_operations(&self, message_id: u64) -> v1::Message {
+        let done = |message: &v1::Message| message.pending_operations.is_empty();
+        self.watch_until(message_id, "its control operations done", done).await
+    }
+
+    /// Follows WatchMessage until `done` holds for the send (`what` names
+    /// that state in the panic after 90 s).
+    async fn watch_until(
+        &self,
+        message_id: u64,
+        what: &str,
+        done: impl Fn(&v1::Message) -> bool,
+    ) -> v1::Message {
         let request = v1::WatchMessageRequest { message_id, interval_ms: 100 };
         let mut stream =
             self.messages().watch_message(request).await.expect("watch opens").into_inner();
         let watch = async {
             while let Some(message) = stream.next().await {
                 let message = message.expect("watch item");
-                if message.pending_operations.is_empty() {
+                if done(&message) {
                     return message;
                 }
             }
-            panic!("watch ended before message {message_id}'s operations were done");
+            panic!("watch ended before message {message_id} was {what}");
         };
-        tokio::time::timeout(Duration::from_secs(90), watch).await.unwrap_or_else(|_| {
-            panic!("message {message_id}'s control operations were not done in 90 s")
-        })
+        tokio::time::timeout(Duration::from_secs(90), watch)
+            .await
+            .unwrap_or_else(|_| panic!("message {message_id} was not {what} in 90 s"))
     }
 
     /// Counts rows of `message_items` over every shard (test assertions only).

@@ -484,8 +484,26 @@ impl Hub {
         summary: &ContentSummary,
         user_ids: impl IntoIterator<Item = u64>,
     ) -> Vec<u64> {
-        let tables = self.read();
         let created_at = timestamp_ms(summary.created_at_ms);
+        self.offer_each(user_ids, |user_id| {
+            Event::ItemDelivered(v1::ItemDelivered {
+                user_id,
+                message_id,
+                title: summary.title.clone(),
+                category: summary.category.clone(),
+                created_at: Some(created_at),
+            })
+        })
+    }
+
+    /// Offers `event` of each followed user among `user_ids` to each of the
+    /// user's streams; returns those users.
+    fn offer_each(
+        &self,
+        user_ids: impl IntoIterator<Item = u64>,
+        event: impl Fn(u64) -> Event,
+    ) -> Vec<u64> {
+        let tables = self.read();
         let mut followed = Vec::new();
         for user_id in user_ids {
             let streams = streams_of(&tables, user_id);
@@ -494,14 +512,7 @@ impl Hub {
             }
             followed.push(user_id);
             for stream in streams {
-                let event = v1::ItemDelivered {
-                    user_id,
-                    message_id,
-                    title: summary.title.clone(),
-                    category: summary.category.clone(),
-                    created_at: Some(created_at),
-                };
-                stream.offer_for(user_id, Event::ItemDelivered(event));
+                stream.offer_for(user_id, event(user_id));
             }
         }
         followed
@@ -522,22 +533,8 @@ impl Hub {
     /// Tells the streams of `user_ids` (a recall's recipients on one
     /// shard) that a message was withdrawn, and refreshes their badges.
     fn revoke_for(&self, message_id: u64, user_ids: Vec<u64>) {
-        let followed = {
-            let tables = self.read();
-            let mut followed = Vec::new();
-            for user_id in user_ids {
-                let streams = streams_of(&tables, user_id);
-                if streams.is_empty() {
-                    continue;
-                }
-                followed.push(user_id);
-                for stream in streams {
-                    let event = v1::ItemRevoked { message_id };
-                    stream.offer_for(user_id, Event::ItemRevoked(event));
-                }
-            }
-            followed
-        };
+        let revoked = |_| Event::ItemRevoked(v1::ItemRevoked { message_id });
+        let followed = self.offer_each(user_ids, revoked);
         self.badges_changed(followed);
     }
 

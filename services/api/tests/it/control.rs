@@ -230,14 +230,19 @@ async fn deadlocks_left(app: &TestApp, shard: ShardId) -> i32 {
     sqlx::query_scalar("SELECT n FROM fault_budget").fetch_one(pool).await.unwrap()
 }
 
-/// More deadlocks than one drive runs its step (5 runs): the call's drive
-/// gives up on the shard, a sweeper's drive finishes it.
-const DEADLOCKS: u32 = 7;
+/// What the tests of the three operations work on: 60 recipients over
+/// every shard, two completed sends to them (one to recall, one to edit)
+/// and an announcement they all have, every badge cached.
+struct Targets {
+    recipients: Vec<u64>,
+    recalled: u64,
+    edited: u64,
+    announced: u64,
+}
 
-#[tokio::test]
-async fn recall_edit_and_announcement_cancel_finish_through_deadlocks_at_a_shards_step() {
+async fn targets(first_user: u64) -> (TestApp, Targets) {
     let app = spawn_app_with(quick_retries(), true).await;
-    let recipients = users(8_400_000, 60);
+    let recipients = users(first_user, 60);
     let recalled = send(&app, recipients.clone()).await;
     let edited = send(&app, recipients.clone()).await;
     wait_for_status(&app, recalled, v1::MessageStatus::Completed).await;
@@ -247,6 +252,16 @@ async fn recall_edit_and_announcement_cancel_finish_through_deadlocks_at_a_shard
         assert!(inbox_ids(&app, *user).await.contains(&announced));
     }
     cache_badges(&app, &recipients).await;
+    (app, Targets { recipients, recalled, edited, announced })
+}
+
+/// More deadlocks than one drive runs its step (5 runs): the call's drive
+/// gives up on the shard, a sweeper's drive finishes it.
+const DEADLOCKS: u32 = 7;
+
+#[tokio::test]
+async fn recall_edit_and_announcement_cancel_finish_through_deadlocks_at_a_shards_step() {
+    let (app, Targets { recipients, recalled, edited, announced }) = targets(8_400_000).await;
     let (shard, _) = shard_to_cut(&app, recalled, &recipients);
 
     for (step, operation) in ["recall", "edit", "cancel"].into_iter().enumerate() {
@@ -288,25 +303,8 @@ async fn record_only(
 
 #[tokio::test]
 async fn operations_an_api_died_after_recording_are_finished_by_a_sweeper() {
-    let app = spawn_app_with(quick_retries(), true).await;
-    let recipients = users(8_500_000, 60);
-    let recalled = send(&app, recipients.clone()).await;
-    let edited = send(&app, recipients.clone()).await;
-    wait_for_status(&app, recalled, v1::MessageStatus::Completed).await;
-    wait_for_status(&app, edited, v1::MessageStatus::Completed).await;
-    let announced = announce(&app).await;
-    for user in &recipients {
-        assert!(inbox_ids(&app, *user).await.contains(&announced));
-    }
-    cache_badges(&app, &recipients).await;
-
-    let from = [
-        SendStatus::NotStarted,
-        SendStatus::Sending,
-        SendStatus::Paused,
-        SendStatus::Completed,
-        SendStatus::Cancelled,
-    ];
+    let (app, Targets { recipients, recalled, edited, announced }) = targets(8_500_000).await;
+    let from = SendStatus::RECALLABLE;
     let to_recalled = ControlChange::Status { from: &from, to: SendStatus::Recalled };
     record_only(&app, recalled, to_recalled, OperationKind::Recall).await;
     let new_content = Content {
@@ -316,7 +314,8 @@ async fn operations_an_api_died_after_recording_are_finished_by_a_sweeper() {
         data: Default::default(),
     };
     record_only(&app, edited, ControlChange::Content(&new_content), OperationKind::Edit).await;
-    let to_cancelled = ControlChange::Status { from: &from[..3], to: SendStatus::Cancelled };
+    let from = SendStatus::CANCELLABLE;
+    let to_cancelled = ControlChange::Status { from: &from, to: SendStatus::Cancelled };
     record_only(&app, announced, to_cancelled, OperationKind::Cancel).await;
 
     for id in [recalled, edited, announced] {

@@ -43,6 +43,15 @@ async fn delivered(app: &TestApp, id: u64) -> u64 {
     get(app, id).await.progress.unwrap().delivered
 }
 
+/// The most items that may commit after a pause or cancel returned: what
+/// was already in a transaction then, per shard `concurrency` groups of up
+/// to `chunks_per_transaction` chunks of 100.
+fn in_flight(app: &TestApp) -> u64 {
+    let worker = &app.settings.worker;
+    let shards = app.settings.database.shards.len() as u64;
+    shards * worker.concurrency as u64 * worker.chunks_per_transaction as u64 * 100
+}
+
 /// Starts a slow send and returns once its first chunks are delivered.
 async fn send_under_way(app: &TestApp, total: u64) -> u64 {
     let id = send(app, (1..=total).collect()).await;
@@ -69,15 +78,8 @@ async fn pause_stops_delivery_and_resume_finishes_with_the_exact_total() {
     })
     .await;
     let after_drain = app.count_items(id).await;
-    // What was already in a transaction when the pause returned may commit:
-    // per shard, `concurrency` groups of up to `chunks_per_transaction`
-    // chunks of 100.
-    let worker = &app.settings.worker;
-    let shards = app.settings.database.shards.len() as u64;
-    let in_flight_allowance =
-        shards * worker.concurrency as u64 * worker.chunks_per_transaction as u64 * 100;
     assert!(
-        after_drain - at_pause <= in_flight_allowance,
+        after_drain - at_pause <= in_flight(&app),
         "{} items were delivered after the pause returned",
         after_drain - at_pause
     );
@@ -110,8 +112,7 @@ async fn cancel_leaves_the_rest_undelivered() {
     assert_eq!(cancelled.status, v1::MessageStatus::Cancelled as i32);
     // No chunk starts after the call returns (the workers read the status
     // it cached); what was already in a transaction may commit, as after
-    // a pause: per shard, `concurrency` groups of up to
-    // `chunks_per_transaction` chunks of 100.
+    // a pause.
     let at_cancel = app.count_items(id).await;
     eventually("queue drained", Duration::from_secs(30), || async {
         (queued(&app, Lane::Bulk).await == 0).then_some(())
@@ -119,12 +120,8 @@ async fn cancel_leaves_the_rest_undelivered() {
     .await;
     let progress = app.wait_for_operations(id).await.progress.unwrap();
     let after = app.count_items(id).await;
-    let worker = &app.settings.worker;
-    let shards = app.settings.database.shards.len() as u64;
-    let in_flight_allowance =
-        shards * worker.concurrency as u64 * worker.chunks_per_transaction as u64 * 100;
     assert!(
-        after - at_cancel <= in_flight_allowance,
+        after - at_cancel <= in_flight(&app),
         "{} items were delivered after the cancel returned",
         after - at_cancel
     );

@@ -323,8 +323,8 @@ pub async fn cancel(
     owner: Option<&str>,
 ) -> Result<MessageView> {
     let row = fetch_visible(ctx, message_id, owner).await?;
-    let from = [SendStatus::NotStarted, SendStatus::Sending, SendStatus::Paused];
-    let change = ControlChange::Status { from: &from, to: SendStatus::Cancelled };
+    let change =
+        ControlChange::Status { from: &SendStatus::CANCELLABLE, to: SendStatus::Cancelled };
     if crate::control::begin(ctx, &row, change, OperationKind::Cancel, None).await? {
         info!(message_id = %message_id, "message cancelled");
     }
