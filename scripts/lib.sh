@@ -180,12 +180,32 @@ notify_await_rabbitmq() {
 }
 
 # True when notify:notify@127.0.0.1 can create and drop a notify* database
-# (what the service and the tests do) and max_connections is at least 1000.
+# (what the service and the tests do), can see the server's transactions
+# (the fault tests pick the connections they kill from them), and
+# max_connections is at least 1000.
 notify_mariadb_ready() {
   local probe="notify_probe_$$" out
   out=$("$1" -h127.0.0.1 -P3306 -unotify -pnotify -N \
     -e "CREATE DATABASE IF NOT EXISTS \`$probe\`; DROP DATABASE \`$probe\`;
-        SELECT @@GLOBAL.max_connections >= 1000;" 2>>"$NOTIFY_DEPS_LOG") && [ "$out" = 1 ]
+        SELECT @@GLOBAL.max_connections >= 1000
+          AND (SELECT COUNT(*) >= 0 FROM information_schema.INNODB_TRX);" \
+    2>>"$NOTIFY_DEPS_LOG") && [ "$out" = 1 ]
+}
+
+# max_connections in a file of Debian's MariaDB configuration, so that it
+# outlives a restart (SET GLOBAL raises it for the running server only).
+# Nothing to do where the layout is not Debian's (docker-compose passes
+# --max-connections itself).
+notify_mariadb_config() {
+  local dir=/etc/mysql/mariadb.conf.d
+  local file="$dir/90-notify.cnf"
+  [ -d "$dir" ] && notify_can_root || return 0
+  notify_as_root test -f "$file" && return 0
+  printf '%s\n' '# Written by Notify'"'"'s scripts: the api, the workers and the tests open' \
+    '# many connection pools.' '[mysqld]' 'max_connections = 1000' |
+    notify_as_root tee "$file" >/dev/null ||
+    notify_die "mariadb: cannot write $file"
+  notify_say "mariadb: max_connections = 1000 written to $file"
 }
 
 # Make sure notify:notify exists and owns every notify* database (the tests
@@ -199,6 +219,7 @@ notify_setup_mariadb() {
     notify_say "mariadb: no mariadb client installed, assuming the notify account exists"
     return 0
   fi
+  notify_mariadb_config
   notify_mariadb_ready "$client" && return 0
   sql="$(cat "$NOTIFY_ROOT/scripts/mariadb-init.sql")
 SET GLOBAL max_connections = GREATEST(@@GLOBAL.max_connections, 1000);"

@@ -9,3 +9,9 @@ CREATE USER IF NOT EXISTS 'notify'@'%' IDENTIFIED BY 'notify';
 GRANT ALL PRIVILEGES ON `notify%`.* TO 'notify'@'localhost';
 GRANT ALL PRIVILEGES ON `notify%`.* TO 'notify'@'127.0.0.1';
 GRANT ALL PRIVILEGES ON `notify%`.* TO 'notify'@'%';
+-- The fault tests read the server's transactions (information_schema.
+-- INNODB_TRX) to pick the connections they kill; a connection of the same
+-- account is killed without more.
+GRANT PROCESS ON *.* TO 'notify'@'localhost';
+GRANT PROCESS ON *.* TO 'notify'@'127.0.0.1';
+GRANT PROCESS ON *.* TO 'notify'@'%';

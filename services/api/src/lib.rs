@@ -98,8 +98,11 @@ impl Application {
         telemetry::metrics_handle();
         let listen = notify_domain::settings::parse_addr("api.listen", &settings.api.listen)?;
         settings.auth.check_listener(listen)?;
-        let tls =
-            settings.api.tls.enabled().then(|| ServerTls::load(&settings.api.tls)).transpose()?;
+        let tls = if settings.api.tls.enabled() {
+            Some(ServerTls::load(&settings.api.tls).await?)
+        } else {
+            None
+        };
         let listener = TcpListener::bind(&settings.api.listen)
             .await
             .map_err(|e| anyhow::anyhow!("api.listen: cannot bind {}: {e}", settings.api.listen))?;

@@ -45,8 +45,8 @@ pub struct ServerTls {
 
 impl ServerTls {
     /// Loads the files; fails with a line naming the setting that is wrong.
-    pub fn load(settings: &ApiTlsSettings) -> anyhow::Result<Arc<Self>> {
-        let files = read_files(settings)?;
+    pub async fn load(settings: &ApiTlsSettings) -> anyhow::Result<Arc<Self>> {
+        let files = read_files(settings).await?;
         let config = build_config(settings, &files)?;
         Ok(Arc::new(Self {
             settings: settings.clone(),
@@ -80,7 +80,7 @@ impl ServerTls {
                 () = tokio::time::sleep(every) => {}
                 () = shutdown.cancelled() => return,
             }
-            let files = match read_files(&self.settings) {
+            let files = match read_files(&self.settings).await {
                 Ok(files) => files,
                 Err(e) => {
                     warn!(error = %format!("{e:#}"), "cannot read the tls files, keeping the loaded ones");
@@ -158,19 +158,20 @@ impl ServerTls {
     }
 }
 
-fn read_file(setting: &str, path: &str) -> anyhow::Result<Vec<u8>> {
-    std::fs::read(path).with_context(|| format!("{setting}: cannot read {path}"))
+/// Reads one file on tokio's blocking pool, never on a runtime thread.
+async fn read_file(setting: &str, path: &str) -> anyhow::Result<Vec<u8>> {
+    tokio::fs::read(path).await.with_context(|| format!("{setting}: cannot read {path}"))
 }
 
-fn read_files(settings: &ApiTlsSettings) -> anyhow::Result<[Vec<u8>; 3]> {
+async fn read_files(settings: &ApiTlsSettings) -> anyhow::Result<[Vec<u8>; 3]> {
     let ca = if settings.client_ca_file.is_empty() {
         Vec::new()
     } else {
-        read_file("api.tls.client_ca_file", &settings.client_ca_file)?
+        read_file("api.tls.client_ca_file", &settings.client_ca_file).await?
     };
     Ok([
-        read_file("api.tls.cert_file", &settings.cert_file)?,
-        read_file("api.tls.key_file", &settings.key_file)?,
+        read_file("api.tls.cert_file", &settings.cert_file).await?,
+        read_file("api.tls.key_file", &settings.key_file).await?,
         ca,
     ])
 }

@@ -24,7 +24,13 @@ impl RecipientArgs {
     /// Reads the ids from whichever source was given.
     pub fn read(&self) -> anyhow::Result<Vec<u64>> {
         if let Some(range) = &self.users {
-            return parse_range(range);
+            let ids = parse_range(range)?;
+            // `1..1000` is 999 users, as in Rust: say so, so nobody is
+            // surprised by the count.
+            if let (Some(first), Some(last)) = (ids.first(), ids.last()) {
+                eprintln!("--users {range}: {} users, {first} to {last}", ids.len());
+            }
+            return Ok(ids);
         }
         if let Some(path) = &self.users_file {
             let file =

@@ -157,7 +157,8 @@ async fn handle(
         .flat_map(|c| c.webhooks.iter())
         .find(|endpoint| endpoint.url == job.url);
     let Some(endpoint) = endpoint else {
-        warn!(client = %client, url = %job.url, "webhook endpoint no longer configured, dropping its job");
+        let endpoint = origin(&job.url);
+        warn!(client = %client, endpoint = %endpoint, "webhook endpoint no longer configured, dropping its job");
         metrics::counter!("notify_webhooks_dropped_total", "client" => client).increment(1);
         let _ = delivery.ack(BasicAckOptions::default()).await;
         return;
@@ -175,7 +176,8 @@ async fn handle(
             let retry = delays.get(job.attempt.saturating_sub(1) as usize).copied();
             match retry {
                 Some(delay) => {
-                    warn!(client = %client, webhook_id = %job.id, attempt = job.attempt, retry_in_ms = delay, reason = %reason, "webhook attempt failed");
+                    let endpoint = origin(&job.url);
+                    warn!(client = %client, endpoint = %endpoint, webhook_id = %job.id, attempt = job.attempt, retry_in_ms = delay, reason = %reason, "webhook attempt failed");
                     job.attempt += 1;
                     let exchange = topology.retry_exchange();
                     let key = WebhookTopology::retry_key(delay, &job.client);
@@ -184,7 +186,8 @@ async fn handle(
                     settle(queued, delivery).await;
                 }
                 None => {
-                    warn!(client = %client, webhook_id = %job.id, attempt = job.attempt, reason = %reason, "webhook failed its last attempt, dead-lettering it");
+                    let endpoint = origin(&job.url);
+                    warn!(client = %client, endpoint = %endpoint, webhook_id = %job.id, attempt = job.attempt, reason = %reason, "webhook failed its last attempt, dead-lettering it");
                     let dead = topology.dead_queue();
                     let queued = ctx.publisher.publish_persistent("", &dead, &job.encode()).await;
                     if queued.is_ok() {
@@ -213,6 +216,15 @@ async fn settle(handed_on: Result<(), Error>, delivery: &Delivery) {
     }
 }
 
+/// An endpoint as logs name it: its scheme, host and port, never its path
+/// or query, which may carry a token of the receiver's.
+fn origin(url: &str) -> String {
+    match url::Url::parse(url) {
+        Ok(parsed) => parsed.origin().ascii_serialization(),
+        Err(_) => "(not a url)".to_owned(),
+    }
+}
+
 /// One attempt: POSTs the payload with the Standard Webhooks headers.
 /// Anything but a 2xx answer within the timeout is a failure.
 async fn call(http: &reqwest::Client, key: &[u8], job: &Job) -> Result<(), String> {
@@ -227,7 +239,24 @@ async fn call(http: &reqwest::Client, key: &[u8], job: &Job) -> Result<(), Strin
         .body(job.payload.clone())
         .send()
         .await
-        .map_err(|e| if e.is_timeout() { "timed out".to_owned() } else { e.to_string() })?;
+        // Without the url: its path or query may hold a secret of the
+        // endpoint's (logs name the endpoint by its origin alone).
+        .map_err(|e| {
+            if e.is_timeout() { "timed out".to_owned() } else { e.without_url().to_string() }
+        })?;
     let status = answer.status();
     if status.is_success() { Ok(()) } else { Err(format!("answered {status}")) }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn logs_name_an_endpoint_by_its_origin_without_path_or_query() {
+        let logged = origin("https://hooks.example.com:8443/notify/in?token=s3cr3t");
+        assert_eq!(logged, "https://hooks.example.com:8443");
+        assert_eq!(origin("http://127.0.0.1:9/x"), "http://127.0.0.1:9");
+        assert_eq!(origin("not a url"), "(not a url)");
+    }
 }

@@ -27,6 +27,7 @@ macro_rules! asset {
 const ASSETS: &[Asset] = &[
     asset!("app.js", "text/javascript; charset=utf-8"),
     asset!("app.css", "text/css; charset=utf-8"),
+    asset!("favicon.svg", "image/svg+xml"),
     asset!("vendor/uplot/uPlot.esm.js", "text/javascript; charset=utf-8"),
     asset!("vendor/uplot/uPlot.min.css", "text/css; charset=utf-8"),
     asset!("vendor/uplot/LICENSE", "text/plain; charset=utf-8"),
@@ -38,6 +39,12 @@ fn etag(body: &[u8]) -> String {
         (hash ^ u64::from(*byte)).wrapping_mul(0x0100_0000_01b3)
     });
     format!("\"{hash:016x}\"")
+}
+
+/// `GET /favicon.ico`, which browsers ask for on every page: the console's
+/// icon (an SVG, which they take under that name too).
+pub(crate) async fn favicon(headers: HeaderMap) -> Response {
+    serve(Path("favicon.svg".to_owned()), headers).await
 }
 
 /// `GET /console/assets/{file}` (no session needed: nothing in them is

@@ -28,9 +28,10 @@ mod views;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use axum::Router;
+use axum::extract::DefaultBodyLimit;
 use axum::http::{HeaderMap, HeaderName, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Redirect, Response};
 use axum::routing::{get, post};
@@ -106,8 +107,12 @@ pub fn router(ctx: Context, shutdown: CancellationToken) -> Router {
         .route("/console/users", get(pages::user))
         .route("/console/groups", get(pages::group))
         .route("/console/shards", get(pages::shards))
-        .route("/console/csp-report", post(csp_report))
+        .route(
+            "/console/csp-report",
+            post(csp_report).layer(DefaultBodyLimit::max(CSP_REPORT_MAX_BYTES)),
+        )
         .route("/console/assets/{*file}", get(assets::serve))
+        .route("/favicon.ico", get(assets::favicon))
         .fallback(|| async { pages::not_found() })
         .layer(axum::middleware::map_response(security_headers))
         .with_state(console)
@@ -144,10 +149,31 @@ async fn security_headers(mut response: Response) -> Response {
     response
 }
 
-/// Counts (and logs) a Content-Security-Policy violation a browser reports.
+/// The largest Content-Security-Policy report taken (a browser's is well
+/// under 2 KB; a larger body is refused with 413 before it is read whole).
+const CSP_REPORT_MAX_BYTES: usize = 8 * 1024;
+
+/// How often a violation report is logged at most: anyone can post them
+/// (browsers send them without a session), so they are counted, and only a
+/// sample reaches the log.
+const CSP_REPORT_LOG_EVERY: Duration = Duration::from_secs(60);
+
+/// Counts a Content-Security-Policy violation a browser reports, and logs
+/// one at most every [`CSP_REPORT_LOG_EVERY`].
 async fn csp_report(body: String) -> impl IntoResponse {
     metrics::counter!("notify_console_csp_violations_total").increment(1);
-    let report: String = body.chars().take(1000).collect();
-    warn!(report = %report, "console content security policy violation");
+    static LAST_LOGGED: std::sync::Mutex<Option<Instant>> = std::sync::Mutex::new(None);
+    let log = {
+        let mut last = LAST_LOGGED.lock().unwrap_or_else(|e| e.into_inner());
+        let due = last.is_none_or(|at| at.elapsed() >= CSP_REPORT_LOG_EVERY);
+        if due {
+            *last = Some(Instant::now());
+        }
+        due
+    };
+    if log {
+        let report: String = body.chars().take(1000).collect();
+        warn!(report = %report, "console content security policy violation (others in the next minute are only counted)");
+    }
     StatusCode::NO_CONTENT
 }

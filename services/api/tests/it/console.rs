@@ -286,6 +286,14 @@ async fn every_response_carries_the_security_headers_and_nothing_inline() {
         "notify_console_csp_violations_total",
     );
     assert!(after > before, "{before} -> {after}");
+    // A report is bounded: a body over 8 KiB is refused before it is read.
+    let huge = format!(r#"{{"csp-report":{{"script-sample":"{}"}}}}"#, "x".repeat(9 * 1024));
+    let page = anonymous.post("/console/csp-report", &[("report", &huge)], Origin::Unknown).await;
+    assert_eq!(page.status, 413);
+    // The icon every page's browser asks for.
+    let icon = anonymous.get("/favicon.ico").await;
+    assert_eq!((icon.status, icon.header("content-type")), (200, Some("image/svg+xml")));
+    assert!(icon.body.starts_with("<svg"));
     console.app.cleanup().await;
 }
 

@@ -57,6 +57,17 @@ pub(crate) fn read_slot(user_id: u64) -> u64 {
     1 + user_id % (STATS_SLOTS - 1)
 }
 
+/// Stats rows an announcement's materializations count in, past the
+/// chunks' and the reads' slots: every user who opens the inbox right
+/// after an announcement materializes it at once, so its count is spread
+/// wider than a send's reads.
+pub const MATERIALIZE_SLOTS: u64 = 64;
+
+/// The stats row a user's materialization of an announcement counts in.
+pub(crate) fn materialize_slot(user_id: u64) -> u64 {
+    STATS_SLOTS + user_id % MATERIALIZE_SLOTS
+}
+
 /// One chunk about to be stored.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ChunkPlan {
@@ -1423,5 +1434,17 @@ mod tests {
         assert_eq!(next_page_from(&[0]), Some(1));
         assert_eq!(next_page_from(&[3, 7, 9]), Some(10));
         assert_eq!(next_page_from(&[u64::MAX - 1, u64::MAX]), None);
+    }
+
+    #[test]
+    fn stats_slots_keep_apart_totals_chunks_reads_and_materializations() {
+        // Slot 0 holds the totals, 1..8 chunks and reads (by chunk or user),
+        // 8.. an announcement's materializations: every one fits the column.
+        let reads: Vec<u64> = (0..1000).map(read_slot).collect();
+        let materialized: Vec<u64> = (0..1000).map(materialize_slot).collect();
+        assert!(reads.iter().all(|slot| (1..STATS_SLOTS).contains(slot)));
+        assert!(materialized.iter().all(|slot| (STATS_SLOTS..=u64::from(u8::MAX)).contains(slot)));
+        let spread: std::collections::HashSet<&u64> = materialized.iter().collect();
+        assert_eq!(spread.len() as u64, MATERIALIZE_SLOTS);
     }
 }

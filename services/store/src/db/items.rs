@@ -377,11 +377,10 @@ pub async fn materialize(
             row.push_bind(*id).push_bind(user_id);
         });
         recipients.build().execute(&mut *tx).await?;
-        // In the user's slot, as the user's reads count: the first reads of
-        // a new announcement come all at once, and one row for all of them
-        // would queue every materialization behind one lock held to its
-        // commit.
-        let slot = super::chunks::read_slot(user_id);
+        // In one of many slots, by user: the first reads of a new
+        // announcement come all at once, and one row for all of them would
+        // queue every materialization behind one lock held to its commit.
+        let slot = super::chunks::materialize_slot(user_id);
         let mut stats =
             QueryBuilder::new("INSERT INTO message_shard_stats (message_id, slot, delivered) ");
         stats.push_values(&allowed, |mut row, id| {

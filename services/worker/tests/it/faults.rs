@@ -265,7 +265,10 @@ async fn mysql_connections_killed_mid_chunk_transaction_lose_and_double_nothing(
     let mut settings = test_settings();
     settings.send.chunk_size = 200;
     let app = spawn_app_with(settings, true).await;
-    let admin = sqlx::MySqlPool::connect("mysql://root@127.0.0.1:3306").await.unwrap();
+    // The account the scripts make: it sees the server's transactions
+    // (PROCESS) and may kill its own connections, the services' too.
+    let account = app.settings.shard_server_url(&app.settings.database.shards[0]);
+    let admin = sqlx::MySqlPool::connect(&account).await.unwrap();
     let databases: Vec<String> =
         app.settings.database.shards.iter().map(|s| s.database.clone()).collect();
     let total = 20_000u64;
