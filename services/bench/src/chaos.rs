@@ -1054,7 +1054,7 @@ async fn badges(
             "SELECT COUNT(*), CAST(COALESCE(SUM(i.is_seen = 0), 0) AS SIGNED) \
              FROM message_items i JOIN message_contents c ON c.message_id = i.message_id \
              WHERE i.user_id = ? AND i.is_read = 0 AND i.is_archived = 0 \
-             AND i.deleted_at IS NULL AND i.is_deleted = 0 AND c.revoked = 0 \
+             AND i.is_deleted = 0 AND c.revoked = 0 \
              AND (i.expire_at IS NULL OR i.expire_at > UTC_TIMESTAMP(3))",
         )
         .bind(user)

@@ -198,8 +198,7 @@ async fn body(
 async fn feed_cost(pool: &MySqlPool, args: &ItemsArgs) -> anyhow::Result<String> {
     use notify_store::db::item_updates::{Action, Target, update};
     let ids: Vec<u64> = sqlx::query_scalar(
-        "SELECT message_id FROM message_items WHERE user_id = ? AND deleted_at IS NULL \
-         AND is_deleted = 0 \
+        "SELECT message_id FROM message_items WHERE user_id = ? AND is_deleted = 0 \
          ORDER BY message_id DESC LIMIT 10",
     )
     .bind(args.user)

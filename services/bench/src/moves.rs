@@ -203,7 +203,7 @@ async fn raw_copy(
     sqlx::query("CREATE TABLE bench_raw_copy LIKE message_items").execute(target).await?;
     let started = Instant::now();
     let mut rows = sqlx::query_as::<_, (String,)>(
-        "SELECT JSON_ARRAY(user_id, message_id, is_read, category, created_at, read_at, expire_at) \
+        "SELECT JSON_ARRAY(user_id, message_id, is_read, category, created_at, read_time, expire_at) \
          FROM message_items WHERE bucket BETWEEN ? AND ?",
     )
     .bind(args.from)
@@ -211,10 +211,10 @@ async fn raw_copy(
     .fetch(source);
     let mut page = Vec::with_capacity(500);
     let mut copied = 0;
-    let insert = "INSERT INTO bench_raw_copy (user_id, message_id, is_read, category, created_at, read_at, expire_at) \
+    let insert = "INSERT INTO bench_raw_copy (user_id, message_id, is_read, category, created_at, read_time, expire_at) \
          SELECT * FROM JSON_TABLE(?, '$[*]' COLUMNS (user_id BIGINT UNSIGNED PATH '$[0]', \
          message_id BIGINT UNSIGNED PATH '$[1]', is_read TINYINT PATH '$[2]', category VARCHAR(64) PATH '$[3]', \
-         created_at DATETIME(3) PATH '$[4]', read_at DATETIME(3) PATH '$[5]', expire_at DATETIME(3) PATH '$[6]')) AS j";
+         created_at DATETIME(3) PATH '$[4]', read_time DATETIME(3) PATH '$[5]', expire_at DATETIME(3) PATH '$[6]')) AS j";
     while let Some((row,)) = rows.try_next().await? {
         page.push(row);
         if page.len() == 500 {

@@ -209,7 +209,7 @@ async fn mysql_badges(settings: &Settings, n: u64) -> anyhow::Result<HashMap<u64
             "SELECT i.user_id, COUNT(*), CAST(COALESCE(SUM(i.is_seen = 0), 0) AS SIGNED) \
              FROM message_items i JOIN message_contents c ON c.message_id = i.message_id \
              WHERE i.user_id BETWEEN 1 AND ? AND i.is_read = 0 AND i.is_archived = 0 \
-             AND i.deleted_at IS NULL AND i.is_deleted = 0 AND c.revoked = 0 \
+             AND i.is_deleted = 0 AND c.revoked = 0 \
              AND (i.expire_at IS NULL OR i.expire_at > UTC_TIMESTAMP(3)) GROUP BY i.user_id",
         )
         .bind(n)

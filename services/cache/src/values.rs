@@ -23,8 +23,7 @@ impl Counts {
 }
 
 /// A cached `epoch:unread:unseen` as counts, if they were counted under
-/// `epoch`. Any other shape (the `epoch:count` of versions before unseen
-/// existed, written by an old replica during a rollout) is a miss.
+/// `epoch`. Any other shape is a miss.
 pub(crate) fn count_at(value: Option<&str>, epoch: u64) -> Option<Counts> {
     let mut parts = value?.split(':');
     let (counted_at, unread, unseen) = (parts.next()?, parts.next()?, parts.next()?);

@@ -25,7 +25,7 @@ use crate::context::Context;
 use crate::send::{self, Created, NewSend};
 use notify_domain::domain::{Lane, MessageId, SendStatus};
 use notify_domain::error::{Error, Result};
-use notify_store::db::{chunks, items, messages, preferences};
+use notify_store::db::{chunks, items, messages};
 
 /// How long the active list stays cached (it is also refreshed on change).
 const ACTIVE_LIST_TTL_SECS: u64 = 30;
@@ -185,24 +185,19 @@ fn to_ms(at: NaiveDateTime) -> i64 {
 
 /// Live announcements the user has no item for yet and that the user's
 /// preferences let through (a muted category, unless critical, or sent
-/// before the user was erased: never materialized, never counted).
+/// before the user was erased: never materialized, never counted): one
+/// query on the user's shard.
 pub async fn unmaterialized(ctx: &Context, user_id: u64, live: &[Active]) -> Result<Vec<Active>> {
     if live.is_empty() {
         return Ok(Vec::new());
     }
     let pool = ctx.pools.for_user(user_id);
     let ids: Vec<u64> = live.iter().map(|a| a.message_id).collect();
-    let present = items::present(&*pool, user_id, &ids).await?;
-    let missing: Vec<&Active> = live.iter().filter(|a| !present.contains(&a.message_id)).collect();
-    if missing.is_empty() {
-        return Ok(Vec::new());
-    }
-    let suppression = preferences::suppression(&*pool, user_id).await?;
-    Ok(missing
-        .into_iter()
-        .filter(|a| !suppression.holds_back(a.message_id, &a.category, a.critical))
-        .cloned()
-        .collect())
+    let missing = notify_store::db::retry_read_on_broken_connection(|| {
+        items::missing_announcements(&pool, user_id, &ids)
+    })
+    .await?;
+    Ok(live.iter().filter(|a| missing.contains(&a.message_id)).cloned().collect())
 }
 
 /// Materializes the user's missing live announcements (one transaction on the

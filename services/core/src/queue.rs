@@ -59,9 +59,7 @@ pub struct ChunkTask {
     #[serde(rename = "s")]
     pub shard: u32,
     /// What to do with it: deliver (the default, left out of the body) or
-    /// recall. A worker of the version before recalls existed reads a recall
-    /// task as a delivery, finds the send not sending and drops it; the
-    /// sweeper publishes it again for a worker that knows it.
+    /// recall.
     #[serde(rename = "k", default, skip_serializing_if = "TaskKind::is_deliver")]
     pub kind: TaskKind,
     /// A recall task published by the recall itself once every cached

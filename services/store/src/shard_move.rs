@@ -764,10 +764,12 @@ impl<'p> Mover<'p> {
     async fn copy_announcements(&self, from: u32, to: u32) -> Result<()> {
         let mut ids = Vec::new();
         for (_, pool) in self.pools.iter() {
-            let found: Vec<u64> =
-                sqlx::query_scalar("SELECT message_id FROM messages WHERE audience = 2")
-                    .fetch_all(pool)
-                    .await?;
+            let found: Vec<u64> = sqlx::query_scalar(concat!(
+                "SELECT message_id FROM messages WHERE audience = ",
+                crate::audience!(ALL_USERS)
+            ))
+            .fetch_all(pool)
+            .await?;
             ids.extend(found);
         }
         let map = latest(self.pools).await?.map;

@@ -504,7 +504,7 @@ impl TestApp {
             "SELECT COUNT(*) FROM message_items i \
              JOIN message_contents c ON c.message_id = i.message_id \
              WHERE i.user_id = ? AND i.is_read = 0 AND i.is_archived = 0 \
-             AND i.deleted_at IS NULL AND i.is_deleted = 0 AND c.revoked = 0 \
+             AND i.is_deleted = 0 AND c.revoked = 0 \
              AND (i.expire_at IS NULL OR i.expire_at > UTC_TIMESTAMP(3))",
         )
         .bind(user_id)

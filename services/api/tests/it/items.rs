@@ -23,8 +23,7 @@ pub struct Stored {
 pub async fn stored(app: &TestApp, user_id: u64) -> BTreeMap<u64, Stored> {
     let pool = app.ctx.pools.for_user(user_id);
     let rows: Vec<(u64, bool, bool, bool, bool)> = sqlx::query_as(
-        "SELECT message_id, is_seen OR is_read, is_read, is_archived, \
-         deleted_at IS NOT NULL OR is_deleted = 1 \
+        "SELECT message_id, is_seen, is_read, is_archived, is_deleted = 1 \
          FROM message_items WHERE user_id = ?",
     )
     .bind(user_id)
@@ -44,8 +43,7 @@ pub async fn truth(app: &TestApp, user_id: u64) -> (u64, u64) {
         "SELECT CAST(COALESCE(SUM(i.is_read = 0), 0) AS SIGNED), \
          CAST(COALESCE(SUM(i.is_read = 0 AND i.is_seen = 0), 0) AS SIGNED) \
          FROM message_items i JOIN message_contents c ON c.message_id = i.message_id \
-         WHERE i.user_id = ? AND i.is_archived = 0 AND i.deleted_at IS NULL \
-         AND i.is_deleted = 0 AND c.revoked = 0 \
+         WHERE i.user_id = ? AND i.is_archived = 0 AND i.is_deleted = 0 AND c.revoked = 0 \
          AND (i.expire_at IS NULL OR i.expire_at > UTC_TIMESTAMP(3))",
     )
     .bind(user_id)
@@ -494,9 +492,7 @@ async fn counts_leave_out_revoked_messages_in_every_state() {
     set(many, &[sends[1], sends[6]], "is_seen = 1").await;
     set(many, &[sends[2], sends[7]], "is_read = 1, is_seen = 1").await;
     set(many, &[sends[3], sends[8]], "is_archived = 1").await;
-    // Deleted by a pod of the build before, and by this one.
-    set(many, &[sends[4]], "deleted_at = UTC_TIMESTAMP(3)").await;
-    set(many, &[sends[9]], "is_deleted = 1").await;
+    set(many, &[sends[4], sends[9]], "is_deleted = 1").await;
     set(many, &[sends[5]], "expire_at = UTC_TIMESTAMP(3) - INTERVAL 1 HOUR").await;
     // `few`: one plain item unread, and two unread but revoked (one seen).
     set(few, &sends[2..10], "is_read = 1, is_seen = 1").await;
@@ -527,21 +523,19 @@ async fn counts_leave_out_revoked_messages_in_every_state() {
 }
 
 /// Marking items changes their rows alone: no index of the items holds a
-/// state (a read or unread of 10,000 items moved 10,000 entries of
-/// `idx_items_unread` while it held `is_read`, half of the update's time).
+/// state (an index over `is_read` would move 10,000 entries on a read of
+/// 10,000 items, half of the update's time).
 #[tokio::test]
 async fn no_index_of_the_items_holds_a_state() {
     let app = spawn_app().await;
     let states = [
         "is_seen",
-        "seen_at",
         "seen_time",
         "is_read",
-        "read_at",
         "read_time",
         "is_archived",
-        "archived_at",
         "archived_time",
+        "is_deleted",
     ];
     for (shard, pool) in app.ctx.pools.iter() {
         let indexed: Vec<(String, String)> = sqlx::query_as(
@@ -563,17 +557,18 @@ async fn no_index_of_the_items_holds_a_state() {
     app.cleanup().await;
 }
 
-/// Items the user changed that have a NULL time column set: what grows a
-/// row when it is set (InnoDB stores nothing for a NULL).
-async fn grown(app: &TestApp, user_id: u64) -> i64 {
-    let pool = app.ctx.pools.for_user(user_id);
+/// The columns of `message_items` an action sets that may hold NULL:
+/// setting one from NULL grows the row (InnoDB stores nothing for a NULL)
+/// and splits full pages under a bulk update, so there must be none.
+async fn nullable_state_columns(app: &TestApp) -> Vec<String> {
+    let (_, pool) = app.ctx.pools.iter().next().unwrap();
     sqlx::query_scalar(
-        "SELECT COUNT(*) FROM message_items WHERE user_id = ? \
-         AND (seen_at IS NOT NULL OR read_at IS NOT NULL OR archived_at IS NOT NULL \
-         OR deleted_at IS NOT NULL)",
+        "SELECT CAST(COLUMN_NAME AS CHAR) FROM information_schema.COLUMNS \
+         WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME = 'message_items' AND IS_NULLABLE = 'YES' \
+         AND COLUMN_NAME IN ('is_seen', 'seen_time', 'is_read', 'read_time', 'is_archived', \
+         'archived_time', 'is_deleted')",
     )
-    .bind(user_id)
-    .fetch_one(pool.value())
+    .fetch_all(pool)
     .await
     .unwrap()
 }
@@ -590,8 +585,8 @@ async fn shown(app: &TestApp, user_id: u64, message_id: u64) -> v1::InboxItem {
     page.items.into_iter().find(|item| item.message_id == message_id).expect("item listed")
 }
 
-/// Every action, by ids and by filter, changes the times in the never-NULL
-/// columns only, so no row grows; and the times shown follow the states.
+/// Every action, by ids and by filter, changes never-NULL columns only, so
+/// no row grows; and the times shown follow the states.
 #[tokio::test]
 async fn actions_change_times_in_place_and_show_them() {
     let app = spawn_app().await;
@@ -599,6 +594,7 @@ async fn actions_change_times_in_place_and_show_them() {
     let a = deliver(&app, &[user], "billing").await;
     let b = deliver(&app, &[user], "billing").await;
     let all = Some(v1::ItemFilter { view: v1::InboxView::All as i32, ..Default::default() });
+    assert_eq!(nullable_state_columns(&app).await, Vec::<String>::new());
     let actions = [
         v1::ItemAction::MarkSeen,
         v1::ItemAction::MarkRead,
@@ -611,7 +607,6 @@ async fn actions_change_times_in_place_and_show_them() {
         assert_eq!(reply.changed, 1, "{action:?} by id");
         let reply = update(&app, user, action, Vec::new(), all.clone()).await;
         assert!(reply.changed >= 1, "{action:?} by filter changed {}", reply.changed);
-        assert_eq!(grown(&app, user).await, 0, "{action:?} set a NULL time column");
         for id in [a, b] {
             let item = shown(&app, user, id).await;
             assert_eq!(item.seen_at.is_some(), item.seen, "{action:?}: {item:?}");
@@ -624,99 +619,35 @@ async fn actions_change_times_in_place_and_show_them() {
         }
     }
     assert_eq!(served(&app, user).await, truth(&app, user).await);
-    // A delete too, once the contract step ran (the test's shards are
-    // contracted): the item is gone, its row the same size.
+    // A delete too: the item is gone, its row kept as a tombstone.
     let reply = update(&app, user, v1::ItemAction::Delete, vec![a], None).await;
     assert_eq!(reply.changed, 1);
     let reply = update(&app, user, v1::ItemAction::Delete, Vec::new(), all.clone()).await;
     assert_eq!(reply.changed, 1);
-    assert_eq!(grown(&app, user).await, 0, "a delete set deleted_at");
     assert_eq!(stored(&app, user).await.values().filter(|item| item.deleted).count(), 2);
     assert_eq!(listed(&app, user, all.as_ref().unwrap()).await, Vec::<u64>::new());
     assert_eq!(served(&app, user).await, (0, 0));
     app.cleanup().await;
 }
 
-/// What the build before reads of an item: seen_at, read_at, archived_at
-/// and deleted_at set.
-async fn old_columns(app: &TestApp, user_id: u64, message_id: u64) -> [bool; 4] {
-    let pool = app.ctx.pools.for_user(user_id);
-    let (seen, read, archived, deleted): (bool, bool, bool, bool) = sqlx::query_as(
-        "SELECT seen_at IS NOT NULL, read_at IS NOT NULL, archived_at IS NOT NULL, \
-         deleted_at IS NOT NULL FROM message_items WHERE user_id = ? AND message_id = ?",
-    )
-    .bind(user_id)
-    .bind(message_id)
-    .fetch_one(pool.value())
-    .await
-    .unwrap();
-    [seen, read, archived, deleted]
-}
-
-/// Until the contract step ran on a shard, every change there is written to
-/// the old columns too, which pods of the build before read (they hide a
-/// deleted item by `deleted_at`, count a read by `read_at`).
+/// Times follow their states: an unread or unarchive hides the read or
+/// archive time and keeps the first seen time; a later read or archive
+/// shows its own time.
 #[tokio::test]
-async fn before_the_contract_step_changes_reach_the_columns_of_the_build_before() {
-    let app = spawn_app().await;
-    let user = 5_100_203;
-    let a = deliver(&app, &[user], "billing").await;
-    let b = deliver(&app, &[user], "billing").await;
-    let pool = app.ctx.pools.for_user(user);
-    // The shard as it is between the expand migration and the contract step.
-    sqlx::query("DELETE FROM _notify_contract_migrations WHERE version = 20261129000025")
-        .execute(pool.value())
-        .await
-        .unwrap();
-    let steps = [
-        (v1::ItemAction::MarkSeen, [true, false, false, false]),
-        (v1::ItemAction::MarkRead, [true, true, false, false]),
-        (v1::ItemAction::MarkUnread, [true, false, false, false]),
-        (v1::ItemAction::Archive, [true, false, true, false]),
-        (v1::ItemAction::Unarchive, [true, false, false, false]),
-        (v1::ItemAction::Delete, [true, false, false, true]),
-    ];
-    for (action, old) in steps {
-        assert_eq!(update(&app, user, action, vec![a], None).await.changed, 1, "{action:?}");
-        assert_eq!(old_columns(&app, user, a).await, old, "after {action:?}");
-    }
-    let both = v1::ItemFilter { view: v1::InboxView::All as i32, ..Default::default() };
-    assert_eq!(listed(&app, user, &both).await, [b]);
-    assert_eq!(served(&app, user).await, (1, 1));
-    assert_eq!(served(&app, user).await, truth(&app, user).await);
-    app.cleanup().await;
-}
-
-/// Items changed by pods of the build before (which write `seen_at`,
-/// `read_at` and `archived_at`) and then by this one show the later time,
-/// and a time only while its state holds: the other build's column is not
-/// cleared by this one's unread or unarchive.
-#[tokio::test]
-async fn times_written_by_the_build_before_read_as_the_later_of_both() {
+async fn times_show_while_their_state_holds_and_seen_stays_the_first() {
     let app = spawn_app().await;
     let user = 5_100_202;
     let a = deliver(&app, &[user], "billing").await;
-    let b = deliver(&app, &[user], "billing").await;
-    // What the build before wrote, an hour ago, as its read and archive do.
+    // Seen, read and archived an hour ago.
     let pool = app.ctx.pools.for_user(user);
     sqlx::query(
-        "UPDATE message_items SET is_seen = 1, seen_at = UTC_TIMESTAMP(3) - INTERVAL 1 HOUR, \
-         is_read = 1, read_at = UTC_TIMESTAMP(3) - INTERVAL 1 HOUR, \
-         is_archived = 1, archived_at = UTC_TIMESTAMP(3) - INTERVAL 1 HOUR \
+        "UPDATE message_items SET is_seen = 1, seen_time = UTC_TIMESTAMP(3) - INTERVAL 1 HOUR, \
+         is_read = 1, read_time = UTC_TIMESTAMP(3) - INTERVAL 1 HOUR, \
+         is_archived = 1, archived_time = UTC_TIMESTAMP(3) - INTERVAL 1 HOUR \
          WHERE user_id = ? AND message_id = ?",
     )
     .bind(user)
     .bind(a)
-    .execute(pool.value())
-    .await
-    .unwrap();
-    // Read before seen existed: seen is the read's time.
-    sqlx::query(
-        "UPDATE message_items SET is_read = 1, read_at = UTC_TIMESTAMP(3) - INTERVAL 2 HOUR \
-         WHERE user_id = ? AND message_id = ?",
-    )
-    .bind(user)
-    .bind(b)
     .execute(pool.value())
     .await
     .unwrap();
@@ -725,17 +656,13 @@ async fn times_written_by_the_build_before_read_as_the_later_of_both() {
     let old_read = before.read_at.as_ref().map(seconds).expect("read shown");
     let old_seen = before.seen_at.as_ref().map(seconds).expect("seen shown");
     assert!(before.archived_at.is_some());
-    let b_item = shown(&app, user, b).await;
-    assert_eq!(b_item.seen_at, b_item.read_at, "seen is the read's time");
 
-    update(&app, user, v1::ItemAction::MarkUnread, vec![a, b], None).await;
+    update(&app, user, v1::ItemAction::MarkUnread, vec![a], None).await;
     update(&app, user, v1::ItemAction::Unarchive, vec![a], None).await;
     let unread = shown(&app, user, a).await;
     assert_eq!((unread.read, unread.read_at), (false, None), "{unread:?}");
     assert_eq!((unread.archived, unread.archived_at), (false, None), "{unread:?}");
     assert_eq!(unread.seen_at.as_ref().map(seconds), Some(old_seen), "{unread:?}");
-    let b_unread = shown(&app, user, b).await;
-    assert_eq!(b_unread.seen_at, b_item.read_at, "the read's time stays the seen time");
 
     update(&app, user, v1::ItemAction::MarkRead, vec![a], None).await;
     update(&app, user, v1::ItemAction::Archive, vec![a], None).await;

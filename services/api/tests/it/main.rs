@@ -28,6 +28,7 @@ mod send;
 mod server;
 mod shard_map;
 mod shard_move;
+mod states;
 mod tls;
 mod traces;
 mod validation;

@@ -33,7 +33,7 @@ async fn badge_from_near_cache(app: &TestApp, user: u64) -> u64 {
 /// then the invalidation in Redis (as a worker's delivery does).
 async fn mark_read_elsewhere(app: &TestApp, elsewhere: &Cache, user: u64) {
     sqlx::query(
-        "UPDATE message_items SET is_read = 1, read_at = UTC_TIMESTAMP(3) WHERE user_id = ?",
+        "UPDATE message_items SET is_read = 1, read_time = UTC_TIMESTAMP(3) WHERE user_id = ?",
     )
     .bind(user)
     .execute(&*app.ctx.pools.for_user(user))

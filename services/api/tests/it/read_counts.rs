@@ -190,15 +190,14 @@ async fn an_item_expiring_between_a_filtered_reads_statements_is_read_and_counte
 
 /// What a process killed right after a filtered read's commit leaves: the
 /// items read and the row waiting, nobody to count it at once. The row's
-/// ids as versions before this one wrote them (`JSON_ARRAYAGG`; this one
-/// joins them with `GROUP_CONCAT`, the same text), which a rollout leaves
-/// for the new pods to count.
+/// ids are a JSON array, as the update's `GROUP_CONCAT` between brackets
+/// writes them.
 async fn read_and_leave_waiting(app: &TestApp, user_id: u64) {
     let pool = app.ctx.pools.for_user(user_id);
     let mut tx = pool.value().begin().await.unwrap();
     sqlx::query(
         "INSERT INTO read_backlog (user_id, delta, message_ids) \
-         SELECT user_id, 1, JSON_ARRAYAGG(message_id) FROM message_items \
+         SELECT user_id, 1, CONCAT('[', GROUP_CONCAT(message_id), ']') FROM message_items \
          WHERE user_id = ? AND is_read = 0 GROUP BY user_id",
     )
     .bind(user_id)
@@ -206,7 +205,7 @@ async fn read_and_leave_waiting(app: &TestApp, user_id: u64) {
     .await
     .unwrap();
     sqlx::query(
-        "UPDATE message_items SET is_read = 1, is_seen = 1, read_at = UTC_TIMESTAMP(3) \
+        "UPDATE message_items SET is_read = 1, is_seen = 1, read_time = UTC_TIMESTAMP(3) \
          WHERE user_id = ? AND is_read = 0",
     )
     .bind(user_id)

@@ -164,15 +164,40 @@ async fn migrate_twice_changes_nothing_the_second_time() {
     notify_store::db::drop_all(&settings).await.unwrap();
 }
 
-/// Whether `idx_items_unread` is on each shard of `settings`.
-async fn unread_index_on_each_shard(settings: &notify_domain::Settings) -> Vec<bool> {
+/// A shard a development build migrated before the schema was one file is
+/// refused with a line that says what to do, and nothing is applied to it.
+#[tokio::test]
+async fn a_shard_migrated_by_a_build_before_the_one_file_schema_is_refused_plainly() {
+    let settings = test_settings();
+    notify_store::db::migrate_all(&settings).await.unwrap();
+    let shard = &settings.database.shards[1];
+    let url = format!("{}/{}", settings.shard_server_url(shard), shard.database);
+    let mut conn = <sqlx::MySqlConnection as sqlx::Connection>::connect(&url).await.unwrap();
+    sqlx::query(
+        "INSERT INTO _sqlx_migrations (version, description, success, checksum, execution_time) \
+         VALUES (20261122000001, 'init', TRUE, X'00', 1)",
+    )
+    .execute(&mut conn)
+    .await
+    .unwrap();
+    let refused = notify_store::db::migrate_all(&settings).await.unwrap_err().to_string();
+    assert!(refused.contains(&shard.database), "{refused}");
+    assert!(
+        refused.contains("20261122000001") && refused.contains("drop that database"),
+        "{refused}"
+    );
+    notify_store::db::drop_all(&settings).await.unwrap();
+}
+
+/// Whether `idx_contract_test` is on each shard of `settings`.
+async fn test_index_on_each_shard(settings: &notify_domain::Settings) -> Vec<bool> {
     let mut found = Vec::new();
     for shard in &settings.database.shards {
         let url = format!("{}/{}", settings.shard_server_url(shard), shard.database);
         let mut conn = <sqlx::MySqlConnection as sqlx::Connection>::connect(&url).await.unwrap();
         let count: i64 = sqlx::query_scalar(
             "SELECT COUNT(*) FROM information_schema.STATISTICS WHERE TABLE_SCHEMA = DATABASE() \
-             AND TABLE_NAME = 'message_items' AND INDEX_NAME = 'idx_items_unread'",
+             AND TABLE_NAME = 'message_items' AND INDEX_NAME = 'idx_contract_test'",
         )
         .fetch_one(&mut conn)
         .await
@@ -186,13 +211,32 @@ async fn unread_index_on_each_shard(settings: &notify_domain::Settings) -> Vec<b
 /// of an older build reports (one of a build before replicas reported a
 /// schema version counts as older than any), waits for it up to its
 /// patience, defers it past that, and applies it once, on every shard.
+/// The migration is the test's own (an index an expand step "left for the
+/// old build", dropped by its contract), as a release's would be.
 #[tokio::test]
 async fn the_contract_step_waits_for_replicas_of_older_builds() {
-    use notify_store::db::contract::{CONTRACT, contract_all, schema_version};
+    use notify_store::db::contract::{contract_with, schema_version};
     let mut settings = test_settings();
     // Gone after 2 s of silence.
     settings.database.replica_lease_secs = 1;
     notify_store::db::migrate_all(&settings).await.unwrap();
+    for shard in &settings.database.shards {
+        let url = format!("{}/{}", settings.shard_server_url(shard), shard.database);
+        let mut conn = <sqlx::MySqlConnection as sqlx::Connection>::connect(&url).await.unwrap();
+        sqlx::raw_sql("ALTER TABLE message_items ADD INDEX idx_contract_test (user_id, recalled)")
+            .execute(&mut conn)
+            .await
+            .unwrap();
+    }
+    let dir = std::env::temp_dir().join(format!("notify-contract-{}", rand::random::<u32>()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let version = schema_version();
+    std::fs::write(
+        dir.join(format!("{version}_drop_contract_test_index.sql")),
+        "ALTER TABLE message_items DROP INDEX IF EXISTS idx_contract_test",
+    )
+    .unwrap();
+    let contract = sqlx::migrate::Migrator::new(dir.as_path()).await.unwrap();
     let directory = &settings.database.shards[0];
     let url = format!("{}/{}", settings.shard_server_url(directory), directory.database);
     let pool = sqlx::MySqlPool::connect(&url).await.unwrap();
@@ -202,21 +246,19 @@ async fn the_contract_step_waits_for_replicas_of_older_builds() {
          VALUES ('api new:1:a', 'api', 1, 0, ?, UTC_TIMESTAMP(3) + INTERVAL 1 HOUR), \
          ('worker old:2:b', 'worker', 1, 0, 0, UTC_TIMESTAMP(3) + INTERVAL 1 HOUR)",
     )
-    .bind(schema_version())
+    .bind(version)
     .execute(&pool)
     .await
     .unwrap();
-    let contract: Vec<i64> = CONTRACT.iter().map(|m| m.version).collect();
-    assert!(contract.contains(&20261129000023), "{contract:?}");
 
-    let held = contract_all(&settings, Duration::ZERO).await.unwrap();
+    let held = contract_with(&settings, &contract, Duration::ZERO).await.unwrap();
     let deferred: Vec<i64> = held.deferred.iter().map(|(version, _)| *version).collect();
-    assert_eq!(deferred, contract);
+    assert_eq!(deferred, [version]);
     let holding: Vec<_> =
         held.holding.iter().map(|h| (h.replica.as_str(), h.schema_version)).collect();
     assert_eq!(holding, [("worker old:2:b", 0)]);
     assert!(held.applied.iter().all(|(_, applied)| applied.is_empty()), "{:?}", held.applied);
-    assert_eq!(unread_index_on_each_shard(&settings).await, [true; 4]);
+    assert_eq!(test_index_on_each_shard(&settings).await, [true; 4]);
 
     // The old replica stops reporting; the step waits it out.
     sqlx::query(
@@ -226,18 +268,19 @@ async fn the_contract_step_waits_for_replicas_of_older_builds() {
     .await
     .unwrap();
     let started = std::time::Instant::now();
-    let done = contract_all(&settings, Duration::from_secs(60)).await.unwrap();
+    let done = contract_with(&settings, &contract, Duration::from_secs(60)).await.unwrap();
     assert!(started.elapsed() >= Duration::from_secs(1), "it waited: {:?}", started.elapsed());
     assert!(done.deferred.is_empty() && done.holding.is_empty(), "{done:?}");
     assert_eq!(done.applied.len(), 4);
-    assert!(done.applied.iter().all(|(_, applied)| *applied == contract), "{:?}", done.applied);
-    assert_eq!(unread_index_on_each_shard(&settings).await, [false; 4]);
+    assert!(done.applied.iter().all(|(_, applied)| *applied == [version]), "{:?}", done.applied);
+    assert_eq!(test_index_on_each_shard(&settings).await, [false; 4]);
 
     // Once: nothing again, whoever reports.
-    let again = contract_all(&settings, Duration::ZERO).await.unwrap();
+    let again = contract_with(&settings, &contract, Duration::ZERO).await.unwrap();
     assert!(again.applied.iter().all(|(_, applied)| applied.is_empty()), "{:?}", again.applied);
     assert!(again.deferred.is_empty());
     pool.close().await;
+    std::fs::remove_dir_all(&dir).unwrap();
     notify_store::db::drop_all(&settings).await.unwrap();
 }
 

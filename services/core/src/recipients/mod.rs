@@ -5,8 +5,8 @@
 //! or the reads recorded by message, or an announcement's materializations;
 //! a delivered user's state comes from what their chunk's apply recorded
 //! (when, and whom preferences held back) with the range of reads and
-//! erasures among the page's users, or, for a chunk applied before that was
-//! recorded, from a primary-key item lookup. So a page costs O(page) per
+//! erasures among the page's users, or, for a user two chunks delivered to,
+//! from a primary-key item lookup. So a page costs O(page) per
 //! shard whatever the filter and however few match (a sparse filter returns
 //! a shorter page with a token, never a longer scan), beside the index-only
 //! read of the chunk entries past the cursor (one per 500 recipients), which

@@ -265,7 +265,7 @@ pub(super) async fn from_candidates(
 /// (suppressed), or else erased since (suppressed), read (a read recorded by
 /// message) or unread, delivered when the chunk was applied: one range read
 /// per shard of the reads and erasures in the window's users. The others'
-/// items are looked up by primary key, as before chunks recorded this.
+/// items (users two chunks delivered to) are looked up by primary key.
 async fn settle(
     routes: &Snapshot<'_, MySqlPool>,
     direct: Option<&ShardConnections>,

@@ -261,10 +261,9 @@ async fn of_send(
             .or_insert(chunk_state);
     }
     // A delivered chunk without the user's item: held back (which its
-    // apply records, when this version applied it), or applied after the
-    // first round read the items. A third round (rare: only users whose
-    // chunk does not say) tells which; the chunk's apply committed its
-    // items. A recalled send's users read as recalled whatever their item.
+    // apply records), or applied after the first round read the items. A
+    // third round (rare: only users whose chunk does not say) tells which;
+    // the chunk's apply committed its items. A recalled send's users read as recalled whatever their item.
     let late: Vec<u64> = best
         .iter()
         .filter(|(user, state)| {

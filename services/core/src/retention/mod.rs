@@ -342,7 +342,13 @@ async fn delete_old_rows(
     // with their send, for a re-drive.
     report.chunks_deleted += delete_in_batches(
         pool,
-        "DELETE FROM message_chunks WHERE message_id < ? AND state IN (1, 3) LIMIT ?",
+        concat!(
+            "DELETE FROM message_chunks WHERE message_id < ? AND state IN (",
+            notify_store::chunk_state!(DONE),
+            ", ",
+            notify_store::chunk_state!(CANCELLED),
+            ") LIMIT ?"
+        ),
         horizon(now, settings.chunks_days),
     )
     .await?;
@@ -516,11 +522,17 @@ async fn delete_old_sends(
     let mut deleted = 0;
     for (_, home) in pools.iter() {
         loop {
-            let finished: Vec<u64> = sqlx::query_scalar(
+            let finished: Vec<u64> = sqlx::query_scalar(concat!(
                 "SELECT message_id FROM messages WHERE message_id < ? \
-                 AND (status IN (3, 4) OR (status = 0 AND start_requested = 0)) \
-                 ORDER BY message_id LIMIT 100",
-            )
+                 AND (status IN (",
+                notify_store::send_status!(COMPLETED),
+                ", ",
+                notify_store::send_status!(CANCELLED),
+                ") OR (status = ",
+                notify_store::send_status!(NOT_STARTED),
+                " AND start_requested = 0)) \
+                 ORDER BY message_id LIMIT 100"
+            ))
             .bind(below)
             .fetch_all(home)
             .await?;

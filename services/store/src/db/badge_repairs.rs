@@ -18,6 +18,10 @@ use notify_domain::error::Result;
 pub const RECORD: &str = "INSERT INTO badge_repairs (user_id, changed_at) \
     VALUES (?, UTC_TIMESTAMP(6)) ON DUPLICATE KEY UPDATE changed_at = VALUES(changed_at)";
 
+/// [`RECORD`] as a script's template ([`super::script`]): `{}` is the user.
+pub const RECORD_SCRIPT: &str = "INSERT INTO badge_repairs (user_id, changed_at) \
+    VALUES ({}, UTC_TIMESTAMP(6)) ON DUPLICATE KEY UPDATE changed_at = VALUES(changed_at)";
+
 /// Records `user_id` in the write's transaction `conn`.
 #[instrument(level = "debug", skip_all, fields(db.system = "mysql"))]
 pub async fn record(conn: &mut MySqlConnection, user_id: u64) -> Result<()> {

@@ -71,7 +71,8 @@ pub(crate) fn materialize_slot(user_id: u64) -> u64 {
 /// One chunk about to be stored.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ChunkPlan {
-    /// `batch_number << 16 | sequence`: unique within the message.
+    /// `batch_number << 20 | sequence` (the planner's `SEQUENCE_BITS`, in
+    /// `notify_core::send::plan`): unique within the message.
     pub chunk_id: u64,
     /// Sorted, distinct recipients on one shard.
     pub user_ids: Vec<u64>,
@@ -416,10 +417,12 @@ pub async fn apply(
     let (delivered, held_back) =
         write_items(&mut tx, message_id, &written, user_ids.clone(), hold).await?;
 
-    sqlx::query(
-        "UPDATE message_chunks SET state = 4, updated_at = UTC_TIMESTAMP(3), \
-         applied_at = ?, held_back = ? WHERE message_id = ? AND chunk_id = ?",
-    )
+    sqlx::query(concat!(
+        "UPDATE message_chunks SET state = ",
+        chunk_state!(UNSETTLED),
+        ", updated_at = UTC_TIMESTAMP(3), \
+         applied_at = ?, held_back = ? WHERE message_id = ? AND chunk_id = ?"
+    ))
     .bind(at)
     .bind(packed_held_back(&held_back))
     .bind(message_id.get())
@@ -544,9 +547,11 @@ pub async fn apply_many(
         done_chunks: pending.len() as u64,
     };
     let (delivered, held_back) = write_items(&mut tx, message_id, &written, all, hold).await?;
-    let mut update = QueryBuilder::new(
-        "UPDATE message_chunks SET state = 4, updated_at = UTC_TIMESTAMP(3), applied_at = ",
-    );
+    let mut update = QueryBuilder::new(concat!(
+        "UPDATE message_chunks SET state = ",
+        chunk_state!(UNSETTLED),
+        ", updated_at = UTC_TIMESTAMP(3), applied_at = "
+    ));
     update.push_bind(at);
     let held_by_chunk = held_by_chunk(&pending, &held_back);
     if !held_by_chunk.is_empty() {
@@ -948,15 +953,16 @@ pub async fn recipients_with_item(
 #[instrument(level = "debug", skip_all, fields(db.system = "mysql"))]
 pub async fn count_attempt(pool: &MySqlPool, message_id: MessageId, chunk_id: u64) -> Result<u32> {
     sqlx::query(
-        "UPDATE message_chunks SET attempts = attempts + 1 WHERE message_id = ? AND chunk_id = ? AND state = 0",
+        concat!("UPDATE message_chunks SET attempts = attempts + 1 WHERE message_id = ? AND chunk_id = ? AND state = ", chunk_state!(PENDING)),
     )
     .bind(message_id.get())
     .bind(chunk_id)
     .execute(pool)
     .await?;
-    let attempts: Option<u32> = sqlx::query_scalar(
-        "SELECT attempts FROM message_chunks WHERE message_id = ? AND chunk_id = ? AND state = 0",
-    )
+    let attempts: Option<u32> = sqlx::query_scalar(concat!(
+        "SELECT attempts FROM message_chunks WHERE message_id = ? AND chunk_id = ? AND state = ",
+        chunk_state!(PENDING)
+    ))
     .bind(message_id.get())
     .bind(chunk_id)
     .fetch_optional(pool)
@@ -1005,10 +1011,12 @@ async fn finish_pending(
     webhook: Option<Record<'_>>,
 ) -> Result<bool> {
     let mut tx = pool.begin().await?;
-    let chunk: Option<(u16, Vec<u8>)> = sqlx::query_as(
+    let chunk: Option<(u16, Vec<u8>)> = sqlx::query_as(concat!(
         "SELECT recipients, user_ids FROM message_chunks \
-         WHERE message_id = ? AND chunk_id = ? AND state = 0 FOR UPDATE",
-    )
+         WHERE message_id = ? AND chunk_id = ? AND state = ",
+        chunk_state!(PENDING),
+        " FOR UPDATE"
+    ))
     .bind(message_id.get())
     .bind(chunk_id)
     .fetch_optional(&mut *tx)
@@ -1183,9 +1191,11 @@ pub fn next_page_from(ids: &[u64]) -> Option<u64> {
 #[instrument(level = "debug", skip_all, fields(db.system = "mysql"))]
 pub async fn reset_failed(pool: &MySqlPool, message_id: MessageId) -> Result<Vec<u64>> {
     let mut tx = pool.begin().await?;
-    let failed: Vec<(u64, u16)> = sqlx::query_as(
-        "SELECT chunk_id, recipients FROM message_chunks WHERE message_id = ? AND state = 2 FOR UPDATE",
-    )
+    let failed: Vec<(u64, u16)> = sqlx::query_as(concat!(
+        "SELECT chunk_id, recipients FROM message_chunks WHERE message_id = ? AND state = ",
+        chunk_state!(FAILED),
+        " FOR UPDATE"
+    ))
     .bind(message_id.get())
     .fetch_all(&mut *tx)
     .await?;
@@ -1194,10 +1204,13 @@ pub async fn reset_failed(pool: &MySqlPool, message_id: MessageId) -> Result<Vec
         return Ok(Vec::new());
     }
     let recipients: u64 = failed.iter().map(|(_, r)| u64::from(*r)).sum();
-    sqlx::query(
-        "UPDATE message_chunks SET state = 0, attempts = 0, updated_at = UTC_TIMESTAMP(3) \
-         WHERE message_id = ? AND state = 2",
-    )
+    sqlx::query(concat!(
+        "UPDATE message_chunks SET state = ",
+        chunk_state!(PENDING),
+        ", attempts = 0, updated_at = UTC_TIMESTAMP(3) \
+         WHERE message_id = ? AND state = ",
+        chunk_state!(FAILED)
+    ))
     .bind(message_id.get())
     .execute(&mut *tx)
     .await?;
@@ -1228,10 +1241,12 @@ pub async fn pending_page(
 ) -> Result<Vec<u64>> {
     // The index holds (message_id, state) and then the primary key, so the
     // page is a range read in chunk id order.
-    Ok(sqlx::query_scalar(
+    Ok(sqlx::query_scalar(concat!(
         "SELECT chunk_id FROM message_chunks FORCE INDEX (idx_chunks_message_state) \
-         WHERE message_id = ? AND state = 0 AND chunk_id >= ? ORDER BY chunk_id LIMIT ?",
-    )
+         WHERE message_id = ? AND state = ",
+        chunk_state!(PENDING),
+        " AND chunk_id >= ? ORDER BY chunk_id LIMIT ?"
+    ))
     .bind(message_id.get())
     .bind(from)
     .bind(limit)
@@ -1243,9 +1258,10 @@ pub async fn pending_page(
 /// sweeper does not re-publish them before the timeout.
 #[instrument(level = "debug", skip_all, fields(db.system = "mysql"))]
 pub async fn touch_pending(pool: &MySqlPool, message_id: MessageId) -> Result<()> {
-    sqlx::query(
-        "UPDATE message_chunks SET updated_at = UTC_TIMESTAMP(3) WHERE message_id = ? AND state = 0",
-    )
+    sqlx::query(concat!(
+        "UPDATE message_chunks SET updated_at = UTC_TIMESTAMP(3) WHERE message_id = ? AND state = ",
+        chunk_state!(PENDING)
+    ))
     .bind(message_id.get())
     .execute(pool)
     .await?;
@@ -1259,8 +1275,14 @@ pub async fn has_pending(pool: &MySqlPool, message_id: MessageId) -> Result<bool
     let found: Option<u64> = sqlx::query_scalar(
         // Forced: on young tables the optimizer prefers the primary key and
         // scans every finished chunk of the send, after every chunk.
-        "SELECT chunk_id FROM message_chunks FORCE INDEX (idx_chunks_message_state) \
-         WHERE message_id = ? AND state IN (0, 4) LIMIT 1",
+        concat!(
+            "SELECT chunk_id FROM message_chunks FORCE INDEX (idx_chunks_message_state) \
+         WHERE message_id = ? AND state IN (",
+            chunk_state!(PENDING),
+            ", ",
+            chunk_state!(UNSETTLED),
+            ") LIMIT 1"
+        ),
     )
     .bind(message_id.get())
     .fetch_optional(pool)
@@ -1290,11 +1312,13 @@ async fn claim_stale_once(
     limit: u32,
 ) -> Result<Vec<(u64, u64)>> {
     let mut tx = pool.begin().await?;
-    let stale: Vec<(u64, u64)> = sqlx::query_as(
-        "SELECT message_id, chunk_id FROM message_chunks WHERE state = 0 \
+    let stale: Vec<(u64, u64)> = sqlx::query_as(concat!(
+        "SELECT message_id, chunk_id FROM message_chunks WHERE state = ",
+        chunk_state!(PENDING),
+        " \
          AND updated_at < UTC_TIMESTAMP(3) - INTERVAL ? SECOND ORDER BY updated_at LIMIT ? \
-         FOR UPDATE SKIP LOCKED",
-    )
+         FOR UPDATE SKIP LOCKED"
+    ))
     .bind(older_than_secs)
     .bind(limit)
     .fetch_all(&mut *tx)
@@ -1303,9 +1327,11 @@ async fn claim_stale_once(
         tx.rollback().await?;
         return Ok(stale);
     }
-    let mut update = QueryBuilder::new(
-        "UPDATE message_chunks SET updated_at = UTC_TIMESTAMP(3) WHERE state = 0 AND (message_id, chunk_id) IN (",
-    );
+    let mut update = QueryBuilder::new(concat!(
+        "UPDATE message_chunks SET updated_at = UTC_TIMESTAMP(3) WHERE state = ",
+        chunk_state!(PENDING),
+        " AND (message_id, chunk_id) IN ("
+    ));
     let mut pairs = update.separated(", ");
     for (message_id, chunk_id) in &stale {
         pairs.push("(").push_bind_unseparated(*message_id).push_unseparated(", ");
@@ -1321,10 +1347,13 @@ async fn claim_stale_once(
 /// badges have been invalidated.
 #[instrument(level = "debug", skip_all, fields(db.system = "mysql"))]
 pub async fn settle(pool: &MySqlPool, message_id: MessageId, chunk_id: u64) -> Result<()> {
-    sqlx::query(
-        "UPDATE message_chunks SET state = 1, updated_at = UTC_TIMESTAMP(3) \
-         WHERE message_id = ? AND chunk_id = ? AND state = 4",
-    )
+    sqlx::query(concat!(
+        "UPDATE message_chunks SET state = ",
+        chunk_state!(DONE),
+        ", updated_at = UTC_TIMESTAMP(3) \
+         WHERE message_id = ? AND chunk_id = ? AND state = ",
+        chunk_state!(UNSETTLED)
+    ))
     .bind(message_id.get())
     .bind(chunk_id)
     .execute(pool)
@@ -1339,10 +1368,14 @@ pub async fn settle_many(pool: &MySqlPool, message_id: MessageId, chunk_ids: &[u
     if chunk_ids.is_empty() {
         return Ok(());
     }
-    let mut update = QueryBuilder::new(
-        "UPDATE message_chunks SET state = 1, updated_at = UTC_TIMESTAMP(3) WHERE state = 4 \
-         AND message_id = ",
-    );
+    let mut update = QueryBuilder::new(concat!(
+        "UPDATE message_chunks SET state = ",
+        chunk_state!(DONE),
+        ", updated_at = UTC_TIMESTAMP(3) WHERE state = ",
+        chunk_state!(UNSETTLED),
+        " \
+         AND message_id = "
+    ));
     update.push_bind(message_id.get()).push(" AND chunk_id IN (");
     let mut ids = update.separated(", ");
     for chunk_id in chunk_ids {
@@ -1406,9 +1439,11 @@ pub async fn touch(pool: &MySqlPool, message_id: MessageId, chunk_ids: &[u64]) -
     if chunk_ids.is_empty() {
         return Ok(());
     }
-    let mut update = QueryBuilder::new(
-        "UPDATE message_chunks SET updated_at = UTC_TIMESTAMP(3) WHERE state = 0 AND message_id = ",
-    );
+    let mut update = QueryBuilder::new(concat!(
+        "UPDATE message_chunks SET updated_at = UTC_TIMESTAMP(3) WHERE state = ",
+        chunk_state!(PENDING),
+        " AND message_id = "
+    ));
     update.push_bind(message_id.get()).push(" AND chunk_id IN (");
     push_ids(&mut update, chunk_ids);
     update.push(")");
@@ -1444,7 +1479,7 @@ mod tests {
         let materialized: Vec<u64> = (0..1000).map(materialize_slot).collect();
         assert!(reads.iter().all(|slot| (1..STATS_SLOTS).contains(slot)));
         assert!(materialized.iter().all(|slot| (STATS_SLOTS..=u64::from(u8::MAX)).contains(slot)));
-        let spread: std::collections::HashSet<&u64> = materialized.iter().collect();
+        let spread: HashSet<&u64> = materialized.iter().collect();
         assert_eq!(spread.len() as u64, MATERIALIZE_SLOTS);
     }
 }

@@ -76,18 +76,28 @@ pub struct ContractReport {
 /// for both builds until it runs.
 #[instrument(level = "debug", skip_all, fields(db.system = "mysql"))]
 pub async fn contract_all(settings: &Settings, patience: Duration) -> Result<ContractReport> {
+    contract_with(settings, &CONTRACT, patience).await
+}
+
+/// [`contract_all`] with the contract migrations of `contract` (the
+/// build's are [`CONTRACT`]; a test brings its own).
+pub async fn contract_with(
+    settings: &Settings,
+    contract: &Migrator,
+    patience: Duration,
+) -> Result<ContractReport> {
     let expand = migrate_all(settings).await?;
-    let mut pending = not_applied(settings).await?;
+    let mut pending = not_applied(settings, contract).await?;
     let started = Instant::now();
     let mut holding = holding_back(settings, &pending).await?;
     while !holding.is_empty() && started.elapsed() < patience {
         tokio::time::sleep(Duration::from_secs(1).min(patience)).await;
-        pending = not_applied(settings).await?;
+        pending = not_applied(settings, contract).await?;
         holding = holding_back(settings, &pending).await?;
     }
     let floor = holding.iter().map(|h| h.schema_version).min();
     let allowed: Vec<Migration> =
-        CONTRACT.iter().filter(|m| floor.is_none_or(|floor| m.version <= floor)).cloned().collect();
+        contract.iter().filter(|m| floor.is_none_or(|floor| m.version <= floor)).cloned().collect();
     let mut applied = Vec::new();
     for (shard, report) in settings.database.shards.iter().zip(&expand) {
         let mut conn = MySqlConnection::connect_with(&shard_options(settings, shard)?).await?;
@@ -117,7 +127,7 @@ pub async fn contract_all(settings: &Settings, patience: Duration) -> Result<Con
 }
 
 /// Contract migrations not applied on every shard: version, description.
-async fn not_applied(settings: &Settings) -> Result<Vec<(i64, String)>> {
+async fn not_applied(settings: &Settings, contract: &Migrator) -> Result<Vec<(i64, String)>> {
     let mut done: Option<Vec<i64>> = None;
     for shard in &settings.database.shards {
         let mut conn = MySqlConnection::connect_with(&shard_options(settings, shard)?).await?;
@@ -129,7 +139,7 @@ async fn not_applied(settings: &Settings) -> Result<Vec<(i64, String)>> {
         });
     }
     let done = done.unwrap_or_default();
-    Ok(CONTRACT
+    Ok(contract
         .iter()
         .filter(|m| !done.contains(&m.version))
         .map(|m| (m.version, m.description.to_string()))

@@ -5,9 +5,8 @@
 //! An item is unseen -> seen -> read, and independently in the inbox or
 //! archived; a deleted item keeps its row as a tombstone (`is_deleted`), so
 //! that a redelivered chunk or an announcement's materialization never
-//! writes it again, and every read here leaves it out. Seen is
-//! `is_seen OR is_read`: reading implies seeing, and items read before
-//! seen existed need no backfill.
+//! writes it again, and every read here leaves it out. A read sets seen
+//! too.
 
 use chrono::NaiveDateTime;
 use sqlx::{FromRow, MySqlPool, QueryBuilder};
@@ -158,7 +157,7 @@ pub struct InboxQuery<'a> {
 
 /// The columns of an [`InboxRow`], selected from `i` and `c`.
 const ROW_COLUMNS: &str = concat!(
-    "i.message_id, (i.is_seen OR i.is_read) AS is_seen, ",
+    "i.message_id, i.is_seen, ",
     seen_time!("i"),
     " AS seen_at, i.is_read, ",
     read_time!("i"),
@@ -180,8 +179,7 @@ pub async fn list<'e>(
     // MariaDB skips weighing the other indexes on each execution (about a
     // tenth of a page's cost). Unread-only pages read the primary key too,
     // skipping read items: no index holds `is_read`, so that marking
-    // items read or unread changes their rows alone (migration
-    // `20261129000023_items_unread_index`).
+    // items read or unread changes their rows alone.
     let index = match query.filter.category {
         Some(_) => "idx_items_category",
         None => "PRIMARY",
@@ -316,15 +314,51 @@ pub async fn present<'e>(
     Ok(select.build_query_scalar().fetch_all(pool).await?)
 }
 
-/// Materializes announcements for a user in one transaction: locks the
-/// user's inbox-state row (so concurrent materializations queue), writes the
-/// items still missing that the user's preferences let through (an
-/// announcement in a muted category, unless critical, is neither shown nor
-/// counted; one sent before the user was erased never comes back) and
-/// records them as the announcements' recipients, bumps their stats and
-/// the user's watermark; with `repair` (Redis did not answer the caller's
-/// invalidation), records the user in [`super::badge_repairs`]. Returns how
-/// many items were written.
+/// Which of `message_ids` (live announcements) the user has no item for
+/// (a deleted one counts as had: it stays deleted) and the user's
+/// preferences let through, in ONE query on the user's shard: what a read
+/// must materialize. Nothing, the common case, means no write at all.
+#[instrument(level = "debug", skip_all, fields(db.system = "mysql"))]
+pub async fn missing_announcements(
+    pool: &MySqlPool,
+    user_id: u64,
+    message_ids: &[u64],
+) -> Result<Vec<u64>> {
+    if message_ids.is_empty() {
+        return Ok(Vec::new());
+    }
+    let mut select = QueryBuilder::new(
+        "SELECT c.message_id FROM message_contents c LEFT JOIN user_preferences p ON p.user_id = ",
+    );
+    select.push_bind(user_id).push(" WHERE c.revoked = 0 AND c.message_id IN (");
+    push_ids(&mut select, message_ids);
+    select.push(") AND ").push(preferences::LETS_THROUGH);
+    select.push(" AND NOT EXISTS (SELECT 1 FROM message_items i WHERE i.user_id = ");
+    select.push_bind(user_id).push(" AND i.message_id = c.message_id)");
+    Ok(select.build_query_scalar().fetch_all(pool).await?)
+}
+
+/// One statement of a materialization's script.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Step {
+    Begin,
+    Lock,
+    Item,
+    Other,
+    Commit,
+}
+
+/// Materializes announcements for a user in one transaction, sent as ONE
+/// script ([`super::script`]): locks the user's inbox-state row (so
+/// concurrent materializations of the user queue), and for each
+/// announcement writes the item if the user has none and their preferences
+/// let it through (an announcement in a muted category, unless critical, is
+/// neither shown nor counted; one sent before the user was erased never
+/// comes back), and only then, by the item statement's `ROW_COUNT()`,
+/// counts it in the announcement's stats and records the user among its
+/// recipients; then moves the user's watermark. With `repair` (Redis did
+/// not answer the caller's invalidation), records the user in
+/// [`super::badge_repairs`]. Returns how many items were written.
 #[instrument(level = "debug", skip_all, fields(db.system = "mysql"))]
 pub async fn materialize(
     pool: &MySqlPool,
@@ -332,75 +366,87 @@ pub async fn materialize(
     message_ids: &[u64],
     repair: bool,
 ) -> Result<u64> {
-    let mut tx = pool.begin().await?;
-    // Creates or exclusively locks the user's state row in one statement.
-    sqlx::query(
-        "INSERT INTO user_inbox_state (user_id) VALUES (?) \
-         ON DUPLICATE KEY UPDATE announcement_watermark = announcement_watermark",
-    )
-    .bind(user_id)
-    .execute(&mut *tx)
-    .await?;
-    let mut missing: Vec<u64> = message_ids.to_vec();
-    let present = present(&mut *tx, user_id, message_ids).await?;
-    missing.retain(|id| !present.contains(id));
-    if missing.is_empty() {
-        tx.rollback().await?;
+    if message_ids.is_empty() {
         return Ok(0);
     }
-    // Which of them the user's preferences let through, read under the
-    // state row's lock (a preference change locks the preferences row, and
-    // applies to what materializes after it).
-    let mut allowed = QueryBuilder::new(
-        "SELECT c.message_id FROM message_contents c LEFT JOIN user_preferences p \
-         ON p.user_id = ",
+    let (steps, text) = materialize_script(user_id, message_ids, repair);
+    let mut conn = pool.acquire().await?;
+    match super::script::run(&mut conn, steps.len(), text).await {
+        Ok(outcomes) => Ok(steps
+            .iter()
+            .zip(&outcomes)
+            .filter(|(step, _)| **step == Step::Item)
+            .map(|(_, outcome)| outcome.rows_affected)
+            .sum()),
+        Err((e, fit)) => {
+            if !fit {
+                conn.close_on_drop();
+            }
+            Err(e)
+        }
+    }
+}
+
+fn materialize_script(user_id: u64, message_ids: &[u64], repair: bool) -> (Vec<Step>, String) {
+    use super::script::{Arg, Script};
+    let user = Arg::Int(user_id);
+    // In one of many slots, by user: the first reads of a new announcement
+    // come all at once, and one row for all of them would queue every
+    // materialization behind one lock held to its commit.
+    let slot = Arg::Int(super::chunks::materialize_slot(user_id));
+    let mut script = Script::new();
+    script.push(Step::Begin, "START TRANSACTION", &[]);
+    // Creates or exclusively locks the user's state row in one statement.
+    script.push(
+        Step::Lock,
+        "INSERT INTO user_inbox_state (user_id) VALUES ({}) \
+         ON DUPLICATE KEY UPDATE announcement_watermark = announcement_watermark",
+        &[user],
     );
-    allowed.push_bind(user_id).push(" WHERE c.revoked = 0 AND c.message_id IN (");
-    push_ids(&mut allowed, &missing);
-    allowed.push(") AND ").push(preferences::LETS_THROUGH);
-    let allowed: Vec<u64> = allowed.build_query_scalar().fetch_all(&mut *tx).await?;
-    let mut written = 0;
-    if !allowed.is_empty() {
-        let mut insert = QueryBuilder::new(
-            "INSERT INTO message_items (user_id, message_id, category, expire_at) SELECT ",
+    for id in message_ids {
+        let id = Arg::Int(*id);
+        script.push(Step::Item, MATERIALIZE_ITEM, &[user, user, id, user]);
+        // Only when the item was written (the statement before changed a
+        // row), and then this one changes one or two: the next follows it.
+        script.push(
+            Step::Other,
+            "INSERT INTO message_shard_stats (message_id, slot, delivered) \
+             SELECT {}, {}, 1 FROM DUAL WHERE ROW_COUNT() > 0 \
+             ON DUPLICATE KEY UPDATE delivered = delivered + 1",
+            &[id, slot],
         );
-        insert
-            .push_bind(user_id)
-            .push(", message_id, category, expire_at FROM message_contents WHERE message_id IN (");
-        push_ids(&mut insert, &allowed);
-        insert.push(")");
-        written = insert.build().execute(&mut *tx).await?.rows_affected();
         // Who has the announcement: its recipients, in user order by message.
-        let mut recipients =
-            QueryBuilder::new("INSERT IGNORE INTO announcement_recipients (message_id, user_id) ");
-        recipients.push_values(&allowed, |mut row, id| {
-            row.push_bind(*id).push_bind(user_id);
-        });
-        recipients.build().execute(&mut *tx).await?;
-        // In one of many slots, by user: the first reads of a new
-        // announcement come all at once, and one row for all of them would
-        // queue every materialization behind one lock held to its commit.
-        let slot = super::chunks::materialize_slot(user_id);
-        let mut stats =
-            QueryBuilder::new("INSERT INTO message_shard_stats (message_id, slot, delivered) ");
-        stats.push_values(&allowed, |mut row, id| {
-            row.push_bind(*id).push_bind(slot).push_bind(1i64);
-        });
-        stats.push(" ON DUPLICATE KEY UPDATE delivered = delivered + VALUES(delivered)");
-        stats.build().execute(&mut *tx).await?;
+        script.push(
+            Step::Other,
+            "INSERT IGNORE INTO announcement_recipients (message_id, user_id) \
+             SELECT {}, {} FROM DUAL WHERE ROW_COUNT() > 0",
+            &[id, user],
+        );
     }
     if repair {
-        super::badge_repairs::record(&mut tx, user_id).await?;
+        script.push(Step::Other, super::badge_repairs::RECORD_SCRIPT, &[user]);
     }
-    let newest = missing.iter().copied().max().unwrap_or(0);
-    sqlx::query(
-        "UPDATE user_inbox_state SET announcement_watermark = GREATEST(announcement_watermark, ?) \
-         WHERE user_id = ?",
-    )
-    .bind(newest)
-    .bind(user_id)
-    .execute(&mut *tx)
-    .await?;
-    tx.commit().await?;
-    Ok(written)
+    let newest = Arg::Int(message_ids.iter().copied().max().unwrap_or(0));
+    script.push(
+        Step::Other,
+        "UPDATE user_inbox_state SET announcement_watermark = \
+         GREATEST(announcement_watermark, {}) WHERE user_id = {}",
+        &[newest, user],
+    );
+    script.push(Step::Commit, "COMMIT", &[]);
+    script.build(Step::Other)
 }
+
+/// Writes user `{}`'s item of announcement `{}` from its content copy, if
+/// the user has none (under the state row's lock, so none can appear
+/// meanwhile) and their preferences let it through (read under that lock:
+/// a preference change applies to what materializes after it).
+const MATERIALIZE_ITEM: &str = concat!(
+    "INSERT INTO message_items (user_id, message_id, category, expire_at) \
+     SELECT {}, c.message_id, c.category, c.expire_at FROM message_contents c \
+     LEFT JOIN user_preferences p ON p.user_id = {} \
+     WHERE c.message_id = {} AND c.revoked = 0 AND ",
+    lets_through!(),
+    " AND NOT EXISTS (SELECT 1 FROM message_items i WHERE i.user_id = {} \
+     AND i.message_id = c.message_id)"
+);

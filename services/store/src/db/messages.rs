@@ -259,11 +259,16 @@ pub async fn complete(
     version: u64,
     webhook: Option<Record<'_>>,
 ) -> Result<bool> {
-    let change = sqlx::query(
-        "UPDATE messages FORCE INDEX (PRIMARY) SET status = 3, status_version = status_version + 1, \
-         finished_at = UTC_TIMESTAMP(3) WHERE message_id = ? AND status = 1 AND status_version = ? \
-         AND audience = 1",
-    )
+    let change = sqlx::query(concat!(
+        "UPDATE messages FORCE INDEX (PRIMARY) SET status = ",
+        send_status!(COMPLETED),
+        ", status_version = status_version + 1, \
+         finished_at = UTC_TIMESTAMP(3) WHERE message_id = ? AND status = ",
+        send_status!(SENDING),
+        " AND status_version = ? \
+         AND audience = ",
+        audience!(USERS)
+    ))
     .bind(message_id.get())
     .bind(version);
     execute_with(pool, change, webhook).await
@@ -273,10 +278,16 @@ pub async fn complete(
 /// a racing completion check fails). Returns false in any other status.
 #[instrument(level = "debug", skip_all, fields(db.system = "mysql"))]
 pub async fn reopen(pool: &MySqlPool, message_id: MessageId) -> Result<bool> {
-    let result = sqlx::query(
-        "UPDATE messages FORCE INDEX (PRIMARY) SET status = 1, status_version = status_version + 1, finished_at = NULL \
-         WHERE message_id = ? AND status IN (1, 3)",
-    )
+    let result = sqlx::query(concat!(
+        "UPDATE messages FORCE INDEX (PRIMARY) SET status = ",
+        send_status!(SENDING),
+        ", status_version = status_version + 1, finished_at = NULL \
+         WHERE message_id = ? AND status IN (",
+        send_status!(SENDING),
+        ", ",
+        send_status!(COMPLETED),
+        ")"
+    ))
     .bind(message_id.get())
     .execute(pool)
     .await?;
@@ -360,11 +371,19 @@ pub async fn change_with_operation(
                 .await?
         }
         ControlChange::Content(content) => {
-            sqlx::query(
+            sqlx::query(concat!(
                 "UPDATE messages FORCE INDEX (PRIMARY) SET title = ?, body = ?, data = ?, \
                  edited_at = UTC_TIMESTAMP(3), content_version = content_version + 1 \
-                 WHERE message_id = ? AND status IN (1, 2, 3, 4)",
-            )
+                 WHERE message_id = ? AND status IN (",
+                send_status!(SENDING),
+                ", ",
+                send_status!(PAUSED),
+                ", ",
+                send_status!(COMPLETED),
+                ", ",
+                send_status!(CANCELLED),
+                ")"
+            ))
             .bind(&content.title)
             .bind(&content.body)
             .bind(content.data_json())
@@ -423,12 +442,20 @@ pub async fn request_start<'e>(
     start_now: bool,
 ) -> Result<bool> {
     let sql = if start_now {
-        "UPDATE messages FORCE INDEX (PRIMARY) SET start_requested = 1, lane = ?, status = 1, \
+        concat!(
+            "UPDATE messages FORCE INDEX (PRIMARY) SET start_requested = 1, lane = ?, status = ",
+            send_status!(SENDING),
+            ", \
          status_version = status_version + 1, started_at = UTC_TIMESTAMP(3) \
-         WHERE message_id = ? AND status = 0"
+         WHERE message_id = ? AND status = ",
+            send_status!(NOT_STARTED)
+        )
     } else {
-        "UPDATE messages FORCE INDEX (PRIMARY) SET start_requested = 1, lane = ? \
-         WHERE message_id = ? AND status = 0"
+        concat!(
+            "UPDATE messages FORCE INDEX (PRIMARY) SET start_requested = 1, lane = ? \
+         WHERE message_id = ? AND status = ",
+            send_status!(NOT_STARTED)
+        )
     };
     let result = sqlx::query(sql).bind(lane).bind(message_id.get()).execute(executor).await?;
     Ok(result.rows_affected() == 1)
@@ -441,11 +468,15 @@ pub async fn start_scheduled<'e>(
     pool: impl sqlx::MySqlExecutor<'e>,
     message_id: MessageId,
 ) -> Result<bool> {
-    let result = sqlx::query(
-        "UPDATE messages FORCE INDEX (PRIMARY) SET status = 1, status_version = status_version + 1, \
+    let result = sqlx::query(concat!(
+        "UPDATE messages FORCE INDEX (PRIMARY) SET status = ",
+        send_status!(SENDING),
+        ", status_version = status_version + 1, \
          started_at = UTC_TIMESTAMP(3) WHERE message_id = ? \
-         AND status = 0 AND start_requested = 1 AND send_at <= UTC_TIMESTAMP(3)",
-    )
+         AND status = ",
+        send_status!(NOT_STARTED),
+        " AND start_requested = 1 AND send_at <= UTC_TIMESTAMP(3)"
+    ))
     .bind(message_id.get())
     .execute(pool)
     .await?;
@@ -456,10 +487,12 @@ pub async fn start_scheduled<'e>(
 /// sends whose recall is not finished, in id order.
 #[instrument(level = "debug", skip_all, fields(db.system = "mysql"))]
 pub async fn recalling(pool: &MySqlPool, after: u64, limit: u32) -> Result<Vec<u64>> {
-    Ok(sqlx::query_scalar(
-        "SELECT message_id FROM messages FORCE INDEX (idx_messages_due) WHERE status = 5 \
-         AND finished_at IS NULL AND message_id > ? ORDER BY message_id LIMIT ?",
-    )
+    Ok(sqlx::query_scalar(concat!(
+        "SELECT message_id FROM messages FORCE INDEX (idx_messages_due) WHERE status = ",
+        send_status!(RECALLED),
+        " \
+         AND finished_at IS NULL AND message_id > ? ORDER BY message_id LIMIT ?"
+    ))
     .bind(after)
     .bind(limit)
     .fetch_all(pool)
@@ -470,11 +503,13 @@ pub async fn recalling(pool: &MySqlPool, after: u64, limit: u32) -> Result<Vec<u
 /// if this call did.
 #[instrument(level = "debug", skip_all, fields(db.system = "mysql"))]
 pub async fn finish_recall(pool: &MySqlPool, message_id: MessageId) -> Result<bool> {
-    let result = sqlx::query(
+    let result = sqlx::query(concat!(
         "UPDATE messages FORCE INDEX (PRIMARY) SET finished_at = UTC_TIMESTAMP(3), \
-         status_version = status_version + 1 WHERE message_id = ? AND status = 5 \
-         AND finished_at IS NULL",
-    )
+         status_version = status_version + 1 WHERE message_id = ? AND status = ",
+        send_status!(RECALLED),
+        " \
+         AND finished_at IS NULL"
+    ))
     .bind(message_id.get())
     .execute(pool)
     .await?;
@@ -485,10 +520,14 @@ pub async fn finish_recall(pool: &MySqlPool, message_id: MessageId) -> Result<bo
 /// not expired.
 #[instrument(level = "debug", skip_all, fields(db.system = "mysql"))]
 pub async fn live_announcements(pool: &MySqlPool) -> Result<Vec<LiveAnnouncement>> {
-    Ok(sqlx::query_as(
+    Ok(sqlx::query_as(concat!(
         "SELECT message_id, expire_at, category, critical <> 0 AS critical FROM messages \
-         WHERE audience = 2 AND status = 1 AND (expire_at IS NULL OR expire_at > UTC_TIMESTAMP(3))",
-    )
+         WHERE audience = ",
+        audience!(ALL_USERS),
+        " AND status = ",
+        send_status!(SENDING),
+        " AND (expire_at IS NULL OR expire_at > UTC_TIMESTAMP(3))"
+    ))
     .fetch_all(pool)
     .await?)
 }
@@ -517,7 +556,7 @@ pub struct LiveAnnouncement {
 #[instrument(level = "debug", skip_all, fields(db.system = "mysql"))]
 pub async fn bump_status_version(pool: &MySqlPool, message_id: MessageId) -> Result<()> {
     sqlx::query(
-        "UPDATE messages FORCE INDEX (PRIMARY) SET status_version = status_version + 1 WHERE message_id = ? AND status = 1",
+        concat!("UPDATE messages FORCE INDEX (PRIMARY) SET status_version = status_version + 1 WHERE message_id = ? AND status = ", send_status!(SENDING)),
     )
     .bind(message_id.get())
     .execute(pool)
@@ -528,10 +567,14 @@ pub async fn bump_status_version(pool: &MySqlPool, message_id: MessageId) -> Res
 /// Live announcements on this shard whose `expire_at` has passed.
 #[instrument(level = "debug", skip_all, fields(db.system = "mysql"))]
 pub async fn expired_announcements(pool: &MySqlPool) -> Result<Vec<u64>> {
-    Ok(sqlx::query_scalar(
-        "SELECT message_id FROM messages WHERE audience = 2 AND status = 1 \
-         AND expire_at <= UTC_TIMESTAMP(3)",
-    )
+    Ok(sqlx::query_scalar(concat!(
+        "SELECT message_id FROM messages WHERE audience = ",
+        audience!(ALL_USERS),
+        " AND status = ",
+        send_status!(SENDING),
+        " \
+         AND expire_at <= UTC_TIMESTAMP(3)"
+    ))
     .fetch_all(pool)
     .await?)
 }
@@ -540,11 +583,17 @@ pub async fn expired_announcements(pool: &MySqlPool) -> Result<Vec<u64>> {
 /// this call ended it.
 #[instrument(level = "debug", skip_all, fields(db.system = "mysql"))]
 pub async fn end_expired_announcement(pool: &MySqlPool, message_id: u64) -> Result<bool> {
-    let result = sqlx::query(
-        "UPDATE messages FORCE INDEX (PRIMARY) SET status = 3, status_version = status_version + 1, \
-         finished_at = UTC_TIMESTAMP(3) WHERE message_id = ? AND audience = 2 AND status = 1 \
-         AND expire_at <= UTC_TIMESTAMP(3)",
-    )
+    let result = sqlx::query(concat!(
+        "UPDATE messages FORCE INDEX (PRIMARY) SET status = ",
+        send_status!(COMPLETED),
+        ", status_version = status_version + 1, \
+         finished_at = UTC_TIMESTAMP(3) WHERE message_id = ? AND audience = ",
+        audience!(ALL_USERS),
+        " AND status = ",
+        send_status!(SENDING),
+        " \
+         AND expire_at <= UTC_TIMESTAMP(3)"
+    ))
     .bind(message_id)
     .execute(pool)
     .await?;
@@ -554,10 +603,12 @@ pub async fn end_expired_announcement(pool: &MySqlPool, message_id: u64) -> Resu
 /// Returns scheduled sends whose `send_at` has come.
 #[instrument(level = "debug", skip_all, fields(db.system = "mysql"))]
 pub async fn due_scheduled(pool: &MySqlPool, limit: u32) -> Result<Vec<u64>> {
-    Ok(sqlx::query_scalar(
-        "SELECT message_id FROM messages WHERE status = 0 AND start_requested = 1 \
-         AND send_at <= UTC_TIMESTAMP(3) ORDER BY send_at LIMIT ?",
-    )
+    Ok(sqlx::query_scalar(concat!(
+        "SELECT message_id FROM messages WHERE status = ",
+        send_status!(NOT_STARTED),
+        " AND start_requested = 1 \
+         AND send_at <= UTC_TIMESTAMP(3) ORDER BY send_at LIMIT ?"
+    ))
     .bind(limit)
     .fetch_all(pool)
     .await?)
@@ -567,10 +618,14 @@ pub async fn due_scheduled(pool: &MySqlPool, limit: u32) -> Result<Vec<u64>> {
 /// in id order (keyset paging).
 #[instrument(level = "debug", skip_all, fields(db.system = "mysql"))]
 pub async fn sending(pool: &MySqlPool, after: u64, limit: u32) -> Result<Vec<u64>> {
-    Ok(sqlx::query_scalar(
-        "SELECT message_id FROM messages WHERE status = 1 AND audience = 1 AND message_id > ? \
-         ORDER BY message_id LIMIT ?",
-    )
+    Ok(sqlx::query_scalar(concat!(
+        "SELECT message_id FROM messages WHERE status = ",
+        send_status!(SENDING),
+        " AND audience = ",
+        audience!(USERS),
+        " AND message_id > ? \
+         ORDER BY message_id LIMIT ?"
+    ))
     .bind(after)
     .bind(limit)
     .fetch_all(pool)
@@ -581,9 +636,12 @@ pub async fn sending(pool: &MySqlPool, after: u64, limit: u32) -> Result<Vec<u64
 /// the oldest (for the "send stuck in SENDING" alert).
 #[instrument(level = "debug", skip_all, fields(db.system = "mysql"))]
 pub async fn sending_summary(pool: &MySqlPool) -> Result<(u64, Option<NaiveDateTime>)> {
-    let (count, oldest): (i64, Option<NaiveDateTime>) = sqlx::query_as(
-        "SELECT COUNT(*), MIN(started_at) FROM messages WHERE status = 1 AND audience = 1",
-    )
+    let (count, oldest): (i64, Option<NaiveDateTime>) = sqlx::query_as(concat!(
+        "SELECT COUNT(*), MIN(started_at) FROM messages WHERE status = ",
+        send_status!(SENDING),
+        " AND audience = ",
+        audience!(USERS)
+    ))
     .fetch_one(pool)
     .await?;
     Ok((count.max(0) as u64, oldest))

@@ -1,8 +1,12 @@
 //! MySQL shards: one pool per shard, database creation and migrations.
 
-// First: its macros are the SQL of the item times for the modules below.
+// First: their macros are SQL for the modules below.
 #[macro_use]
 pub mod item_times;
+#[macro_use]
+pub mod states;
+#[macro_use]
+pub mod preferences;
 
 pub mod audit;
 pub mod badge_repairs;
@@ -17,11 +21,11 @@ pub mod items;
 pub mod lookups;
 pub mod messages;
 pub mod operations;
-pub mod preferences;
 pub mod read_backlog;
 pub mod read_feed;
 pub mod recall;
 pub mod recipients;
+pub mod script;
 pub mod webhook_outbox;
 
 use std::str::FromStr;
@@ -210,6 +214,17 @@ pub async fn migrate_all(settings: &Settings) -> Result<Vec<MigrationReport>> {
         let options = shard_options(settings, shard)?;
         let mut conn = MySqlConnection::connect_with(&options).await?;
         let before = applied_versions(&mut conn).await;
+        // A shard a development build migrated before the schema was one
+        // file: nothing was released on it, and sqlx would refuse it with
+        // a line that does not say what to do.
+        if let Some(unknown) = before.iter().find(|v| MIGRATOR.iter().all(|m| m.version != **v)) {
+            return Err(Error::Internal(format!(
+                "shard {} (database {}) holds migration {unknown}, which this build does not \
+                 know: it was migrated by a development build from before the schema was one \
+                 file; drop that database and run notifyctl migrate again",
+                shard.id, shard.database
+            )));
+        }
         MIGRATOR
             .run(&mut conn)
             .await

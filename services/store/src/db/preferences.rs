@@ -9,12 +9,19 @@ use notify_domain::preferences::{Preferences, join_list, split_list};
 use sqlx::MySqlPool;
 use tracing::instrument;
 
+/// [`LETS_THROUGH`] as a literal, for `concat!`.
+macro_rules! lets_through {
+    () => {
+        "(p.user_id IS NULL OR NOT (p.erased_before > c.message_id \
+         OR (c.critical = 0 AND c.category <> '' AND FIND_IN_SET(c.category, p.muted_categories) > 0)))"
+    };
+}
+
 /// SQL condition: the preferences `p` (LEFT JOINed on the recipient, so NULL
 /// when there are none) let through an item of the content copy `c`
 /// (`message_id`, `category`, `critical`). Held back: sends in a muted
 /// category unless critical, and sends queued before the user was erased.
-pub const LETS_THROUGH: &str = "(p.user_id IS NULL OR NOT (p.erased_before > c.message_id \
-     OR (c.critical = 0 AND c.category <> '' AND FIND_IN_SET(c.category, p.muted_categories) > 0)))";
+pub const LETS_THROUGH: &str = lets_through!();
 
 /// What a user's preferences hold back, as a badge rebuild needs it.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]

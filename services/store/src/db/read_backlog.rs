@@ -40,10 +40,8 @@ pub(crate) const LOCK_WAITING: &str =
 /// update changes exactly those. No row when nothing is selected.
 ///
 /// The ids are written as a JSON array of numbers, joined by
-/// `GROUP_CONCAT` between brackets: the same text `JSON_ARRAYAGG` makes
-/// (which versions before wrote, and [`apply`] reads alike), in 2 ms less
-/// for 10,000 ids (30.0 against 32.0 ms for the whole script at p50, by
-/// hand, 2026-11-30). Both are bounded by `group_concat_max_len`: the
+/// `GROUP_CONCAT` between brackets: the text `JSON_ARRAYAGG` makes, 2 ms
+/// sooner for 10,000 ids. It is bounded by `group_concat_max_len`: the
 /// update's script raises it first ([`RAISE_AGGREGATE_LIMIT`]).
 pub(crate) fn record(user_id: u64, delta: i64, items: &str, selected: &str) -> String {
     format!(

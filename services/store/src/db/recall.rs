@@ -11,8 +11,7 @@
 //! later), as a cancelled send's do. Deleting them here cost the recall
 //! more than inserting them cost the fan-out: a delete marks the row and
 //! each index entry, and InnoDB's purge removes them again beside it; the
-//! mark changes the row in place and no index
-//! (migration `20261130000027_items_recalled`).
+//! mark changes the row in place and no index.
 
 use std::collections::HashMap;
 
@@ -222,10 +221,14 @@ pub async fn delivered_page(
     from: u64,
     limit: u32,
 ) -> Result<Vec<u64>> {
-    Ok(sqlx::query_scalar(
+    Ok(sqlx::query_scalar(concat!(
         "SELECT chunk_id FROM message_chunks FORCE INDEX (idx_chunks_message_state) \
-         WHERE message_id = ? AND state IN (1, 4) AND chunk_id >= ? ORDER BY chunk_id LIMIT ?",
-    )
+         WHERE message_id = ? AND state IN (",
+        chunk_state!(DONE),
+        ", ",
+        chunk_state!(UNSETTLED),
+        ") AND chunk_id >= ? ORDER BY chunk_id LIMIT ?"
+    ))
     .bind(message_id.get())
     .bind(from)
     .bind(limit)
@@ -238,10 +241,18 @@ pub async fn delivered_page(
 /// with badges to invalidate. An index range over the send's chunks.
 #[instrument(level = "debug", skip_all, fields(db.system = "mysql"))]
 pub async fn unrecalled_chunks(pool: &MySqlPool, message_id: MessageId) -> Result<u64> {
-    let count: i64 = sqlx::query_scalar(
+    let count: i64 = sqlx::query_scalar(concat!(
         "SELECT COUNT(*) FROM message_chunks FORCE INDEX (idx_chunks_message_state) \
-         WHERE message_id = ? AND state IN (0, 1, 4, 6)",
-    )
+         WHERE message_id = ? AND state IN (",
+        chunk_state!(PENDING),
+        ", ",
+        chunk_state!(DONE),
+        ", ",
+        chunk_state!(UNSETTLED),
+        ", ",
+        chunk_state!(RECALL_UNSETTLED),
+        ")"
+    ))
     .bind(message_id.get())
     .fetch_one(pool)
     .await?;

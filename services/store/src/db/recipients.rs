@@ -4,8 +4,8 @@
 //! reads recorded by message (`message_reads`) and the announcements'
 //! materializations (`announcement_recipients`), the record a chunk's apply
 //! leaves on it (`applied_at`, `held_back`) and the users erased since a
-//! send; item states of chunks without that record come from primary-key
-//! lookups in `message_items`, which gets no index for this. A page's
+//! send; the item of a user two chunks delivered to comes from a
+//! primary-key lookup in `message_items`, which gets no index for this. A page's
 //! chunks come from their index entries (one per 500 recipients past the
 //! cursor), then by primary key: simple statements, cheap to plan.
 
@@ -29,7 +29,7 @@ pub struct ChunkUsers {
     pub batch: u64,
     /// Its recipients, sorted.
     pub user_ids: Vec<u64>,
-    /// What its apply recorded, when this version applied it.
+    /// What its apply recorded, once applied.
     pub applied: Option<Applied>,
 }
 
@@ -218,8 +218,8 @@ pub async fn chunk_ends_from<'e>(
 }
 
 /// The first batch of a split chunk ([`SPLIT_CHUNK_BIT`] set in its id),
-/// each of which is a batch of its own: `batch` is `chunk_id >> 16`
-/// (migration `20261127000014`).
+/// each of which is a batch of its own: `batch` is `chunk_id >> 16` (the
+/// schema's virtual column).
 const FIRST_SPLIT_BATCH: u64 = SPLIT_CHUNK_BIT >> 16;
 
 /// As [`chunk_ends_from`], only the chunks split off others during a
@@ -427,9 +427,8 @@ pub struct ReadRow {
 
 /// Up to `limit` readers of a send on this shard after user `after`, in user
 /// order: a range of `message_reads`' primary key, the row holding the
-/// read's time and the item's delivery. A row recorded without the delivery
-/// (by a build before `20261130000026_reads_delivered_at`) looks its item
-/// up by key (`COALESCE` evaluates the lookup only for such a row).
+/// read's time and the item's delivery, so a page of readers reads this
+/// table alone.
 ///
 /// A recorded read is the item's read: the update that reads or unreads an
 /// item by id writes or deletes its row in the same transaction; a filtered
@@ -443,10 +442,7 @@ pub async fn reads_after<'e>(
     limit: u32,
 ) -> Result<Vec<ReadRow>> {
     Ok(sqlx::query_as(
-        "SELECT r.user_id, r.read_at, COALESCE(r.delivered_at, \
-         (SELECT i.created_at FROM message_items i FORCE INDEX (PRIMARY) \
-         WHERE i.user_id = r.user_id AND i.message_id = r.message_id)) AS delivered_at \
-         FROM message_reads r FORCE INDEX (PRIMARY) \
+        "SELECT r.user_id, r.read_at, r.delivered_at FROM message_reads r FORCE INDEX (PRIMARY) \
          WHERE r.message_id = ? AND r.user_id > ? ORDER BY r.user_id LIMIT ?",
     )
     .bind(message_id.get())
