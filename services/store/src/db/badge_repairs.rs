@@ -12,15 +12,12 @@ use tracing::instrument;
 
 use notify_domain::error::Result;
 
-/// The statement that records a user (bind: the user id); a later write
-/// stamps the row again, so a settler that read it before that write's
-/// commit leaves it for the next round.
+/// The statement that records a user (`?`: the user id, bound, or written
+/// in by a script, [`super::script`]); a later write stamps the row again,
+/// so a settler that read it before that write's commit leaves it for the
+/// next round.
 pub const RECORD: &str = "INSERT INTO badge_repairs (user_id, changed_at) \
     VALUES (?, UTC_TIMESTAMP(6)) ON DUPLICATE KEY UPDATE changed_at = VALUES(changed_at)";
-
-/// [`RECORD`] as a script's template ([`super::script`]): `{}` is the user.
-pub const RECORD_SCRIPT: &str = "INSERT INTO badge_repairs (user_id, changed_at) \
-    VALUES ({}, UTC_TIMESTAMP(6)) ON DUPLICATE KEY UPDATE changed_at = VALUES(changed_at)";
 
 /// Records `user_id` in the write's transaction `conn`.
 #[instrument(level = "debug", skip_all, fields(db.system = "mysql"))]

@@ -1,8 +1,8 @@
 //! Gateway events recorded with the change they report (`event_outbox`,
 //! migration 28): the transaction that makes a change also records the
-//! event ([`record`], or [`record_sql`] inside a script), so the event
-//! outlives whatever fails after the commit. The process that made the
-//! change publishes it and [`remove`]s the row; a worker's relay
+//! event ([`record`], or [`RECORD`] and [`RECORDED_ID`] inside a script),
+//! so the event outlives whatever fails after the commit. The process that
+//! made the change publishes it and [`remove`]s the row; a worker's relay
 //! [`claim_due`]s rows left past their due time, publishes them and deletes
 //! them in the transaction that claimed them.
 
@@ -20,26 +20,19 @@ pub struct Recorded {
     pub body: Vec<u8>,
 }
 
+/// The statement that records an event (`?`: its body, bound, or written
+/// in by a script as a hex literal, [`super::script`]).
+pub(crate) const RECORD: &str = "INSERT INTO event_outbox (body) VALUES (?)";
+
+/// The statement that follows [`RECORD`] in a script: its row id (one row,
+/// one column).
+pub(crate) const RECORDED_ID: &str = "SELECT LAST_INSERT_ID()";
+
 /// Records `body` in the caller's transaction `conn`; returns its row id.
 #[instrument(level = "debug", skip_all, fields(db.system = "mysql"))]
 pub async fn record(conn: &mut MySqlConnection, body: &[u8]) -> Result<u64> {
-    let done =
-        sqlx::query("INSERT INTO event_outbox (body) VALUES (?)").bind(body).execute(conn).await?;
+    let done = sqlx::query(RECORD).bind(body).execute(conn).await?;
     Ok(done.last_insert_id())
-}
-
-/// The statements that record `body` inside a multi-statement script, the
-/// body written in as a hex literal (no quoting, nothing to escape): the
-/// insert, then a `SELECT` of its row id (one row, one column).
-pub fn record_sql(body: &[u8]) -> [String; 2] {
-    let mut hex = String::with_capacity(body.len() * 2);
-    for byte in body {
-        hex.push_str(&format!("{byte:02X}"));
-    }
-    [
-        format!("INSERT INTO event_outbox (body) VALUES (X'{hex}')"),
-        "SELECT LAST_INSERT_ID()".to_owned(),
-    ]
 }
 
 /// Deletes published events' rows.
@@ -104,12 +97,14 @@ pub async fn count(pool: &MySqlPool) -> Result<u64> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::db::script::{Arg, Sql};
 
     #[test]
     fn a_script_records_its_body_as_hex_with_nothing_to_escape() {
-        let [insert, select] = record_sql(br#"{"t":"badges","u":[42]}'; DROP"#);
+        let body = br#"{"t":"badges","u":[42]}'; DROP"#;
+        let insert = Sql::new(RECORD, &[Arg::Bytes(body)]);
+        let insert = insert.as_str();
         assert!(insert.starts_with("INSERT INTO event_outbox (body) VALUES (X'7B2274223A"));
         assert!(!insert[..insert.len() - 2].contains("';"), "{insert}");
-        assert_eq!(select, "SELECT LAST_INSERT_ID()");
     }
 }

@@ -14,7 +14,8 @@ use tracing::instrument;
 
 use super::preferences::{self, Suppression};
 use super::push_ids;
-use notify_domain::error::{Error, Result};
+use super::script::{Arg, Built, SafeText, Script, Sql};
+use notify_domain::error::Result;
 
 /// One inbox entry with its content.
 #[derive(Debug, Clone, FromRow)]
@@ -98,41 +99,39 @@ impl ItemFilter<'_> {
     /// cancelled announcement) is the caller's to add: a list joins the copy
     /// `c` anyway ([`CONTENT_VISIBLE`]), an update asks for it by id.
     pub(crate) fn push_item_conditions(&self, sql: &mut QueryBuilder<sqlx::MySql>) -> Result<()> {
-        sql.push(self.item_conditions(NOW)?);
+        sql.push(self.item_conditions(NOW)?.as_str());
         Ok(())
     }
 
-    /// [`Self::push_item_conditions`] as text, its values written in: ids
-    /// are numbers, and a category is checked here (again) to be
-    /// `[a-z0-9_.-]`, so no value can end its literal. A bulk update sends
-    /// its whole transaction as one script, which takes no bound values.
-    /// Items expire against `now`, SQL: [`NOW`], or a time the script
-    /// fixed before, when more than one of its statements selects the
-    /// items (each statement reads the clock anew).
-    pub(crate) fn item_conditions(&self, now: &str) -> Result<String> {
-        let mut sql = String::from(concat!(" AND ", not_deleted!("i")));
-        match self.view {
-            View::Inbox => sql.push_str(" AND i.is_archived = 0"),
-            View::Archive => sql.push_str(" AND i.is_archived = 1"),
-            View::All => {}
-        }
+    /// [`Self::push_item_conditions`] as a script's piece ([`super::script`]),
+    /// its values written in: ids are numbers, and a category a
+    /// [`SafeText`] (`[a-z0-9_.-]`), so no value can end its literal. A
+    /// bulk update sends its whole transaction as one script, which takes
+    /// no bound values. Items expire against `now`, SQL: [`NOW`], or a time
+    /// the script fixed before, when more than one of its statements
+    /// selects the items (each statement reads the clock anew).
+    pub(crate) fn item_conditions(&self, now: &'static str) -> Result<Sql> {
+        let view = match self.view {
+            View::Inbox => " AND i.is_archived = 0",
+            View::Archive => " AND i.is_archived = 1",
+            View::All => "",
+        };
+        let mut sql = Sql::new(concat!(" AND ", not_deleted!("i")), &[]);
+        sql.push(view, &[]);
         if self.unread_only {
-            sql.push_str(" AND i.is_read = 0");
+            sql.push(" AND i.is_read = 0", &[]);
         }
         if self.read_only {
-            sql.push_str(" AND i.is_read = 1");
+            sql.push(" AND i.is_read = 1", &[]);
         }
         if let Some(category) = self.category {
-            let plain = |b: u8| b.is_ascii_lowercase() || b.is_ascii_digit() || b"_.-".contains(&b);
-            if !category.bytes().all(plain) {
-                return Err(Error::invalid("category", "must be [a-z0-9_.-] only"));
-            }
-            sql.push_str(&format!(" AND i.category = '{category}'"));
+            let category = SafeText::new("category", category)?;
+            sql.push(" AND i.category = ?", &[Arg::Text(&category)]);
         }
         if let Some(up_to) = self.up_to {
-            sql.push_str(&format!(" AND i.message_id <= {up_to}"));
+            sql.push(" AND i.message_id <= ?", &[Arg::Int(up_to)]);
         }
-        sql.push_str(&format!(" AND (i.expire_at IS NULL OR i.expire_at > {now})"));
+        sql.push(" AND (i.expire_at IS NULL OR i.expire_at > ", &[]).push(now, &[]).push(")", &[]);
         Ok(sql)
     }
 }
@@ -369,13 +368,12 @@ pub async fn materialize(
     if message_ids.is_empty() {
         return Ok(0);
     }
-    let (steps, text) = materialize_script(user_id, message_ids, repair);
+    let script = materialize_script(user_id, message_ids, repair);
     let mut conn = pool.acquire().await?;
-    match super::script::run(&mut conn, steps.len(), text).await {
-        Ok(outcomes) => Ok(steps
+    match super::script::run(&mut conn, script).await {
+        Ok(outcomes) => Ok(outcomes
             .iter()
-            .zip(&outcomes)
-            .filter(|(step, _)| **step == Step::Item)
+            .filter(|(step, _)| *step == Step::Item)
             .map(|(_, outcome)| outcome.rows_affected)
             .sum()),
         Err((e, fit)) => {
@@ -387,8 +385,7 @@ pub async fn materialize(
     }
 }
 
-fn materialize_script(user_id: u64, message_ids: &[u64], repair: bool) -> (Vec<Step>, String) {
-    use super::script::{Arg, Script};
+fn materialize_script(user_id: u64, message_ids: &[u64], repair: bool) -> Built<Step> {
     let user = Arg::Int(user_id);
     // In one of many slots, by user: the first reads of a new announcement
     // come all at once, and one row for all of them would queue every
@@ -399,7 +396,7 @@ fn materialize_script(user_id: u64, message_ids: &[u64], repair: bool) -> (Vec<S
     // Creates or exclusively locks the user's state row in one statement.
     script.push(
         Step::Lock,
-        "INSERT INTO user_inbox_state (user_id) VALUES ({}) \
+        "INSERT INTO user_inbox_state (user_id) VALUES (?) \
          ON DUPLICATE KEY UPDATE announcement_watermark = announcement_watermark",
         &[user],
     );
@@ -411,7 +408,7 @@ fn materialize_script(user_id: u64, message_ids: &[u64], repair: bool) -> (Vec<S
         script.push(
             Step::Other,
             "INSERT INTO message_shard_stats (message_id, slot, delivered) \
-             SELECT {}, {}, 1 FROM DUAL WHERE ROW_COUNT() > 0 \
+             SELECT ?, ?, 1 FROM DUAL WHERE ROW_COUNT() > 0 \
              ON DUPLICATE KEY UPDATE delivered = delivered + 1",
             &[id, slot],
         );
@@ -419,34 +416,34 @@ fn materialize_script(user_id: u64, message_ids: &[u64], repair: bool) -> (Vec<S
         script.push(
             Step::Other,
             "INSERT IGNORE INTO announcement_recipients (message_id, user_id) \
-             SELECT {}, {} FROM DUAL WHERE ROW_COUNT() > 0",
+             SELECT ?, ? FROM DUAL WHERE ROW_COUNT() > 0",
             &[id, user],
         );
     }
     if repair {
-        script.push(Step::Other, super::badge_repairs::RECORD_SCRIPT, &[user]);
+        script.push(Step::Other, super::badge_repairs::RECORD, &[user]);
     }
     let newest = Arg::Int(message_ids.iter().copied().max().unwrap_or(0));
     script.push(
         Step::Other,
         "UPDATE user_inbox_state SET announcement_watermark = \
-         GREATEST(announcement_watermark, {}) WHERE user_id = {}",
+         GREATEST(announcement_watermark, ?) WHERE user_id = ?",
         &[newest, user],
     );
     script.push(Step::Commit, "COMMIT", &[]);
     script.build(Step::Other)
 }
 
-/// Writes user `{}`'s item of announcement `{}` from its content copy, if
+/// Writes user `?`'s item of announcement `?` from its content copy, if
 /// the user has none (under the state row's lock, so none can appear
 /// meanwhile) and their preferences let it through (read under that lock:
 /// a preference change applies to what materializes after it).
 const MATERIALIZE_ITEM: &str = concat!(
     "INSERT INTO message_items (user_id, message_id, category, expire_at) \
-     SELECT {}, c.message_id, c.category, c.expire_at FROM message_contents c \
-     LEFT JOIN user_preferences p ON p.user_id = {} \
-     WHERE c.message_id = {} AND c.revoked = 0 AND ",
+     SELECT ?, c.message_id, c.category, c.expire_at FROM message_contents c \
+     LEFT JOIN user_preferences p ON p.user_id = ? \
+     WHERE c.message_id = ? AND c.revoked = 0 AND ",
     lets_through!(),
-    " AND NOT EXISTS (SELECT 1 FROM message_items i WHERE i.user_id = {} \
+    " AND NOT EXISTS (SELECT 1 FROM message_items i WHERE i.user_id = ? \
      AND i.message_id = c.message_id)"
 );

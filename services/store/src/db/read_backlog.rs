@@ -35,7 +35,8 @@ pub(crate) const LOCK_WAITING: &str =
     "SELECT backlog_id FROM read_backlog WHERE user_id = ? FOR UPDATE";
 
 /// The statement an update by a filter records what it is about to change
-/// with, from the same selection as the update (`items` and `selected`,
+/// with, a script's template ([`super::script`]): `?` are the user, the
+/// direction and the update's selection of the items `i` (a `WHERE`,
 /// [`super::item_updates`]). It reads the rows with a shared lock, so the
 /// update changes exactly those. No row when nothing is selected.
 ///
@@ -43,18 +44,19 @@ pub(crate) const LOCK_WAITING: &str =
 /// `GROUP_CONCAT` between brackets: the text `JSON_ARRAYAGG` makes, 2 ms
 /// sooner for 10,000 ids. It is bounded by `group_concat_max_len`: the
 /// update's script raises it first ([`RAISE_AGGREGATE_LIMIT`]).
-pub(crate) fn record(user_id: u64, delta: i64, items: &str, selected: &str) -> String {
-    format!(
-        "INSERT INTO read_backlog (user_id, delta, message_ids) \
-         SELECT {user_id}, {delta}, CONCAT('[', GROUP_CONCAT(i.message_id), ']') \
-         FROM {items} {selected} HAVING COUNT(*) > 0"
-    )
-}
+pub(crate) const RECORD: &str = "INSERT INTO read_backlog (user_id, delta, message_ids) \
+     SELECT ?, ?, CONCAT('[', GROUP_CONCAT(i.message_id), ']') \
+     FROM message_items i ? HAVING COUNT(*) > 0";
 
 /// Lifts MariaDB's bound on an aggregated string for the connection (its
 /// default of 1 MiB holds ~50,000 ids, and a longer array is cut, not
-/// refused). The largest a session may set.
+/// refused). The largest a session may set; a script that sets it sets it
+/// back at its end ([`RESTORE_AGGREGATE_LIMIT`]).
 pub(crate) const RAISE_AGGREGATE_LIMIT: &str = "SET SESSION group_concat_max_len = 4294967295";
+
+/// Gives the connection the server's bound again, as it was before
+/// [`RAISE_AGGREGATE_LIMIT`].
+pub(crate) const RESTORE_AGGREGATE_LIMIT: &str = "SET SESSION group_concat_max_len = DEFAULT";
 
 /// The ids of a row, as a table. Joined first after the row
 /// (`STRAIGHT_JOIN`): the optimizer otherwise reads the user's items by

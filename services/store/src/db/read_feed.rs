@@ -16,17 +16,14 @@ use tracing::instrument;
 
 use notify_domain::error::Result;
 
-/// The statement an update by ids records its reads with, over the items
-/// it is about to change (`items` and `selected`, as the update's): one
-/// row per item, read now. A row still waiting for the relay (read,
-/// unread, read again) is reported once, with the last read's time.
-pub(crate) fn record(items: &str, selected: &str) -> String {
-    format!(
-        "INSERT INTO read_feed (message_id, user_id, read_at) \
-         SELECT i.message_id, i.user_id, UTC_TIMESTAMP(3) FROM {items} {selected} \
-         ON DUPLICATE KEY UPDATE read_at = VALUES(read_at)"
-    )
-}
+/// The statement an update by ids records its reads with, a script's
+/// template ([`super::script`]): `?` is the update's selection of the items
+/// `i` it is about to change (a `WHERE`). One row per item, read now. A row
+/// still waiting for the relay (read, unread, read again) is reported once,
+/// with the last read's time.
+pub(crate) const RECORD: &str = "INSERT INTO read_feed (message_id, user_id, read_at) \
+     SELECT i.message_id, i.user_id, UTC_TIMESTAMP(3) FROM message_items i ? \
+     ON DUPLICATE KEY UPDATE read_at = VALUES(read_at)";
 
 /// One read waiting to be queued.
 #[derive(Debug, Clone, PartialEq, Eq, FromRow)]
