@@ -1,17 +1,18 @@
-//! Applying chunk tasks: the worker's unit of work, one chunk or a group
-//! of one send's chunks on one shard.
+//! Applying chunk tasks: the worker's unit of work, a group of one send's
+//! chunks on one shard ([`apply_group`]; a lone task is a group of one).
 //!
 //! Order of effects, each safe to repeat:
 //! 1. check the send's status (cache, else home shard); not SENDING -> skip,
-//!    the chunk stays pending (paused) or is cancelled later (cancelled);
-//! 2. apply the chunk in one transaction on its shard (the guard);
-//! 3. invalidate the recipients' cached badges and publish the chunk's
-//!    change event for gateway streams (also when step 2 finds the chunk
+//!    the chunks stay pending (paused) or are cancelled later (cancelled);
+//! 2. apply the chunks in one transaction on their shard (each chunk its
+//!    own guard);
+//! 3. invalidate the recipients' cached badges and publish each chunk's
+//!    change event for gateway streams (also when step 2 finds a chunk
 //!    already done: a worker may have died between commit and here). The
-//!    commit leaves the chunk unsettled, and only a confirmed invalidation
-//!    moves it to done; when Redis does not answer, delivery goes on and
-//!    [`settle`] invalidates once Redis is back. An unsettled chunk keeps its
-//!    send from completing;
+//!    commit leaves the chunks unsettled, and only a confirmed invalidation
+//!    moves them to done; when Redis does not answer, delivery goes on and
+//!    [`settle`] invalidates once Redis is back (for recalled chunks too,
+//!    [`crate::recall`]). An unsettled chunk keeps its send from completing;
 //! 4. complete the send if this shard has no pending chunk left and no other
 //!    shard has either.
 //!
@@ -23,13 +24,16 @@ use sqlx::MySqlPool;
 use tracing::{debug, instrument, warn};
 
 use crate::context::Context;
+use crate::control;
 use crate::events::{self, BusEvent};
 use crate::queue::ChunkTask;
 use crate::send;
 use notify_domain::domain::{Lane, MessageId, SendStatus};
 use notify_domain::error::{Error, Result};
-use notify_store::db::chunks::{self, ApplyOutcome, ChunkPlan, ContentSummary};
-use notify_store::db::messages;
+use notify_store::db::chunks::{
+    self, ApplyOutcome, ChunkPlan, ContentSummary, GroupApplied, GroupChunk,
+};
+use notify_store::db::{messages, recall};
 
 /// What handling a task did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -54,106 +58,210 @@ pub enum TaskOutcome {
     },
 }
 
-/// Applies one chunk task (steps 1-4 above).
-#[instrument(skip_all, fields(message_id = task.message_id, chunk_id = task.chunk_id, shard = task.shard))]
+/// Applies chunk tasks of ONE send on ONE shard (steps 1-4 above), a single
+/// task being a group of one: one status check, one transaction (each
+/// chunk keeps its guard: only pending ones are applied), one badge
+/// invalidation, one settle and one completion check for all of them.
+/// Returns one outcome per chunk id, in the order given; the items written
+/// are counted on the first chunk applied now.
 ///
-/// `redelivered` says the broker handed this task out before (a worker died
-/// or gave it back); only then is the attempt counted for poison detection,
-/// which keeps the first delivery at one transaction.
-pub async fn apply_task(ctx: &Context, task: &ChunkTask, redelivered: bool) -> Result<TaskOutcome> {
-    let message_id = MessageId::from_raw(task.message_id);
+/// `redelivered` says the broker handed these tasks out before (a worker
+/// died or gave them back); only then is the attempt counted for poison
+/// detection, which keeps a first delivery at one transaction.
+#[instrument(skip_all, fields(message_id = message_id.get(), shard = shard.0, chunks = chunk_ids.len(), chunk_ids = ?chunk_ids))]
+pub async fn apply_group(
+    ctx: &Context,
+    shard: ShardId,
+    message_id: MessageId,
+    chunk_ids: &[u64],
+    redelivered: bool,
+) -> Result<Vec<TaskOutcome>> {
     let Some(status) = send::status_of(ctx, message_id).await? else {
-        debug!("message does not exist, dropping task");
-        return Ok(TaskOutcome::Dropped);
+        debug!("message does not exist, dropping the tasks");
+        return Ok(vec![TaskOutcome::Dropped; chunk_ids.len()]);
     };
-    let pool = ctx.task_pool(ShardId(task.shard))?;
+    let pool = ctx.task_pool(shard)?;
     if !matches!(status, SendStatus::Sending | SendStatus::Completed) {
-        // A redelivery of a chunk applied just before a crash must still
-        // invalidate its recipients' badges, paused send or not.
-        let finished = chunks::finished_recipients(pool, message_id, task.chunk_id).await?;
+        settle_finished(ctx, pool, message_id, chunk_ids).await?;
+        return Ok(vec![TaskOutcome::Skipped(status); chunk_ids.len()]);
+    }
+    let failed =
+        if redelivered { poisoned(ctx, shard, message_id, chunk_ids).await? } else { Vec::new() };
+    let applying: Vec<u64> = chunk_ids.iter().copied().filter(|id| !failed.contains(id)).collect();
+    if applying.is_empty() {
+        return Ok(vec![TaskOutcome::Failed; chunk_ids.len()]);
+    }
+    let Some(group) = apply_placed(ctx, shard, message_id, &applying).await? else {
+        let dropped =
+            |id: &u64| if failed.contains(id) { TaskOutcome::Failed } else { TaskOutcome::Dropped };
+        return Ok(chunk_ids.iter().map(dropped).collect());
+    };
+    let committed_at_ms = Some(chrono::Utc::now().timestamp_millis());
+    settle_unsettled(ctx, pool, message_id, &group).await?;
+    announce_delivered(ctx, pool, message_id, &group, committed_at_ms).await?;
+    let applied_now = group.chunks.iter().any(|c| c.applied_now);
+    if applied_now {
+        // Tells the sweeper this send is moving; losing it only costs a
+        // harmless re-publish.
+        let _ = ctx.cache.heartbeat(message_id.get(), ctx.settings.worker.sweep_timeout_secs).await;
+        metrics::counter!("notify_items_delivered_total").increment(group.delivered);
+    }
+    if chunk_ids.len() > 1 {
+        // Groups of several: a lone task is counted in `notify_chunks_total`.
+        metrics::histogram!("notify_chunk_group_size").record(chunk_ids.len() as f64);
+    }
+    // A send whose chunks were all done before may have missed its
+    // completion (an earlier attempt died first).
+    let found = !group.chunks.is_empty();
+    let check = applied_now || (found && status == SendStatus::Sending);
+    if check && !chunks::has_pending(pool, message_id).await? {
+        send::complete_if_done(ctx, message_id).await?;
+    }
+    let mut items = Some(group.delivered);
+    let outcomes = chunk_ids
+        .iter()
+        .map(|chunk_id| match group.chunks.iter().find(|c| c.chunk_id == *chunk_id) {
+            _ if failed.contains(chunk_id) => TaskOutcome::Failed,
+            Some(chunk) if chunk.applied_now => {
+                TaskOutcome::Delivered { items: items.take().unwrap_or(0) }
+            }
+            Some(_) => TaskOutcome::AlreadyDone,
+            None => TaskOutcome::Dropped,
+        })
+        .collect();
+    Ok(outcomes)
+}
+
+/// Invalidates the badges of the group's unsettled chunks' recipients and
+/// settles those chunks: the ones this commit applied, and any an earlier
+/// attempt left so (chunks done before, a duplicate task, were settled
+/// then). Redis away: delivery goes on, and the chunks stay unsettled (and
+/// their send incomplete) for the settler.
+async fn settle_unsettled(
+    ctx: &Context,
+    pool: &MySqlPool,
+    message_id: MessageId,
+    group: &GroupApplied,
+) -> Result<()> {
+    let unsettled: Vec<&GroupChunk> = group.chunks.iter().filter(|c| c.unsettled).collect();
+    let users: Vec<u64> = unsettled.iter().flat_map(|c| c.user_ids.iter().copied()).collect();
+    match ctx.cache.invalidate_counts(&users).await {
+        Ok(()) => {
+            let ids: Vec<u64> = unsettled.iter().map(|c| c.chunk_id).collect();
+            chunks::settle(pool, message_id, &ids).await?;
+        }
+        Err(e) => {
+            warn!(error = %e, chunks = unsettled.len(), "badges not invalidated, chunks left unsettled");
+            metrics::counter!("notify_chunks_unsettled_total").increment(unsettled.len() as u64);
+        }
+    }
+    Ok(())
+}
+
+/// Publishes the event of each chunk of the group whose items exist. It is
+/// about the recipients that got the item: not those their preferences
+/// held back now, and for a chunk applied before (a duplicate task, whose
+/// first attempt may have died before its event), those that have it.
+async fn announce_delivered(
+    ctx: &Context,
+    pool: &MySqlPool,
+    message_id: MessageId,
+    group: &GroupApplied,
+    committed_at_ms: Option<i64>,
+) -> Result<()> {
+    for chunk in group.chunks.iter().filter(|c| c.delivered) {
+        let (with_item, at) = if chunk.applied_now {
+            (without(chunk.user_ids.clone(), &group.held_back), committed_at_ms)
+        } else {
+            (chunks::recipients_with_item(pool, message_id, &chunk.user_ids).await?, None)
+        };
+        announce_items(ctx, message_id, with_item, group.summary.clone(), at).await?;
+    }
+    Ok(())
+}
+
+/// Invalidates the badges of the recipients of each chunk that is no longer
+/// pending, and settles it if it is unsettled: a redelivery of a chunk
+/// applied just before a crash must still do that, paused send or not.
+async fn settle_finished(
+    ctx: &Context,
+    pool: &MySqlPool,
+    message_id: MessageId,
+    chunk_ids: &[u64],
+) -> Result<()> {
+    for chunk_id in chunk_ids {
+        let finished = chunks::finished_recipients(pool, message_id, *chunk_id).await?;
         if let Some((user_ids, unsettled)) = finished {
             ctx.cache.invalidate_counts(&user_ids).await?;
             if unsettled {
-                chunks::settle(pool, message_id, task.chunk_id).await?;
+                chunks::settle(pool, message_id, &[*chunk_id]).await?;
             }
         }
-        return Ok(TaskOutcome::Skipped(status));
     }
-    let attempts =
-        if redelivered { chunks::count_attempt(pool, message_id, task.chunk_id).await? } else { 0 };
-    if attempts > ctx.settings.worker.poison_attempts {
-        // Taken this often without ever committing (workers died on it):
-        // record it as failed instead of letting it loop forever.
-        record_failure(ctx, task).await?;
-        return Ok(TaskOutcome::Failed);
+    Ok(())
+}
+
+/// Counts an attempt at each chunk and records those taken too often
+/// without ever committing (workers died on them) as failed, instead of
+/// letting them loop forever; returns those.
+async fn poisoned(
+    ctx: &Context,
+    shard: ShardId,
+    message_id: MessageId,
+    chunk_ids: &[u64],
+) -> Result<Vec<u64>> {
+    let pool = ctx.task_pool(shard)?;
+    let mut failed = Vec::new();
+    for chunk_id in chunk_ids {
+        let attempts = chunks::count_attempt(pool, message_id, *chunk_id).await?;
+        if attempts > ctx.settings.worker.poison_attempts {
+            record_failure(ctx, &ChunkTask::deliver(message_id.get(), *chunk_id, shard.0)).await?;
+            failed.push(*chunk_id);
+        }
     }
-    let shard = ShardId(task.shard);
+    Ok(failed)
+}
+
+/// Applies the chunks ([`chunks::apply`]) under a map that routes their
+/// pending recipients here, first splitting off those a newer map routes
+/// elsewhere; `None` when the send has no content copy here.
+async fn apply_placed(
+    ctx: &Context,
+    shard: ShardId,
+    message_id: MessageId,
+    chunk_ids: &[u64],
+) -> Result<Option<GroupApplied>> {
+    let pool = ctx.task_pool(shard)?;
     let mut splits = 0;
-    let applied = loop {
+    loop {
         // Held through the apply: this replica reports a newer map only
-        // once the chunk's items are written by this one (and only while
-        // its write lease holds: no bucket to check, the chunk's are below).
+        // once the chunks' items are written by this one (and only while
+        // its write lease holds: no bucket to check, the chunks' are below).
         let routes = ctx.writable_snapshot(&[]).await?;
         let placed = |user_ids: &[u64]| placed_on(&routes, shard, user_ids);
         let hold = ctx.holding_sends.check(shard, message_id);
-        match chunks::apply(pool, message_id, task.chunk_id, hold, placed).await? {
-            ApplyOutcome::Misplaced { user_ids } if splits < MAX_SPLITS => {
+        match chunks::apply(pool, message_id, chunk_ids, hold, placed).await? {
+            ApplyOutcome::Applied(group) => {
+                if group.chunks.iter().any(|c| c.applied_now) {
+                    ctx.holding_sends.note(shard, message_id, !group.held_back.is_empty());
+                }
+                return Ok(Some(group));
+            }
+            ApplyOutcome::Missing => return Ok(None),
+            ApplyOutcome::Misplaced { chunks } if splits < MAX_SPLITS => {
                 drop(routes);
                 splits += 1;
-                split(ctx, shard, message_id, task.chunk_id, &user_ids).await?;
-            }
-            ApplyOutcome::Misplaced { .. } => {
-                return Err(Error::Unavailable(format!(
-                    "chunk {} of message {message_id}: its recipients kept moving between shards",
-                    task.chunk_id
-                )));
-            }
-            outcome => break outcome,
-        }
-    };
-    match applied {
-        ApplyOutcome::Applied { user_ids, delivered, held_back, summary } => {
-            ctx.holding_sends.note(shard, message_id, !held_back.is_empty());
-            let committed_at_ms = Some(chrono::Utc::now().timestamp_millis());
-            match ctx.cache.invalidate_counts(&user_ids).await {
-                Ok(()) => chunks::settle(pool, message_id, task.chunk_id).await?,
-                Err(e) => {
-                    // Redis is away: delivery goes on, the chunk stays
-                    // unsettled (and its send incomplete) for the settler.
-                    warn!(error = %e, "badges not invalidated, chunk left unsettled");
-                    metrics::counter!("notify_chunks_unsettled_total").increment(1);
+                for chunk in chunks {
+                    split(ctx, shard, message_id, chunk.chunk_id, &chunk.user_ids).await?;
                 }
             }
-            let with_item = without(user_ids, &held_back);
-            announce_items(ctx, message_id, with_item, summary, committed_at_ms).await?;
-            // Tells the sweeper this send is moving; losing it only costs a
-            // harmless re-publish.
-            let _ =
-                ctx.cache.heartbeat(task.message_id, ctx.settings.worker.sweep_timeout_secs).await;
-            metrics::counter!("notify_items_delivered_total").increment(delivered);
-            if !chunks::has_pending(pool, message_id).await? {
-                send::complete_if_done(ctx, message_id).await?;
+            ApplyOutcome::Misplaced { chunks } => {
+                return Err(Error::Unavailable(format!(
+                    "chunk {} of message {message_id}: its recipients kept moving between shards",
+                    chunks[0].chunk_id
+                )));
             }
-            Ok(TaskOutcome::Delivered { items: delivered })
         }
-        ApplyOutcome::AlreadyFinished { user_ids, delivered, unsettled, summary } => {
-            ctx.cache.invalidate_counts(&user_ids).await?;
-            if unsettled {
-                chunks::settle(pool, message_id, task.chunk_id).await?;
-            }
-            if delivered {
-                // The earlier attempt may have died before its event; it
-                // was about the recipients that got the item.
-                let with_item = chunks::recipients_with_item(pool, message_id, &user_ids).await?;
-                announce_items(ctx, message_id, with_item, summary, None).await?;
-            }
-            if status == SendStatus::Sending && !chunks::has_pending(pool, message_id).await? {
-                send::complete_if_done(ctx, message_id).await?;
-            }
-            Ok(TaskOutcome::AlreadyDone)
-        }
-        ApplyOutcome::Missing => Ok(TaskOutcome::Dropped),
-        ApplyOutcome::Misplaced { .. } => unreachable!("handled above"),
     }
 }
 
@@ -240,98 +348,32 @@ fn split_chunk_id(chunk_id: u64, shard: ShardId, users: &[u64]) -> u64 {
     chunks::SPLIT_CHUNK_BIT | mixed >> 1
 }
 
-/// Applies several first deliveries of ONE send's chunks on ONE shard as a
-/// group: steps 1-4 above with one status check, one transaction (each chunk
-/// keeps its guard: only pending ones are applied), one badge invalidation,
-/// one settle and one completion check for all of them. Returns one outcome
-/// per chunk id, in the order given; `None` when the group cannot go as one
-/// (the send is not SENDING, or its content or a chunk is missing), with
-/// nothing written: the caller applies the tasks one by one, which handles
-/// each case.
-#[instrument(skip_all, fields(message_id = message_id.get(), shard = shard.0, chunks = chunk_ids.len()))]
-pub async fn apply_group(
-    ctx: &Context,
-    shard: ShardId,
-    message_id: MessageId,
-    chunk_ids: &[u64],
-) -> Result<Option<Vec<TaskOutcome>>> {
-    if send::status_of(ctx, message_id).await? != Some(SendStatus::Sending) {
-        return Ok(None);
-    }
-    let pool = ctx.task_pool(shard)?;
-    let routes = ctx.writable_snapshot(&[]).await?;
-    let placed = |user_ids: &[u64]| placed_on(&routes, shard, user_ids);
-    let hold = ctx.holding_sends.check(shard, message_id);
-    let Some(group) = chunks::apply_many(pool, message_id, chunk_ids, hold, placed).await? else {
-        return Ok(None);
-    };
-    if group.chunks.iter().any(|chunk| chunk.applied_now) {
-        ctx.holding_sends.note(shard, message_id, !group.held_back.is_empty());
-    }
-    drop(routes);
-    let committed_at_ms = Some(chrono::Utc::now().timestamp_millis());
-    // Chunks done before (a duplicate task) were settled then; the ones left
-    // unsettled, by this commit or an earlier one, need the invalidation.
-    let unsettled: Vec<&chunks::GroupChunk> = group.chunks.iter().filter(|c| c.unsettled).collect();
-    let users: Vec<u64> = unsettled.iter().flat_map(|c| c.user_ids.iter().copied()).collect();
-    match ctx.cache.invalidate_counts(&users).await {
-        Ok(()) => {
-            let ids: Vec<u64> = unsettled.iter().map(|c| c.chunk_id).collect();
-            chunks::settle_many(pool, message_id, &ids).await?;
-        }
-        Err(e) => {
-            warn!(error = %e, chunks = unsettled.len(), "badges not invalidated, chunks left unsettled");
-            metrics::counter!("notify_chunks_unsettled_total").increment(unsettled.len() as u64);
-        }
-    }
-    for chunk in group.chunks.iter().filter(|c| c.delivered) {
-        // Events are about the recipients that got the item: not those
-        // their preferences held back now, and for a chunk applied before
-        // (a duplicate task), those that have it.
-        let (with_item, at) = if chunk.applied_now {
-            (without(chunk.user_ids.clone(), &group.held_back), committed_at_ms)
-        } else {
-            (chunks::recipients_with_item(pool, message_id, &chunk.user_ids).await?, None)
-        };
-        announce_items(ctx, message_id, with_item, group.summary.clone(), at).await?;
-    }
-    let _ = ctx.cache.heartbeat(message_id.get(), ctx.settings.worker.sweep_timeout_secs).await;
-    metrics::counter!("notify_items_delivered_total").increment(group.delivered);
-    metrics::histogram!("notify_chunk_group_size").record(chunk_ids.len() as f64);
-    if !chunks::has_pending(pool, message_id).await? {
-        send::complete_if_done(ctx, message_id).await?;
-    }
-    // The items of the group are counted once, on its first applied chunk.
-    let mut items = Some(group.delivered);
-    let outcomes = chunk_ids
-        .iter()
-        .map(|chunk_id| match group.chunks.iter().find(|c| c.chunk_id == *chunk_id) {
-            Some(chunk) if chunk.applied_now => {
-                TaskOutcome::Delivered { items: items.take().unwrap_or(0) }
-            }
-            _ => TaskOutcome::AlreadyDone,
-        })
-        .collect();
-    Ok(Some(outcomes))
-}
-
 /// How long a chunk may stay unsettled before a settler takes it over from
 /// its worker (which settles it right after its commit when Redis answers).
 const UNSETTLED_AFTER_MS: u64 = 1_000;
 
-/// Settles up to `limit` unsettled chunks of one shard: invalidates their
-/// recipients' cached badges, moves them to done and completes their sends
-/// if nothing else is left. Stops at the first Redis error (still away).
-/// Returns how many were settled.
+/// Settles the chunks of one shard a worker applied or recalled while
+/// Redis was away (up to `limit` of each, [`chunks::unsettled`]):
+/// invalidates their recipients' cached badges, moves them on (to done, to
+/// recalled), and finishes what waited for them: a send's completion if
+/// nothing else of it is left, a recall's gateway event and end. Stops at
+/// the first Redis error (still away). Returns how many were settled.
 pub async fn settle(ctx: &Context, pool: &MySqlPool, limit: u32) -> Result<u64> {
     let mut settled = 0;
     for chunk in chunks::unsettled(pool, UNSETTLED_AFTER_MS, limit).await? {
         ctx.cache.invalidate_counts(&chunk.user_ids).await?;
-        chunks::settle(pool, chunk.message_id, chunk.chunk_id).await?;
-        settled += 1;
-        if !chunks::has_pending(pool, chunk.message_id).await? {
-            send::complete_if_done(ctx, chunk.message_id).await?;
+        let (message_id, chunk_ids) = (chunk.message_id, [chunk.chunk_id]);
+        if chunk.recalled {
+            recall::settle_recall(pool, message_id, &chunk_ids).await?;
+            events::badges_changed(ctx, chunk.user_ids).await;
+            control::finish_recall_if_done(ctx, message_id).await?;
+        } else {
+            chunks::settle(pool, message_id, &chunk_ids).await?;
+            if !chunks::has_pending(pool, message_id).await? {
+                send::complete_if_done(ctx, message_id).await?;
+            }
         }
+        settled += 1;
     }
     if settled > 0 {
         metrics::counter!("notify_chunks_settled_total").increment(settled);

@@ -34,7 +34,6 @@ use crate::context::Context;
 use crate::control;
 use crate::deliver::TaskOutcome;
 use crate::events;
-use crate::queue::ChunkTask;
 use crate::send::{self, MessageView, Outboxed, record_of};
 use notify_domain::domain::{MessageId, SendStatus};
 use notify_domain::error::Result;
@@ -65,27 +64,20 @@ pub async fn recall(
     send::get_after_change(ctx, message_id).await
 }
 
-/// Takes one chunk's items back (a worker's recall task): the group of one.
-pub async fn apply_task(ctx: &Context, task: &ChunkTask) -> Result<TaskOutcome> {
-    let message_id = MessageId::from_raw(task.message_id);
-    let shard = ShardId(task.shard);
-    let outcomes =
-        apply_group(ctx, shard, message_id, &[task.chunk_id], task.badges_retired).await?;
-    Ok(outcomes.into_iter().next().unwrap_or(TaskOutcome::Dropped))
-}
-
-/// Takes several chunks of ONE recalled send on ONE shard back as a group
-/// (the recall tasks a worker had ready together, as deliveries go): one
-/// transaction for all of them, then one invalidation of their recipients'
-/// badges, one settle, one event for the gateway streams, and the end of
-/// the recall if these were the last chunks. With `badges_retired` (every
-/// task of the group says so, see [`ChunkTask::badges_retired`]) the
-/// transaction settles the chunks itself: their recipients' badges left
-/// the items out from the recall's call on, so there is nothing to
-/// invalidate and nothing new to tell. Returns one outcome per chunk id, in
-/// the order given; the items taken back are counted on the first chunk
-/// recalled now.
-#[instrument(skip_all, fields(message_id = message_id.get(), shard = shard.0, chunks = chunk_ids.len()))]
+/// Takes chunks of ONE recalled send on ONE shard back as a group (the
+/// recall tasks a worker had ready together, as deliveries go; a lone task
+/// is a group of one): one transaction for all of them, then one
+/// invalidation of their recipients' badges, one settle, one event for the
+/// gateway streams, and the end of the recall if these were the last
+/// chunks. With `badges_retired` (every task of the group says so, see
+/// [`ChunkTask::badges_retired`](crate::queue::ChunkTask::badges_retired))
+/// the transaction settles the chunks itself: their recipients' badges
+/// left the items out from the recall's call on, so there is nothing to
+/// invalidate and nothing new to tell. Chunks left unsettled (Redis away)
+/// wait for the settler ([`crate::deliver::settle`]). Returns one outcome
+/// per chunk id, in the order given; the items taken back are counted on
+/// the first chunk recalled now.
+#[instrument(skip_all, fields(message_id = message_id.get(), shard = shard.0, chunks = chunk_ids.len(), chunk_ids = ?chunk_ids))]
 pub async fn apply_group(
     ctx: &Context,
     shard: ShardId,
@@ -151,18 +143,4 @@ async fn settle_chunks(
     }
     events::badges_changed(ctx, user_ids).await;
     Ok(())
-}
-
-/// Settles up to `limit` recalled chunks of one shard whose badges were not
-/// invalidated (Redis was away). Stops at the first Redis error.
-pub async fn settle(ctx: &Context, pool: &MySqlPool, limit: u32) -> Result<u64> {
-    let mut settled = 0;
-    for chunk in store::recall_unsettled(pool, 1_000, limit).await? {
-        ctx.cache.invalidate_counts(&chunk.user_ids).await?;
-        store::settle_recall(pool, chunk.message_id, &[chunk.chunk_id]).await?;
-        events::badges_changed(ctx, chunk.user_ids).await;
-        settled += 1;
-        control::finish_recall_if_done(ctx, chunk.message_id).await?;
-    }
-    Ok(settled)
 }

@@ -203,7 +203,7 @@ async fn report_operations(ctx: &Context, limit: Duration) {
     metrics::gauge!("notify_badge_repairs_pending").set(repairs as f64);
 }
 
-/// Settles the chunks applied while Redis was away (see
+/// Settles the chunks applied or recalled while Redis was away (see
 /// [`notify_core::deliver::settle`]) on every shard that answers, and
 /// counts the reads a filtered update left waiting
 /// ([`notify_core::inbox::read_counts::count_left`]); a Redis still away
@@ -219,8 +219,7 @@ pub async fn settle_once(ctx: &Context) -> Result<()> {
         }
         let settling = async {
             notify_core::repair::settle(ctx, pool, BATCH).await?;
-            notify_core::deliver::settle(ctx, pool, BATCH).await?;
-            notify_core::recall::settle(ctx, pool, BATCH).await
+            notify_core::deliver::settle(ctx, pool, BATCH).await
         };
         match within(limit, settling).await {
             Ok(_) => {}

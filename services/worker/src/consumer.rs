@@ -25,7 +25,7 @@ use notify_core::recall;
 use notify_core::telemetry::trace;
 use notify_domain::Error;
 use notify_domain::backoff::Reconnect;
-use notify_domain::domain::Lane;
+use notify_domain::domain::{Lane, MessageId};
 use notify_domain::settings::RabbitSettings;
 use shard_router::ShardId;
 use tokio_stream::wrappers::IntervalStream;
@@ -320,8 +320,7 @@ fn task_span(lane: Lane, shard: u32, delivery: &Delivery) -> tracing::Span {
 /// Handles the deliveries that were ready together: first deliveries of the
 /// same send's chunks go as one group (one transaction), and so do its
 /// recall tasks; everything else (a lone task, a redelivery, a task of a
-/// parked shard, a group that cannot go as one or failed) one by one, with
-/// its retries.
+/// parked shard, a group that failed) one by one, with its retries.
 async fn handle_ready(
     ctx: &Context,
     lane: Lane,
@@ -361,8 +360,8 @@ async fn handle_ready(
 
 /// Applies a group of one send's tasks in one go and acks them; returns the
 /// deliveries to handle one by one instead (all of them when the group
-/// could not go as one or failed: nothing of it is half done, since a
-/// failed transaction rolls back and the rest repeats safely).
+/// failed: nothing of it is half done, since a failed transaction rolls
+/// back and the rest repeats safely).
 async fn apply_group(
     ctx: &Context,
     lane: Lane,
@@ -374,20 +373,17 @@ async fn apply_group(
     let shard = ShardId(tasks[0].0.shard);
     let chunk_ids: Vec<u64> = tasks.iter().map(|(task, _)| task.chunk_id).collect();
     let limit = Duration::from_secs(ctx.settings.worker.operation_timeout_secs);
-    let send = notify_domain::domain::MessageId::from_raw(message_id);
+    let send = MessageId::from_raw(message_id);
     let retired = tasks.iter().all(|(task, _)| task.badges_retired);
     let applying = AssertUnwindSafe(async {
         match kind {
-            TaskKind::Deliver => deliver::apply_group(ctx, shard, send, &chunk_ids).await,
-            TaskKind::Recall => {
-                recall::apply_group(ctx, shard, send, &chunk_ids, retired).await.map(Some)
-            }
+            TaskKind::Deliver => deliver::apply_group(ctx, shard, send, &chunk_ids, false).await,
+            TaskKind::Recall => recall::apply_group(ctx, shard, send, &chunk_ids, retired).await,
         }
     })
     .catch_unwind();
     let outcomes = match tokio::time::timeout(limit, applying).await {
-        Ok(Ok(Ok(Some(outcomes)))) => outcomes,
-        Ok(Ok(Ok(None))) => return tasks.into_iter().map(|(_, delivery)| delivery).collect(),
+        Ok(Ok(Ok(outcomes))) => outcomes,
         failed => {
             let reason = match failed {
                 Ok(Ok(Err(e))) => e.to_string(),
@@ -435,11 +431,19 @@ async fn handle(
         // In-process retries count as redeliveries too.
         let redelivered = delivery.redelivered || attempt > 1;
         let limit = Duration::from_secs(ctx.settings.worker.operation_timeout_secs);
+        // A lone task is a group of one.
         let applying = AssertUnwindSafe(async {
-            match task.kind {
-                TaskKind::Deliver => deliver::apply_task(ctx, &task, redelivered).await,
-                TaskKind::Recall => recall::apply_task(ctx, &task).await,
-            }
+            let (shard, send, chunk) =
+                (ShardId(task.shard), MessageId::from_raw(task.message_id), [task.chunk_id]);
+            let outcomes = match task.kind {
+                TaskKind::Deliver => {
+                    deliver::apply_group(ctx, shard, send, &chunk, redelivered).await
+                }
+                TaskKind::Recall => {
+                    recall::apply_group(ctx, shard, send, &chunk, task.badges_retired).await
+                }
+            };
+            outcomes.map(|outcomes| outcomes.into_iter().next().unwrap_or(TaskOutcome::Dropped))
         })
         .catch_unwind();
         let result = match tokio::time::timeout(limit, applying).await {

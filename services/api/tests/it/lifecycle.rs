@@ -253,7 +253,8 @@ async fn a_half_appended_batch_blocks_start_until_it_is_appended_again() {
 /// when the second's chunk is cancelled: as delivered, not also as cancelled.
 #[tokio::test]
 async fn a_cancelled_chunks_recipient_delivered_by_another_batch_counts_once() {
-    use notify_core::queue::ChunkTask;
+    use notify_core::deliver::{self, TaskOutcome};
+    use notify_domain::domain::MessageId;
     let app = spawn_app_with(test_settings(), false).await;
     let id = crate::helpers::create_draft(&app, "overlap").await;
     let mut client = app.messages();
@@ -273,12 +274,10 @@ async fn a_cancelled_chunks_recipient_delivered_by_another_batch_counts_once() {
                 .unwrap();
         let batch_of = |chunk_id: u64| chunk_id >> notify_core::send::plan::SEQUENCE_BITS;
         for chunk_id in chunk_ids.into_iter().filter(|c| batch_of(*c) == 1) {
-            let task = ChunkTask::deliver(id, chunk_id, shard.0);
-            let outcome = notify_core::deliver::apply_task(&app.ctx, &task, false).await.unwrap();
-            assert!(
-                matches!(outcome, notify_core::deliver::TaskOutcome::Delivered { .. }),
-                "{outcome:?}"
-            );
+            let send = MessageId::from_raw(id);
+            let outcomes =
+                deliver::apply_group(&app.ctx, shard, send, &[chunk_id], false).await.unwrap();
+            assert!(matches!(outcomes[..], [TaskOutcome::Delivered { .. }]), "{outcomes:?}");
         }
     }
     client.cancel_message(v1::CancelMessageRequest { message_id: id }).await.unwrap();

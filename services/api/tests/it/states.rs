@@ -91,9 +91,11 @@ async fn run(statement: &str, pool: &MySqlPool, message_id: MessageId, chunk_ids
         let id = *chunk_id;
         match statement {
             "apply" => {
-                chunks::apply(pool, message_id, id, HoldCheck::InInsert, |_| true).await.unwrap();
+                chunks::apply(pool, message_id, &[id], HoldCheck::InInsert, |_| true)
+                    .await
+                    .unwrap();
             }
-            "settle" => chunks::settle(pool, message_id, id).await.unwrap(),
+            "settle" => chunks::settle(pool, message_id, &[id]).await.unwrap(),
             "fail" => {
                 chunks::mark_failed(pool, message_id, id, None).await.unwrap();
             }

@@ -112,21 +112,18 @@ async fn one_send_is_one_trace_from_the_call_to_every_chunks_apply() {
     let chunks = app.count_chunks(message_id).await as usize;
     assert!(chunks >= 8, "the send has several chunks per shard ({chunks})");
 
-    // Every chunk's apply (alone, or in a group of the send's chunks applied
-    // in one transaction), and the call's own span (exported when it ends).
+    // Every chunk's apply (a group of the send's chunks applied in one
+    // transaction, a lone chunk a group of one), and the call's own span
+    // (exported when it ends).
     let id = message_id.to_string();
     let is_apply = |span: &ReceivedSpan| {
-        matches!(span.name.as_str(), "apply_task" | "apply_group")
-            && span.attribute("message_id") == Some(id.as_str())
+        span.name == "apply_group" && span.attribute("message_id") == Some(id.as_str())
     };
     let chunks_applied = |spans: &[ReceivedSpan]| -> usize {
         spans
             .iter()
             .filter(|span| is_apply(span))
-            .map(|span| match span.name.as_str() {
-                "apply_group" => span.attribute("chunks").unwrap().parse::<usize>().unwrap(),
-                _ => 1,
-            })
+            .map(|span| span.attribute("chunks").unwrap().parse::<usize>().unwrap())
             .sum()
     };
     // Spans arrive in the exporters' batches, each when it ends: a span

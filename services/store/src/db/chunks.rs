@@ -1,6 +1,7 @@
 //! Chunks on their target shard: storing them with the shard's content copy,
-//! applying one in a single transaction (the exactly-once guard), and the
-//! queries the scheduler, sweeper, resume and cancel need.
+//! applying a group of one send's chunks (a lone chunk is a group of one) in
+//! a single transaction (each chunk row its own exactly-once guard), and the
+//! queries the scheduler, sweeper, settler, resume and cancel need.
 
 use std::collections::HashSet;
 
@@ -250,7 +251,7 @@ pub async fn shrink(
     let mut tx = pool.begin().await?;
     let chunk = lock_chunk(&mut tx, message_id, chunk_id).await?;
     let unchanged = match chunk {
-        Some((chunk_state, packed, _)) => {
+        Some((chunk_state, packed)) => {
             chunk_state == state::PENDING && decode_user_ids(&packed)? == expected
         }
         None => false,
@@ -341,109 +342,14 @@ pub async fn revoke_content(pool: &MySqlPool, message_id: MessageId) -> Result<(
     Ok(())
 }
 
-/// What applying a chunk did.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum ApplyOutcome {
-    /// The chunk was pending and is now done.
-    Applied {
-        /// Its recipients.
-        user_ids: Vec<u64>,
-        /// Items written (recipients minus those that already had the item,
-        /// and those held back).
-        delivered: u64,
-        /// Recipients their preferences held back (no item was written).
-        held_back: Vec<u64>,
-        /// What the items show.
-        summary: ContentSummary,
-    },
-    /// An earlier attempt already applied (or failed, or cancelled) it.
-    AlreadyFinished {
-        /// Its recipients, so their counters can be invalidated again.
-        user_ids: Vec<u64>,
-        /// True when that attempt delivered it (not failed or cancelled).
-        delivered: bool,
-        /// True when it is [`state::UNSETTLED`].
-        unsettled: bool,
-        /// What the items show.
-        summary: ContentSummary,
-    },
-    /// No such chunk on this shard (a draft that never committed, say).
-    Missing,
-    /// Pending, but some recipients are no longer routed to this shard, or
-    /// their bucket is frozen by a move: nothing was written.
-    Misplaced {
-        /// Its recipients.
-        user_ids: Vec<u64>,
-    },
-}
-
-/// Applies a pending chunk in ONE transaction: the chunk row is locked and
-/// moved pending -> unsettled (the guard; [`settle`] makes it done once the
-/// badges are invalidated), the recipients' items are inserted and
-/// the shard stats are bumped. A redelivered task finds the chunk done and
-/// changes nothing. `placed` says whether recipients may be written here
-/// (routed to this shard, not frozen); when it says no, nothing is written.
-#[instrument(level = "debug", skip_all, fields(db.system = "mysql"))]
-pub async fn apply(
-    pool: &MySqlPool,
-    message_id: MessageId,
-    chunk_id: u64,
-    hold: HoldCheck,
-    placed: impl Fn(&[u64]) -> bool,
-) -> Result<ApplyOutcome> {
-    let Some(content) = content_row(pool, message_id).await? else {
-        return Ok(ApplyOutcome::Missing);
-    };
-    let summary = content.summary();
-
-    let mut tx = pool.begin().await?;
-    let chunk = lock_chunk(&mut tx, message_id, chunk_id).await?;
-    let Some((chunk_state, packed, at)) = chunk else {
-        return Ok(ApplyOutcome::Missing);
-    };
-    let user_ids = decode_user_ids(&packed)?;
-    if chunk_state != state::PENDING {
-        tx.rollback().await?;
-        let unsettled = chunk_state == state::UNSETTLED;
-        let delivered = chunk_state == state::DONE || unsettled;
-        return Ok(ApplyOutcome::AlreadyFinished { user_ids, delivered, unsettled, summary });
-    }
-    if !placed(&user_ids) {
-        tx.rollback().await?;
-        return Ok(ApplyOutcome::Misplaced { user_ids });
-    }
-
-    let written = Written { content: &content, at, first_chunk: chunk_id, done_chunks: 1 };
-    let (delivered, held_back) =
-        write_items(&mut tx, message_id, &written, user_ids.clone(), hold).await?;
-
-    sqlx::query(concat!(
-        "UPDATE message_chunks SET state = ",
-        chunk_state!(UNSETTLED),
-        ", updated_at = UTC_TIMESTAMP(3), \
-         applied_at = ?, held_back = ? WHERE message_id = ? AND chunk_id = ?"
-    ))
-    .bind(at)
-    .bind(packed_held_back(&held_back))
-    .bind(message_id.get())
-    .bind(chunk_id)
-    .execute(&mut *tx)
-    .await?;
-    tx.commit().await?;
-    Ok(ApplyOutcome::Applied { user_ids, delivered, held_back, summary })
-}
-
-/// Locks a chunk: its state and recipients, and the time of the apply
-/// (its items' `created_at` and the chunk's `applied_at`, one value, so
-/// every view of a delivery shows the same time).
+/// Locks a chunk: its state and recipients.
 async fn lock_chunk(
     tx: &mut sqlx::Transaction<'_, sqlx::MySql>,
     message_id: MessageId,
     chunk_id: u64,
-) -> Result<Option<(u8, Vec<u8>, NaiveDateTime)>> {
+) -> Result<Option<(u8, Vec<u8>)>> {
     Ok(sqlx::query_as(
-        "SELECT state, user_ids, UTC_TIMESTAMP(3) FROM message_chunks \
-         WHERE message_id = ? AND chunk_id = ? FOR UPDATE",
+        "SELECT state, user_ids FROM message_chunks WHERE message_id = ? AND chunk_id = ? FOR UPDATE",
     )
     .bind(message_id.get())
     .bind(chunk_id)
@@ -451,7 +357,7 @@ async fn lock_chunk(
     .await?)
 }
 
-/// One chunk of a group applied by [`apply_many`].
+/// One chunk of a group, as [`apply`] found it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct GroupChunk {
     /// The chunk.
@@ -467,10 +373,12 @@ pub struct GroupChunk {
     pub unsettled: bool,
 }
 
-/// What [`apply_many`] did.
+/// What [`apply`] wrote.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct GroupApplied {
-    /// Every chunk of the group, in chunk id order.
+    /// The chunks of the group found on this shard, in chunk id order (a
+    /// chunk id not among them names no chunk here: a draft that never
+    /// committed, say).
     pub chunks: Vec<GroupChunk>,
     /// Items written by this transaction.
     pub delivered: u64,
@@ -481,23 +389,41 @@ pub struct GroupApplied {
     pub summary: ContentSummary,
 }
 
-/// Applies several chunks of ONE send on this shard in one transaction, with
-/// [`apply`]'s guard on each: the rows are locked (in primary-key order, so
-/// two groups cannot deadlock each other), only the pending ones are applied
-/// and moved to unsettled, their items go in one `INSERT` and the shard stats
-/// get one bump. Returns `None` (nothing written) when the send's content or
-/// one of the chunks is missing, or `placed` says no to a pending chunk's
-/// recipients: the caller applies them one by one, which handles each case.
+/// What applying a group of chunks did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ApplyOutcome {
+    /// The pending chunks were applied (none, when every one was finished
+    /// before).
+    Applied(GroupApplied),
+    /// The send has no content copy on this shard: nothing was written.
+    Missing,
+    /// Pending chunks some of whose recipients are no longer routed to this
+    /// shard, or whose bucket is frozen by a move: nothing was written.
+    Misplaced {
+        /// Those chunks.
+        chunks: Vec<GroupChunk>,
+    },
+}
+
+/// Applies chunks of ONE send on this shard in ONE transaction, a single
+/// chunk being a group of one: the chunk rows are locked (in primary-key
+/// order, so two groups cannot deadlock each other) and each is its own
+/// guard: only the pending ones are applied, moved pending -> unsettled
+/// ([`settle`] makes them done once the badges are invalidated), their
+/// items go in one `INSERT` and the shard stats get one bump. A redelivered
+/// task finds its chunk done and changes nothing. `placed` says whether a
+/// pending chunk's recipients may be written here (routed to this shard,
+/// not frozen); when it says no to one, nothing is written.
 #[instrument(level = "debug", skip_all, fields(db.system = "mysql", chunks = chunk_ids.len()))]
-pub async fn apply_many(
+pub async fn apply(
     pool: &MySqlPool,
     message_id: MessageId,
     chunk_ids: &[u64],
     hold: HoldCheck,
     placed: impl Fn(&[u64]) -> bool,
-) -> Result<Option<GroupApplied>> {
+) -> Result<ApplyOutcome> {
     let Some(content) = content_row(pool, message_id).await? else {
-        return Ok(None);
+        return Ok(ApplyOutcome::Missing);
     };
     let summary = content.summary();
     let mut tx = pool.begin().await?;
@@ -512,11 +438,9 @@ pub async fn apply_many(
     select.push(") ORDER BY chunk_id FOR UPDATE");
     let rows: Vec<(u64, u8, Vec<u8>, NaiveDateTime)> =
         select.build_query_as().fetch_all(&mut *tx).await?;
-    if rows.len() != chunk_ids.len() {
-        tx.rollback().await?;
-        return Ok(None);
-    }
-    // One statement's time: the apply's (as in `lock_chunk`).
+    // One statement's time, the apply's: its items' `created_at` and the
+    // chunks' `applied_at`, one value, so every view of a delivery shows the
+    // same time.
     let at = rows.first().map(|row| row.3);
     let mut chunks = Vec::with_capacity(rows.len());
     for (chunk_id, chunk_state, packed, _) in rows {
@@ -529,14 +453,22 @@ pub async fn apply_many(
             unsettled: pending || chunk_state == state::UNSETTLED,
         });
     }
-    let pending: Vec<&GroupChunk> = chunks.iter().filter(|c| c.applied_now).collect();
-    if pending.iter().any(|c| !placed(&c.user_ids)) {
+    let misplaced: Vec<GroupChunk> =
+        chunks.iter().filter(|c| c.applied_now && !placed(&c.user_ids)).cloned().collect();
+    if !misplaced.is_empty() {
         tx.rollback().await?;
-        return Ok(None);
+        return Ok(ApplyOutcome::Misplaced { chunks: misplaced });
     }
+    let pending: Vec<&GroupChunk> = chunks.iter().filter(|c| c.applied_now).collect();
     if pending.is_empty() {
         tx.rollback().await?;
-        return Ok(Some(GroupApplied { chunks, delivered: 0, held_back: Vec::new(), summary }));
+        let held_back = Vec::new();
+        return Ok(ApplyOutcome::Applied(GroupApplied {
+            chunks,
+            delivered: 0,
+            held_back,
+            summary,
+        }));
     }
     let all = pending.iter().flat_map(|c| c.user_ids.iter().copied()).collect();
     let at = at.ok_or_else(|| Error::Internal("a group of chunks without rows".into()))?;
@@ -572,7 +504,7 @@ pub async fn apply_many(
     update.build().execute(&mut *tx).await?;
 
     tx.commit().await?;
-    Ok(Some(GroupApplied { chunks, delivered, held_back, summary }))
+    Ok(ApplyOutcome::Applied(GroupApplied { chunks, delivered, held_back, summary }))
 }
 
 /// A chunk's recipients held back by their preferences, as its `held_back`
@@ -1343,28 +1275,10 @@ async fn claim_stale_once(
     Ok(stale)
 }
 
-/// Moves an [`state::UNSETTLED`] chunk to done, once its recipients' cached
-/// badges have been invalidated.
+/// Moves [`state::UNSETTLED`] chunks of one send to done, once their
+/// recipients' cached badges have been invalidated.
 #[instrument(level = "debug", skip_all, fields(db.system = "mysql"))]
-pub async fn settle(pool: &MySqlPool, message_id: MessageId, chunk_id: u64) -> Result<()> {
-    sqlx::query(concat!(
-        "UPDATE message_chunks SET state = ",
-        chunk_state!(DONE),
-        ", updated_at = UTC_TIMESTAMP(3) \
-         WHERE message_id = ? AND chunk_id = ? AND state = ",
-        chunk_state!(UNSETTLED)
-    ))
-    .bind(message_id.get())
-    .bind(chunk_id)
-    .execute(pool)
-    .await?;
-    Ok(())
-}
-
-/// Moves several [`state::UNSETTLED`] chunks of one send to done (see
-/// [`settle`]).
-#[instrument(level = "debug", skip_all, fields(db.system = "mysql"))]
-pub async fn settle_many(pool: &MySqlPool, message_id: MessageId, chunk_ids: &[u64]) -> Result<()> {
+pub async fn settle(pool: &MySqlPool, message_id: MessageId, chunk_ids: &[u64]) -> Result<()> {
     if chunk_ids.is_empty() {
         return Ok(());
     }
@@ -1373,20 +1287,17 @@ pub async fn settle_many(pool: &MySqlPool, message_id: MessageId, chunk_ids: &[u
         chunk_state!(DONE),
         ", updated_at = UTC_TIMESTAMP(3) WHERE state = ",
         chunk_state!(UNSETTLED),
-        " \
-         AND message_id = "
+        " AND message_id = "
     ));
     update.push_bind(message_id.get()).push(" AND chunk_id IN (");
-    let mut ids = update.separated(", ");
-    for chunk_id in chunk_ids {
-        ids.push_bind(*chunk_id);
-    }
+    push_ids(&mut update, chunk_ids);
     update.push(")");
     update.build().execute(pool).await?;
     Ok(())
 }
 
-/// An applied chunk whose recipients' badges still need invalidating.
+/// A chunk a worker applied or recalled whose recipients' badges still
+/// need invalidating.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Unsettled {
     /// The send.
@@ -1395,42 +1306,39 @@ pub struct Unsettled {
     pub chunk_id: u64,
     /// Its recipients.
     pub user_ids: Vec<u64>,
+    /// True for a recalled chunk ([`state::RECALL_UNSETTLED`]), false for a
+    /// delivered one ([`state::UNSETTLED`]).
+    pub recalled: bool,
 }
 
-/// Up to `limit` chunks of this shard left [`state::UNSETTLED`] for longer
-/// than `older_than_ms` (younger ones are in the hands of their worker).
+/// Chunks of this shard left [`state::UNSETTLED`] for longer than
+/// `older_than_ms` (younger ones are in the hands of their worker), then
+/// those left [`state::RECALL_UNSETTLED`] as long: up to `limit` of each,
+/// oldest first.
 #[instrument(level = "debug", skip_all, fields(db.system = "mysql"))]
 pub async fn unsettled(pool: &MySqlPool, older_than_ms: u64, limit: u32) -> Result<Vec<Unsettled>> {
-    left_in_state(pool, state::UNSETTLED, older_than_ms, limit).await
-}
-
-/// Up to `limit` chunks of this shard in `state` since longer than
-/// `older_than_ms`, oldest first.
-pub(crate) async fn left_in_state(
-    pool: &MySqlPool,
-    state: u8,
-    older_than_ms: u64,
-    limit: u32,
-) -> Result<Vec<Unsettled>> {
-    let rows: Vec<(u64, u64, Vec<u8>)> = sqlx::query_as(
-        "SELECT message_id, chunk_id, user_ids FROM message_chunks FORCE INDEX (idx_chunks_state) \
-         WHERE state = ? AND updated_at < UTC_TIMESTAMP(3) - INTERVAL ? MICROSECOND \
-         ORDER BY updated_at LIMIT ?",
-    )
-    .bind(state)
-    .bind(older_than_ms * 1000)
-    .bind(limit)
-    .fetch_all(pool)
-    .await?;
-    rows.into_iter()
-        .map(|(message_id, chunk_id, packed)| {
-            Ok(Unsettled {
+    let mut chunks = Vec::new();
+    for chunk_state in [state::UNSETTLED, state::RECALL_UNSETTLED] {
+        let rows: Vec<(u64, u64, Vec<u8>)> = sqlx::query_as(
+            "SELECT message_id, chunk_id, user_ids FROM message_chunks FORCE INDEX (idx_chunks_state) \
+             WHERE state = ? AND updated_at < UTC_TIMESTAMP(3) - INTERVAL ? MICROSECOND \
+             ORDER BY updated_at LIMIT ?",
+        )
+        .bind(chunk_state)
+        .bind(older_than_ms * 1000)
+        .bind(limit)
+        .fetch_all(pool)
+        .await?;
+        for (message_id, chunk_id, packed) in rows {
+            chunks.push(Unsettled {
                 message_id: MessageId::from_raw(message_id),
                 chunk_id,
                 user_ids: decode_user_ids(&packed)?,
-            })
-        })
-        .collect()
+                recalled: chunk_state == state::RECALL_UNSETTLED,
+            });
+        }
+    }
+    Ok(chunks)
 }
 
 /// Marks chunks as just re-published.

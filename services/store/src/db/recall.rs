@@ -258,17 +258,3 @@ pub async fn unrecalled_chunks(pool: &MySqlPool, message_id: MessageId) -> Resul
     .await?;
     Ok(count.max(0) as u64)
 }
-
-/// A recalled chunk whose recipients' badges still need invalidating.
-pub type RecallUnsettled = super::chunks::Unsettled;
-
-/// Recalled chunks left with badges to invalidate for longer than
-/// `older_than_ms` (their worker could not reach Redis), oldest first.
-#[instrument(level = "debug", skip_all, fields(db.system = "mysql"))]
-pub async fn recall_unsettled(
-    pool: &MySqlPool,
-    older_than_ms: u64,
-    limit: u32,
-) -> Result<Vec<RecallUnsettled>> {
-    super::chunks::left_in_state(pool, state::RECALL_UNSETTLED, older_than_ms, limit).await
-}

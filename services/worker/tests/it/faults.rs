@@ -5,10 +5,11 @@ use std::time::Duration;
 
 use notify_core::deliver::{self, TaskOutcome};
 use notify_core::queue::ChunkTask;
-use notify_domain::domain::Lane;
+use notify_domain::domain::{Lane, MessageId};
 use notify_proto::v1;
 use notify_store::db::chunks;
 use notify_testkit::{TestApp, eventually, spawn_app, spawn_app_with, test_settings};
+use shard_router::ShardId;
 
 async fn send(app: &TestApp, user_ids: Vec<u64>) -> u64 {
     app.send(user_ids).await
@@ -84,10 +85,9 @@ async fn redelivered_tasks_are_no_ops() {
     }
     assert!(!tasks.is_empty());
     for task in &tasks {
-        assert_eq!(
-            deliver::apply_task(&app.ctx, task, true).await.unwrap(),
-            TaskOutcome::AlreadyDone
-        );
+        let (shard, send) = (ShardId(task.shard), MessageId::from_raw(task.message_id));
+        let outcomes = deliver::apply_group(&app.ctx, shard, send, &[task.chunk_id], true).await;
+        assert_eq!(outcomes.unwrap(), [TaskOutcome::AlreadyDone]);
     }
     app.ctx.publisher.publish(Lane::High, &tasks).await.unwrap();
     app.ctx.publisher.publish(Lane::Bulk, &tasks).await.unwrap();
@@ -250,8 +250,9 @@ async fn a_chunk_that_keeps_killing_workers_is_recorded_as_failed() {
         .execute(&pool)
         .await
         .unwrap();
-    let task = ChunkTask::deliver(id, chunk_id, shard.0);
-    assert_eq!(deliver::apply_task(&app.ctx, &task, true).await.unwrap(), TaskOutcome::Failed);
+    let outcomes =
+        deliver::apply_group(&app.ctx, shard, MessageId::from_raw(id), &[chunk_id], true).await;
+    assert_eq!(outcomes.unwrap(), [TaskOutcome::Failed]);
     let progress = get(&app, id).await.progress.unwrap();
     assert_eq!(progress.failed, u64::from(recipients));
     app.cleanup().await;

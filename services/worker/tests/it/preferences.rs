@@ -6,7 +6,7 @@ use std::collections::{BTreeSet, HashSet};
 
 use notify_domain::domain::MessageId;
 use notify_proto::v1;
-use notify_store::db::chunks::{self, ApplyOutcome, HoldCheck};
+use notify_store::db::chunks::{self, ApplyOutcome, GroupApplied, HoldCheck};
 use notify_testkit::{content, send_request, spawn_app_with, test_settings};
 
 /// What an apply should have done to `user_ids`: the held back (muting,
@@ -68,9 +68,10 @@ async fn both_ways_of_checking_preferences_hold_back_the_same_recipients() {
         // One chunk each way alone, the rest as a group checking first.
         for (nth, (chunk_id, user_ids)) in chunks.iter().take(2).enumerate() {
             let hold = if nth == 0 { HoldCheck::InInsert } else { HoldCheck::First };
-            let outcome = chunks::apply(pool, message_id, *chunk_id, hold, |_| true).await.unwrap();
-            let ApplyOutcome::Applied { delivered, held_back, .. } = outcome else {
-                panic!("chunk {chunk_id} not applied: {outcome:?}");
+            let outcome = chunks::apply(pool, message_id, &[*chunk_id], hold, |_| true).await;
+            let ApplyOutcome::Applied(GroupApplied { delivered, held_back, .. }) = outcome.unwrap()
+            else {
+                panic!("chunk {chunk_id} not applied");
             };
             let (held, new) = expected(user_ids, &muting, &had);
             assert_eq!(held_back.iter().copied().collect::<BTreeSet<u64>>(), held, "{hold:?}");
@@ -83,10 +84,10 @@ async fn both_ways_of_checking_preferences_hold_back_the_same_recipients() {
             }
         }
         let rest: Vec<u64> = chunks[2..].iter().map(|(chunk_id, _)| *chunk_id).collect();
-        let group = chunks::apply_many(pool, message_id, &rest, HoldCheck::First, |_| true)
-            .await
-            .unwrap()
-            .expect("the group applies");
+        let outcome = chunks::apply(pool, message_id, &rest, HoldCheck::First, |_| true).await;
+        let ApplyOutcome::Applied(group) = outcome.unwrap() else {
+            panic!("the group not applied");
+        };
         let group_users: Vec<u64> =
             chunks[2..].iter().flat_map(|(_, u)| u.iter().copied()).collect();
         let (held, new) = expected(&group_users, &muting, &had);

@@ -19,9 +19,10 @@ use base64::engine::general_purpose::STANDARD;
 use futures::StreamExt as _;
 use lapin::options::BasicGetOptions;
 use notify_core::deliver::{self, TaskOutcome};
-use notify_core::queue::{self, ChunkTask};
+use notify_core::queue;
 use notify_core::webhooks::{Job, WebhookTopology};
 use notify_domain::Settings;
+use notify_domain::domain::MessageId;
 use notify_domain::settings::WebhookEndpoint;
 use notify_proto::v1;
 use notify_proto::v1::inbox_service_client::InboxServiceClient;
@@ -413,8 +414,9 @@ async fn a_chunk_failed_for_good_is_reported_then_the_completion_counts_it() {
         .execute(&pool)
         .await
         .unwrap();
-    let task = ChunkTask::deliver(message_id, chunk_id, shard.0);
-    assert_eq!(deliver::apply_task(&app.ctx, &task, true).await.unwrap(), TaskOutcome::Failed);
+    let send = MessageId::from_raw(message_id);
+    let outcomes = deliver::apply_group(&app.ctx, shard, send, &[chunk_id], true).await.unwrap();
+    assert_eq!(outcomes, [TaskOutcome::Failed]);
     app.start_worker().await;
 
     // Order is not promised: take both, then look.
@@ -650,7 +652,7 @@ async fn a_relay_takes_an_event_once_per_lease() {
     let event = OutboxEvent::new(7, "message.completed", None);
     let record = Record { event: &event, due_in_ms: 0 };
     // No such send: the change touches nothing, and nothing is recorded.
-    let id = notify_domain::domain::MessageId::from_raw(7);
+    let id = MessageId::from_raw(7);
     assert!(!messages::complete(&pool, id, 0, Some(record)).await.unwrap());
     assert_eq!(webhook_outbox::count(&pool).await.unwrap(), 0);
 
