@@ -14,7 +14,7 @@ use notify_testkit::faults::{Proxies, route_through_proxies};
 use notify_testkit::{TestApp, spawn_app_with, test_settings};
 use shard_router::ShardId;
 
-use crate::helpers::{content, inbox_ids, send, wait_for_status};
+use crate::helpers::{announce, content, inbox_ids, send, wait_for_status};
 use crate::items::{served, truth};
 
 /// Settings whose failed drives are tried again soon.
@@ -107,17 +107,6 @@ async fn cancel(app: &TestApp, message_id: u64) -> v1::Message {
     app.messages().cancel_message(request).await.expect("the cancel answers").into_inner()
 }
 
-/// Sends an announcement; returns its id.
-async fn announce(app: &TestApp) -> u64 {
-    let request = v1::SendMessageRequest {
-        sender: "tests".into(),
-        content: Some(content("to every user")),
-        audience: Some(v1::send_message_request::Audience::AllUsers(v1::AllUsersAudience {})),
-        ..Default::default()
-    };
-    app.messages().send_message(request).await.unwrap().into_inner().message_id
-}
-
 fn pending(message: &v1::Message) -> Vec<v1::ControlOperation> {
     message
         .pending_operations
@@ -181,7 +170,7 @@ async fn an_edit_with_a_shard_cut_during_the_call_reaches_that_shard_once_it_is_
 #[tokio::test]
 async fn an_announcement_cancelled_with_a_shard_cut_leaves_every_inbox_once_it_is_back() {
     let (app, proxies) = behind_proxies().await;
-    let id = announce(&app).await;
+    let id = announce(&app, "to every user").await;
     let readers = users(8_300_000, 40);
     // Materialized into every reader's inbox, badges cached.
     for user in &readers {
@@ -247,7 +236,7 @@ async fn targets(first_user: u64) -> (TestApp, Targets) {
     let edited = send(&app, recipients.clone()).await;
     wait_for_status(&app, recalled, v1::MessageStatus::Completed).await;
     wait_for_status(&app, edited, v1::MessageStatus::Completed).await;
-    let announced = announce(&app).await;
+    let announced = announce(&app, "to every user").await;
     for user in &recipients {
         assert!(inbox_ids(&app, *user).await.contains(&announced));
     }
@@ -406,7 +395,7 @@ async fn a_burst_of_sends_mark_reads_and_an_announcement_cancel_fails_no_call() 
     let mut sent = Vec::new();
     let mut cancelled = Vec::new();
     for round in 0..3u64 {
-        let announcement = announce(&app).await;
+        let announcement = announce(&app, "to every user").await;
         let senders = (0..10u64).map(|sender| {
             let mut client = app.messages();
             let readers = readers.clone();

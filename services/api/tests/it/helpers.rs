@@ -10,6 +10,18 @@ pub async fn send(app: &TestApp, user_ids: Vec<u64>) -> u64 {
     app.send(user_ids).await
 }
 
+/// Sends an announcement (every user, no expiry) titled `title`; returns
+/// its id.
+pub async fn announce(app: &TestApp, title: &str) -> u64 {
+    let request = v1::SendMessageRequest {
+        sender: "tests".into(),
+        content: Some(content(title)),
+        audience: Some(v1::send_message_request::Audience::AllUsers(v1::AllUsersAudience {})),
+        ..Default::default()
+    };
+    app.messages().send_message(request).await.unwrap().into_inner().message_id
+}
+
 /// Follows WatchMessage until the send reaches `status`.
 pub async fn wait_for_status(
     app: &TestApp,

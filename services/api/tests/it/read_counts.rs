@@ -11,6 +11,7 @@ use notify_proto::v1::admin_service_client::AdminServiceClient;
 use notify_testkit::TestApp;
 use notify_testkit::spawn_app;
 
+use crate::helpers::{announce, inbox_ids};
 use crate::items::{deliver, update};
 
 /// Each send's read count (as `GetMessage` answers) and readers (as
@@ -253,5 +254,27 @@ async fn reads_a_crash_left_waiting_are_counted_by_the_workers_and_an_erasure_ke
         .unwrap();
         assert_eq!(left, 0);
     }
+    app.cleanup().await;
+}
+
+/// A cancelled announcement takes no read back: reads counted after its
+/// cancel keep their readers as those counted before do (a recall is
+/// what takes reads back, and writes no reader for its items).
+#[tokio::test]
+async fn reads_of_a_cancelled_announcement_counted_after_the_cancel_keep_their_readers() {
+    let app = spawn_app().await;
+    let (early, late) = (5_730_001, 5_730_002);
+    let id = announce(&app, "counted either side of a cancel").await;
+    for user in [early, late] {
+        assert_eq!(inbox_ids(&app, user).await, [id], "materialized by the first read");
+    }
+    read_and_leave_waiting(&app, early).await;
+    app.reads_counted().await;
+    read_and_leave_waiting(&app, late).await;
+    app.messages().cancel_message(v1::CancelMessageRequest { message_id: id }).await.unwrap();
+    app.wait_for_operations(id).await;
+    app.reads_counted().await;
+    assert_counts_agree(&app, &[id]).await;
+    assert_eq!(app.count_reads(id).await, 2, "both readers, counted before and after the cancel");
     app.cleanup().await;
 }

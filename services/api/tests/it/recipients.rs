@@ -20,7 +20,7 @@ use notify_testkit::{
 use shard_router::{BucketSet, ShardId, bucket_of};
 use tonic::Code;
 
-use crate::helpers::{content, idle_ids, inbox_ids, wait_for_status};
+use crate::helpers::{announce, idle_ids, inbox_ids, wait_for_status};
 
 /// Every page of a filter, checking order and that each page moves on.
 async fn list_all(app: &TestApp, message_id: u64, state: F, page_size: u32) -> Vec<v1::Recipient> {
@@ -407,20 +407,10 @@ async fn a_recalled_send_lists_its_recipients_as_recalled_and_no_reader() {
     app.cleanup().await;
 }
 
-async fn announce(app: &TestApp) -> u64 {
-    let request = v1::SendMessageRequest {
-        sender: "tests".into(),
-        content: Some(content("for all")),
-        audience: Some(v1::send_message_request::Audience::AllUsers(v1::AllUsersAudience {})),
-        ..Default::default()
-    };
-    app.messages().send_message(request).await.unwrap().into_inner().message_id
-}
-
 #[tokio::test]
 async fn an_announcement_lists_the_users_who_have_it_materialized() {
     let app = spawn_app().await;
-    let id = announce(&app).await;
+    let id = announce(&app, "for all").await;
     wait_for_status(&app, id, v1::MessageStatus::Sending).await;
     assert!(list_all(&app, id, F::Unspecified, 10).await.is_empty(), "nobody looked yet");
     let readers: Vec<u64> = (8_300_001..8_300_041).collect();
@@ -615,7 +605,7 @@ async fn erasure_removes_the_users_reads_and_materializations() {
     let (user, other) = (8_700_001, 8_700_002);
     let id = app.send(vec![user, other]).await;
     wait_for_status(&app, id, v1::MessageStatus::Completed).await;
-    let announcement = announce(&app).await;
+    let announcement = announce(&app, "for all").await;
     wait_for_status(&app, announcement, v1::MessageStatus::Sending).await;
     for who in [user, other] {
         assert!(inbox_ids(&app, who).await.contains(&announcement));

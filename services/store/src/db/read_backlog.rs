@@ -14,10 +14,12 @@
 //! the same transaction. Order does not matter: read counts are sums, and
 //! the readers of a message are set from the items as they are when the
 //! rows are applied, not replayed (a reader row exists where the item is
-//! read). Updates by a list of ids count their own items in their own
-//! transaction, as before; they lock the user's waiting rows after their
-//! items and before changing them ([`LOCK_WAITING`]), so an [`apply`]
-//! running meanwhile reads the items before or after them, never between.
+//! read and not recalled: a recall deletes its items' readers, and a
+//! withdrawn announcement, which takes no read back, keeps them). Updates
+//! by a list of ids count their own items in their own transaction, as
+//! before; they lock the user's waiting rows after their items and before
+//! changing them ([`LOCK_WAITING`]), so an [`apply`] running meanwhile
+//! reads the items before or after them, never between.
 
 use std::time::Duration;
 
@@ -131,8 +133,7 @@ pub async fn apply(pool: &MySqlPool, user_id: u64, feed: bool) -> Result<u64> {
                 "INSERT INTO {table} (message_id, user_id, read_at{delivered}) \
                  SELECT DISTINCT i.message_id, i.user_id, {read_at}{delivered_at} FROM read_backlog b STRAIGHT_JOIN {IDS} \
                  STRAIGHT_JOIN message_items i ON i.user_id = b.user_id AND i.message_id = j.message_id \
-                 STRAIGHT_JOIN message_contents c ON c.message_id = i.message_id \
-                 WHERE b.delta > 0 AND i.is_read = 1 AND c.revoked = 0 AND"
+                 WHERE b.delta > 0 AND i.is_read = 1 AND i.recalled = 0 AND"
             ));
             chosen(&mut readers);
             readers.push(format!(" ON DUPLICATE KEY UPDATE read_at = VALUES(read_at){updated}"));
