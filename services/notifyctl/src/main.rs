@@ -270,7 +270,9 @@ async fn migrate(contract: bool, wait: u64) -> anyhow::Result<()> {
         let report = notify_store::db::contract::contract_all(&settings, patience).await?;
         print_migrated(report.expand);
         for (shard, applied) in &report.applied {
-            if !applied.is_empty() {
+            if applied.is_empty() {
+                println!("shard {} {}: nothing to contract", shard.shard, shard.database);
+            } else {
                 println!("shard {} {}: contracted {applied:?}", shard.shard, shard.database);
             }
         }
