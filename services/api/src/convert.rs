@@ -3,15 +3,12 @@
 
 use chrono::{DateTime, NaiveDateTime, Utc};
 use notify_core::control::OperationKind;
-use notify_core::inbox::{InboxPage, PageFormat};
+use notify_core::inbox::{Action, InboxPage, InboxRow, ItemFilter, PageFormat, View};
 use notify_core::send::{MessageView, Progress};
 use notify_domain::auth::{Client, Scope};
 use notify_domain::domain::{self, AudienceKind, Content, Priority, SendStatus};
 use notify_domain::{Error, Result};
 use notify_proto::v1;
-use notify_store::db::item_updates::Action;
-use notify_store::db::items::InboxRow;
-use notify_store::db::items::{ItemFilter, View};
 
 /// Converts a stored UTC time to a proto timestamp.
 pub fn timestamp(at: NaiveDateTime) -> prost_types::Timestamp {

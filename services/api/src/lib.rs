@@ -22,6 +22,7 @@ use std::time::Duration;
 use futures::StreamExt as _;
 use notify_core::Context;
 use notify_core::health::{self, BackendStatus, Heartbeats, Probes};
+use notify_core::shard_map::{self, Replica};
 use notify_core::telemetry;
 use notify_domain::Settings;
 use notify_domain::settings::{ApiSettings, ReflectionMode};
@@ -86,7 +87,7 @@ pub struct Application {
     metrics_listener: TcpListener,
     console_listener: Option<TcpListener>,
     tls: Option<Arc<ServerTls>>,
-    replica: notify_store::shard_map::Replica,
+    replica: Replica,
 }
 
 impl Application {
@@ -116,8 +117,8 @@ impl Application {
         let console_listener = console::bind(&settings).await?;
         let ctx = Context::connect(settings).await?;
         // Reported before serving anything (see shard_map::join).
-        let replica = notify_store::shard_map::Replica::new("api");
-        notify_store::shard_map::join(&ctx.pools, &ctx.settings.database, &replica).await?;
+        let replica = Replica::new("api");
+        shard_map::join(&ctx, &replica).await?;
         Ok(Self { ctx, listener, metrics_listener, console_listener, tls, replica })
     }
 
@@ -169,12 +170,8 @@ impl Application {
         // that stops reporting counts as gone for a bucket move.
         // (Also when this returns early with an error.)
         let drained = CancellationToken::new();
-        let shard_map = tokio::spawn(notify_store::shard_map::follow(
-            self.ctx.pools.clone(),
-            self.ctx.settings.database.clone(),
-            self.replica,
-            drained.clone(),
-        ));
+        let shard_map =
+            tokio::spawn(shard_map::follow(self.ctx.clone(), self.replica, drained.clone()));
         let drained = drained.drop_guard();
         let metrics =
             tokio::spawn(health::serve_metrics(self.metrics_listener, probes, shutdown.clone()));

@@ -26,7 +26,7 @@ pub fn to_status(err: Error) -> Status {
             ),
             None => Status::resource_exhausted(reason),
         },
-        Error::Unavailable(_) | Error::Database(_) | Error::Broker(_) | Error::Cache(_)
+        Error::Unavailable(_) | Error::Database { .. } | Error::Broker(_) | Error::Cache(_)
             if err.is_transient() =>
         {
             let kind = err.db_failure().map_or("", DbFailure::name);

@@ -60,7 +60,7 @@ use tracing::instrument;
 
 use super::near::Held;
 use super::values::{CachedCounts, Counts, count_at};
-use super::{Cache, DIRTY_MS, waves};
+use super::{Cache, DIRTY_MS, cache_error, waves};
 use notify_domain::error::Result;
 
 /// Most users per invalidation command (a command blocks Redis while it runs).
@@ -168,11 +168,14 @@ impl Cache {
         let (mut epoch_conn, mut conn) = (self.conn.clone(), self.conn.clone());
         let epoch = epoch_conn.get::<_, Option<u64>>(self.keys.epoch());
         if user_ids.is_empty() {
-            return Ok(CachedCounts { epoch: epoch.await?.unwrap_or(0), counts: Vec::new() });
+            return Ok(CachedCounts {
+                epoch: epoch.await.map_err(cache_error)?.unwrap_or(0),
+                counts: Vec::new(),
+            });
         }
         let keys: Vec<String> = user_ids.iter().map(|user_id| self.keys.unread(*user_id)).collect();
         let values = conn.mget::<_, Vec<Option<String>>>(keys);
-        let (epoch, values) = futures::try_join!(epoch, values)?;
+        let (epoch, values) = futures::try_join!(epoch, values).map_err(cache_error)?;
         let epoch = epoch.unwrap_or(0);
         let counts = values.iter().map(|value| count_at(value.as_deref(), epoch)).collect();
         Ok(CachedCounts { epoch, counts })
@@ -201,7 +204,7 @@ impl Cache {
             let mut conn = self.conn.clone();
             async move { invocation.invoke_async::<i64>(&mut conn).await }
         });
-        try_join_all(stores).await?;
+        try_join_all(stores).await.map_err(cache_error)?;
         self.forget_near(entries.iter().map(|entry| Held::Unread(entry.user_id)));
         Ok(())
     }
@@ -246,7 +249,7 @@ impl Cache {
                 .arg(self.keys.inbox_pages(*user_id));
         }
         let mut conn = self.conn.clone();
-        del.query_async::<()>(&mut conn).await?;
+        del.query_async::<()>(&mut conn).await.map_err(cache_error)?;
         Ok(())
     }
 
@@ -275,7 +278,8 @@ impl Cache {
             .arg(delta)
             .arg(DIRTY_MS)
             .invoke_async::<i64>(&mut conn)
-            .await?;
+            .await
+            .map_err(cache_error)?;
         self.forget_near([Held::Unread(user_id)]);
         Ok(())
     }
@@ -284,7 +288,13 @@ impl Cache {
     #[instrument(level = "debug", skip_all, fields(db.system = "redis"))]
     pub async fn bump_announcement_epoch(&self) -> Result<u64> {
         let mut conn = self.conn.clone();
-        let epoch = self.badge.bump_epoch.key(self.keys.epoch()).invoke_async(&mut conn).await?;
+        let epoch = self
+            .badge
+            .bump_epoch
+            .key(self.keys.epoch())
+            .invoke_async(&mut conn)
+            .await
+            .map_err(cache_error)?;
         self.forget_near([Held::Epoch]);
         Ok(epoch)
     }
@@ -310,7 +320,8 @@ impl Cache {
             .key(self.keys.epoch())
             .arg(self.keys.active_list_prefix())
             .invoke_async(&mut conn)
-            .await?;
+            .await
+            .map_err(cache_error)?;
         Ok((epoch, list))
     }
 
@@ -318,7 +329,9 @@ impl Cache {
     #[instrument(level = "debug", skip_all, fields(db.system = "redis"))]
     pub async fn store_announcements(&self, epoch: u64, json: &str, ttl_secs: u64) -> Result<()> {
         let mut conn = self.conn.clone();
-        conn.set_ex::<_, _, ()>(self.keys.active_list(epoch), json, ttl_secs.max(1)).await?;
+        conn.set_ex::<_, _, ()>(self.keys.active_list(epoch), json, ttl_secs.max(1))
+            .await
+            .map_err(cache_error)?;
         self.forget_near([Held::Active(epoch)]);
         Ok(())
     }

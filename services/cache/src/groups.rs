@@ -53,7 +53,7 @@ use super::near::Held;
 use super::values::{
     CachedCounts, CachedGroup, CachedUserState, count_at, cursor_value, parse_cursor,
 };
-use super::{Cache, DIRTY_MS, Keys};
+use super::{Cache, DIRTY_MS, Keys, cache_error};
 use notify_domain::error::{Error, Result};
 
 /// Users per invalidation script call (a script blocks Redis while it runs).
@@ -282,7 +282,7 @@ impl Cache {
                 .arg(membership.group_id)
                 .arg(cursor_value(membership.last_ack_seq, membership.muted));
         }
-        let stored: i64 = invocation.invoke_async(&mut conn).await?;
+        let stored: i64 = invocation.invoke_async(&mut conn).await.map_err(cache_error)?;
         self.forget_near([Held::Cursors(user_id)]);
         Ok(stored == 1)
     }
@@ -316,7 +316,7 @@ impl Cache {
             let mut conn = self.conn.clone();
             async move { del.query_async::<()>(&mut conn).await }
         });
-        try_join_all(calls).await?;
+        try_join_all(calls).await.map_err(cache_error)?;
         self.forget_near(user_ids.iter().map(|user_id| Held::Cursors(*user_id)));
         Ok(())
     }
@@ -337,7 +337,7 @@ impl Cache {
             let mut conn = self.conn.clone();
             async move { invocation.invoke_async::<i64>(&mut conn).await }
         });
-        try_join_all(calls).await?;
+        try_join_all(calls).await.map_err(cache_error)?;
         self.forget_near(user_ids.iter().map(|user_id| Held::Cursors(*user_id)));
         Ok(())
     }
@@ -421,7 +421,7 @@ impl Cache {
             let mut conn = self.conn.clone();
             async move { invocation.invoke_async::<i64>(&mut conn).await }
         });
-        try_join_all(calls).await?;
+        try_join_all(calls).await.map_err(cache_error)?;
         self.forget_near(seqs.iter().map(|(group_id, _, _)| Held::Seq(*group_id)));
         Ok(())
     }
@@ -430,7 +430,8 @@ impl Cache {
     #[instrument(level = "debug", skip_all, fields(db.system = "redis"))]
     pub async fn cached_group_seq(&self, group_id: u64) -> Result<Option<GroupSeq>> {
         let mut conn = self.conn.clone();
-        let value: Option<String> = conn.get(self.keys.group_seq(group_id)).await?;
+        let value: Option<String> =
+            conn.get(self.keys.group_seq(group_id)).await.map_err(cache_error)?;
         Ok(value.as_deref().and_then(GroupSeq::parse))
     }
 
@@ -461,7 +462,8 @@ impl Cache {
             Ok::<_, Error>((users, flat))
         });
         let mut conn = self.conn.clone();
-        let epoch = async { Ok::<_, Error>(conn.get::<_, Option<u64>>(self.keys.epoch()).await?) };
+        let epoch =
+            async { conn.get::<_, Option<u64>>(self.keys.epoch()).await.map_err(cache_error) };
         let (epoch, replies) = futures::try_join!(epoch, try_join_all(calls))?;
         let epoch = epoch.unwrap_or(0);
         let mut states: HashMap<u64, CachedUserState> = HashMap::with_capacity(user_ids.len());
@@ -479,7 +481,7 @@ impl Cache {
             let keys: Vec<String> =
                 groups.iter().map(|group| self.keys.group_seq(*group)).collect();
             let mut conn = self.conn.clone();
-            let seqs: Vec<Option<String>> = conn.mget(keys).await?;
+            let seqs: Vec<Option<String>> = conn.mget(keys).await.map_err(cache_error)?;
             let seqs: HashMap<u64, Option<GroupSeq>> = groups
                 .into_iter()
                 .zip(seqs)
@@ -515,7 +517,7 @@ impl Cache {
             invocation.arg("").arg("").arg("");
         }
         let mut conn = self.conn.clone();
-        Ok(invocation.invoke_async(&mut conn).await?)
+        invocation.invoke_async(&mut conn).await.map_err(cache_error)
     }
 }
 

@@ -53,6 +53,13 @@ use secrecy::ExposeSecret;
 use notify_domain::error::{Error, Result};
 use notify_domain::settings::RedisSettings;
 
+/// A Redis error as callers see it: [`Error::Cache`], which is transient
+/// (Redis is only a cache, and a call may run again once it answers). Every
+/// Redis error leaves this crate through here.
+pub(crate) fn cache_error(error: redis::RedisError) -> Error {
+    Error::Cache(error.to_string())
+}
+
 /// How long a rebuild may take before its lease lapses.
 const LEASE_MS: u64 = 5_000;
 /// How long a writer's dirty marker stops caching, if the writer dies. Longer
@@ -510,7 +517,7 @@ impl Cache {
             let mut conn = self.conn.clone();
             async move { pipe.query_async::<()>(&mut conn).await }
         });
-        futures::future::try_join_all(pipes).await?;
+        futures::future::try_join_all(pipes).await.map_err(cache_error)?;
         Ok(tokens)
     }
 
@@ -558,7 +565,9 @@ impl Cache {
     #[instrument(level = "debug", skip_all, fields(db.system = "redis"))]
     pub async fn heartbeat(&self, message_id: u64, ttl_secs: u64) -> Result<()> {
         let mut conn = self.conn.clone();
-        conn.set_ex::<_, _, ()>(self.keys.heartbeat(message_id), 1, ttl_secs.max(1)).await?;
+        conn.set_ex::<_, _, ()>(self.keys.heartbeat(message_id), 1, ttl_secs.max(1))
+            .await
+            .map_err(cache_error)?;
         Ok(())
     }
 
@@ -566,14 +575,15 @@ impl Cache {
     #[instrument(level = "debug", skip_all, fields(db.system = "redis"))]
     pub async fn has_heartbeat(&self, message_id: u64) -> Result<bool> {
         let mut conn = self.conn.clone();
-        Ok(conn.exists(self.keys.heartbeat(message_id)).await?)
+        conn.exists(self.keys.heartbeat(message_id)).await.map_err(cache_error)
     }
 
     /// Returns a cached message status.
     #[instrument(level = "debug", skip_all, fields(db.system = "redis"))]
     pub async fn cached_status(&self, message_id: u64) -> Result<Option<u8>> {
         let mut conn = self.conn.clone();
-        let value: Option<String> = conn.get(self.keys.status(message_id)).await?;
+        let value: Option<String> =
+            conn.get(self.keys.status(message_id)).await.map_err(cache_error)?;
         Ok(value.and_then(|v| v.split_once(':').and_then(|(_, status)| status.parse().ok())))
     }
 
@@ -594,7 +604,8 @@ impl Cache {
             .arg(status)
             .arg(ttl_secs.max(1))
             .invoke_async::<i64>(&mut conn)
-            .await?;
+            .await
+            .map_err(cache_error)?;
         Ok(())
     }
 }

@@ -29,7 +29,7 @@
 use redis::{AsyncCommands, Script};
 use tracing::instrument;
 
-use super::{Cache, LEASE_MS};
+use super::{Cache, LEASE_MS, cache_error};
 use notify_domain::error::Result;
 
 /// Takes a page's lease. KEYS: pages hash. ARGV: query, token, lease ms
@@ -135,7 +135,8 @@ impl Cache {
     ) -> Result<Option<CachedPage>> {
         let mut conn = self.conn.clone();
         let key = self.keys.inbox_pages(user_id);
-        let stored: Option<Vec<u8>> = conn.hget(key, format!("p:{query}")).await?;
+        let stored: Option<Vec<u8>> =
+            conn.hget(key, format!("p:{query}")).await.map_err(cache_error)?;
         Ok(stored.and_then(CachedPage::parse).and_then(|(at, deadline_ms, page)| {
             (at == epoch && deadline_ms > now_ms).then_some(page)
         }))
@@ -154,7 +155,8 @@ impl Cache {
             .arg(token)
             .arg(LEASE_MS)
             .invoke_async::<i64>(&mut conn)
-            .await?;
+            .await
+            .map_err(cache_error)?;
         Ok(token)
     }
 
@@ -174,7 +176,8 @@ impl Cache {
             .arg(page.ttl_ms.max(1))
             .arg(page.max_fields.max(1))
             .invoke_async(&mut conn)
-            .await?;
+            .await
+            .map_err(cache_error)?;
         Ok(stored == 1)
     }
 }

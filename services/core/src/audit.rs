@@ -13,7 +13,9 @@ use tracing::{info, warn};
 
 use crate::context::Context;
 use notify_domain::error::{Error, Result};
-use notify_store::db::audit::{self, AuditRow};
+use notify_store::db::audit;
+
+pub use notify_store::db::audit::AuditRow;
 
 /// What an action was done to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -150,7 +152,7 @@ pub async fn list(
                 Target::User(id) => ctx.pools.for_user(id),
                 _ => ctx.pools.for_message(id),
             };
-            audit::by_target(&pool, kind, id, before, limit).await
+            Ok(audit::by_target(&pool, kind, id, before, limit).await?)
         }
         Filter::Client(client) => {
             // A record of a message or group moves with its home's bucket

@@ -20,6 +20,7 @@ use notify_domain::domain::UserId;
 use notify_domain::error::{Error, Result};
 use notify_domain::ids;
 use notify_store::db::{erasure, event_outbox, groups as group_store, preferences};
+use notify_store::error::database_error;
 
 /// How far past the erasure the marker reaches (clock skew between replicas).
 pub const ERASURE_MARGIN_MS: u64 = 1_000;
@@ -69,10 +70,10 @@ pub async fn erase_user(ctx: &Context, user_id: UserId) -> Result<Erased> {
     let removed = async {
         // The marker first: from its commit on, no apply writes for the user.
         // Its transaction records the event that tells gateways.
-        let mut marking = home.begin().await?;
+        let mut marking = home.begin().await.map_err(database_error)?;
         preferences::mark_erased(&mut *marking, user, erased_before).await?;
         recorded = Some(event_outbox::record(&mut marking, &event.recorded_body()).await?);
-        marking.commit().await?;
+        marking.commit().await.map_err(database_error)?;
         let mut removed = erasure::Removed::default();
         for (shard, pool) in ctx.pools.iter() {
             let on_shard = erasure::remove_user(pool, user, shard == home.shard()).await?;

@@ -34,10 +34,11 @@ use tracing::{info, warn};
 
 use crate::context::Context;
 use notify_domain::error::{Error, Result};
-use notify_store::db::chunks::ContentSummary;
 use notify_store::db::event_outbox;
 use notify_store::db::item_updates::Action;
 use notify_store::db::items::{ItemFilter, View};
+
+pub use notify_store::db::chunks::ContentSummary;
 
 /// One change, as carried on the bus (JSON, short field names).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

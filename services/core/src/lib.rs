@@ -12,6 +12,7 @@
 
 pub mod announce;
 pub mod audit;
+pub mod broker;
 pub mod context;
 pub mod control;
 pub mod deliver;
@@ -29,7 +30,9 @@ pub mod recipients;
 pub mod repair;
 pub mod retention;
 pub mod send;
+pub mod shard_map;
 pub mod status;
+pub mod sweeper;
 pub mod telemetry;
 pub mod webhooks;
 

@@ -14,10 +14,12 @@ use notify_domain::error::{Error, Result};
 use notify_domain::preferences::Preferences;
 use notify_store::db::groups::{self as group_store, GroupMessageRow};
 use notify_store::db::items::{self, InboxQuery, InboxRow, ItemFilter, View};
-use notify_store::db::lookups::{self as store, GroupRow, SendFilter};
+use notify_store::db::lookups::{self as store, GroupRow};
 use notify_store::db::messages::{self, ShardStats};
 use notify_store::shard_map::{self, ReplicaState, StoredMap};
 use notify_store::shard_move::{self, Move};
+
+pub use notify_store::db::lookups::SendFilter;
 
 /// Recent sends of every sender, newest first, merged over the home shards
 /// (`limit` at most from each, then cut).
@@ -120,7 +122,7 @@ pub async fn user(
         inbox::badge(ctx, user_id),
         groups::unread(ctx, user_id),
         crate::preferences::get(ctx, user_id),
-        items::list(&*pool, user_id.get(), &query),
+        async { Ok(items::list(&*pool, user_id.get(), &query).await?) },
     )
     .await?;
     Ok(UserState { badge, groups, preferences, items })

@@ -21,7 +21,7 @@ use notify_store::db::retrying;
 #[instrument(skip_all, fields(user_id = user_id.get()))]
 pub async fn get(ctx: &Context, user_id: UserId) -> Result<Preferences> {
     let pool = ctx.pools.for_user(user_id.get());
-    store::get(&*pool, user_id.get()).await
+    Ok(store::get(&*pool, user_id.get()).await?)
 }
 
 /// Replaces a user's mutes; returns them as stored.

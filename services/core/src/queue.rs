@@ -32,6 +32,7 @@ use serde::{Deserialize, Serialize};
 use tokio::sync::Mutex;
 use tracing::{info, warn};
 
+use crate::broker::broker_error;
 use notify_domain::domain::Lane;
 use notify_domain::error::{Error, Result};
 use notify_domain::settings::{RabbitSettings, Settings};
@@ -173,6 +174,13 @@ impl Topology {
         format!("{}.events", self.prefix)
     }
 
+    /// The stream queue that keeps the change events for a while, bound to
+    /// the events exchange, declared by the edge (its streams resume from
+    /// it).
+    pub fn events_history(&self) -> String {
+        format!("{}.history", self.events_exchange())
+    }
+
     /// The dead-letter exchange.
     pub fn dead_letter_exchange(&self) -> String {
         format!("{}.chunks.dlx", self.prefix)
@@ -204,7 +212,8 @@ impl Topology {
                 durable,
                 FieldTable::default(),
             )
-            .await?;
+            .await
+            .map_err(broker_error)?;
         channel
             .exchange_declare(
                 self.dead_letter_exchange().into(),
@@ -212,7 +221,8 @@ impl Topology {
                 durable,
                 FieldTable::default(),
             )
-            .await?;
+            .await
+            .map_err(broker_error)?;
         channel
             .exchange_declare(
                 self.events_exchange().into(),
@@ -220,12 +230,16 @@ impl Topology {
                 durable,
                 FieldTable::default(),
             )
-            .await?;
+            .await
+            .map_err(broker_error)?;
         let queue_options = QueueDeclareOptions { durable: true, ..Default::default() };
         let mut dead_args = FieldTable::default();
         dead_args
             .insert("x-queue-type".into(), AMQPValue::LongString(self.queue_type.as_str().into()));
-        channel.queue_declare(self.dead_queue().into(), queue_options, dead_args).await?;
+        channel
+            .queue_declare(self.dead_queue().into(), queue_options, dead_args)
+            .await
+            .map_err(broker_error)?;
         channel
             .queue_bind(
                 self.dead_queue().into(),
@@ -234,7 +248,8 @@ impl Topology {
                 QueueBindOptions::default(),
                 FieldTable::default(),
             )
-            .await?;
+            .await
+            .map_err(broker_error)?;
         let mut args = FieldTable::default();
         args.insert("x-queue-type".into(), AMQPValue::LongString(self.queue_type.as_str().into()));
         args.insert(
@@ -247,7 +262,10 @@ impl Topology {
         for lane in [Lane::High, Lane::Bulk] {
             for shard in &self.shards {
                 let queue = self.queue(lane, *shard);
-                channel.queue_declare(queue.as_str().into(), queue_options, args.clone()).await?;
+                channel
+                    .queue_declare(queue.as_str().into(), queue_options, args.clone())
+                    .await
+                    .map_err(broker_error)?;
                 channel
                     .queue_bind(
                         queue.into(),
@@ -256,7 +274,8 @@ impl Topology {
                         QueueBindOptions::default(),
                         FieldTable::default(),
                     )
-                    .await?;
+                    .await
+                    .map_err(broker_error)?;
             }
         }
         self.webhooks.declare(channel).await
@@ -265,11 +284,17 @@ impl Topology {
     /// Deletes every exchange and queue. Used by tests to clean up.
     pub async fn delete(&self, channel: &Channel) -> Result<()> {
         self.webhooks.delete(channel).await?;
-        for queue in self.queues().into_iter().chain([self.dead_queue()]) {
-            channel.queue_delete(queue.into(), QueueDeleteOptions::default()).await?;
+        for queue in self.queues().into_iter().chain([self.dead_queue(), self.events_history()]) {
+            channel
+                .queue_delete(queue.into(), QueueDeleteOptions::default())
+                .await
+                .map_err(broker_error)?;
         }
         for exchange in [self.exchange(), self.dead_letter_exchange(), self.events_exchange()] {
-            channel.exchange_delete(exchange.into(), ExchangeDeleteOptions::default()).await?;
+            channel
+                .exchange_delete(exchange.into(), ExchangeDeleteOptions::default())
+                .await
+                .map_err(broker_error)?;
         }
         Ok(())
     }
@@ -307,7 +332,7 @@ pub async fn connect(settings: &RabbitSettings, name: &str) -> Result<Connection
     if uri.query.frame_max.is_none() {
         uri.query.frame_max = Some(FRAME_MAX);
     }
-    let runtime = lapin::runtime::default_runtime()?;
+    let runtime = lapin::runtime::default_runtime().map_err(broker_error)?;
     let connecting = Connection::connect_uri_with_config(uri, properties, tls, runtime);
     match tokio::time::timeout(BROKER_TIMEOUT, connecting).await {
         Ok(connected) => {
@@ -322,7 +347,7 @@ async fn confirmed(confirm: PublisherConfirm) -> Result<Confirmation> {
     tokio::time::timeout(BROKER_TIMEOUT, confirm)
         .await
         .map_err(|_| Error::Unavailable("rabbitmq confirms timed out".to_owned()))?
-        .map_err(Into::into)
+        .map_err(broker_error)
 }
 
 /// Waits for one task's confirm and turns a return or a nack into an error.
@@ -354,7 +379,7 @@ pub async fn bounded<T>(
     future: impl Future<Output = std::result::Result<T, lapin::Error>>,
 ) -> Result<T> {
     match tokio::time::timeout(BROKER_TIMEOUT, future).await {
-        Ok(done) => Ok(done?),
+        Ok(done) => Ok(done.map_err(broker_error)?),
         Err(_) => Err(Error::Unavailable(format!(
             "rabbitmq: {step} got no answer within {} s",
             BROKER_TIMEOUT.as_secs()
@@ -482,7 +507,8 @@ impl Publisher {
                     body,
                     properties,
                 )
-                .await?;
+                .await
+                .map_err(broker_error)?;
             if confirmed(confirm).await?.is_ack() {
                 Ok(())
             } else {
@@ -522,7 +548,8 @@ impl Publisher {
                     body,
                     properties,
                 )
-                .await?;
+                .await
+                .map_err(broker_error)?;
             match confirmed(confirm).await? {
                 Confirmation::Ack(None) | Confirmation::NotRequested => Ok(()),
                 Confirmation::Ack(Some(_)) => Err(Error::Unavailable(format!(
@@ -567,7 +594,8 @@ impl Publisher {
                     &task.encode(),
                     properties.clone(),
                 )
-                .await?;
+                .await
+                .map_err(broker_error)?;
             in_flight.push_back(confirm);
         }
         for confirm in in_flight {

@@ -230,7 +230,7 @@ impl Content {
 
 /// A user's membership of a group, as the badge reads it: the cursor, and
 /// whether the user mutes the group (its unread stays out of the total).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, sqlx::FromRow)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct GroupCursor {
     /// The group.
     pub group_id: u64,

@@ -1,5 +1,10 @@
 //! The error type of the domain and storage layers. The api maps it to a gRPC
 //! status in exactly one place; internal details are logged, never sent.
+//!
+//! A backend's error arrives here already classified, by the crate that
+//! talks to the backend: `notify-store` for MySQL ([`Error::Database`],
+//! with its [`DbFailure`]), `notify-cache` for Redis ([`Error::Cache`]) and
+//! the queue and bus code of `notify-core` for RabbitMQ ([`Error::Broker`]).
 
 /// Shorthand for results of this crate.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
@@ -39,15 +44,23 @@ pub enum Error {
     /// A dependency is down; the caller may retry.
     #[error("unavailable: {0}")]
     Unavailable(String),
-    /// A MySQL error.
-    #[error("database: {0}")]
-    Database(#[from] sqlx::Error),
-    /// A RabbitMQ error.
+    /// A MySQL error, classified by `notify-store` where it left the
+    /// driver.
+    #[error("database: {message}")]
+    Database {
+        /// What the failure means for whoever ran the statement.
+        failure: DbFailure,
+        /// The driver's description of it.
+        message: String,
+    },
+    /// A RabbitMQ error (the broker is down or refused the work: the
+    /// caller may retry).
     #[error("broker: {0}")]
-    Broker(#[from] lapin::Error),
-    /// A Redis error.
+    Broker(String),
+    /// A Redis error (the cache is down or refused the work: the caller
+    /// may retry).
     #[error("cache: {0}")]
-    Cache(#[from] redis::RedisError),
+    Cache(String),
     /// A broken invariant.
     #[error("internal: {0}")]
     Internal(String),
@@ -78,7 +91,7 @@ impl Error {
     /// what the system does about it ([`DbFailure`]).
     pub fn db_failure(&self) -> Option<DbFailure> {
         match self {
-            Self::Database(e) => Some(DbFailure::of(e)),
+            Self::Database { failure, .. } => Some(*failure),
             _ => None,
         }
     }
@@ -103,14 +116,15 @@ impl Error {
     /// not: retrying it fails the same way, and it surfaces as INTERNAL.
     pub fn is_transient(&self) -> bool {
         match self {
-            Self::Database(_) => self.db_failure().is_some_and(DbFailure::is_transient),
+            Self::Database { failure, .. } => failure.is_transient(),
             Self::Broker(_) | Self::Cache(_) | Self::Unavailable(_) => true,
             _ => false,
         }
     }
 }
 
-/// What a database error means for whoever ran the statement.
+/// What a database error means for whoever ran the statement. The store
+/// classifies MySQL's errors (`notify_store::error::failure_of`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum DbFailure {
     /// InnoDB picked the transaction as a deadlock victim (1213) and rolled
@@ -134,41 +148,6 @@ pub enum DbFailure {
 }
 
 impl DbFailure {
-    /// Classifies a sqlx error by its kind and, for a server error, by
-    /// MySQL's error number.
-    pub fn of(error: &sqlx::Error) -> Self {
-        match error {
-            sqlx::Error::Io(_) | sqlx::Error::Protocol(_) | sqlx::Error::WorkerCrashed => {
-                Self::ConnectionLost
-            }
-            sqlx::Error::PoolTimedOut | sqlx::Error::PoolClosed | sqlx::Error::Tls(_) => {
-                Self::Unavailable
-            }
-            sqlx::Error::Database(e) => {
-                let number = e
-                    .try_downcast_ref::<sqlx::mysql::MySqlDatabaseError>()
-                    .map(sqlx::mysql::MySqlDatabaseError::number);
-                match number {
-                    Some(1213) => Self::Deadlock,
-                    Some(1205) => Self::LockWaitTimeout,
-                    // Server shutdown, connection killed, aborted or
-                    // interrupted, network errors on the server's side.
-                    Some(1053 | 1077 | 1152 | 1153 | 1158..=1161 | 1317 | 1927 | 2006 | 2013) => {
-                        Self::ConnectionLost
-                    }
-                    // Too many connections, host blocked, read-only (a
-                    // failover), statement time limit, out of resources.
-                    Some(1040 | 1041 | 1129 | 1203 | 1290 | 1836 | 1969 | 3024) => {
-                        Self::Unavailable
-                    }
-                    _ if e.code().as_deref() == Some("40001") => Self::Deadlock,
-                    _ => Self::Internal,
-                }
-            }
-            _ => Self::Internal,
-        }
-    }
-
     /// Returns true for the failures that may pass when tried again later.
     pub fn is_transient(self) -> bool {
         self != Self::Internal

@@ -6,9 +6,10 @@
 //! callers sleep).
 //!
 //! It must not depend on any other Notify crate (the pure `shard-router`
-//! aside), nor on the wire format (`notify-proto`), and it does no I/O: the
-//! backend client crates appear only for the error variants that wrap their
-//! errors.
+//! aside), nor on the wire format (`notify-proto`), and it does no I/O: it
+//! depends on no backend client (sqlx, lapin, redis), whose errors the crates
+//! that use them turn into [`Error`]'s variants (`scripts/module-cycles`
+//! checks it).
 
 pub mod auth;
 pub mod backoff;

@@ -11,7 +11,8 @@
 
 use std::time::{Duration, Instant};
 
-use notify_domain::error::{Error, Result};
+use crate::error::Result;
+use notify_domain::Error;
 use notify_domain::ids::{INSTANCES, IdGenerator, hostname};
 use sqlx::MySqlPool;
 use tracing::{info, warn};
@@ -72,9 +73,10 @@ impl InstanceLease {
                 let Some(generator) = generator.upgrade() else { break };
                 // Bounded: a shard that never answers must not stop renewals
                 // for good (the next tick tries again on a new connection).
-                let renewed = tokio::time::timeout(RENEW_EVERY, self.renew(&generator))
-                    .await
-                    .unwrap_or_else(|_| Err(Error::Unavailable("lease renewal timed out".into())));
+                let renewed =
+                    tokio::time::timeout(RENEW_EVERY, self.renew(&generator)).await.unwrap_or_else(
+                        |_| Err(Error::Unavailable("lease renewal timed out".into()).into()),
+                    );
                 if let Err(e) = renewed {
                     metrics::counter!("notify_id_lease_renewals_failed_total").increment(1);
                     warn!(error = %e, "could not renew the message id instance lease");
@@ -105,7 +107,8 @@ impl InstanceLease {
         }
         Err(Error::Unavailable(
             "message ids: no free instance id (1,024 live processes?)".to_owned(),
-        ))
+        )
+        .into())
     }
 
     /// Takes or renews `instance` if it is free or ours; true if ours now.

@@ -9,6 +9,9 @@
 //! engine's job, in `notify-core`), and knows nothing of the wire format.
 
 pub mod db;
+pub mod error;
 pub mod instance_lease;
 pub mod shard_map;
 pub mod shard_move;
+
+pub use error::{Error, Result};

@@ -33,7 +33,8 @@ use tokio_util::sync::CancellationToken;
 use tracing::{error, info, warn};
 
 use crate::db::ShardPools;
-use notify_domain::error::{Error, Result};
+use crate::error::Result;
+use notify_domain::Error;
 use notify_domain::settings::{DatabaseSettings, Settings};
 
 /// A version of the map as stored.
@@ -118,7 +119,7 @@ impl fmt::Display for Replica {
 }
 
 /// The shard that holds the map: the first of `database.shards`.
-pub fn directory(pools: &ShardPools) -> Result<&MySqlPool> {
+pub fn directory(pools: &ShardPools) -> notify_domain::Result<&MySqlPool> {
     pools
         .iter()
         .next()
@@ -126,7 +127,10 @@ pub fn directory(pools: &ShardPools) -> Result<&MySqlPool> {
         .ok_or_else(|| Error::Internal("database.shards: no shard holds the shard map".to_owned()))
 }
 
-fn parse<T: std::str::FromStr<Err: fmt::Display>>(version: u64, text: &str) -> Result<T> {
+fn parse<T: std::str::FromStr<Err: fmt::Display>>(
+    version: u64,
+    text: &str,
+) -> notify_domain::Result<T> {
     text.parse().map_err(|e| {
         Error::Internal(format!("shard_map_versions version {version} does not parse: {e}"))
     })
@@ -256,7 +260,8 @@ pub async fn append_frozen(
     if inserted.rows_affected() == 0 {
         return Err(Error::FailedPrecondition(format!(
             "the shard map changed since version {after}; read it again and retry"
-        )));
+        ))
+        .into());
     }
     info!(version, map = %map, frozen = %frozen, reason, "shard map version appended");
     Ok(version)
@@ -271,7 +276,8 @@ pub async fn add_shard(settings: &Settings, pools: &ShardPools, shard: ShardId) 
             &format!(
                 "shard {shard} is not in database.shards: add its url and database there first"
             ),
-        ));
+        )
+        .into());
     }
     let current = latest(directory(pools)?)
         .await?
@@ -280,7 +286,8 @@ pub async fn add_shard(settings: &Settings, pools: &ShardPools, shard: ShardId) 
         return Err(Error::FailedPrecondition(format!(
             "shard {shard} is already in the shard map (version {})",
             current.version
-        )));
+        ))
+        .into());
     }
     let map = current.map.with_shard(shard).map_err(|e| Error::Internal(e.to_string()))?;
     append(pools, current.version, &map, &format!("shard add {shard}")).await

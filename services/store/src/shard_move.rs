@@ -45,8 +45,9 @@ use sqlx::{AssertSqlSafe, MySqlPool};
 use tracing::{info, warn};
 
 use crate::db::ShardPools;
+use crate::error::Result;
 use crate::shard_map::{self, StoredMap};
-use notify_domain::error::{Error, Result};
+use notify_domain::Error;
 use notify_domain::settings::Settings;
 
 /// A table whose rows move with their bucket, and its primary key.
@@ -191,7 +192,7 @@ pub async fn get(pools: &ShardPools, move_id: u64) -> Result<Move> {
         .bind(move_id)
         .fetch_optional(shard_map::directory(pools)?)
         .await?
-        .ok_or_else(|| Error::NotFound(format!("shard move {move_id}")))
+        .ok_or_else(|| Error::NotFound(format!("shard move {move_id}")).into())
 }
 
 /// Records a new move, checked against the map in force. Fails when a move
@@ -202,28 +203,32 @@ pub async fn start(pools: &ShardPools, request: MoveRequest) -> Result<Move> {
         return Err(Error::invalid(
             "buckets",
             &format!("{from}..={to} must satisfy from <= to < {BUCKETS}"),
-        ));
+        )
+        .into());
     }
     if batch == 0 || batch > BUCKETS {
-        return Err(Error::invalid("batch", &format!("must be 1..={BUCKETS}, not {batch}")));
+        return Err(Error::invalid("batch", &format!("must be 1..={BUCKETS}, not {batch}")).into());
     }
     let directory = shard_map::directory(pools)?;
     let stored = latest(pools).await?;
     if !stored.map.shards().contains(&target) {
         return Err(Error::FailedPrecondition(format!(
             "shard {target} is not in the shard map: `notifyctl shard add --id {target}` first"
-        )));
+        ))
+        .into());
     }
     if (from..=to).all(|bucket| stored.map.shard_of_bucket(bucket) == target) {
         return Err(Error::FailedPrecondition(format!(
             "buckets {from}..={to} are on shard {target} already"
-        )));
+        ))
+        .into());
     }
     if let Some(current) = active(pools).await? {
         return Err(Error::FailedPrecondition(format!(
             "shard move {} ({}..={} to shard {}) is {}: resume or abort it first",
             current.move_id, current.from_bucket, current.to_bucket, current.target, current.state
-        )));
+        ))
+        .into());
     }
     let created = sqlx::query(
         "INSERT INTO shard_moves (from_bucket, to_bucket, target, batch, state, copied_to, \
@@ -257,7 +262,8 @@ pub async fn abort(settings: &Settings, pools: &ShardPools, move_id: u64) -> Res
         return Err(Error::FailedPrecondition(format!(
             "shard move {move_id} is {} already",
             current.state
-        )));
+        ))
+        .into());
     }
     if current.state == "running" && current.mover_alive() {
         set_state(pools, move_id, &["running"], "aborting", "abort requested").await?;
@@ -290,7 +296,8 @@ async fn set_state(
             "shard move {move_id} is {}, not {}",
             current.state,
             from.join(" or ")
-        )));
+        ))
+        .into());
     }
     Ok(())
 }
@@ -298,7 +305,7 @@ async fn set_state(
 async fn latest(pools: &ShardPools) -> Result<StoredMap> {
     shard_map::latest(shard_map::directory(pools)?)
         .await?
-        .ok_or_else(|| Error::FailedPrecondition("no shard map is stored yet".to_owned()))
+        .ok_or_else(|| Error::FailedPrecondition("no shard map is stored yet".to_owned()).into())
 }
 
 /// What the mover reports as it goes.
@@ -324,7 +331,8 @@ pub async fn run(
         return Err(Error::FailedPrecondition(format!(
             "shard move {move_id} is {}",
             current.state
-        )));
+        ))
+        .into());
     }
     let mut mover = Mover::new(settings, pools, current).await?;
     mover.take_lease().await?;
@@ -476,7 +484,8 @@ async fn describe(pool: &MySqlPool, table: MovedTable) -> Result<Columns> {
         return Err(Error::Internal(format!(
             "table {} not found: migrate every shard",
             table.name
-        )));
+        ))
+        .into());
     }
     Ok(Columns { table, columns })
 }
@@ -609,7 +618,7 @@ impl<'p> Mover<'p> {
         ShardId(self.journal.target)
     }
 
-    fn pool(&self, shard: ShardId) -> Result<&'p MySqlPool> {
+    fn pool(&self, shard: ShardId) -> notify_domain::Result<&'p MySqlPool> {
         self.pools.get(shard).ok_or_else(|| {
             Error::FailedPrecondition(format!(
                 "shard {shard} is not in database.shards of this config"
@@ -617,7 +626,7 @@ impl<'p> Mover<'p> {
         })
     }
 
-    fn directory(&self) -> Result<&'p MySqlPool> {
+    fn directory(&self) -> notify_domain::Result<&'p MySqlPool> {
         shard_map::directory(self.pools)
     }
 
@@ -640,7 +649,8 @@ impl<'p> Mover<'p> {
                 self.journal.move_id,
                 self.journal.mover,
                 self.journal.heartbeat_age_secs.unwrap_or_default()
-            )));
+            ))
+            .into());
         }
         Ok(())
     }
@@ -664,7 +674,7 @@ impl<'p> Mover<'p> {
         .await?;
         self.journal = get(self.pools, self.journal.move_id).await?;
         if saved.rows_affected() == 0 {
-            return Err(lease_lost(&self.journal, &self.name));
+            return Err(lease_lost(&self.journal, &self.name).into());
         }
         Ok(())
     }
@@ -676,7 +686,7 @@ impl<'p> Mover<'p> {
         if renew_lease(self.directory()?, self.journal.move_id, &self.name).await? {
             return Ok(());
         }
-        Err(lease_lost(&get(self.pools, self.journal.move_id).await?, &self.name))
+        Err(lease_lost(&get(self.pools, self.journal.move_id).await?, &self.name).into())
     }
 
     async fn note(&self, detail: &str) -> Result<()> {
@@ -937,7 +947,8 @@ impl<'p> Mover<'p> {
                      database.shard_move_wait_secs ({} s): {}",
                     patience.as_secs(),
                     names.join(", ")
-                )));
+                ))
+                .into());
             }
             tokio::time::sleep(poll).await;
         }

@@ -5,16 +5,12 @@
 //! the badges of chunks applied while Redis was away; retention adds and
 //! drops item partitions and deletes old rows.
 
-use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
 use notify_core::health::Heartbeats;
-use notify_core::queue::ChunkTask;
-use notify_core::{Context, send};
+use notify_core::{Context, sweeper};
 use notify_domain::Result;
-use notify_domain::domain::{Lane, MessageId, SendStatus};
-use notify_store::db::{chunks, messages};
 use shard_router::ShardId;
 use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
@@ -99,12 +95,7 @@ pub async fn schedule_once(ctx: &Context) -> Result<()> {
     let limit = Duration::from_secs(ctx.settings.worker.operation_timeout_secs);
     let mut first_error = None;
     for (shard, pool) in ctx.pools.iter() {
-        let starting = async {
-            for id in messages::due_scheduled(pool, BATCH).await? {
-                send::start_due(ctx, MessageId::from_raw(id)).await?;
-            }
-            Ok(())
-        };
+        let starting = sweeper::start_due_sends(ctx, pool, BATCH);
         if let Err(e) = within(limit, starting).await {
             warn!(error = %e, shard = %shard, "scheduler passed over a shard");
             first_error.get_or_insert(e);
@@ -121,8 +112,9 @@ pub async fn sweep_once(ctx: &Context) -> Result<u64> {
     let limit = Duration::from_secs(ctx.settings.worker.operation_timeout_secs);
     let mut republished = 0;
     for (shard, pool) in ctx.pools.iter() {
-        let claimed = tokio::time::timeout(limit, chunks::claim_stale(pool, timeout, BATCH)).await;
-        let stale = match claimed {
+        let claimed =
+            tokio::time::timeout(limit, sweeper::claim_stale_chunks(pool, timeout, BATCH)).await;
+        let by_message = match claimed {
             Ok(Ok(stale)) => stale,
             Ok(Err(e)) => {
                 warn!(error = %e, shard = %shard, "sweeper cannot read this shard");
@@ -133,15 +125,12 @@ pub async fn sweep_once(ctx: &Context) -> Result<u64> {
                 continue;
             }
         };
-        let mut by_message: BTreeMap<u64, Vec<u64>> = BTreeMap::new();
-        for (message_id, chunk_id) in stale {
-            by_message.entry(message_id).or_default().push(chunk_id);
-        }
         for (message_id, chunk_ids) in by_message {
-            let id = MessageId::from_raw(message_id);
-            match within(limit, sweep_message(ctx, shard, id, &chunk_ids)).await {
+            let healing = sweeper::heal_stale_chunks(ctx, shard, message_id, &chunk_ids);
+            match within(limit, healing).await {
                 Ok(count) => republished += count,
                 Err(e) => {
+                    let message_id = message_id.get();
                     warn!(error = %e, message_id, shard = %shard, "sweeping a message failed")
                 }
             }
@@ -149,7 +138,7 @@ pub async fn sweep_once(ctx: &Context) -> Result<u64> {
     }
     for (shard, pool) in ctx.pools.iter() {
         let finishing = async {
-            complete_finished_sends(ctx, shard, pool).await;
+            sweeper::complete_finished_sends(ctx, shard, pool, BATCH).await;
             end_expired_announcements(ctx, shard, pool).await;
         };
         if tokio::time::timeout(limit, finishing).await.is_err() {
@@ -186,14 +175,14 @@ pub async fn control_once(ctx: &Context, drives: &Arc<Semaphore>) -> Result<()> 
 async fn report_operations(ctx: &Context, limit: Duration) {
     let (mut count, mut oldest, mut repairs) = (0u64, 0f64, 0u64);
     for (shard, pool) in ctx.pools.iter() {
-        match within(limit, notify_store::db::operations::summary(pool)).await {
+        match within(limit, sweeper::operations_summary(pool)).await {
             Ok((n, age)) => {
                 count += n;
                 oldest = oldest.max(age);
             }
             Err(e) => warn!(error = %e, shard = %shard, "cannot count control operations"),
         }
-        match within(limit, notify_store::db::badge_repairs::count(pool)).await {
+        match within(limit, sweeper::badge_repairs_waiting(pool)).await {
             Ok(n) => repairs += n,
             Err(e) => warn!(error = %e, shard = %shard, "cannot count badge repairs"),
         }
@@ -223,7 +212,7 @@ pub async fn settle_once(ctx: &Context) -> Result<()> {
         };
         match within(limit, settling).await {
             Ok(_) => {}
-            Err(notify_domain::Error::Cache(e)) => return Err(e.into()),
+            Err(e @ notify_domain::Error::Cache(_)) => return Err(e),
             Err(e) => warn!(error = %e, shard = %shard, "settler passed over a shard"),
         }
     }
@@ -246,7 +235,7 @@ async fn within<T>(limit: Duration, work: impl Future<Output = Result<T>>) -> Re
 async fn report_sending(ctx: &Context, limit: Duration) {
     let (mut count, mut oldest) = (0u64, None);
     for (shard, pool) in ctx.pools.iter() {
-        match within(limit, messages::sending_summary(pool)).await {
+        match within(limit, sweeper::sending_summary(pool)).await {
             Ok((n, started)) => {
                 count += n;
                 oldest = match (oldest, started) {
@@ -264,76 +253,10 @@ async fn report_sending(ctx: &Context, limit: Duration) {
     metrics::gauge!("notify_oldest_sending_send_age_seconds").set(age);
 }
 
-/// Completes the SENDING sends of one home shard whose last chunk finished
-/// while nobody checked (keyset paging over all of them).
 /// Announcements end (COMPLETED) when they expire; they have left every
 /// inbox and badge already, this makes their status say so.
 async fn end_expired_announcements(ctx: &Context, shard: ShardId, pool: &sqlx::MySqlPool) {
     if let Err(e) = notify_core::announce::end_expired(ctx, shard, pool).await {
         warn!(error = %e, shard = %shard, "sweeper cannot end expired announcements");
-    }
-}
-
-async fn complete_finished_sends(ctx: &Context, shard: ShardId, pool: &sqlx::MySqlPool) {
-    let mut after = 0;
-    loop {
-        let ids = match messages::sending(pool, after, BATCH).await {
-            Ok(ids) => ids,
-            Err(e) => {
-                warn!(error = %e, shard = %shard, "sweeper cannot list sending messages");
-                return;
-            }
-        };
-        for id in &ids {
-            if let Err(e) = send::complete_if_done(ctx, MessageId::from_raw(*id)).await {
-                warn!(error = %e, message_id = *id, "completion check failed");
-            }
-        }
-        match ids.last() {
-            Some(last) if ids.len() == BATCH as usize => after = *last,
-            _ => return,
-        }
-    }
-}
-
-async fn sweep_message(
-    ctx: &Context,
-    shard: ShardId,
-    message_id: MessageId,
-    chunk_ids: &[u64],
-) -> Result<u64> {
-    let Some(pool) = ctx.pools.get(shard) else {
-        return Ok(0);
-    };
-    let home = ctx.pools.for_message(message_id.get());
-    let Some(row) = messages::fetch(&*home, message_id).await? else {
-        return Ok(0);
-    };
-    match row.status()? {
-        // Chunks of a send that is making progress are only queued behind
-        // its other chunks, not lost: leave them be.
-        SendStatus::Sending if ctx.cache.has_heartbeat(message_id.get()).await.unwrap_or(false) => {
-            Ok(0)
-        }
-        SendStatus::Sending => {
-            let tasks: Vec<ChunkTask> = chunk_ids
-                .iter()
-                .map(|chunk_id| ChunkTask::deliver(message_id.get(), *chunk_id, shard.0))
-                .collect();
-            chunks::touch(pool, message_id, chunk_ids).await?;
-            ctx.publisher.publish(Lane::from_db(row.lane), &tasks).await?;
-            Ok(tasks.len() as u64)
-        }
-        SendStatus::Cancelled | SendStatus::Recalled => {
-            chunks::cancel_pending(pool, message_id, ctx.publisher.page()).await?;
-            Ok(0)
-        }
-        // Paused or not started: pending is where these chunks belong. Touch
-        // them so they leave the oldest-first window and cannot starve the
-        // chunks of sending messages.
-        _ => {
-            chunks::touch(pool, message_id, chunk_ids).await?;
-            Ok(0)
-        }
     }
 }

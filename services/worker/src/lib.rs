@@ -15,6 +15,7 @@ use std::time::Duration;
 
 use notify_core::health::{self, Heartbeats, Probes};
 use notify_core::inbox::read_feed::ReadRelay;
+use notify_core::shard_map::{self, Replica};
 use notify_core::telemetry;
 use notify_core::{Context, send};
 use notify_domain::Settings;
@@ -54,7 +55,7 @@ pub fn main() -> anyhow::Result<()> {
 pub struct Worker {
     ctx: Context,
     metrics_listener: TcpListener,
-    replica: notify_store::shard_map::Replica,
+    replica: Replica,
 }
 
 impl Worker {
@@ -69,8 +70,8 @@ impl Worker {
             })?;
         let ctx = Context::connect(settings).await?;
         // Reported before any consumer runs (see shard_map::join).
-        let replica = notify_store::shard_map::Replica::new("worker");
-        notify_store::shard_map::join(&ctx.pools, &ctx.settings.database, &replica).await?;
+        let replica = Replica::new("worker");
+        shard_map::join(&ctx, &replica).await?;
         Ok(Self { ctx, metrics_listener, replica })
     }
 
@@ -247,12 +248,7 @@ impl Worker {
         // replica that stops reporting counts as gone for a bucket move.
         // (Also when this returns early with an error.)
         let drained = CancellationToken::new();
-        let shard_map = tokio::spawn(notify_store::shard_map::follow(
-            ctx.pools.clone(),
-            ctx.settings.database.clone(),
-            replica,
-            drained.clone(),
-        ));
+        let shard_map = tokio::spawn(shard_map::follow(ctx.clone(), replica, drained.clone()));
         let drained = drained.drop_guard();
         if ctx.settings.retention.interval_secs > 0 {
             // Not a heartbeat loop: a run may take long (a month's drop, or

@@ -10,15 +10,14 @@ use axum::extract::{Path, Query, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Redirect, Response};
 use notify_core::Context;
-use notify_core::audit::{self, Target};
-use notify_core::lookups::{self, LiveProgress};
+use notify_core::audit::{self, AuditRow, Target};
+use notify_core::inbox::View;
+use notify_core::lookups::{self, LiveProgress, SendFilter};
 use notify_core::recall;
 use notify_core::recipients;
 use notify_core::send::{self, MessageView};
 use notify_domain::Error;
 use notify_domain::domain::{AudienceKind, MessageId, SendStatus, UserId};
-use notify_store::db::items::View;
-use notify_store::db::lookups::SendFilter;
 use serde::Deserialize;
 use tracing::warn;
 
@@ -324,7 +323,7 @@ fn actions(view: &MessageView, manage: bool) -> Vec<Action> {
 
 /// The moments of a send's life: its record's times and the lifecycle
 /// calls that succeeded, oldest first.
-fn timeline(view: &MessageView, audit: &[notify_store::db::audit::AuditRow]) -> Vec<Moment> {
+fn timeline(view: &MessageView, audit: &[AuditRow]) -> Vec<Moment> {
     let row = &view.row;
     let mut moments = vec![(row.created_at, "created".to_owned())];
     if let Some(at) = row.send_at {
@@ -396,7 +395,7 @@ fn send_page(
     nav: Nav,
     view: &MessageView,
     live: &LiveProgress,
-    records: &[notify_store::db::audit::AuditRow],
+    records: &[AuditRow],
     session: &Session,
     done: &str,
 ) -> SendPage {

@@ -41,7 +41,7 @@ fn member_ids(raw: &[u64]) -> Result<Vec<u64>, Status> {
         .into_status()
 }
 
-fn group_message(row: notify_store::db::groups::GroupMessageRow) -> v1::GroupMessage {
+fn group_message(row: groups::GroupMessageRow) -> v1::GroupMessage {
     // A tombstone keeps its seq, id, sender and time, and no content.
     let content = row.recalled_at.is_none().then(|| {
         convert::content_to_proto(domain::Content {

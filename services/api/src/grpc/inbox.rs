@@ -1,13 +1,11 @@
 //! `notify.v1.InboxService`: a user's inbox, item states, badge and
 //! preferences.
 
-use notify_core::inbox::{self, MAX_BATCH_IDS, MAX_PAGE_SIZE};
+use notify_core::inbox::{self, InboxQuery, MAX_BATCH_IDS, MAX_PAGE_SIZE, Target};
 use notify_core::{Context, preferences};
 use notify_domain::Error;
 use notify_domain::domain::{self, UserId};
 use notify_domain::preferences::Preferences;
-use notify_store::db::item_updates::Target;
-use notify_store::db::items::InboxQuery;
 
 use crate::convert::WirePages;
 use notify_proto::v1;

@@ -197,7 +197,7 @@ async fn read_pages(
 async fn inbox_sql(
     args: &BadgeArgs,
     calls: u64,
-    mut run: impl AsyncFnMut(InboxQuery<'static>) -> notify_domain::Result<Vec<InboxRow>>,
+    mut run: impl AsyncFnMut(InboxQuery<'static>) -> notify_store::Result<Vec<InboxRow>>,
 ) -> anyhow::Result<Histogram<u64>> {
     let mut hist = new_hist();
     let mut before = u64::MAX;

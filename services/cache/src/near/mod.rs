@@ -58,8 +58,8 @@ use tracing::warn;
 pub(super) use self::tables::Held;
 use self::tables::{Slot, Tables};
 use self::tracking::{Inner, maintain};
-use super::Keys;
 use super::values::{CachedCounts, CachedGroup, CachedUserState, count_at, parse_cursor};
+use super::{Keys, cache_error};
 use notify_domain::domain::GroupSeq;
 use notify_domain::error::{Error, Result};
 use notify_domain::settings::RedisSettings;
@@ -169,7 +169,7 @@ impl Near {
             pipe.hgetall(keys.memberships(*user)).pttl(keys.memberships(*user));
         }
         let sent = Instant::now();
-        let replies: Vec<Value> = pipe.query_async(&mut conn).await?;
+        let replies: Vec<Value> = pipe.query_async(&mut conn).await.map_err(cache_error)?;
         let read = parse_reads(&replies, user_ids.len())?;
 
         // The seqs of every group found, from the copy where held.
@@ -197,7 +197,7 @@ impl Near {
                 pipe.get(keys.group_seq(*group)).pttl(keys.group_seq(*group));
             }
             let sent = Instant::now();
-            let replies: Vec<Value> = pipe.query_async(&mut conn).await?;
+            let replies: Vec<Value> = pipe.query_async(&mut conn).await.map_err(cache_error)?;
             if replies.len() != 2 * wanted.len() {
                 return Err(Error::Internal("malformed reply of a near cache read".to_owned()));
             }
@@ -273,7 +273,7 @@ impl Near {
             pipe.get(keys.unread(*user)).pttl(keys.unread(*user));
         }
         let sent = Instant::now();
-        let replies: Vec<Value> = pipe.query_async(&mut conn).await?;
+        let replies: Vec<Value> = pipe.query_async(&mut conn).await.map_err(cache_error)?;
         let malformed = || Error::Internal("malformed reply of a near cache read".to_owned());
         let mut values = replies.into_iter();
         let epoch: Option<u64> = from_value(values.next().ok_or_else(malformed)?)?;
@@ -316,7 +316,11 @@ impl Near {
         let keys = &self.inner.keys;
         let token =
             self.claim(generation, |tables, token, now| Slot::claim(&mut tables.epoch, token, now));
-        let epoch: Option<u64> = redis::cmd("GET").arg(keys.epoch()).query_async(&mut conn).await?;
+        let epoch: Option<u64> = redis::cmd("GET")
+            .arg(keys.epoch())
+            .query_async(&mut conn)
+            .await
+            .map_err(cache_error)?;
         let epoch = epoch.unwrap_or(0);
         if let Some(mut tables) = self.tables_for(generation) {
             Slot::fill(&mut tables.epoch, token, epoch, None);
@@ -327,7 +331,8 @@ impl Near {
             .get(keys.active_list(epoch))
             .pttl(keys.active_list(epoch))
             .query_async(&mut conn)
-            .await?;
+            .await
+            .map_err(cache_error)?;
         if let Some(mut tables) = self.tables_for(generation) {
             Slot::fill(tables.active_slot(epoch), token, list.clone(), expiry(sent, pttl));
         }

@@ -12,7 +12,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
 use super::tables::{Held, Tables, forget};
-use crate::Keys;
+use crate::{Keys, cache_error};
 use notify_domain::backoff::Reconnect;
 use notify_domain::error::Result;
 
@@ -169,8 +169,17 @@ async fn connect(inner: &Arc<Inner>, generation: u64) -> Result<MultiplexedConne
             }
             Ok::<(), std::convert::Infallible>(())
         });
-    let mut conn = inner.client.get_multiplexed_async_connection_with_config(&config).await?;
-    redis::cmd("CLIENT").arg("TRACKING").arg("ON").query_async::<()>(&mut conn).await?;
+    let mut conn = inner
+        .client
+        .get_multiplexed_async_connection_with_config(&config)
+        .await
+        .map_err(cache_error)?;
+    redis::cmd("CLIENT")
+        .arg("TRACKING")
+        .arg("ON")
+        .query_async::<()>(&mut conn)
+        .await
+        .map_err(cache_error)?;
     Ok(conn)
 }
 

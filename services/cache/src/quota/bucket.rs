@@ -13,7 +13,7 @@
 use redis::Script;
 use tracing::instrument;
 
-use crate::Cache;
+use crate::{Cache, cache_error};
 use notify_domain::error::Result;
 
 /// Takes between `min` and `want` tokens. KEYS: bucket. ARGV: interval µs,
@@ -86,7 +86,8 @@ impl Cache {
             .arg(want)
             .arg(min)
             .invoke_async(&mut conn)
-            .await?;
+            .await
+            .map_err(cache_error)?;
         Ok(Taken { granted, retry_after_us })
     }
 }

@@ -322,7 +322,7 @@ async fn visible_part(
             let home = ctx.pools.for_message(message_id.get());
             match messages::edited_content(&home, message_id).await {
                 Ok(edited) => Some(edited),
-                Err(e) => return (operation.shards_done.clone(), Err(e)),
+                Err(e) => return (operation.shards_done.clone(), Err(e.into())),
             }
         }
         _ => None,
@@ -546,7 +546,7 @@ pub use recall::finish_recall_if_done;
 /// The operations of a send not finished yet.
 pub async fn pending(ctx: &Context, message_id: MessageId) -> Result<Vec<OperationKind>> {
     let home = ctx.pools.for_message(message_id.get());
-    operations::pending_kinds(&home, message_id).await
+    Ok(operations::pending_kinds(&home, message_id).await?)
 }
 
 /// Returns true when a send's status says a control operation took it out

@@ -6,6 +6,7 @@
 mod repair;
 mod unread;
 
+pub use notify_store::db::groups::GroupMessageRow;
 pub use repair::repair_stale_seqs;
 pub use unread::{GroupUnread, UnreadSummary, unread, unread_from};
 
@@ -18,9 +19,8 @@ use crate::context::Context;
 use crate::events::{self, BusEvent};
 use notify_domain::domain::{Content, GroupSeq, UserId};
 use notify_domain::error::{Error, Result};
-use notify_store::db::groups::{
-    self as store, CreatedGroup, GroupMessageRow, Membership, NewGroupMessage,
-};
+use notify_store::db::groups::{self as store, CreatedGroup, Membership, NewGroupMessage};
+use notify_store::error::database_error;
 
 /// Most users in one AddGroupMembers or RemoveGroupMembers call.
 pub const MAX_MEMBER_BATCH: usize = 10_000;
@@ -107,17 +107,17 @@ pub async fn add_members(
     let routes = &routes;
     let members = on_every_shard(ctx.pools.iter().map(|(shard, pool)| {
         let owned = move |bucket: u32| routes.of_bucket(bucket).0 == shard;
-        async move { store::count_members(pool, group_id, owned).await }
+        async move { Ok(store::count_members(pool, group_id, owned).await?) }
     }))
     .await?;
     let present = on_every_shard(parts.iter().map(|(shard, ids)| async move {
-        store::count_present(shard_pool(ctx, *shard)?, group_id, ids).await
+        Ok(store::count_present(shard_pool(ctx, *shard)?, group_id, ids).await?)
     }))
     .await?;
     let new = user_ids.len() as u64 - present;
     let limit = ctx.settings.groups.max_members;
     if members + new > limit || new == 0 {
-        lock.rollback().await?;
+        lock.rollback().await.map_err(database_error)?;
         if new == 0 {
             return Ok(0);
         }
@@ -129,7 +129,7 @@ pub async fn add_members(
         ctx,
         user_ids,
         parts.iter().map(|(shard, ids)| async move {
-            store::add_members(shard_pool(ctx, *shard)?, group_id, ids, joined_seq).await
+            Ok(store::add_members(shard_pool(ctx, *shard)?, group_id, ids, joined_seq).await?)
         }),
     )
     .await;
@@ -153,7 +153,7 @@ pub async fn remove_members(ctx: &Context, group_id: u64, user_ids: &[u64]) -> R
         ctx,
         user_ids,
         parts.iter().map(|(shard, ids)| async move {
-            store::remove_members(shard_pool(ctx, *shard)?, group_id, ids).await
+            Ok(store::remove_members(shard_pool(ctx, *shard)?, group_id, ids).await?)
         }),
     )
     .await;
@@ -175,7 +175,7 @@ async fn record_and_commit(
 ) -> Result<u64> {
     let recorded =
         notify_store::db::event_outbox::record(&mut lock, &event.recorded_body()).await?;
-    lock.commit().await?;
+    lock.commit().await.map_err(database_error)?;
     Ok(recorded)
 }
 
@@ -212,9 +212,9 @@ async fn lock_group(
     routes: &Snapshot<'_, sqlx::MySqlPool>,
     group_id: u64,
 ) -> Result<sqlx::Transaction<'static, sqlx::MySql>> {
-    let mut lock = routes.of(Key::Group(group_id)).1.begin().await?;
+    let mut lock = routes.of(Key::Group(group_id)).1.begin().await.map_err(database_error)?;
     if !store::lock_group(&mut lock, group_id).await? {
-        lock.rollback().await?;
+        lock.rollback().await.map_err(database_error)?;
         return Err(Error::NotFound(format!("group {group_id}")));
     }
     Ok(lock)

@@ -15,6 +15,8 @@ pub mod read_feed;
 
 pub use badge::{Badge, badge, counts};
 pub use items::{Changed, mark_all_read, mark_read, update_items};
+pub use notify_store::db::item_updates::{Action, Target};
+pub use notify_store::db::items::{InboxQuery, InboxRow, ItemFilter, View};
 
 use base64::Engine;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
@@ -26,7 +28,7 @@ use crate::context::Context;
 use notify_cache::PageToStore;
 use notify_domain::domain::UserId;
 use notify_domain::error::{Error, Result};
-use notify_store::db::items::{self as store, InboxQuery, InboxRow};
+use notify_store::db::items as store;
 
 /// Largest inbox page.
 pub const MAX_PAGE_SIZE: u32 = 100;

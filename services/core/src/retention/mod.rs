@@ -30,6 +30,7 @@ use notify_domain::ids;
 use notify_domain::settings::RetentionSettings;
 use notify_store::db::ShardPools;
 use notify_store::db::chunks::{decode_user_ids, state};
+use notify_store::error::database_error;
 
 /// Rows deleted per statement: short transactions, short lock waits.
 const DELETE_BATCH: u32 = 1000;
@@ -107,11 +108,12 @@ async fn run_on_shard(
     report: &mut Report,
 ) -> Result<()> {
     // The named lock belongs to one connection: hold it for the run.
-    let mut lock = pool.acquire().await?;
+    let mut lock = pool.acquire().await.map_err(database_error)?;
     let locked: Option<i64> = sqlx::query_scalar("SELECT GET_LOCK(CONCAT(?, DATABASE()), 0)")
         .bind(LOCK_PREFIX)
         .fetch_one(&mut *lock)
-        .await?;
+        .await
+        .map_err(database_error)?;
     if locked != Some(1) {
         report.shards_busy += 1;
         return Ok(());
@@ -176,7 +178,8 @@ async fn purge_recipient_records(pool: &MySqlPool, message_id: u64) -> Result<()
         sqlx::query(sqlx::AssertSqlSafe(format!("DELETE FROM {table} WHERE message_id = ?")))
             .bind(message_id)
             .execute(pool)
-            .await?;
+            .await
+            .map_err(database_error)?;
     }
     Ok(())
 }
@@ -218,7 +221,8 @@ async fn purge_hidden(
         .bind(hidden_before)
         .bind(hidden_before)
         .fetch_all(pool)
-        .await?;
+        .await
+        .map_err(database_error)?;
         for (message_id, revoked) in &hidden {
             if *revoked {
                 purge_revoked(pool, *message_id, settings.purge_batch_rows, report).await?;
@@ -258,7 +262,8 @@ async fn purge_revoked(
         .bind(after)
         .bind(batch_rows)
         .fetch_one(pool)
-        .await?;
+        .await
+        .map_err(database_error)?;
         let Some(last) = last else { break };
         let done = sqlx::query(
             "DELETE FROM message_items WHERE message_id = ? AND user_id > ? AND user_id <= ?",
@@ -267,7 +272,8 @@ async fn purge_revoked(
         .bind(after)
         .bind(last)
         .execute(pool)
-        .await?
+        .await
+        .map_err(database_error)?
         .rows_affected();
         report.hidden_items_purged += done;
         after = last;
@@ -276,7 +282,8 @@ async fn purge_revoked(
     sqlx::query("DELETE FROM message_contents WHERE message_id = ?")
         .bind(message_id)
         .execute(pool)
-        .await?;
+        .await
+        .map_err(database_error)?;
     Ok(())
 }
 
@@ -289,7 +296,8 @@ async fn purge_message(pool: &MySqlPool, message_id: u64, report: &mut Report) -
     .bind(state::DONE)
     .bind(state::UNSETTLED)
     .fetch_all(pool)
-    .await?;
+    .await
+    .map_err(database_error)?;
     for packed in chunks {
         let user_ids = decode_user_ids(&packed)?;
         let mut delete = sqlx::QueryBuilder::new("DELETE FROM message_items WHERE message_id = ");
@@ -299,13 +307,15 @@ async fn purge_message(pool: &MySqlPool, message_id: u64, report: &mut Report) -
             users.push_bind(*user_id);
         }
         delete.push(")");
-        report.hidden_items_purged += delete.build().execute(pool).await?.rows_affected();
+        report.hidden_items_purged +=
+            delete.build().execute(pool).await.map_err(database_error)?.rows_affected();
     }
     purge_recipient_records(pool, message_id).await?;
     sqlx::query("DELETE FROM message_contents WHERE message_id = ?")
         .bind(message_id)
         .execute(pool)
-        .await?;
+        .await
+        .map_err(database_error)?;
     Ok(())
 }
 
@@ -323,8 +333,13 @@ fn horizon(now: DateTime<Utc>, days: u32) -> u64 {
 async fn delete_in_batches(pool: &MySqlPool, sql: &'static str, below: u64) -> Result<u64> {
     let mut deleted = 0;
     loop {
-        let done =
-            sqlx::query(sql).bind(below).bind(DELETE_BATCH).execute(pool).await?.rows_affected();
+        let done = sqlx::query(sql)
+            .bind(below)
+            .bind(DELETE_BATCH)
+            .execute(pool)
+            .await
+            .map_err(database_error)?
+            .rows_affected();
         deleted += done;
         if done < u64::from(DELETE_BATCH) {
             return Ok(deleted);
@@ -389,7 +404,8 @@ async fn purge_group_messages(
             .bind(below)
             .bind(DELETE_BATCH)
             .fetch_all(home)
-            .await?;
+            .await
+            .map_err(database_error)?;
             if old.is_empty() {
                 break;
             }
@@ -410,7 +426,8 @@ async fn purge_group_messages(
                 .bind(seq)
                 .bind(below)
                 .execute(home)
-                .await?
+                .await
+                .map_err(database_error)?
                 .rows_affected();
                 // Every cursor has passed them: recalled seqs up to here no
                 // longer count (a cached copy that still lists them counts
@@ -451,7 +468,8 @@ async fn advance_lagging_members(
             .bind(after)
             .bind(INVALIDATE_BATCH as u64)
             .fetch_all(pool)
-            .await?;
+            .await
+            .map_err(database_error)?;
             let Some(last) = lagging.last() else { break };
             after = *last;
             advanced += advance_cursors(pools, cache, group_id, seq, &lagging).await?;
@@ -503,7 +521,7 @@ async fn advance_cursors(
         warn!(error = %e, group_id, "could not clear group change markers");
     }
     match failed {
-        Some(e) => Err(e.into()),
+        Some(e) => Err(database_error(e)),
         None => Ok(advanced),
     }
 }
@@ -535,7 +553,8 @@ async fn delete_old_sends(
             ))
             .bind(below)
             .fetch_all(home)
-            .await?;
+            .await
+            .map_err(database_error)?;
             for message_id in &finished {
                 for (_, pool) in pools.iter() {
                     // Idempotency keys live on the key's shard, not the home.
@@ -550,13 +569,15 @@ async fn delete_old_sends(
                         sqlx::query(sqlx::AssertSqlSafe(sql))
                             .bind(message_id)
                             .execute(pool)
-                            .await?;
+                            .await
+                            .map_err(database_error)?;
                     }
                 }
                 sqlx::query("DELETE FROM messages WHERE message_id = ?")
                     .bind(message_id)
                     .execute(home)
-                    .await?;
+                    .await
+                    .map_err(database_error)?;
             }
             deleted += finished.len() as u64;
             if finished.len() < 100 {

@@ -16,6 +16,7 @@ use tracing::instrument;
 
 use notify_domain::ids;
 use notify_domain::{Error, Result};
+use notify_store::error::database_error;
 
 /// The catch-all partition above every month.
 pub const FUTURE: &str = "p_future";
@@ -110,7 +111,8 @@ pub async fn existing(pool: &MySqlPool) -> Result<Vec<Month>> {
          ORDER BY PARTITION_ORDINAL_POSITION",
     )
     .fetch_all(pool)
-    .await?;
+    .await
+    .map_err(database_error)?;
     if !rows.iter().any(|(name, _)| name.as_deref() == Some(FUTURE)) {
         return Err(Error::Internal(
             "message_items has no p_future partition: apply the migrations (notifyctl migrate)"
@@ -153,7 +155,7 @@ pub async fn add_months(pool: &MySqlPool, months: &[Month]) -> Result<()> {
         parts.join(", ")
     );
     // Names and bounds are ours (pYYYYMM, integers), never a caller's.
-    sqlx::raw_sql(sqlx::AssertSqlSafe(ddl)).execute(pool).await?;
+    sqlx::raw_sql(sqlx::AssertSqlSafe(ddl)).execute(pool).await.map_err(database_error)?;
     Ok(())
 }
 
@@ -174,15 +176,20 @@ pub async fn note_users(pool: &MySqlPool, month: &Month) -> Result<u64> {
          SELECT DISTINCT user_id FROM message_items PARTITION ({})",
         month.name
     );
-    Ok(sqlx::query(sqlx::AssertSqlSafe(sql)).execute(pool).await?.rows_affected())
+    Ok(sqlx::query(sqlx::AssertSqlSafe(sql))
+        .execute(pool)
+        .await
+        .map_err(database_error)?
+        .rows_affected())
 }
 
 /// Up to `limit` users of `retention_pending_badges`, lowest ids first.
 pub async fn pending_badges(pool: &MySqlPool, limit: usize) -> Result<Vec<u64>> {
-    Ok(sqlx::query_scalar("SELECT user_id FROM retention_pending_badges ORDER BY user_id LIMIT ?")
+    sqlx::query_scalar("SELECT user_id FROM retention_pending_badges ORDER BY user_id LIMIT ?")
         .bind(limit as u64)
         .fetch_all(pool)
-        .await?)
+        .await
+        .map_err(database_error)
 }
 
 /// Forgets users whose badges were invalidated.
@@ -191,7 +198,7 @@ pub async fn forget_pending_badges(pool: &MySqlPool, users: &[u64]) -> Result<()
         sqlx::QueryBuilder::new("DELETE FROM retention_pending_badges WHERE user_id IN (");
     notify_store::db::push_ids(&mut query, users);
     query.push(")");
-    query.build().execute(pool).await?;
+    query.build().execute(pool).await.map_err(database_error)?;
     Ok(())
 }
 
@@ -200,7 +207,7 @@ pub async fn forget_pending_badges(pool: &MySqlPool, users: &[u64]) -> Result<()
 pub async fn drop_month(pool: &MySqlPool, month: &Month) -> Result<()> {
     let ddl = format!("ALTER TABLE message_items DROP PARTITION {}", month.name);
     // Names and bounds are ours (pYYYYMM, integers), never a caller's.
-    sqlx::raw_sql(sqlx::AssertSqlSafe(ddl)).execute(pool).await?;
+    sqlx::raw_sql(sqlx::AssertSqlSafe(ddl)).execute(pool).await.map_err(database_error)?;
     Ok(())
 }
 

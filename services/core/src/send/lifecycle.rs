@@ -28,6 +28,7 @@ use notify_domain::settings::WebhookEvent;
 use notify_store::db::messages::{self, ControlChange};
 use notify_store::db::operations::OperationKind;
 use notify_store::db::{chunks, event_outbox};
+use notify_store::error::database_error;
 
 async fn reject_announcement(
     ctx: &Context,
@@ -57,7 +58,7 @@ pub(crate) async fn start_announcement(
     message_id: MessageId,
     how: AnnouncementStart,
 ) -> Result<Option<(BusEvent, u64)>> {
-    let mut tx = home.begin().await?;
+    let mut tx = home.begin().await.map_err(database_error)?;
     let started = match how {
         AnnouncementStart::Now => {
             messages::request_start(&mut *tx, message_id, Lane::High as u8, true).await?
@@ -65,7 +66,7 @@ pub(crate) async fn start_announcement(
         AnnouncementStart::Due => messages::start_scheduled(&mut *tx, message_id).await?,
     };
     if !started {
-        tx.rollback().await?;
+        tx.rollback().await.map_err(database_error)?;
         return Ok(None);
     }
     let summary = chunks::content_summary(&mut *tx, message_id)
@@ -73,7 +74,7 @@ pub(crate) async fn start_announcement(
         .ok_or_else(|| Error::Internal(format!("announcement {message_id} has no content copy")))?;
     let event = BusEvent::Announced { message_id: message_id.get(), summary };
     let recorded = event_outbox::record(&mut tx, &event.recorded_body()).await?;
-    tx.commit().await?;
+    tx.commit().await.map_err(database_error)?;
     Ok(Some((event, recorded)))
 }
 
@@ -168,13 +169,14 @@ pub async fn start(
     // so the totals read below are final and no append slips in before the
     // update (it would then find the send started and be refused).
     let permit = ctx.cross_shard_permit().await?;
-    let mut tx = home.begin().await?;
+    let mut tx = home.begin().await.map_err(database_error)?;
     let locked: Option<(u8, bool)> = sqlx::query_as(
         "SELECT status, start_requested FROM messages WHERE message_id = ? FOR UPDATE",
     )
     .bind(message_id.get())
     .fetch_optional(&mut *tx)
-    .await?;
+    .await
+    .map_err(database_error)?;
     if locked.is_none_or(|(status, requested)| status != SendStatus::NotStarted as u8 || requested)
     {
         return Err(Error::FailedPrecondition(format!(
@@ -210,7 +212,7 @@ pub async fn start(
             "cannot start message {message_id}: it was started concurrently"
         )));
     }
-    tx.commit().await?;
+    tx.commit().await.map_err(database_error)?;
     drop(permit);
     if start_now {
         refresh_status_best_effort(ctx, message_id).await;

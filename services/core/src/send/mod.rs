@@ -17,6 +17,7 @@ use notify_domain::error::{Error, Result};
 use notify_store::db::chunks::{self, ContentCopy};
 use notify_store::db::messages::{self, MessageRow, NewMessage};
 use notify_store::db::operations::OperationKind;
+use notify_store::error::database_error;
 
 pub use crate::status::status_of;
 pub(crate) use lifecycle::{AnnouncementStart, activated, start_announcement};
@@ -169,14 +170,15 @@ pub async fn append(
     // shard; bounding concurrent appends keeps pools from starving each other.
     let _permit = ctx.cross_shard_permit().await?;
     let home = ctx.writable(Key::Message(message_id.get())).await?;
-    let mut tx = home.begin().await?;
+    let mut tx = home.begin().await.map_err(database_error)?;
     let row: Option<(u8, bool, Option<NaiveDateTime>, NaiveDateTime, u8, String)> = sqlx::query_as(
         "SELECT status, start_requested, expire_at, created_at, audience, client \
              FROM messages WHERE message_id = ? LOCK IN SHARE MODE",
     )
     .bind(message_id.get())
     .fetch_optional(&mut *tx)
-    .await?;
+    .await
+    .map_err(database_error)?;
     let Some((status, start_requested, expire_at, created_at, audience, client)) = row else {
         return Err(Error::NotFound(format!("message {message_id}")));
     };
@@ -224,8 +226,8 @@ pub async fn append(
         .bind(batch_number)
         .bind(user_ids.len() as u32)
         .execute(&mut *tx)
-        .await?;
-    tx.commit().await?;
+        .await.map_err(database_error)?;
+    tx.commit().await.map_err(database_error)?;
     info!(accepted = user_ids.len(), "recipients appended");
     Ok(Appended { accepted: user_ids.len() as u64, duplicate_batch: false })
 }
@@ -353,7 +355,7 @@ pub(crate) async fn newest_views<'p, F, Fut>(
 ) -> Result<Vec<MessageView>>
 where
     F: Fn(&'p sqlx::MySqlPool) -> Fut,
-    Fut: Future<Output = Result<Vec<MessageRow>>>,
+    Fut: Future<Output = notify_store::Result<Vec<MessageRow>>>,
 {
     let routes = ctx.pools.snapshot();
     let pages = ctx.pools.iter().map(|(shard, pool)| {

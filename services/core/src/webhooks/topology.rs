@@ -27,6 +27,8 @@ use lapin::{Channel, ExchangeKind};
 use notify_domain::error::Result;
 use notify_domain::settings::Settings;
 
+use crate::broker::broker_error;
+
 /// Names and arguments of the webhook exchanges and queues.
 #[derive(Debug, Clone)]
 pub struct WebhookTopology {
@@ -107,15 +109,22 @@ impl WebhookTopology {
                     durable,
                     FieldTable::default(),
                 )
-                .await?;
+                .await
+                .map_err(broker_error)?;
         }
         let queue_options = QueueDeclareOptions { durable: true, ..Default::default() };
         let mut args = FieldTable::default();
         args.insert("x-queue-type".into(), AMQPValue::LongString(self.queue_type.as_str().into()));
-        channel.queue_declare(self.dead_queue().into(), queue_options, args.clone()).await?;
+        channel
+            .queue_declare(self.dead_queue().into(), queue_options, args.clone())
+            .await
+            .map_err(broker_error)?;
         for client in &self.clients {
             let queue = self.queue(client);
-            channel.queue_declare(queue.as_str().into(), queue_options, args.clone()).await?;
+            channel
+                .queue_declare(queue.as_str().into(), queue_options, args.clone())
+                .await
+                .map_err(broker_error)?;
             channel
                 .queue_bind(
                     queue.into(),
@@ -124,7 +133,8 @@ impl WebhookTopology {
                     QueueBindOptions::default(),
                     FieldTable::default(),
                 )
-                .await?;
+                .await
+                .map_err(broker_error)?;
         }
         for delay in &self.delays_ms {
             // Classic: expiry and dead-lettering by TTL is what they do best.
@@ -136,7 +146,10 @@ impl WebhookTopology {
                 AMQPValue::LongString(self.exchange().as_str().into()),
             );
             let queue = self.retry_queue(*delay);
-            channel.queue_declare(queue.as_str().into(), queue_options, args).await?;
+            channel
+                .queue_declare(queue.as_str().into(), queue_options, args)
+                .await
+                .map_err(broker_error)?;
             channel
                 .queue_bind(
                     queue.into(),
@@ -145,7 +158,8 @@ impl WebhookTopology {
                     QueueBindOptions::default(),
                     FieldTable::default(),
                 )
-                .await?;
+                .await
+                .map_err(broker_error)?;
         }
         Ok(())
     }
@@ -159,10 +173,16 @@ impl WebhookTopology {
             .chain(self.delays_ms.iter().map(|delay| self.retry_queue(*delay)))
             .chain([self.dead_queue()]);
         for queue in queues {
-            channel.queue_delete(queue.into(), QueueDeleteOptions::default()).await?;
+            channel
+                .queue_delete(queue.into(), QueueDeleteOptions::default())
+                .await
+                .map_err(broker_error)?;
         }
         for exchange in [self.exchange(), self.retry_exchange()] {
-            channel.exchange_delete(exchange.into(), ExchangeDeleteOptions::default()).await?;
+            channel
+                .exchange_delete(exchange.into(), ExchangeDeleteOptions::default())
+                .await
+                .map_err(broker_error)?;
         }
         Ok(())
     }

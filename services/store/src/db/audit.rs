@@ -4,7 +4,7 @@ use chrono::NaiveDateTime;
 use sqlx::{FromRow, MySqlPool};
 use tracing::instrument;
 
-use notify_domain::error::Result;
+use crate::error::Result;
 
 /// A stored audit record.
 #[derive(Debug, Clone, FromRow, PartialEq, Eq)]

@@ -10,7 +10,7 @@ use chrono::NaiveDateTime;
 use sqlx::{MySqlConnection, MySqlPool, QueryBuilder};
 use tracing::instrument;
 
-use notify_domain::error::Result;
+use crate::error::Result;
 
 /// The statement that records a user (`?`: the user id, bound, or written
 /// in by a script, [`super::script`]); a later write stamps the row again,

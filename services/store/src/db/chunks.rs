@@ -11,8 +11,9 @@ use tracing::instrument;
 
 use super::push_ids;
 use super::webhook_outbox::Record;
+use crate::error::Result;
+use notify_domain::Error;
 use notify_domain::domain::{Content, MessageId};
-use notify_domain::error::{Error, Result};
 
 /// Chunk states as stored.
 pub mod state {
@@ -100,7 +101,7 @@ pub fn encode_user_ids(user_ids: &[u64]) -> Vec<u8> {
 /// Unpacks user ids stored by [`encode_user_ids`].
 pub fn decode_user_ids(bytes: &[u8]) -> Result<Vec<u64>> {
     if !bytes.len().is_multiple_of(8) {
-        return Err(Error::Internal(format!("chunk user_ids has {} bytes", bytes.len())));
+        return Err(Error::Internal(format!("chunk user_ids has {} bytes", bytes.len())).into());
     }
     Ok(bytes
         .chunks_exact(8)
@@ -157,7 +158,8 @@ async fn insert_chunks(
         return Err(Error::Internal(format!(
             "message {message_id}: {inserted} of {} chunks of one batch already existed",
             chunks.len()
-        )));
+        ))
+        .into());
     }
     let recipients: u64 = chunks.iter().map(|c| c.user_ids.len() as u64).sum();
     sqlx::query(
@@ -1235,7 +1237,8 @@ pub async fn claim_stale(
 ) -> Result<Vec<(u64, u64)>> {
     // Two claims moving the same index range can deadlock (the victim
     // claimed nothing).
-    super::retrying("chunks::claim_stale", || claim_stale_once(pool, older_than_secs, limit)).await
+    Ok(super::retrying("chunks::claim_stale", || claim_stale_once(pool, older_than_secs, limit))
+        .await?)
 }
 
 async fn claim_stale_once(

@@ -26,7 +26,8 @@ use sqlx::{Connection, MySqlConnection};
 use tracing::{info, instrument, warn};
 
 use super::{MIGRATOR, MigrationReport, migrate_all, shard_options};
-use notify_domain::error::{Error, Result};
+use crate::error::Result;
+use notify_domain::Error;
 use notify_domain::settings::Settings;
 
 /// Where each shard records the contract migrations applied.

@@ -38,7 +38,8 @@ use sqlx::mysql::{MySqlConnectOptions, MySqlConnection, MySqlPool};
 use sqlx::{ConnectOptions, Connection as _};
 use tokio::sync::{Semaphore, SemaphorePermit};
 
-use notify_domain::error::{Error, Result};
+use crate::error::Result;
+use notify_domain::Error;
 
 /// How often the keepalive looks over the idle connections.
 const KEEPALIVE_EVERY: Duration = Duration::from_millis(250);
@@ -234,8 +235,8 @@ impl DirectConnections {
     async fn connect(&self) -> Result<MySqlConnection> {
         match tokio::time::timeout(self.acquire_timeout, self.options.connect()).await {
             Ok(Ok(conn)) => Ok(conn),
-            Ok(Err(e)) => Err(self.unavailable(&format!("cannot connect: {e}"))),
-            Err(_) => Err(self.unavailable("cannot connect: timed out")),
+            Ok(Err(e)) => Err(self.unavailable(&format!("cannot connect: {e}")).into()),
+            Err(_) => Err(self.unavailable("cannot connect: timed out").into()),
         }
     }
 
@@ -331,7 +332,7 @@ pub async fn read<'a, T>(
     let Some(direct) = direct else {
         let mut conn = pool.acquire().await?;
         let result = read(&mut conn, PhantomData).await;
-        if !result.as_ref().is_err_and(Error::is_broken_connection) {
+        if !result.as_ref().is_err_and(|e| e.is_broken_connection()) {
             return result;
         }
         drop(conn);

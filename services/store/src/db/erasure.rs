@@ -7,7 +7,7 @@
 use sqlx::MySqlPool;
 use tracing::instrument;
 
-use notify_domain::error::Result;
+use crate::error::Result;
 
 /// Rows per `DELETE` of a user's items, so no statement runs for long.
 const ITEMS_PER_DELETE: u64 = 10_000;

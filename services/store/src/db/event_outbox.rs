@@ -9,7 +9,7 @@
 use sqlx::{MySqlConnection, MySqlPool, QueryBuilder};
 use tracing::instrument;
 
-use notify_domain::error::Result;
+use crate::error::Result;
 
 /// A recorded event, as the relay reads it back.
 #[derive(Debug, Clone, PartialEq, Eq, sqlx::FromRow)]

@@ -6,8 +6,9 @@ use sqlx::{FromRow, MySqlConnection, MySqlPool, QueryBuilder};
 use tracing::instrument;
 
 use super::push_ids;
+use crate::error::Result;
+use notify_domain::Error;
 use notify_domain::domain::{Content, GroupCursor, GroupSeq, encode_seq_list, parse_seq_list};
-use notify_domain::error::{Error, Result};
 
 /// Rows (or ids) per statement when adding or removing members, or reading
 /// max seqs.
@@ -178,12 +179,12 @@ pub async fn append_message(
     .await?;
     if bumped.rows_affected() == 0 {
         tx.rollback().await?;
-        return Err(Error::NotFound(format!("group {}", message.group_id)));
+        return Err(Error::NotFound(format!("group {}", message.group_id)).into());
     }
     let seq = bumped.last_insert_id();
     if seq == 0 {
         // A proxy that drops LAST_INSERT_ID from the reply would break seqs.
-        return Err(Error::Internal("the seq update returned no LAST_INSERT_ID".to_owned()));
+        return Err(Error::Internal("the seq update returned no LAST_INSERT_ID".to_owned()).into());
     }
     if let Some(earlier) = find_by_key(&mut tx, message).await? {
         tx.rollback().await?;
@@ -218,9 +219,9 @@ pub async fn append_message(
         Err(sqlx::Error::Database(e)) if e.is_unique_violation() => {
             tx.rollback().await?;
             let mut conn = pool.acquire().await?;
-            find_by_key(&mut conn, message)
-                .await?
-                .ok_or_else(|| Error::Internal("duplicate group message vanished".to_owned()))
+            find_by_key(&mut conn, message).await?.ok_or_else(|| {
+                Error::Internal("duplicate group message vanished".to_owned()).into()
+            })
         }
         Err(e) => Err(e.into()),
     }
@@ -329,7 +330,7 @@ pub async fn recall_message(
     .await?;
     let Some((max_seq, recalled)) = counter else {
         tx.rollback().await?;
-        return Err(Error::NotFound(format!("group {group_id}")));
+        return Err(Error::NotFound(format!("group {group_id}")).into());
     };
     let mut state = seq_state(group_id, max_seq, recalled.as_deref())?;
     let message: Option<(u64, String, bool)> = sqlx::query_as(
@@ -345,14 +346,16 @@ pub async fn recall_message(
         let why = if seq > max_seq { "its max seq is lower" } else { "retention removed it" };
         return Err(Error::NotFound(format!(
             "group {group_id} has no message at seq {seq} ({why})"
-        )));
+        ))
+        .into());
     };
     if let Some(owner) = owner.filter(|owner| *owner != client) {
         tx.rollback().await?;
         return Err(Error::PermissionDenied(format!(
             "client {owner} did not send the message at seq {seq} of group {group_id}; \
              recalling another client's message needs the scope sends.all"
-        )));
+        ))
+        .into());
     }
     if recalled_before {
         tx.rollback().await?;
@@ -439,7 +442,7 @@ pub async fn membership<'e>(
 /// user's preferences, on the same shard), by group id.
 #[instrument(level = "debug", skip_all, fields(db.system = "mysql"))]
 pub async fn memberships(pool: &MySqlPool, user_id: u64) -> Result<Vec<GroupCursor>> {
-    Ok(sqlx::query_as(
+    let rows: Vec<(u64, u64, bool)> = sqlx::query_as(
         "SELECT m.group_id, m.last_ack_seq, \
          COALESCE(FIND_IN_SET(m.group_id, p.muted_group_ids) > 0, 0) AS muted \
          FROM group_members m LEFT JOIN user_preferences p ON p.user_id = m.user_id \
@@ -447,7 +450,11 @@ pub async fn memberships(pool: &MySqlPool, user_id: u64) -> Result<Vec<GroupCurs
     )
     .bind(user_id)
     .fetch_all(pool)
-    .await?)
+    .await?;
+    Ok(rows
+        .into_iter()
+        .map(|(group_id, last_ack_seq, muted)| GroupCursor { group_id, last_ack_seq, muted })
+        .collect())
 }
 
 /// Moves a member's cursor forward to `seq` (never back), recording `event`

@@ -22,7 +22,8 @@ use super::items::{BadgeState, COUNT_UNREAD, ItemFilter, NOT_REVOKED, NOW, Unrea
 use super::preferences::{SUPPRESSION, Suppression};
 use super::script::{self, Arg, Built, Outcome, Script, Sql};
 use super::{event_outbox, read_backlog, read_feed};
-use notify_domain::error::{Error, Result};
+use crate::error::Result;
+use notify_domain::Error;
 
 /// What to do to items.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
@@ -405,11 +406,12 @@ fn read(outcomes: Vec<(Step, Outcome)>) -> Result<(Updated, Vec<u64>)> {
             }
             Step::Present => present = ids(outcome)?,
             Step::Suppression => {
-                suppression = row.map(|row| Ok::<_, Error>((row.try_get(0)?, row.try_get(1)?)));
+                suppression =
+                    row.map(|row| Ok::<_, crate::Error>((row.try_get(0)?, row.try_get(1)?)));
             }
             Step::OutboxId => recorded = row.map(|row| row.try_get::<u64, _>(0)).transpose()?,
             _ if row.is_some() => {
-                return Err(malformed("a row from a statement that has none"));
+                return Err(malformed("a row from a statement that has none").into());
             }
             _ => {}
         }

@@ -15,7 +15,7 @@ use tracing::instrument;
 use super::preferences::{self, Suppression};
 use super::push_ids;
 use super::script::{Arg, Built, SafeText, Script, Sql};
-use notify_domain::error::Result;
+use crate::error::Result;
 
 /// One inbox entry with its content.
 #[derive(Debug, Clone, FromRow)]

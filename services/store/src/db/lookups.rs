@@ -6,8 +6,8 @@ use sqlx::{FromRow, MySqlPool, QueryBuilder};
 use tracing::instrument;
 
 use super::messages::{MESSAGE_COLUMNS, MessageRow, ShardStats};
+use crate::error::Result;
 use notify_domain::domain::MessageId;
-use notify_domain::error::Result;
 
 /// Which sends [`recent_sends`] lists.
 #[derive(Debug, Clone, Copy, Default)]

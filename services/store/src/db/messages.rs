@@ -13,8 +13,9 @@ use tracing::instrument;
 use super::operations::{self, Operation, OperationKind, Retire};
 use super::webhook_outbox::{Record, execute_with};
 
+use crate::error::Result;
+use notify_domain::Error;
 use notify_domain::domain::{AudienceKind, Content, MessageId, SendStatus};
-use notify_domain::error::{Error, Result};
 
 /// MySQL's error code for a duplicate key.
 const ER_DUP_ENTRY: &str = "23000";
@@ -91,14 +92,14 @@ pub struct MessageRow {
 
 impl MessageRow {
     /// Decodes the stored status.
-    pub fn status(&self) -> Result<SendStatus> {
+    pub fn status(&self) -> notify_domain::Result<SendStatus> {
         SendStatus::from_db(self.status)
     }
 
     /// Fails with NOT_FOUND unless `owner` is `None` (the caller sees every
     /// client's sends) or the client that created this send: another
     /// client's send is invisible, not forbidden.
-    pub fn visible_to(&self, owner: Option<&str>) -> Result<&Self> {
+    pub fn visible_to(&self, owner: Option<&str>) -> notify_domain::Result<&Self> {
         match owner {
             Some(client) if client != self.client => {
                 Err(Error::NotFound(format!("message {}", self.message_id)))
@@ -232,7 +233,9 @@ pub async fn fetch<'e>(
 /// Reads a control record or fails with NOT_FOUND.
 #[instrument(level = "debug", skip_all, fields(db.system = "mysql"))]
 pub async fn fetch_existing(pool: &MySqlPool, message_id: MessageId) -> Result<MessageRow> {
-    fetch(pool, message_id).await?.ok_or_else(|| Error::NotFound(format!("message {message_id}")))
+    fetch(pool, message_id)
+        .await?
+        .ok_or_else(|| Error::NotFound(format!("message {message_id}")).into())
 }
 
 /// Reads the status with its version (bumped by every status change).
@@ -429,7 +432,7 @@ pub async fn edited_content(pool: &MySqlPool, message_id: MessageId) -> Result<E
     .bind(message_id.get())
     .fetch_optional(pool)
     .await?
-    .ok_or_else(|| Error::NotFound(format!("message {message_id}")))
+    .ok_or_else(|| Error::NotFound(format!("message {message_id}")).into())
 }
 
 /// Records StartMessage on a NOT_STARTED message: picks the lane and, when

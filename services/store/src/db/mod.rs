@@ -38,8 +38,10 @@ use sqlx::mysql::{MySqlConnectOptions, MySqlPool, MySqlPoolOptions, MySqlSslMode
 use sqlx::{ConnectOptions, Connection, MySqlConnection};
 use tracing::{info, instrument};
 
+use crate::error::Result;
+use notify_domain::Error;
 use notify_domain::backoff::Reconnect;
-use notify_domain::error::{DbFailure, Error, Result};
+use notify_domain::error::DbFailure;
 use notify_domain::settings::{MySqlTlsMode, Settings, ShardSettings};
 
 /// `ids` as a JSON array of numbers, for a `JSON_TABLE` (one statement text
@@ -183,7 +185,7 @@ pub async fn connect(settings: &Settings) -> Result<ShardPools> {
         pools.push((shard.id, pool));
     }
     // Version 0 until [`crate::shard_map::adopt`] installs the stored map.
-    Shards::with_members(pools, map, 0).map_err(|e| Error::Internal(e.to_string()))
+    Shards::with_members(pools, map, 0).map_err(|e| Error::Internal(e.to_string()).into())
 }
 
 /// Direct connections per shard for inbox pages, item updates and
@@ -223,7 +225,8 @@ pub async fn migrate_all(settings: &Settings) -> Result<Vec<MigrationReport>> {
                  know: it was migrated by a development build from before the schema was one \
                  file; drop that database and run notifyctl migrate again",
                 shard.id, shard.database
-            )));
+            ))
+            .into());
         }
         MIGRATOR
             .run(&mut conn)
@@ -290,10 +293,11 @@ async fn applied_versions(conn: &mut MySqlConnection) -> Vec<i64> {
 /// Runs `attempt`, a read, again when its pooled connection turned out
 /// broken: the same as [`retrying`] (a read is idempotent), named for the
 /// calls that only read.
-pub async fn retry_read_on_broken_connection<T, F, Fut>(attempt: F) -> Result<T>
+pub async fn retry_read_on_broken_connection<T, E, F, Fut>(attempt: F) -> notify_domain::Result<T>
 where
     F: FnMut() -> Fut,
-    Fut: Future<Output = Result<T>>,
+    Fut: Future<Output = Result<T, E>>,
+    E: Into<Error>,
 {
     retrying("read", attempt).await
 }
@@ -326,15 +330,16 @@ const LOCK_CONFLICT_MAX_WAIT: Duration = Duration::from_millis(250);
 /// Every other error is returned as it is: the first time. Each failure is
 /// counted in `notify_db_errors_total` by kind, `op` and whether it was
 /// run again, so a deterministic failure shows up at once as the bug it is.
-pub async fn retrying<T, F, Fut>(op: &'static str, mut attempt: F) -> Result<T>
+pub async fn retrying<T, E, F, Fut>(op: &'static str, mut attempt: F) -> notify_domain::Result<T>
 where
     F: FnMut() -> Fut,
-    Fut: Future<Output = Result<T>>,
+    Fut: Future<Output = Result<T, E>>,
+    E: Into<Error>,
 {
     let mut waits = Reconnect::new(LOCK_CONFLICT_MIN_WAIT, LOCK_CONFLICT_MAX_WAIT);
     let (mut conflicts, mut reconnected) = (0, false);
     loop {
-        let result = attempt().await;
+        let result = attempt().await.map_err(Into::into);
         let Some(failure) = result.as_ref().err().and_then(Error::db_failure) else {
             return result;
         };

@@ -11,8 +11,9 @@ use chrono::NaiveDateTime;
 use sqlx::{FromRow, MySqlConnection, MySqlPool};
 use tracing::instrument;
 
+use crate::error::Result;
+use notify_domain::Error;
 use notify_domain::domain::MessageId;
-use notify_domain::error::{Error, Result};
 
 /// What an operation does.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -32,7 +33,7 @@ impl OperationKind {
     pub const ALL: [Self; 3] = [Self::Cancel, Self::Recall, Self::Edit];
 
     /// Decodes a stored kind.
-    pub fn from_db(value: u8) -> Result<Self> {
+    pub fn from_db(value: u8) -> notify_domain::Result<Self> {
         Self::ALL
             .into_iter()
             .find(|kind| *kind as u8 == value)
@@ -116,7 +117,7 @@ struct OperationRow {
 impl TryFrom<OperationRow> for Operation {
     type Error = Error;
 
-    fn try_from(row: OperationRow) -> Result<Self> {
+    fn try_from(row: OperationRow) -> notify_domain::Result<Self> {
         let shards_done = row
             .shards_done
             .split(',')
@@ -124,7 +125,7 @@ impl TryFrom<OperationRow> for Operation {
             .map(|part| {
                 part.parse().map_err(|_| Error::Internal(format!("operation shards_done {part:?}")))
             })
-            .collect::<Result<_>>()?;
+            .collect::<notify_domain::Result<_>>()?;
         Ok(Self {
             message_id: MessageId::from_raw(row.message_id),
             kind: OperationKind::from_db(row.kind)?,
@@ -175,7 +176,7 @@ pub async fn record(
         .bind(kind as u8)
         .fetch_one(&mut *conn)
         .await?;
-    row.try_into()
+    Ok(row.try_into()?)
 }
 
 /// Reads one operation (`None` once it finished).
@@ -191,7 +192,7 @@ pub async fn get(
         .bind(kind as u8)
         .fetch_optional(pool)
         .await?;
-    row.map(Operation::try_from).transpose()
+    Ok(row.map(Operation::try_from).transpose()?)
 }
 
 /// The kinds of a send's operations not finished yet.
@@ -203,7 +204,7 @@ pub async fn pending_kinds(pool: &MySqlPool, message_id: MessageId) -> Result<Ve
     .bind(message_id.get())
     .fetch_all(pool)
     .await?;
-    kinds.into_iter().map(OperationKind::from_db).collect()
+    Ok(kinds.into_iter().map(OperationKind::from_db).collect::<notify_domain::Result<_>>()?)
 }
 
 /// Takes up to `limit` operations of this home shard whose lease ran out

@@ -4,7 +4,7 @@
 //! costs one primary-key lookup per recipient, and nothing for users who
 //! have none.
 
-use notify_domain::error::Result;
+use crate::error::Result;
 use notify_domain::preferences::{Preferences, join_list, split_list};
 use sqlx::MySqlPool;
 use tracing::instrument;

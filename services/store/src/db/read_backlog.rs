@@ -28,7 +28,7 @@ use tracing::instrument;
 
 use super::chunks::read_slot;
 use super::{json_ids, push_ids};
-use notify_domain::error::Result;
+use crate::error::Result;
 
 /// The statement an update by a list of ids takes the user's waiting rows
 /// with (one user id, `?`), before it changes items: it waits for an

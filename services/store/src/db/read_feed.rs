@@ -14,7 +14,7 @@ use chrono::NaiveDateTime;
 use sqlx::{FromRow, MySql, MySqlPool, Transaction};
 use tracing::instrument;
 
-use notify_domain::error::Result;
+use crate::error::Result;
 
 /// The statement an update by ids records its reads with, a script's
 /// template ([`super::script`]): `?` is the update's selection of the items

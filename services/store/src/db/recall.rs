@@ -20,8 +20,8 @@ use tracing::instrument;
 
 use super::chunks::{RECIPIENT_ROWS, STATS_SLOTS, decode_user_ids, state};
 use super::{json_ids, push_ids};
+use crate::error::Result;
 use notify_domain::domain::MessageId;
-use notify_domain::error::Result;
 
 /// What recalling a chunk did.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -15,8 +15,8 @@ use tracing::instrument;
 
 use super::chunks::{SPLIT_CHUNK_BIT, decode_user_ids};
 use super::{json_ids, push_ids};
+use crate::error::Result;
 use notify_domain::domain::MessageId;
-use notify_domain::error::Result;
 
 /// A chunk as the recipient queries read it.
 #[derive(Debug, Clone)]

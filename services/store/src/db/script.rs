@@ -21,7 +21,8 @@ use futures::TryStreamExt;
 use sqlx::mysql::MySqlRow;
 use sqlx::{AssertSqlSafe, Either, MySqlConnection};
 
-use notify_domain::error::{Error, Result};
+use crate::error::Result;
+use notify_domain::Error;
 
 /// A value written into a statement's text.
 #[derive(Debug, Clone, Copy)]
@@ -47,7 +48,7 @@ pub struct SafeText(String);
 impl SafeText {
     /// `text`, or an error naming `field` when it holds anything but
     /// `[a-z0-9_.-]`.
-    pub fn new(field: &str, text: &str) -> Result<Self> {
+    pub fn new(field: &str, text: &str) -> notify_domain::Result<Self> {
         let allowed = |c: char| c.is_ascii_lowercase() || c.is_ascii_digit() || "_.-".contains(c);
         if !text.chars().all(allowed) {
             return Err(Error::invalid(field, "may hold only a-z, 0-9, '_', '.' and '-'"));
@@ -212,7 +213,7 @@ pub struct Outcome {
 pub async fn run<S: Copy>(
     conn: &mut MySqlConnection,
     script: Built<S>,
-) -> std::result::Result<Vec<(S, Outcome)>, (Error, bool)> {
+) -> std::result::Result<Vec<(S, Outcome)>, (crate::Error, bool)> {
     let Built { steps, text, undo } = script;
     match read(conn, steps.len(), text).await {
         Ok(outcomes) => Ok(steps.into_iter().zip(outcomes).collect()),
@@ -234,14 +235,14 @@ async fn read(conn: &mut MySqlConnection, steps: usize, text: String) -> Result<
                 current.rows_affected = done.rows_affected();
                 outcomes.push(std::mem::take(&mut current));
                 if outcomes.len() > steps {
-                    return Err(malformed("more results than statements"));
+                    return Err(malformed("more results than statements").into());
                 }
             }
             Either::Right(row) => current.rows.push(row),
         }
     }
     if outcomes.len() != steps {
-        return Err(malformed("fewer results than statements"));
+        return Err(malformed("fewer results than statements").into());
     }
     Ok(outcomes)
 }

@@ -10,7 +10,7 @@ use sqlx::query::Query;
 use sqlx::{FromRow, MySql, MySqlConnection, QueryBuilder};
 use tracing::instrument;
 
-use notify_domain::error::Result;
+use crate::error::Result;
 
 /// One event of a send, as recorded and as the relay reads it back.
 #[derive(Debug, Clone, PartialEq, Eq, FromRow)]
