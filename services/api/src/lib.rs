@@ -44,7 +44,7 @@ use crate::grpc::group::GroupApi;
 use crate::grpc::inbox::InboxApi;
 use crate::grpc::message::MessageApi;
 use crate::metrics_layer::GrpcMetricsLayer;
-use crate::tls::ServerTls;
+use crate::tls::{ServerTls, TlsSource};
 use crate::trace_layer::GrpcTraceLayer;
 
 /// The `notify-api` process, all of it but the allocator
@@ -100,7 +100,7 @@ impl Application {
         let listen = notify_domain::settings::parse_addr("api.listen", &settings.api.listen)?;
         settings.auth.check_listener(listen)?;
         let tls = if settings.api.tls.enabled() {
-            Some(ServerTls::load(&settings.api.tls).await?)
+            Some(ServerTls::load(TlsSource::api(&settings.api.tls)).await?)
         } else {
             None
         };
@@ -247,7 +247,11 @@ impl Application {
             .add_service(AdminServiceServer::new(AdminApi::new(self.ctx.clone())))
             .add_service(
                 EventServiceServer::new(EventApi::new(
-                    events::Hub::new(self.ctx.clone(), shutdown.clone()),
+                    events::Hub::new(
+                        self.ctx.clone(),
+                        shutdown.clone(),
+                        events::BusSource::Exclusive,
+                    ),
                     shutdown.clone(),
                 ))
                 .max_decoding_message_size(max_bytes),

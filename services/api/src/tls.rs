@@ -35,9 +35,30 @@ const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 /// Handshaken connections waiting for the server to take them.
 const ACCEPT_BACKLOG: usize = 128;
 
+/// What a listener's TLS is built from: its settings, the section they
+/// are under (`api.tls`, `edge.tls`: errors name it) and the protocols it
+/// offers by ALPN.
+#[derive(Debug, Clone)]
+pub struct TlsSource {
+    /// The files and client certificate rules.
+    pub settings: ApiTlsSettings,
+    /// The settings' section, for errors.
+    pub section: &'static str,
+    /// ALPN protocols, preferred first (`h2` for gRPC; `h2` and `http/1.1`
+    /// for the edge).
+    pub alpn: Vec<Vec<u8>>,
+}
+
+impl TlsSource {
+    /// The gRPC listener's: HTTP/2 only.
+    pub fn api(settings: &ApiTlsSettings) -> Self {
+        Self { settings: settings.clone(), section: "api.tls", alpn: vec![b"h2".to_vec()] }
+    }
+}
+
 /// The listener's TLS configuration, swapped whole when its files change.
 pub struct ServerTls {
-    settings: ApiTlsSettings,
+    source: TlsSource,
     current: RwLock<(Arc<ServerConfig>, Vec<u8>)>,
     reloads: watch::Sender<u64>,
     failed_reloads: watch::Sender<u64>,
@@ -45,11 +66,11 @@ pub struct ServerTls {
 
 impl ServerTls {
     /// Loads the files; fails with a line naming the setting that is wrong.
-    pub async fn load(settings: &ApiTlsSettings) -> anyhow::Result<Arc<Self>> {
-        let files = read_files(settings).await?;
-        let config = build_config(settings, &files)?;
+    pub async fn load(source: TlsSource) -> anyhow::Result<Arc<Self>> {
+        let files = read_files(&source).await?;
+        let config = build_config(&source, &files)?;
         Ok(Arc::new(Self {
-            settings: settings.clone(),
+            source,
             current: RwLock::new((Arc::new(config), files.concat())),
             reloads: watch::channel(0).0,
             failed_reloads: watch::channel(0).0,
@@ -74,13 +95,13 @@ impl ServerTls {
     /// change that does not load (a half-written file) keeps the old
     /// configuration and is retried at the next tick.
     pub async fn watch_files(self: Arc<Self>, shutdown: CancellationToken) {
-        let every = Duration::from_secs(self.settings.reload_interval_secs);
+        let every = Duration::from_secs(self.source.settings.reload_interval_secs);
         loop {
             tokio::select! {
                 () = tokio::time::sleep(every) => {}
                 () = shutdown.cancelled() => return,
             }
-            let files = match read_files(&self.settings).await {
+            let files = match read_files(&self.source).await {
                 Ok(files) => files,
                 Err(e) => {
                     warn!(error = %format!("{e:#}"), "cannot read the tls files, keeping the loaded ones");
@@ -92,7 +113,7 @@ impl ServerTls {
             if self.current.read().unwrap_or_else(|e| e.into_inner()).1 == contents {
                 continue;
             }
-            match build_config(&self.settings, &files) {
+            match build_config(&self.source, &files) {
                 Ok(config) => {
                     *self.current.write().unwrap_or_else(|e| e.into_inner()) =
                         (Arc::new(config), contents);
@@ -163,27 +184,29 @@ async fn read_file(setting: &str, path: &str) -> anyhow::Result<Vec<u8>> {
     tokio::fs::read(path).await.with_context(|| format!("{setting}: cannot read {path}"))
 }
 
-async fn read_files(settings: &ApiTlsSettings) -> anyhow::Result<[Vec<u8>; 3]> {
+async fn read_files(source: &TlsSource) -> anyhow::Result<[Vec<u8>; 3]> {
+    let (settings, section) = (&source.settings, source.section);
     let ca = if settings.client_ca_file.is_empty() {
         Vec::new()
     } else {
-        read_file("api.tls.client_ca_file", &settings.client_ca_file).await?
+        read_file(&format!("{section}.client_ca_file"), &settings.client_ca_file).await?
     };
     Ok([
-        read_file("api.tls.cert_file", &settings.cert_file).await?,
-        read_file("api.tls.key_file", &settings.key_file).await?,
+        read_file(&format!("{section}.cert_file"), &settings.cert_file).await?,
+        read_file(&format!("{section}.key_file"), &settings.key_file).await?,
         ca,
     ])
 }
 
-fn build_config(settings: &ApiTlsSettings, files: &[Vec<u8>; 3]) -> anyhow::Result<ServerConfig> {
+fn build_config(source: &TlsSource, files: &[Vec<u8>; 3]) -> anyhow::Result<ServerConfig> {
+    let (settings, section) = (&source.settings, source.section);
     let [cert_pem, key_pem, ca_pem] = files;
     let certs: Vec<CertificateDer<'static>> = CertificateDer::pem_slice_iter(cert_pem)
         .collect::<Result<_, _>>()
-        .context("api.tls.cert_file: not a PEM certificate chain")?;
-    anyhow::ensure!(!certs.is_empty(), "api.tls.cert_file: holds no certificate");
+        .with_context(|| format!("{section}.cert_file: not a PEM certificate chain"))?;
+    anyhow::ensure!(!certs.is_empty(), "{section}.cert_file: holds no certificate");
     let key = PrivateKeyDer::from_pem_slice(key_pem)
-        .context("api.tls.key_file: not a PEM private key")?;
+        .with_context(|| format!("{section}.key_file: not a PEM private key"))?;
     let provider = Arc::new(rustls::crypto::ring::default_provider());
     let builder = ServerConfig::builder_with_provider(provider.clone())
         .with_safe_default_protocol_versions()
@@ -193,27 +216,28 @@ fn build_config(settings: &ApiTlsSettings, files: &[Vec<u8>; 3]) -> anyhow::Resu
         ClientAuth::Optional | ClientAuth::Required => {
             let mut roots = RootCertStore::empty();
             for ca in CertificateDer::pem_slice_iter(ca_pem) {
-                let ca = ca.context("api.tls.client_ca_file: not a PEM certificate")?;
-                roots.add(ca).context("api.tls.client_ca_file: not a usable CA certificate")?;
+                let ca =
+                    ca.with_context(|| format!("{section}.client_ca_file: not a PEM certificate"))?;
+                roots.add(ca).with_context(|| {
+                    format!("{section}.client_ca_file: not a usable CA certificate")
+                })?;
             }
-            anyhow::ensure!(!roots.is_empty(), "api.tls.client_ca_file: holds no certificate");
+            anyhow::ensure!(!roots.is_empty(), "{section}.client_ca_file: holds no certificate");
             let verifier = WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider);
             let verifier = if settings.client_auth == ClientAuth::Optional {
                 verifier.allow_unauthenticated()
             } else {
                 verifier
             };
-            builder.with_client_cert_verifier(
-                verifier
-                    .build()
-                    .context("api.tls.client_ca_file: cannot verify clients with it")?,
-            )
+            builder.with_client_cert_verifier(verifier.build().with_context(|| {
+                format!("{section}.client_ca_file: cannot verify clients with it")
+            })?)
         }
     };
     let mut config = builder
         .with_single_cert(certs, key)
-        .context("api.tls.key_file: does not match api.tls.cert_file")?;
-    config.alpn_protocols = vec![b"h2".to_vec()];
+        .with_context(|| format!("{section}.key_file: does not match {section}.cert_file"))?;
+    config.alpn_protocols = source.alpn.clone();
     Ok(config)
 }
 

@@ -1,12 +1,26 @@
-//! The replica's consumer of the `{prefix}.events` fanout exchange: an
-//! exclusive, auto-deleted queue of its own, consumed without acks (an event
-//! only matters to streams open now), running while any stream is open.
+//! The replica's consumer of the `{prefix}.events` fanout exchange.
+//!
+//! [`BusSource::Exclusive`] (the api): an exclusive, auto-deleted queue of
+//! its own, consumed without acks (an event only matters to streams open
+//! now), running while any stream is open.
+//!
+//! [`BusSource::Stream`] (the edge): the stream queue
+//! `{prefix}.events.history`, bound to the exchange and shared by every
+//! edge replica, each event at the same offset for all (RabbitMQ keeps it
+//! for the retention). The consumer runs always; it starts that far back
+//! (the history fills before the first resume), and after a lost
+//! connection reads on from the offset after its last event, so the hub
+//! misses nothing the stream still holds; when the stream no longer holds
+//! it, every stream gets a snapshot.
 
 use std::time::Duration;
 
 use futures::StreamExt as _;
-use lapin::options::{BasicConsumeOptions, QueueBindOptions, QueueDeclareOptions};
-use lapin::types::FieldTable;
+use lapin::options::{
+    BasicAckOptions, BasicConsumeOptions, BasicQosOptions, QueueBindOptions, QueueDeclareOptions,
+};
+use lapin::types::{AMQPValue, FieldTable};
+use notify_core::broker::broker_error;
 use notify_core::events::BusEvent;
 use notify_core::queue::{self, Topology};
 use notify_domain::Error;
@@ -17,7 +31,18 @@ use tokio_util::sync::CancellationToken;
 use tonic::Status;
 use tracing::{info, warn};
 
-use super::Hub;
+use super::{BusSource, Hub, Position};
+
+/// Stream deliveries unacknowledged at once (a stream consumer must
+/// acknowledge, for credit; the events stay in the stream).
+const STREAM_PREFETCH: u16 = 2000;
+
+/// Deliveries acknowledged together.
+const ACK_EVERY: u64 = 256;
+
+/// Segments of the events stream: retention drops whole segments, so small
+/// ones keep its disk close to the retention.
+const STREAM_SEGMENT_BYTES: i64 = 8 << 20;
 
 /// Longest a new stream waits for the consumer to be bound.
 const BIND_TIMEOUT: Duration = Duration::from_secs(10);
@@ -78,7 +103,12 @@ async fn run(hub: Hub, bound: watch::Sender<bool>, stop: CancellationToken) {
     let mut was_bound = false;
     let mut backoff = Reconnect::new(RECONNECT_MIN, RECONNECT_MAX);
     while !stop.is_cancelled() {
-        let consumed = consume(&hub, &bound, &stop, was_bound).await;
+        let consumed = match hub.source() {
+            BusSource::Exclusive => consume(&hub, &bound, &stop, was_bound).await,
+            BusSource::Stream { retention, .. } => {
+                consume_stream(&hub, &bound, &stop, retention).await
+            }
+        };
         was_bound |= *bound.borrow();
         if *bound.borrow() {
             backoff.reset();
@@ -105,7 +135,7 @@ fn record_lag(delivery: &lapin::message::Delivery) {
         .as_ref()
         .and_then(|headers| headers.inner().get(queue::PUBLISHED_AT_HEADER))
         .and_then(|value| match value {
-            lapin::types::AMQPValue::LongLongInt(ms) => Some(*ms),
+            AMQPValue::LongLongInt(ms) => Some(*ms),
             _ => None,
         });
     if let Some(published) = published {
@@ -158,11 +188,11 @@ async fn consume(
                 Some(Ok(delivery)) => match BusEvent::decode(&delivery.data) {
                     Ok(event) => {
                         record_lag(&delivery);
-                        hub.dispatch(event);
+                        hub.dispatch(event, None);
                     }
                     Err(e) => warn!(error = %e, "skipping a malformed event"),
                 },
-                Some(Err(e)) => break Err(e.into()),
+                Some(Err(e)) => break Err(broker_error(e)),
                 None => break Ok(()),
             },
             _ = check.tick() => if !channel.status().connected() {
@@ -174,4 +204,124 @@ async fn consume(
     let _ = channel.close(200, "no event streams".into()).await;
     let _ = connection.close(200, "no event streams".into()).await;
     result
+}
+
+/// Reads the events stream from `retention` ago (first connection) or from
+/// the offset after the hub's last (a reconnection), until `stop`.
+async fn consume_stream(
+    hub: &Hub,
+    bound: &watch::Sender<bool>,
+    stop: &CancellationToken,
+    retention: Duration,
+) -> Result<(), Error> {
+    let settings = &hub.context().settings;
+    let connection = queue::connect(&settings.rabbitmq, "notify-edge-events").await?;
+    let channel = queue::bounded("opening a channel", connection.create_channel()).await?;
+    let topology = Topology::new(settings);
+    topology.declare(&channel).await?;
+    let name = topology.events_history();
+    let mut args = FieldTable::default();
+    args.insert("x-queue-type".into(), AMQPValue::LongString("stream".into()));
+    args.insert(
+        "x-max-age".into(),
+        AMQPValue::LongString(format!("{}s", retention.as_secs().max(1)).as_str().into()),
+    );
+    args.insert(
+        "x-stream-max-segment-size-bytes".into(),
+        AMQPValue::LongLongInt(STREAM_SEGMENT_BYTES),
+    );
+    let durable = QueueDeclareOptions { durable: true, ..Default::default() };
+    let declare = channel.queue_declare(name.as_str().into(), durable, args);
+    queue::bounded("declaring the events stream", declare).await?;
+    let bind = channel.queue_bind(
+        name.as_str().into(),
+        topology.events_exchange().into(),
+        "".into(),
+        QueueBindOptions::default(),
+        FieldTable::default(),
+    );
+    queue::bounded("binding the events stream", bind).await?;
+    let qos = channel.basic_qos(STREAM_PREFETCH, BasicQosOptions::default());
+    queue::bounded("basic.qos", qos).await?;
+    // On from the last event routed, or from as far back as streams resume.
+    let last = hub.routed();
+    let from = match last {
+        Some(last) => AMQPValue::LongLongInt((last.offset + 1) as i64),
+        None => {
+            let since = chrono::Utc::now().timestamp() - retention.as_secs() as i64;
+            AMQPValue::Timestamp(since.max(0) as u64)
+        }
+    };
+    let mut offset = FieldTable::default();
+    offset.insert("x-stream-offset".into(), from);
+    let consume = channel.basic_consume(
+        name.as_str().into(),
+        "notify-edge-events".into(),
+        BasicConsumeOptions::default(),
+        offset,
+    );
+    let mut deliveries = queue::bounded("basic.consume", consume).await?;
+    bound.send_replace(true);
+    info!(stream = %name, from = ?last, "reading the events stream");
+    let mut first = true;
+    let mut unacked = 0;
+    let mut check = tokio::time::interval(CHECK_EVERY);
+    let result = loop {
+        tokio::select! {
+            delivery = deliveries.next() => match delivery {
+                Some(Ok(delivery)) => {
+                    let Some(at) = position(&delivery) else {
+                        warn!("an events stream delivery without x-stream-offset, skipped");
+                        continue;
+                    };
+                    if first && last.is_some_and(|last| at.offset != last.offset + 1) {
+                        // The stream no longer holds what came after the
+                        // last event routed here.
+                        metrics::counter!("notify_event_bus_reconnects_total").increment(1);
+                        hub.resync_all();
+                    }
+                    first = false;
+                    match BusEvent::decode(&delivery.data) {
+                        Ok(event) => {
+                            record_lag(&delivery);
+                            hub.dispatch(event, Some(at));
+                        }
+                        Err(e) => warn!(error = %e, "skipping a malformed event"),
+                    }
+                    unacked += 1;
+                    if unacked >= ACK_EVERY {
+                        unacked = 0;
+                        if let Err(e) = delivery.ack(BasicAckOptions { multiple: true }).await {
+                            break Err(broker_error(e));
+                        }
+                    }
+                }
+                Some(Err(e)) => break Err(broker_error(e)),
+                None => break Ok(()),
+            },
+            _ = check.tick() => if !channel.status().connected() {
+                break Err(Error::Unavailable("events stream channel closed".to_owned()));
+            },
+            () = stop.cancelled() => break Ok(()),
+        }
+    };
+    let _ = channel.close(200, "edge stopping".into()).await;
+    let _ = connection.close(200, "edge stopping".into()).await;
+    result
+}
+
+/// Where a delivery of the events stream is: its offset, and its publish
+/// time as the check of the stream's life.
+fn position(delivery: &lapin::message::Delivery) -> Option<Position> {
+    let headers = delivery.properties.headers().as_ref()?.inner();
+    let offset = match headers.get("x-stream-offset")? {
+        AMQPValue::LongLongInt(offset) => u64::try_from(*offset).ok()?,
+        AMQPValue::LongUInt(offset) => u64::from(*offset),
+        _ => return None,
+    };
+    let stamp = match headers.get(queue::PUBLISHED_AT_HEADER) {
+        Some(AMQPValue::LongLongInt(ms)) => u64::try_from(*ms).unwrap_or(0),
+        _ => 0,
+    };
+    Some(Position { offset, stamp })
 }

@@ -15,21 +15,29 @@
 //! the snapshot arrives as a delta. After the bus consumer reconnects, every
 //! user of every stream gets a fresh snapshot, covering the events that
 //! were published while it was away.
+//!
+//! The api reads the bus through an exclusive queue of its own, while
+//! streams are open ([`BusSource::Exclusive`]). The edge reads RabbitMQ's
+//! events stream instead ([`BusSource::Stream`]): every replica sees the
+//! same offsets, keeps the recent events ([`history`]), and tags what it
+//! queues with the [`Position`] of the event behind it, so a stream that
+//! reconnects, to any replica, resumes after the last position it got
+//! ([`Hub::open_user`]); a consumer that reconnects reads on from the offset
+//! after its last, and loses nothing the stream still holds.
 
 pub mod bus;
+pub mod history;
 
 use std::collections::{HashMap, HashSet};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
 use futures::StreamExt as _;
-use notify_core::events::{BusEvent, BusFilter};
+use notify_core::events::{BusEvent, BusFilter, ContentSummary};
+use notify_core::inbox::{Action, InboxQuery, ItemFilter};
 use notify_core::{Context, groups, inbox};
 use notify_domain::domain::UserId;
-use notify_store::db::chunks::ContentSummary;
-use notify_store::db::item_updates::Action;
-use notify_store::db::items::{InboxQuery, ItemFilter};
 
 use crate::convert::WirePages;
 use notify_proto::v1::{self, subscribe_response::Event};
@@ -38,8 +46,55 @@ use tokio_util::sync::CancellationToken;
 use tonic::Status;
 use tracing::warn;
 
-/// What a stream's reader receives.
-pub type Outgoing = Result<v1::SubscribeResponse, Status>;
+pub use history::{Gap, Position};
+
+/// What a stream's reader receives, in order.
+#[derive(Debug)]
+pub enum Queued {
+    /// An event, with the position of the bus event behind it (a snapshot:
+    /// where the bus stood when it was read) when the hub reads the events
+    /// stream.
+    Event {
+        /// Where it is.
+        at: Option<Position>,
+        /// What it says.
+        event: Event,
+    },
+    /// Events of this stream were lost (it fell behind, or the bus lost
+    /// some): a snapshot of each of its users follows.
+    Lost,
+    /// The stream ends with this status.
+    End(Status),
+}
+
+/// Where the hub reads the bus from.
+#[derive(Debug, Clone, Copy)]
+pub enum BusSource {
+    /// An exclusive queue of its own, consumed while any stream is open:
+    /// events published while it is away are lost to it (the api).
+    Exclusive,
+    /// RabbitMQ's events stream, consumed always: `retention` of it is kept
+    /// in RabbitMQ and up to `max_events` of it in memory, so streams
+    /// resume (the edge).
+    Stream {
+        /// How far back streams resume.
+        retention: Duration,
+        /// Most events held in memory.
+        max_events: usize,
+    },
+}
+
+/// How [`Hub::open_user`] started a stream.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Start {
+    /// From a snapshot (no position was given).
+    Fresh,
+    /// After the given position: the events since were queued first.
+    Resumed,
+    /// From a snapshot, because the events since the given position are
+    /// gone (or were never read here): the reader missed some.
+    Resync(Gap),
+}
 
 /// Users a batch of snapshots or badge refreshes covers at most.
 const BATCH: usize = 256;
@@ -52,6 +107,11 @@ pub struct Hub {
 
 struct Inner {
     ctx: Context,
+    source: BusSource,
+    /// The recent events, when the hub reads the events stream.
+    history: Option<Mutex<history::History>>,
+    /// The position of the last event routed to every stream it concerns.
+    routed: Mutex<Option<Position>>,
     tables: RwLock<Tables>,
     next_stream: AtomicU64,
     /// Users whose badges changed, waiting for the refresher.
@@ -88,7 +148,12 @@ struct Follower {
 /// One open `Subscribe` stream.
 pub struct Stream {
     id: u64,
-    tx: mpsc::Sender<Outgoing>,
+    tx: mpsc::Sender<Queued>,
+    /// Events of it were lost since its last snapshot: the snapshot is
+    /// preceded by [`Queued::Lost`].
+    lost: AtomicBool,
+    /// Snapshots taken from `owed` and not queued yet.
+    snapshots_pending: AtomicUsize,
     /// The users it follows.
     users: Mutex<HashSet<u64>>,
     /// Users owed a snapshot (just added, or events coalesced).
@@ -100,9 +165,9 @@ pub struct Stream {
 impl Stream {
     /// Queues `event` without waiting; false when the buffer is full (the
     /// caller coalesces) or the reader is gone.
-    fn offer(&self, event: Event) -> bool {
+    fn offer(&self, at: Option<Position>, event: Event) -> bool {
         let kind = event_kind(&event);
-        match self.tx.try_send(Ok(v1::SubscribeResponse { event: Some(event) })) {
+        match self.tx.try_send(Queued::Event { at, event }) {
             Ok(()) => {
                 metrics::counter!("notify_events_sent_total", "kind" => kind).increment(1);
                 true
@@ -114,19 +179,19 @@ impl Stream {
 
     /// Queues a per-user event, or owes the user a snapshot when the buffer
     /// is full.
-    fn offer_for(&self, user_id: u64, event: Event) {
-        if !self.offer(event) {
+    fn offer_for(&self, user_id: u64, at: Option<Position>, event: Event) {
+        if !self.offer(at, event) {
             metrics::counter!("notify_events_coalesced_total").increment(1);
-            self.owe(std::iter::once(user_id));
+            self.lose(std::iter::once(user_id));
         }
     }
 
     /// Queues an event for the whole stream, or owes every user a snapshot.
-    fn offer_to_all(&self, event: Event) {
-        if !self.offer(event) {
+    fn offer_to_all(&self, at: Option<Position>, event: Event) {
+        if !self.offer(at, event) {
             metrics::counter!("notify_events_coalesced_total").increment(1);
             let users: Vec<u64> = lock(&self.users).iter().copied().collect();
-            self.owe(users);
+            self.lose(users);
         }
     }
 
@@ -134,7 +199,16 @@ impl Stream {
     /// quiet anyway).
     pub fn heartbeat(&self) {
         let now = std::time::SystemTime::now();
-        self.offer(Event::Heartbeat(v1::Heartbeat { at: Some(now.into()) }));
+        self.offer(None, Event::Heartbeat(v1::Heartbeat { at: Some(now.into()) }));
+    }
+
+    /// True while every event routed to it is queued: no snapshot owed or
+    /// being read, and nothing lost since the last (a position it reports
+    /// then resumes without a gap).
+    pub fn settled(&self) -> bool {
+        !self.lost.load(Ordering::Acquire)
+            && self.snapshots_pending.load(Ordering::Acquire) == 0
+            && lock(&self.owed).is_empty()
     }
 
     /// Completes when the reader went away or the stream was ended.
@@ -147,13 +221,29 @@ impl Stream {
 
     /// Ends the stream with `status` (waiting up to a second for room).
     pub async fn end(&self, status: Status) {
-        let _ = tokio::time::timeout(Duration::from_secs(1), self.tx.send(Err(status))).await;
+        let _ =
+            tokio::time::timeout(Duration::from_secs(1), self.tx.send(Queued::End(status))).await;
         self.closed.cancel();
     }
 
     fn owe(&self, users: impl IntoIterator<Item = u64>) {
         lock(&self.owed).extend(users);
         self.owed_ready.notify_one();
+    }
+
+    /// Owes `users` a snapshot because events of theirs were lost.
+    fn lose(&self, users: impl IntoIterator<Item = u64>) {
+        self.lost.store(true, Ordering::Release);
+        self.owe(users);
+    }
+}
+
+/// Counts a taken snapshot as done (queued, or owed again) when dropped.
+struct PendingSnapshot<'a>(&'a Stream);
+
+impl Drop for PendingSnapshot<'_> {
+    fn drop(&mut self) {
+        self.0.snapshots_pending.fetch_sub(1, Ordering::AcqRel);
     }
 }
 
@@ -171,6 +261,28 @@ fn event_kind(event: &Event) -> &'static str {
         Event::Heartbeat(_) => "heartbeat",
         Event::ItemUpdated(_) => "item_updated",
     }
+}
+
+/// The gateway's `ItemDelivered` of a send's item for `user_id`.
+fn delivered(user_id: u64, message_id: u64, summary: &ContentSummary) -> Event {
+    Event::ItemDelivered(v1::ItemDelivered {
+        user_id,
+        message_id,
+        title: summary.title.clone(),
+        category: summary.category.clone(),
+        created_at: Some(timestamp_ms(summary.created_at_ms)),
+    })
+}
+
+/// The gateway's `ItemUpdated` of an edit: the new title, for every user
+/// who has the item.
+fn edited(message_id: u64, title: &str, edited_at_ms: i64) -> Event {
+    Event::ItemUpdated(v1::ItemUpdated {
+        message_id,
+        title: title.to_owned(),
+        edited_at: Some(timestamp_ms(edited_at_ms)),
+        ..v1::ItemUpdated::default()
+    })
 }
 
 /// The gateway's `ItemUpdated` of one update call: the item, the items or
@@ -219,12 +331,22 @@ pub struct TooManyUsers {
 }
 
 impl Hub {
-    /// Creates the hub; its tasks end with `shutdown`.
-    pub fn new(ctx: Context, shutdown: CancellationToken) -> Self {
+    /// Creates the hub reading the bus from `source`; its tasks end with
+    /// `shutdown`.
+    pub fn new(ctx: Context, shutdown: CancellationToken, source: BusSource) -> Self {
         let snapshots = ctx.settings.events.snapshot_concurrency;
+        let history = match source {
+            BusSource::Exclusive => None,
+            BusSource::Stream { retention, max_events } => {
+                Some(Mutex::new(history::History::new(max_events, retention.as_millis() as u64)))
+            }
+        };
         let hub = Self {
             inner: Arc::new(Inner {
                 ctx,
+                source,
+                history,
+                routed: Mutex::new(None),
                 tables: RwLock::default(),
                 next_stream: AtomicU64::new(1),
                 badges: Mutex::default(),
@@ -243,6 +365,24 @@ impl Hub {
         &self.inner.ctx
     }
 
+    /// Where the bus source is.
+    pub fn source(&self) -> BusSource {
+        self.inner.source
+    }
+
+    /// The position of the last event routed to every stream it concerns:
+    /// read before a stream's queue is drained, it is a position the reader
+    /// has everything up to once the drained events are sent.
+    pub fn routed(&self) -> Option<Position> {
+        *lock(&self.inner.routed)
+    }
+
+    /// Starts the bus consumer and waits until it reads (UNAVAILABLE after
+    /// 10 s); a hub reading the events stream keeps it running from then on.
+    pub async fn start_bus(&self) -> Result<(), Status> {
+        self.inner.bus.ensure(self).await
+    }
+
     fn read(&self) -> std::sync::RwLockReadGuard<'_, Tables> {
         self.inner.tables.read().unwrap_or_else(|e| e.into_inner())
     }
@@ -254,13 +394,15 @@ impl Hub {
     /// Opens a stream: makes sure the bus is consuming first (UNAVAILABLE
     /// when it cannot), then registers the stream and starts its snapshot
     /// task. Returns the stream and its reader's end.
-    pub async fn open(&self) -> Result<(Arc<Stream>, mpsc::Receiver<Outgoing>), Status> {
+    pub async fn open(&self) -> Result<(Arc<Stream>, mpsc::Receiver<Queued>), Status> {
         // Registered before the bus check, so a concurrent last close does
         // not stop the bus under this stream.
-        let (tx, rx) = mpsc::channel(self.inner.ctx.settings.events.stream_buffer);
+        let (tx, rx) = mpsc::channel(self.buffer());
         let stream = Arc::new(Stream {
             id: self.inner.next_stream.fetch_add(1, Ordering::Relaxed),
             tx,
+            lost: AtomicBool::new(false),
+            snapshots_pending: AtomicUsize::new(0),
             users: Mutex::default(),
             owed: Mutex::default(),
             owed_ready: Notify::new(),
@@ -294,8 +436,134 @@ impl Hub {
             tables.streams.len()
         };
         metrics::gauge!("notify_event_streams").set(remaining as f64);
-        if remaining == 0 {
+        if remaining == 0 && matches!(self.inner.source, BusSource::Exclusive) {
             self.inner.bus.stop_if_idle(self).await;
+        }
+    }
+
+    /// Events one stream may have queued.
+    fn buffer(&self) -> usize {
+        let settings = &self.inner.ctx.settings;
+        match self.inner.source {
+            BusSource::Exclusive => settings.events.stream_buffer,
+            BusSource::Stream { .. } => settings.edge.stream_buffer,
+        }
+    }
+
+    /// Opens a stream that follows one user (an edge connection). Without
+    /// `resume`, the stream starts with the user's snapshot. With it, and
+    /// the history holding it, the events since are queued first (the
+    /// user's part of them), then the user's badge, and nothing is lost;
+    /// else it starts with a snapshot, after [`Queued::Lost`].
+    pub async fn open_user(
+        &self,
+        user_id: u64,
+        resume: Option<Position>,
+    ) -> Result<(Arc<Stream>, mpsc::Receiver<Queued>, Start), Status> {
+        let (stream, rx) = self.open().await?;
+        let Some(from) = resume else {
+            self.follow_fresh(&stream, user_id);
+            return Ok((stream, rx, Start::Fresh));
+        };
+        // The groups route the user's group events; read before the cut.
+        let user = UserId::parse(user_id, "user_id").map_err(crate::status::to_status)?;
+        let groups = match groups::unread(&self.inner.ctx, user).await {
+            Ok(summary) => summary.groups.iter().map(|g| g.group_id).collect(),
+            Err(e) => {
+                warn!(error = %e, user_id, "groups unavailable for a resume, starting over");
+                stream.lost.store(true, Ordering::Release);
+                self.follow_fresh(&stream, user_id);
+                return Ok((stream, rx, Start::Resync(Gap::Unknown)));
+            }
+        };
+        let replayed = {
+            // Under the routing lock: no event is routed meanwhile, so each
+            // is either in the history read here or routed to the stream
+            // after (or both: a duplicate, harmless).
+            let mut tables = self.write();
+            let since = match &self.inner.history {
+                Some(history) => lock(history).after(from),
+                None => Err(Gap::Unknown),
+            };
+            let since = match since {
+                Ok(since) => since,
+                Err(gap) => {
+                    drop(tables);
+                    stream.lost.store(true, Ordering::Release);
+                    self.follow_fresh(&stream, user_id);
+                    return Ok((stream, rx, Start::Resync(gap)));
+                }
+            };
+            lock(&stream.users).insert(user_id);
+            let follower = tables.users.entry(user_id).or_default();
+            follower.streams.push(stream.id);
+            follower.groups = groups;
+            for group_id in follower.groups.clone() {
+                tables.groups.entry(group_id).or_default().insert(user_id);
+            }
+            metrics::gauge!("notify_event_subscribed_users").set(tables.users.len() as f64);
+            let mut replayed = 0;
+            for (at, event) in since {
+                for event in self.replay(user_id, &tables, &event) {
+                    replayed += 1;
+                    stream.offer_for(user_id, Some(at), event);
+                }
+            }
+            replayed
+        };
+        metrics::counter!("notify_events_replayed_total").increment(replayed);
+        self.badges_changed(vec![user_id]);
+        Ok((stream, rx, Start::Resumed))
+    }
+
+    /// Follows `user_id` on `stream` from a snapshot.
+    fn follow_fresh(&self, stream: &Stream, user_id: u64) {
+        // One user: never over max_users_per_stream.
+        let _ = self.change(stream, &[user_id], &[]);
+    }
+
+    /// The events of a bus event that concern `user_id` (a follower in
+    /// `tables`), as [`Hub::dispatch`] routes them.
+    fn replay(&self, user_id: u64, tables: &Tables, event: &BusEvent) -> Vec<Event> {
+        let member = |group_id: u64| {
+            tables.groups.get(&group_id).is_some_and(|members| members.contains(&user_id))
+        };
+        match event {
+            BusEvent::ItemsDelivered { message_id, user_ids, summary, .. }
+                if user_ids.contains(&user_id) =>
+            {
+                vec![delivered(user_id, *message_id, summary)]
+            }
+            BusEvent::Announced { message_id, summary } => {
+                vec![delivered(user_id, *message_id, summary)]
+            }
+            BusEvent::Revoked { message_id, user_ids }
+                if user_ids.as_ref().is_none_or(|ids| ids.contains(&user_id)) =>
+            {
+                vec![Event::ItemRevoked(v1::ItemRevoked { message_id: *message_id })]
+            }
+            BusEvent::Edited { message_id, title, edited_at_ms } => {
+                vec![edited(*message_id, title, *edited_at_ms)]
+            }
+            BusEvent::ItemsUpdated { user_id: changed, action, message_ids, filter }
+                if *changed == user_id =>
+            {
+                let event = item_updated(user_id, *action, message_ids.clone(), filter.clone());
+                vec![Event::ItemUpdated(event)]
+            }
+            BusEvent::GroupMessage { group_id, seq, message_id } if member(*group_id) => {
+                let event = v1::GroupMessageSent {
+                    user_id,
+                    group_id: *group_id,
+                    seq: *seq,
+                    message_id: *message_id,
+                };
+                vec![Event::GroupMessage(event)]
+            }
+            BusEvent::GroupMessageRecalled { group_id, message_id, .. } if member(*group_id) => {
+                vec![Event::ItemRevoked(v1::ItemRevoked { message_id: *message_id })]
+            }
+            _ => Vec::new(),
         }
     }
 
@@ -344,18 +612,33 @@ impl Hub {
     }
 
     /// Owes every user of every stream a snapshot: after the bus consumer
-    /// reconnected, events published meanwhile may be lost.
+    /// reconnected, events published meanwhile may be lost (and no stream
+    /// resumes from before).
     pub fn resync_all(&self) {
+        if let Some(history) = &self.inner.history {
+            lock(history).clear();
+        }
         let streams: Vec<Arc<Stream>> = self.read().streams.values().cloned().collect();
         for stream in streams {
             let users: Vec<u64> = lock(&stream.users).iter().copied().collect();
-            stream.owe(users);
+            stream.lose(users);
         }
     }
 
-    /// Routes one event from the bus. Never waits on a stream.
-    pub fn dispatch(&self, event: BusEvent) {
+    /// Routes one event from the bus, read at `at` of the events stream
+    /// (kept in the history first). Never waits on a stream.
+    pub fn dispatch(&self, event: BusEvent, at: Option<Position>) {
         metrics::counter!("notify_events_received_total", "kind" => event.kind()).increment(1);
+        if let (Some(history), Some(at)) = (&self.inner.history, at) {
+            lock(history).push(at, Arc::new(event.clone()));
+        }
+        self.route(event, at);
+        if at.is_some() {
+            *lock(&self.inner.routed) = at;
+        }
+    }
+
+    fn route(&self, event: BusEvent, at: Option<Position>) {
         match event {
             BusEvent::ItemsDelivered { message_id, user_ids, summary, committed_at_ms } => {
                 if let Some(committed) = committed_at_ms {
@@ -363,7 +646,7 @@ impl Hub {
                     metrics::histogram!("notify_event_commit_lag_seconds")
                         .record(lag_ms as f64 / 1000.0);
                 }
-                let followed = self.deliver(message_id, &summary, user_ids.iter().copied());
+                let followed = self.deliver(at, message_id, &summary, user_ids.iter().copied());
                 self.expire_later(&summary, followed.clone());
                 self.badges_changed(followed);
             }
@@ -381,7 +664,7 @@ impl Hub {
                     for &user_id in &members {
                         for stream in streams_of(&tables, user_id) {
                             let event = v1::GroupMessageSent { user_id, group_id, seq, message_id };
-                            stream.offer_for(user_id, Event::GroupMessage(event));
+                            stream.offer_for(user_id, at, Event::GroupMessage(event));
                         }
                     }
                     members
@@ -398,7 +681,7 @@ impl Hub {
                     streams.sort_unstable_by_key(|stream| stream.id);
                     streams.dedup_by_key(|stream| stream.id);
                     for stream in streams {
-                        stream.offer_to_all(Event::ItemRevoked(v1::ItemRevoked { message_id }));
+                        stream.offer_to_all(at, Event::ItemRevoked(v1::ItemRevoked { message_id }));
                     }
                     members
                 };
@@ -435,26 +718,21 @@ impl Hub {
             }
             BusEvent::Announced { message_id, summary } => {
                 let everyone: Vec<u64> = self.read().users.keys().copied().collect();
-                let followed = self.deliver(message_id, &summary, everyone);
+                let followed = self.deliver(at, message_id, &summary, everyone);
                 if let Some(expire_at_ms) = summary.expire_at_ms {
                     self.revoke_later(message_id, expire_at_ms);
                 }
                 self.badges_changed(followed);
             }
-            BusEvent::Revoked { message_id, user_ids: None } => self.revoke(message_id),
+            BusEvent::Revoked { message_id, user_ids: None } => self.revoke(at, message_id),
             BusEvent::Revoked { message_id, user_ids: Some(user_ids) } => {
-                self.revoke_for(message_id, user_ids);
+                self.revoke_for(at, message_id, user_ids);
             }
             BusEvent::Edited { message_id, title, edited_at_ms } => {
                 let streams: Vec<Arc<Stream>> = self.read().streams.values().cloned().collect();
-                let event = v1::ItemUpdated {
-                    message_id,
-                    title,
-                    edited_at: Some(timestamp_ms(edited_at_ms)),
-                    ..v1::ItemUpdated::default()
-                };
+                let event = edited(message_id, &title, edited_at_ms);
                 for stream in streams {
-                    stream.offer_to_all(Event::ItemUpdated(event.clone()));
+                    stream.offer_to_all(at, event.clone());
                 }
             }
             BusEvent::ItemsUpdated { user_id, action, message_ids, filter } => {
@@ -464,7 +742,7 @@ impl Hub {
                     if !streams.is_empty() {
                         let event = item_updated(user_id, action, message_ids, filter);
                         for stream in streams {
-                            stream.offer_for(user_id, Event::ItemUpdated(event.clone()));
+                            stream.offer_for(user_id, at, Event::ItemUpdated(event.clone()));
                         }
                     }
                     tables.users.contains_key(&user_id)
@@ -480,26 +758,19 @@ impl Hub {
     /// returns those users.
     fn deliver(
         &self,
+        at: Option<Position>,
         message_id: u64,
         summary: &ContentSummary,
         user_ids: impl IntoIterator<Item = u64>,
     ) -> Vec<u64> {
-        let created_at = timestamp_ms(summary.created_at_ms);
-        self.offer_each(user_ids, |user_id| {
-            Event::ItemDelivered(v1::ItemDelivered {
-                user_id,
-                message_id,
-                title: summary.title.clone(),
-                category: summary.category.clone(),
-                created_at: Some(created_at),
-            })
-        })
+        self.offer_each(at, user_ids, |user_id| delivered(user_id, message_id, summary))
     }
 
     /// Offers `event` of each followed user among `user_ids` to each of the
     /// user's streams; returns those users.
     fn offer_each(
         &self,
+        at: Option<Position>,
         user_ids: impl IntoIterator<Item = u64>,
         event: impl Fn(u64) -> Event,
     ) -> Vec<u64> {
@@ -512,29 +783,29 @@ impl Hub {
             }
             followed.push(user_id);
             for stream in streams {
-                stream.offer_for(user_id, event(user_id));
+                stream.offer_for(user_id, at, event(user_id));
             }
         }
         followed
     }
 
     /// Tells every stream a message was withdrawn, and refreshes every badge.
-    fn revoke(&self, message_id: u64) {
+    fn revoke(&self, at: Option<Position>, message_id: u64) {
         let (streams, everyone): (Vec<Arc<Stream>>, Vec<u64>) = {
             let tables = self.read();
             (tables.streams.values().cloned().collect(), tables.users.keys().copied().collect())
         };
         for stream in streams {
-            stream.offer_to_all(Event::ItemRevoked(v1::ItemRevoked { message_id }));
+            stream.offer_to_all(at, Event::ItemRevoked(v1::ItemRevoked { message_id }));
         }
         self.badges_changed(everyone);
     }
 
     /// Tells the streams of `user_ids` (a recall's recipients on one
     /// shard) that a message was withdrawn, and refreshes their badges.
-    fn revoke_for(&self, message_id: u64, user_ids: Vec<u64>) {
+    fn revoke_for(&self, at: Option<Position>, message_id: u64, user_ids: Vec<u64>) {
         let revoked = |_| Event::ItemRevoked(v1::ItemRevoked { message_id });
-        let followed = self.offer_each(user_ids, revoked);
+        let followed = self.offer_each(at, user_ids, revoked);
         self.badges_changed(followed);
     }
 
@@ -544,7 +815,7 @@ impl Hub {
         let hub = self.clone();
         tokio::spawn(async move {
             tokio::select! {
-                () = tokio::time::sleep(delay) => hub.revoke(message_id),
+                () = tokio::time::sleep(delay) => hub.revoke(None, message_id),
                 () = hub.inner.shutdown.cancelled() => {}
             }
         });
@@ -626,7 +897,7 @@ impl Hub {
                                     unseen: badge.unseen,
                                     group_unread_unknown: badge.group_unread.is_none(),
                                 };
-                                stream.offer_for(user_id, Event::BadgeChanged(event));
+                                stream.offer_for(user_id, None, Event::BadgeChanged(event));
                             }
                         }
                         Err(e) => {
@@ -660,7 +931,10 @@ impl Hub {
                     for user_id in &batch {
                         owed.remove(user_id);
                     }
-                    batch.into_iter().filter(|u| following.contains(u)).collect()
+                    let batch: Vec<u64> =
+                        batch.into_iter().filter(|u| following.contains(u)).collect();
+                    stream.snapshots_pending.fetch_add(batch.len(), Ordering::AcqRel);
+                    batch
                 };
                 if batch.is_empty() {
                     break;
@@ -669,12 +943,15 @@ impl Hub {
                 let mut snapshots = futures::stream::iter(batch)
                     .map(|user_id| async move {
                         let Ok(_permit) = hub.inner.snapshot_permits.acquire().await else {
-                            return (user_id, Err(Status::unavailable("shutting down")));
+                            return (user_id, None, Err(Status::unavailable("shutting down")));
                         };
-                        (user_id, hub.snapshot(user_id).await)
+                        // Every event after this position reaches the stream.
+                        let at = hub.routed();
+                        (user_id, at, hub.snapshot(user_id).await)
                     })
                     .buffer_unordered(concurrency);
-                while let Some((user_id, snapshot)) = snapshots.next().await {
+                while let Some((user_id, at, snapshot)) = snapshots.next().await {
+                    let _done = PendingSnapshot(&stream);
                     let snapshot = match snapshot {
                         Ok(snapshot) => snapshot,
                         Err(status) => {
@@ -683,6 +960,8 @@ impl Hub {
                             // snapshot again in a second.
                             metrics::counter!("notify_event_snapshot_errors_total").increment(1);
                             warn!(error = %status, user_id, "snapshot failed, retrying in 1 s");
+                            // Still pending (not settled) until owed again.
+                            stream.snapshots_pending.fetch_add(1, Ordering::AcqRel);
                             let stream = stream.clone();
                             tokio::spawn(async move {
                                 tokio::select! {
@@ -691,13 +970,20 @@ impl Hub {
                                     }
                                     () = stream.closed.cancelled() => {}
                                 }
+                                stream.snapshots_pending.fetch_sub(1, Ordering::AcqRel);
                             });
                             continue;
                         }
                     };
-                    let response = v1::SubscribeResponse { event: Some(Event::Snapshot(snapshot)) };
+                    let lost = stream.lost.swap(false, Ordering::AcqRel);
+                    let queued = async {
+                        if lost {
+                            stream.tx.send(Queued::Lost).await?;
+                        }
+                        stream.tx.send(Queued::Event { at, event: Event::Snapshot(snapshot) }).await
+                    };
                     tokio::select! {
-                        sent = stream.tx.send(Ok(response)) => if sent.is_err() { return },
+                        sent = queued => if sent.is_err() { return },
                         () = stream.closed.cancelled() => return,
                     }
                     metrics::counter!("notify_events_sent_total", "kind" => "snapshot")

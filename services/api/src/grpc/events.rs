@@ -11,7 +11,7 @@ use tokio_util::sync::CancellationToken;
 use tonic::{Request, Response, Status, Streaming};
 
 use crate::auth::caller;
-use crate::events::{Hub, TooManyUsers};
+use crate::events::{Hub, Queued, TooManyUsers};
 use crate::status::IntoStatus;
 use crate::streams::StreamPermits;
 
@@ -80,7 +80,15 @@ impl EventService for EventApi {
             }
             hub.close(&stream).await;
         });
-        Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
+        // A gRPC stream's snapshot is its resync: the loss marker is the edge's.
+        let responses = ReceiverStream::new(rx).filter_map(|queued| {
+            std::future::ready(match queued {
+                Queued::Event { event, .. } => Some(Ok(SubscribeResponse { event: Some(event) })),
+                Queued::Lost => None,
+                Queued::End(status) => Some(Err(status)),
+            })
+        });
+        Ok(Response::new(Box::pin(responses)))
     }
 }
 

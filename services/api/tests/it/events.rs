@@ -5,6 +5,7 @@ use std::collections::{HashMap, HashSet};
 use std::time::Duration;
 
 use futures::StreamExt;
+use notify_api::events::{BusSource, Queued};
 use notify_proto::v1;
 use notify_proto::v1::event_service_client::EventServiceClient;
 use notify_proto::v1::subscribe_response::Event;
@@ -315,7 +316,7 @@ async fn a_stalled_reader_gets_snapshots_later_and_other_streams_stay_on_time() 
     settings.events.stream_buffer = 64;
     let ctx = notify_core::Context::connect(settings).await.unwrap();
     let stop = tokio_util::sync::CancellationToken::new();
-    let hub = notify_api::events::Hub::new(ctx, stop.clone());
+    let hub = notify_api::events::Hub::new(ctx, stop.clone(), BusSource::Exclusive);
     let (stalled, mut queued) = hub.open().await.unwrap();
     hub.change(&stalled, &users, &[]).unwrap();
 
@@ -341,7 +342,11 @@ async fn a_stalled_reader_gets_snapshots_later_and_other_streams_stay_on_time() 
     let mut snapshots: HashMap<u64, u32> = HashMap::new();
     while unread.len() < users.len() || unread.values().any(|u| *u != sends) {
         let next = tokio::time::timeout(Duration::from_secs(20), queued.recv()).await;
-        let event = next.expect("an event within 20 s").expect("open").unwrap().event.unwrap();
+        let event = match next.expect("an event within 20 s").expect("open") {
+            Queued::Event { event, .. } => event,
+            Queued::Lost => continue,
+            Queued::End(status) => panic!("the stream ended: {status}"),
+        };
         match event {
             Event::Snapshot(s) => {
                 *snapshots.entry(s.user_id).or_default() += 1;
