@@ -21,12 +21,17 @@
 #     settings that exist in services/domain/default.toml; every alert of the
 #     PrometheusRule parses as PromQL (promql-parser, PyPI) and names only
 #     metrics that the services' sources record; so does every query of the
-#     Grafana dashboard in a ConfigMap; every pod (api, worker, migration
-#     Job, helm test) runs non-root with RuntimeDefault seccomp, and every
-#     container has a read-only root file system, no privilege escalation,
-#     ALL capabilities dropped, requests and a memory limit; every
-#     cert-manager Certificate writes a Secret that a Deployment mounts, and
-#     its dnsNames cover the host the helm test Pod dials
+#     Grafana dashboard in a ConfigMap; every pod (api, worker, edge,
+#     migration Job, helm test) runs non-root with RuntimeDefault seccomp,
+#     and every container has a read-only root file system, no privilege
+#     escalation, ALL capabilities dropped, requests and a memory limit;
+#     every pod mounts only keys the chart's Secrets hold; the api, worker
+#     and edge bind their container ports beyond loopback as their config
+#     file says, probe /healthz (startup, liveness) and /readyz (readiness)
+#     on the metrics port, and get a terminationGracePeriodSeconds above
+#     the preStop sleep plus shutdown_grace_secs; every cert-manager
+#     Certificate writes a Secret that a Deployment mounts, and its
+#     dnsNames cover the host the helm test Pod dials
 #   - kubernetes-validate --strict (JSON schemas of Kubernetes 1.27 and the
 #     newest it ships; PyPI package) rejects no resource (it has no schema
 #     for the CRD kinds ServiceMonitor, PrometheusRule and Certificate: it
@@ -38,15 +43,22 @@
 #   - grafanaDashboard renders a ConfigMap with the sidecar's label (as
 #     configured) and dashboards/notify.json unchanged; the migration Job
 #     and the helm test Pod take topologySpreadConstraints
+#   - the edge: its own config file (the only one with [edge]), its key
+#     files under mounted directories (whole Secret/ConfigMap, no subPath),
+#     Service, SSE Ingress at /v1, NetworkPolicy, PDB, HPA, ServiceMonitor
+#     coverage and alerts; a key file changed in place rolls no pod, an
+#     edge setting or a new kid only the edge; edge.enabled=false renders
+#     none of it
 #   - bad values fail to render, each with its message: a shard url for an
 #     undefined shard, no callers, auth off without the insecure opt-in, a
 #     token in place of a digest, a misspelt value (values.schema.json),
-#     api.tls.certManager without api.tls.enabled, ...
+#     api.tls.certManager without api.tls.enabled, the edge without a token
+#     key, an HS256 secret or a private key in values, ...
 # and once:
 #   - `config` in values.yaml names only settings of default.toml and
 #     restates none of their defaults (ci/*-values.yaml: names only); both
-#     checks are shown to fail on a bad file, as are the alert, dashboard
-#     and pod security checks
+#     checks are shown to fail on a bad file, as are the alert, dashboard,
+#     pod security and grace period checks
 #   - dashboards/notify.json: JSON, unique panel ids, every query PromQL on
 #     metrics the services record (as histograms: _bucket, no quantile="...")
 #   - values.schema.json lists the fields and scopes of Notify's clients
@@ -256,6 +268,125 @@ else:
 ' "$out/console.yaml" "$mode"
 }
 
+# Succeeds when the edge renders as the chart promises: notify-edge reads a
+# config file of its own (listen addresses on listenHost, each key a file
+# under a mounted directory) whose [edge] no other process reads; its
+# Service has the http and metrics ports; its Ingress serves /v1 with
+# ingress-nginx's SSE annotations; its NetworkPolicy, PodDisruptionBudget,
+# HPA, ServiceMonitor coverage and alerts are there. Args: helm, helm
+# template args... (values with the edge's Ingress, autoscaling,
+# networkPolicy, serviceMonitor and prometheusRule on).
+renders_edge() {
+  local helm=$1
+  shift
+  "$helm" template notify-test "$chart" --kube-version 1.27.0 "$@" >"$out/edge.yaml"
+  PYTHONPATH="$pydir" python3 -c '
+import base64, pathlib, sys, tomllib, yaml
+docs = [d for d in yaml.safe_load_all(open(sys.argv[1])) if d]
+def find(kind, name):
+    found = [d for d in docs if d["kind"] == kind and d["metadata"]["name"] == name]
+    assert found, f"no {kind} {name}"
+    return found[0]
+secret = find("Secret", "notify-test")["data"]
+files = {k: tomllib.loads(base64.b64decode(v).decode()) for k, v in secret.items() if k.endswith(".toml")}
+assert "edge" not in files["notify.toml"] and "edge" not in files["notify-api.toml"], "[edge] beyond the edge"
+config = files["notify-edge.toml"]["edge"]
+assert config["listen"] == "0.0.0.0:8480" and config["metrics_listen"] == "0.0.0.0:9466", config
+pod = find("Deployment", "notify-test-edge")["spec"]["template"]["spec"]
+container = pod["containers"][0]
+assert container["command"] == ["notify-edge"], container["command"]
+volumes = {v["name"]: v for v in pod["volumes"]}
+assert volumes["config"]["secret"]["items"][0]["key"] == "notify-edge.toml", volumes["config"]
+mounts = {m["mountPath"]: volumes[m["name"]] for m in container["volumeMounts"]}
+keymap = find("ConfigMap", "notify-test-edge-keys")["data"]
+paths = [k.get("secret_file") or k.get("public_key_file") for k in config["tokens"].get("keys", [])]
+paths += [config["tokens"]["jwks_file"]] if config["tokens"].get("jwks_file") else []
+assert paths, "no key"
+for path in paths:
+    path = pathlib.PurePath(path)
+    volume = mounts.get(str(path.parent))
+    assert volume, f"{path}: its directory is not mounted"
+    assert "subPath" not in str(container["volumeMounts"]), "a subPath mount never sees a rotation"
+    if "configMap" in volume:
+        assert path.name in keymap, f"{path}: not in the ConfigMap"
+    else:
+        assert "items" not in volume["secret"], "the whole Secret is mounted"
+ports = {p["name"]: p["targetPort"] for p in find("Service", "notify-test-edge")["spec"]["ports"]}
+assert ports == {"http": "http", "metrics": "metrics"}, ports
+ingress = find("Ingress", "notify-test-edge")
+notes = ingress["metadata"]["annotations"]
+for key, value in {"proxy-buffering": "off", "proxy-read-timeout": "3600", "proxy-send-timeout": "3600"}.items():
+    assert notes.get("nginx.ingress.kubernetes.io/" + key) == value, notes
+path = ingress["spec"]["rules"][0]["http"]["paths"][0]
+assert path["path"] == "/v1" and path["pathType"] == "Prefix", path
+assert path["backend"]["service"] == {"name": "notify-test-edge", "port": {"name": "http"}}, path
+policy = find("NetworkPolicy", "notify-test-edge")["spec"]["ingress"]
+assert [r["ports"][0]["port"] for r in policy] == ["http", "metrics"], policy
+find("PodDisruptionBudget", "notify-test-edge")
+hpa = find("HorizontalPodAutoscaler", "notify-test-edge")["spec"]
+assert hpa["metrics"][0]["resource"]["name"] == "cpu", hpa
+monitor = find("ServiceMonitor", "notify-test")["spec"]["selector"]["matchExpressions"][0]
+assert "edge" in monitor["values"], monitor
+rules = {r["alert"]: r for g in find("PrometheusRule", "notify-test")["spec"]["groups"] for r in g["rules"]}
+storm = rules["NotifyEdgeResyncStorm"]
+assert storm["for"] == "10m", storm
+assert "start=\"resync\"" in storm["expr"] and "start=\"fresh\"" in storm["expr"], storm["expr"]
+assert storm["annotations"]["runbook_url"].endswith("docs/operations.md#the-edge"), storm["annotations"]
+assert "notify-test-edge" in rules["NotifyBackendDown"]["expr"], "edge series not selected"
+' "$out/edge.yaml"
+}
+
+# Succeeds when only what must restart rolls: a key file changed in place
+# (same kid) changes the edge's ConfigMap but no pod's checksum; an edge
+# setting or a kid added rolls the edge only. Args: helm, helm template args...
+edge_rolls_only_where_needed() {
+  local helm=$1
+  shift
+  local key='{"kid":"app-2026","algorithm":"ES256","publicKey":"-----BEGIN PUBLIC KEY-----\nROTATED\n-----END PUBLIC KEY-----\n"}'
+  local other='{"kid":"app-2027","algorithm":"EdDSA","publicKey":"-----BEGIN PUBLIC KEY-----\nNEW\n-----END PUBLIC KEY-----\n"}'
+  "$helm" template notify-test "$chart" "$@" >"$out/rolls-base.yaml"
+  "$helm" template notify-test "$chart" "$@" --set-json "edge.tokens.keys=[$key]" >"$out/rolls-key.yaml"
+  "$helm" template notify-test "$chart" "$@" --set config.edge.history_secs=600 >"$out/rolls-setting.yaml"
+  "$helm" template notify-test "$chart" "$@" --set-json "edge.tokens.keys=[$key,$other]" >"$out/rolls-kid.yaml"
+  PYTHONPATH="$pydir" python3 -c '
+import sys, yaml
+def load(name):
+    docs = [d for d in yaml.safe_load_all(open(f"{sys.argv[1]}/rolls-{name}.yaml")) if d]
+    sums = {d["metadata"]["name"]: d["spec"]["template"]["metadata"]["annotations"]["checksum/secret"]
+            for d in docs if d["kind"] == "Deployment"}
+    keys = next(d["data"] for d in docs if d["kind"] == "ConfigMap" and d["metadata"]["name"] == "notify-test-edge-keys")
+    return sums, keys
+base, base_keys = load("base")
+def rolled(name):
+    sums, keys = load(name)
+    return sorted(n.removeprefix("notify-test-") for n in sums if sums[n] != base[n]), keys
+which, keys = rolled("key")
+assert which == [] and keys != base_keys, f"a changed key rolled {which}"
+for name in ("setting", "kid"):
+    which, _ = rolled(name)
+    assert which == ["edge"], f"{name} rolled {which}, want the edge only"
+' "$out"
+}
+
+# Succeeds when edge.enabled=false renders no edge resource, no edge config
+# file and no edge alert, and needs no key. Args: helm, helm template args...
+renders_no_edge() {
+  local helm=$1
+  shift
+  "$helm" template notify-test "$chart" --kube-version 1.27.0 "$@" \
+    --set edge.enabled=false --set edge.ingress.enabled=false --set-json 'edge.tokens.keys=[]' \
+    >"$out/no-edge.yaml"
+  PYTHONPATH="$pydir" python3 -c '
+import sys, yaml
+docs = [d for d in yaml.safe_load_all(open(sys.argv[1])) if d]
+edge = [d["kind"] + " " + d["metadata"]["name"] for d in docs
+        if d["metadata"].get("labels", {}).get("app.kubernetes.io/component") == "edge"]
+assert not edge, edge
+assert not any("notify-edge.toml" in (d.get("data") or {}) for d in docs), "an edge config file"
+assert "NotifyEdge" not in open(sys.argv[1]).read(), "an edge alert"
+' "$out/no-edge.yaml"
+}
+
 # Succeeds when the migration Job and the helm test Pod carry the
 # topologySpreadConstraints given in values.
 renders_pod_spread() { # helm, helm template args...
@@ -398,8 +529,8 @@ for helm in "${helms[@]}"; do
     --set 'config.database.shards[0].id=0' \
     --set 'config.database.shards[0].database=notify_0' \
     --set secrets.shardUrls.0=mysql://u:p@db0:3306 --set listenHost='[::]'
-  render_and_check "$helm" "[$version] no authentication (insecure opt-in)" \
-    --set auth.enabled=false --set auth.insecureAllowUnauthenticated=true
+  render_and_check "$helm" "[$version] no authentication (insecure opt-in), no edge" \
+    --set auth.enabled=false --set auth.insecureAllowUnauthenticated=true --set edge.enabled=false
   check "[$version] shard url of an undefined shard is rejected" \
     must_fail_with "no shard with id 9" "$helm" template notify-test "$chart" -f "$minimal" \
     --set 'config.database.shards[0].id=0' --set 'config.database.shards[0].database=notify_0' \
@@ -484,6 +615,47 @@ for helm in "${helms[@]}"; do
   check "[$version] the console's listener in config is refused" \
     must_fail_with "config.console.listen: set by the chart" "$helm" template notify-test "$chart" \
     -f "$minimal" --set config.console.listen=0.0.0.0:9480
+  production="$chart/ci/production-values.yaml"
+  check "[$version] the edge: own config file, key mounts, Service, SSE Ingress, policy, alerts" \
+    renders_edge "$helm" -f "$production"
+  check "[$version] the edge rolls on its settings and kids only, never on a key file" \
+    edge_rolls_only_where_needed "$helm" -f "$minimal"
+  check "[$version] edge.enabled=false: no edge resource, config file or alert, no key needed" \
+    renders_no_edge "$helm" -f "$production"
+  render_and_check "$helm" "[$version] production, no edge" -f "$production" \
+    --set edge.enabled=false --set edge.ingress.enabled=false
+  check "[$version] the edge without a token key is refused" \
+    must_fail_with "edge.enabled is true but edge.tokens names no key" \
+    "$helm" template notify-test "$chart" -f "$minimal" --set-json 'edge.tokens.keys=[]'
+  check "[$version] an HS256 secret in values is refused" \
+    must_fail_with "never goes into values" "$helm" template notify-test "$chart" -f "$minimal" \
+    --set-json 'edge.tokens.keys=[{"kid":"a","algorithm":"HS256","publicKey":"-----BEGIN x"}]'
+  check "[$version] a private key in place of a public one is refused" \
+    must_fail_with "publicKey holds a private key" "$helm" template notify-test "$chart" \
+    -f "$minimal" --set-json 'edge.tokens.keys=[{"algorithm":"ES256","publicKey":"-----BEGIN PRIVATE KEY-----"}]'
+  check "[$version] a private JWK is refused" \
+    must_fail_with "edge.tokens.jwks holds a private key" "$helm" template notify-test "$chart" \
+    -f "$minimal" --set-json 'edge.tokens.jwks={"keys":[{"kty":"OKP","kid":"a","d":"x"}]}'
+  check "[$version] an HS256 secret in an inline JWKS is refused" \
+    must_fail_with "edge.tokens.jwks holds an HS256 secret" "$helm" template notify-test "$chart" \
+    -f "$minimal" --set-json 'edge.tokens.jwks={"keys":[{"kty":"oct","kid":"a","alg":"HS256","k":"x"}]}'
+  check "[$version] a key of a Secret without edge.tokens.existingSecret is refused" \
+    must_fail_with "secretKey needs edge.tokens.existingSecret" "$helm" template notify-test "$chart" \
+    -f "$minimal" --set-json 'edge.tokens.keys=[{"kid":"a","algorithm":"HS256","secretKey":"a"}]'
+  check "[$version] an edge grace period shorter than its drain is refused" \
+    must_fail_with "edge.terminationGracePeriodSeconds (14) must be above" \
+    "$helm" template notify-test "$chart" -f "$minimal" --set edge.terminationGracePeriodSeconds=14
+  check "[$version] an edge listener or key list in config is refused" \
+    must_fail_with "config.edge.tokens.keys: set by the chart" "$helm" template notify-test "$chart" \
+    -f "$minimal" --set-json 'config.edge.tokens.keys=[]'
+  check "[$version] an edge Ingress without a host is refused" \
+    must_fail_with "edge.ingress.host is required" "$helm" template notify-test "$chart" \
+    -f "$minimal" --set edge.ingress.enabled=true
+  "$helm" template notify-test "$chart" --kube-version 1.27.0 -f "$minimal" \
+    --set api.terminationGracePeriodSeconds=15 >"$out/short-grace.yaml"
+  check "[$version] an api grace period not above its preStop sleep and drain is rejected" \
+    must_fail_with "terminationGracePeriodSeconds 15 is not above the preStop sleep (5) + api.shutdown_grace_secs (10)" \
+    check_rendered "$out/short-grace.yaml"
 done
 
 echo "helm: $passed passed, $failed failed"

@@ -13,12 +13,17 @@ SOURCE_ROOT is a Notify checkout (the chart's own, ..).
       file in a Secret parses as TOML and names only existing settings; every
       PrometheusRule expression parses as PromQL and names only metrics the
       services' sources record; every Grafana dashboard in a ConfigMap
-      passes the dashboard check below; every pod (Deployments, Jobs, the
+      (<fullname>-dashboard) passes the dashboard check below; every pod (Deployments, Jobs, the
       helm test Pod) runs non-root with RuntimeDefault seccomp, and each of
       its containers has a read-only root file system, no privilege
       escalation, ALL capabilities dropped, CPU and memory requests and a
       memory limit; every cert-manager Certificate writes a Secret a
-      Deployment mounts and names the host helm test dials.
+      Deployment mounts and names the host helm test dials; every pod
+      mounts only keys the chart's Secrets hold; every api, worker and edge
+      Deployment binds its ports beyond loopback as its config file says,
+      probes GET /healthz (startup, liveness) and /readyz (readiness) on its
+      metrics port, and gives its pods a terminationGracePeriodSeconds above
+      the preStop sleep plus shutdown_grace_secs.
   lint_checks.py dashboard SOURCE_ROOT DASHBOARD_JSON
       The Grafana dashboard parses, its panel ids are unique, every query
       parses as PromQL (Grafana's variables replaced by sample values) and
@@ -46,10 +51,21 @@ ITEM_STRUCTS = {
     "database.shards": ("services/domain/src/**/*.rs", "ShardSettings"),
     "database.bucket_ranges": ("shard-router/src/**/*.rs", "BucketRange"),
     "auth.clients": ("services/domain/src/**/*.rs", "ClientSettings"),
+    "edge.tokens.keys": ("services/domain/src/**/*.rs", "EdgeKeySettings"),
 }
 
 # Keys of the chart's Secrets that hold a Notify config file.
-CONFIG_KEYS = ("notify.toml", "notify-api.toml")
+CONFIG_KEYS = ("notify.toml", "notify-api.toml", "notify-edge.toml")
+
+# The chart's long-running processes, by the command of their container:
+# the config section holding their listen addresses, the container port
+# each address must bind (named port: setting), and the setting that bounds
+# their drain after SIGTERM (None: the process has none).
+PROCESSES = {
+    "notify-api": ("api", {"grpc": "listen", "metrics": "metrics_listen"}, "shutdown_grace_secs"),
+    "notify-worker": ("worker", {"metrics": "metrics_listen"}, None),
+    "notify-edge": ("edge", {"http": "listen", "metrics": "metrics_listen"}, "shutdown_grace_secs"),
+}
 
 
 def walk(values, defaults, path, prefix, allow_defaults, errors, fields):
@@ -275,6 +291,114 @@ def check_pod_security(doc, errors):
                 errors.append(f"{name}: no resources.limits.memory")
 
 
+def merged(defaults, values):
+    """default.toml with a config file's tables laid over it."""
+    out = dict(defaults)
+    for key, value in values.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = merged(out[key], value)
+        else:
+            out[key] = value
+    return out
+
+
+def secret_items(spec):
+    """(volume name, Secret name, key) of every Secret item a pod mounts."""
+    for volume in spec.get("volumes") or []:
+        secret = volume.get("secret")
+        if secret:
+            for item in secret.get("items") or []:
+                yield volume["name"], secret["secretName"], item["key"]
+        for source in (volume.get("projected") or {}).get("sources") or []:
+            secret = source.get("secret")
+            if secret:
+                for item in secret.get("items") or []:
+                    yield volume["name"], secret["name"], item["key"]
+
+
+def pod_config(spec, secrets):
+    """The config file a pod reads (the item of its config volume, or of the
+    template its init container joins), parsed, or None when it comes from a
+    Secret the chart does not render (secrets.existingConfigSecret)."""
+    volumes = {v["name"]: v for v in spec.get("volumes") or []}
+    volume = volumes.get("config") or {}
+    if "secret" not in volume:
+        volume = volumes.get("config-template") or {}
+    secret = volume.get("secret") or {}
+    data = secrets.get(secret.get("secretName"))
+    if data is None:
+        return None
+    for item in secret.get("items") or []:
+        if item.get("path") == "notify.toml" and item["key"] in data:
+            return tomllib.loads(base64.b64decode(data[item["key"]]).decode())
+    return None
+
+
+def check_processes(docs, defaults, errors):
+    """Every pod mounts only keys its chart-rendered Secrets hold; every api,
+    worker and edge Deployment binds its config file's listen addresses
+    beyond loopback on its container ports, has a startup probe, a liveness
+    probe on GET /healthz and a readiness probe on GET /readyz (or gRPC
+    health) of its metrics port, and a terminationGracePeriodSeconds above
+    its preStop sleep plus the drain its config file allows."""
+    secrets = {
+        d["metadata"]["name"]: d.get("data") or {} for d in docs if d["kind"] == "Secret"
+    }
+    for d in docs:
+        where = f"{d['kind']} {d['metadata']['name']}"
+        for spec in pod_specs(d):
+            for volume, secret, key in secret_items(spec):
+                if secret in secrets and key not in secrets[secret]:
+                    errors.append(f"{where} volume {volume}: Secret {secret} has no key {key}")
+        if d["kind"] != "Deployment":
+            continue
+        spec = d["spec"]["template"]["spec"]
+        for container in spec.get("containers") or []:
+            process = PROCESSES.get((container.get("command") or [None])[0])
+            if process is None:
+                continue
+            section, listeners, grace_setting = process
+            name = f"{where} container {container['name']}"
+            config = pod_config(spec, secrets)
+            settings = merged(defaults, config or {})[section]
+            ports = {p["name"]: p["containerPort"] for p in container.get("ports") or []}
+            for port, setting in listeners.items() if config is not None else ():
+                address = settings[setting]
+                host, _, bound = address.rpartition(":")
+                if port not in ports:
+                    errors.append(f"{name}: no container port {port} for {section}.{setting}")
+                elif bound != str(ports[port]):
+                    errors.append(
+                        f"{name}: {section}.{setting} is {address}, the container port {port} is {ports[port]}"
+                    )
+                if host.startswith("127.") or host in ("[::1]", "localhost"):
+                    errors.append(f"{name}: {section}.{setting} binds loopback ({address})")
+            if not container.get("startupProbe"):
+                errors.append(f"{name}: no startupProbe")
+            liveness = (container.get("livenessProbe") or {}).get("httpGet") or {}
+            if (liveness.get("path"), liveness.get("port")) != ("/healthz", "metrics"):
+                errors.append(f"{name}: livenessProbe is not GET /healthz on the metrics port")
+            readiness = container.get("readinessProbe") or {}
+            http = readiness.get("httpGet") or {}
+            if (http.get("path"), http.get("port")) != ("/readyz", "metrics") and not (
+                "grpc" in readiness and section == "api"
+            ):
+                errors.append(f"{name}: readinessProbe is not GET /readyz on the metrics port")
+            if grace_setting is None:
+                continue
+            command = (((container.get("lifecycle") or {}).get("preStop") or {}).get("exec") or {}).get(
+                "command"
+            ) or []
+            sleep = int(command[1]) if command[:1] == ["sleep"] and len(command) == 2 else 0
+            drain = settings[grace_setting]
+            period = spec.get("terminationGracePeriodSeconds", 30)
+            if period <= sleep + drain:
+                errors.append(
+                    f"{name}: terminationGracePeriodSeconds {period} is not above the preStop "
+                    f"sleep ({sleep}) + {section}.{grace_setting} ({drain})"
+                )
+
+
 def config_values(source_root, values_yaml, allow_defaults):
     defaults = load_defaults(source_root)
     with open(values_yaml) as f:
@@ -357,7 +481,8 @@ def rendered(source_root, manifests):
             for group in d["spec"]["groups"]:
                 for rule in group["rules"]:
                     check_rule(rule, metrics, errors, f"PrometheusRule {name}")
-        if d["kind"] == "ConfigMap":
+        # The dashboard ConfigMap (the edge's key ConfigMap holds JSON too).
+        if d["kind"] == "ConfigMap" and name.endswith("-dashboard"):
             for key, data in (d.get("data") or {}).items():
                 if not key.endswith(".json"):
                     continue
@@ -387,6 +512,7 @@ def rendered(source_root, manifests):
             walk(toml, defaults, "", f"Secret {name} {key}: ", True, errors, fields)
     for cert in certificates:
         check_certificate(cert, docs, errors)
+    check_processes(docs, defaults, errors)
     for error in errors:
         print(error)
     print(

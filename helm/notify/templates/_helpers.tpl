@@ -170,12 +170,14 @@ inline tables; null members are left out (TOML has no null).
 
 {{/*
 The config file /etc/notify/notify.toml of the worker and the migration Job
-(the api's adds [auth], see notify.apiConfigToml): .Values.config section by
-section, plus what the chart derives from its own values, which it therefore
-refuses in config: the listen addresses (listenHost and the ports), api.tls
-file paths and client_auth (api.tls), url files (secrets.urlsFrom=files,
-secrets.existingSecretKeys.shardUrls), backend CA files (backendTLS), and
-the per-shard urls of secrets.shardUrls merged into database.shards.
+(the api's adds [auth], see notify.apiConfigToml; the edge's [edge], see
+notify.edgeConfigToml): .Values.config section by section but [edge], plus
+what the chart derives from its own values, which it therefore refuses in
+config: the listen addresses (listenHost and the ports), api.tls file paths
+and client_auth (api.tls), the edge's keys (edge.tokens) and TLS files, url
+files (secrets.urlsFrom=files, secrets.existingSecretKeys.shardUrls),
+backend CA files (backendTLS), and the per-shard urls of secrets.shardUrls
+merged into database.shards.
 */}}
 {{- define "notify.configToml" -}}
 {{- $cfg := deepCopy (.Values.config | default dict) }}
@@ -245,6 +247,26 @@ the per-shard urls of secrets.shardUrls merged into database.shards.
 {{- $worker := get $cfg "worker" | default dict }}
 {{- $_ = set $worker "metrics_listen" (printf "%s:%d" $host (int .Values.worker.ports.metrics)) }}
 {{- $_ = set $cfg "worker" $worker }}
+{{- $edge := get $cfg "edge" | default dict }}
+{{- range $key := list "listen" "metrics_listen" }}
+{{- if hasKey $edge $key }}
+{{- fail (printf "config.edge.%s: set by the chart from listenHost and edge.ports" $key) }}
+{{- end }}
+{{- end }}
+{{- $edgeTokens := get $edge "tokens" | default dict }}
+{{- range $key := list "keys" "jwks_file" }}
+{{- if hasKey $edgeTokens $key }}
+{{- fail (printf "config.edge.tokens.%s: set by the chart from edge.tokens (existingSecret, keys, jwks, jwksSecretKey)" $key) }}
+{{- end }}
+{{- end }}
+{{- $edgeTLS := get $edge "tls" | default dict }}
+{{- range $key := list "cert_file" "key_file" "client_ca_file" "client_auth" }}
+{{- if hasKey $edgeTLS $key }}
+{{- fail (printf "config.edge.tls.%s: the chart mounts no certificate for the edge; end TLS at its Ingress (edge.ingress.tlsSecretName)" $key) }}
+{{- end }}
+{{- end }}
+{{- /* [edge] only in notify-edge.toml (notify.edgeConfigToml): no other process reads it, so an edge setting rolls only the edge. */}}
+{{- $_ = unset $cfg "edge" }}
 {{- $urlFiles := include "notify.urlFiles" . | fromJson }}
 {{- range $section := list "database" "rabbitmq" "redis" }}
 {{- $table := get $cfg $section | default dict }}
@@ -393,6 +415,141 @@ callers, and a client change rolls only the api.
 {{ end }}
 
 {{/*
+The edge's token keys (edge.tokens), as JSON: "keys" the
+[[edge.tokens.keys]] tables (kid, algorithm, secret_file or
+public_key_file), "jwks_file" the JWKS path or "", "files" what the
+ConfigMap <fullname>-edge-keys holds (inline public keys and JWKS, by file
+name). Keys of edge.tokens.existingSecret are read from
+/etc/notify-edge/secret/<key>, the ConfigMap's from /etc/notify-edge/public.
+Fails on a key the edge would refuse, on a secret in values, and, unless
+secrets.existingConfigSecret brings the edge's whole config file, when no
+key is given: notify-edge refuses to start without one.
+*/}}
+{{- define "notify.edgeKeys" -}}
+{{- $t := .Values.edge.tokens }}
+{{- $secretDir := "/etc/notify-edge/secret" }}
+{{- $publicDir := "/etc/notify-edge/public" }}
+{{- $out := dict "keys" list "jwks_file" "" "files" dict }}
+{{- $kids := list }}
+{{- range $i, $k := $t.keys | default list }}
+{{- $where := printf "edge.tokens.keys[%d]" $i }}
+{{- if not (kindIs "map" $k) }}
+{{- fail (printf "%s: must be a map with kid, algorithm and secretKey or publicKey" $where) }}
+{{- end }}
+{{- $kid := toString ($k.kid | default "") }}
+{{- if has $kid $kids }}
+{{- fail (printf "%s: kid %q is defined twice" $where $kid) }}
+{{- end }}
+{{- $kids = append $kids $kid }}
+{{- $alg := toString ($k.algorithm | default "") }}
+{{- if not (has $alg (list "HS256" "RS256" "ES256" "EdDSA")) }}
+{{- fail (printf "%s.algorithm: %q is not HS256, RS256, ES256 or EdDSA" $where $alg) }}
+{{- end }}
+{{- $field := ternary "secret_file" "public_key_file" (eq $alg "HS256") }}
+{{- $key := dict "kid" $kid "algorithm" $alg }}
+{{- if and $k.secretKey $k.publicKey }}
+{{- fail (printf "%s: set secretKey or publicKey, not both" $where) }}
+{{- else if $k.secretKey }}
+{{- if not $t.existingSecret }}
+{{- fail (printf "%s.secretKey needs edge.tokens.existingSecret, the Secret holding the key %q" $where $k.secretKey) }}
+{{- end }}
+{{- if not (regexMatch "^[-._a-zA-Z0-9]+$" (toString $k.secretKey)) }}
+{{- fail (printf "%s.secretKey: %q is not a Secret key ([-._a-zA-Z0-9]+)" $where $k.secretKey) }}
+{{- end }}
+{{- $_ := set $key $field (printf "%s/%s" $secretDir $k.secretKey) }}
+{{- else if $k.publicKey }}
+{{- if eq $alg "HS256" }}
+{{- fail (printf "%s: an HS256 key is a shared secret and never goes into values: put it in a key of edge.tokens.existingSecret and name that key in secretKey" $where) }}
+{{- end }}
+{{- if contains "PRIVATE KEY" $k.publicKey }}
+{{- fail (printf "%s.publicKey holds a private key: the edge needs the public key only (openssl pkey -in KEY -pubout); keep the private key with the app's backend" $where) }}
+{{- end }}
+{{- if not (contains "-----BEGIN" $k.publicKey) }}
+{{- fail (printf "%s.publicKey: not a PEM public key (-----BEGIN PUBLIC KEY-----)" $where) }}
+{{- end }}
+{{- $file := ternary (printf "kid-%s.pem" $kid) (printf "key-%d.pem" $i) (regexMatch "^[-._a-zA-Z0-9]{1,200}$" $kid) }}
+{{- $_ := set $out.files $file $k.publicKey }}
+{{- $_ := set $key $field (printf "%s/%s" $publicDir $file) }}
+{{- else }}
+{{- fail (printf "%s (kid %q): needs secretKey (a key of edge.tokens.existingSecret) or publicKey (an inline PEM public key; not for HS256)" $where $kid) }}
+{{- end }}
+{{- $_ := set $out "keys" (append $out.keys $key) }}
+{{- end }}
+{{- if and $t.jwks $t.jwksSecretKey }}
+{{- fail "edge.tokens: set jwks or jwksSecretKey, not both (the edge reads one JWKS file)" }}
+{{- end }}
+{{- if $t.jwks }}
+{{- if not (kindIs "slice" (get $t.jwks "keys")) }}
+{{- fail "edge.tokens.jwks: not a JSON Web Key Set ({ keys: [...] })" }}
+{{- end }}
+{{- range $jwk := get $t.jwks "keys" }}
+{{- if and (kindIs "map" $jwk) (hasKey $jwk "d") }}
+{{- fail "edge.tokens.jwks holds a private key (a JWK with d): publish the public keys only" }}
+{{- end }}
+{{- if and (kindIs "map" $jwk) (or (hasKey $jwk "k") (eq (toString (get $jwk "kty")) "oct")) }}
+{{- fail "edge.tokens.jwks holds an HS256 secret (a JWK of kty oct): a shared secret never goes into values; keep that JWKS in edge.tokens.existingSecret (jwksSecretKey)" }}
+{{- end }}
+{{- end }}
+{{- $_ := set $out.files "jwks.json" (toPrettyJson $t.jwks) }}
+{{- $_ := set $out "jwks_file" (printf "%s/jwks.json" $publicDir) }}
+{{- else if $t.jwksSecretKey }}
+{{- if not $t.existingSecret }}
+{{- fail "edge.tokens.jwksSecretKey needs edge.tokens.existingSecret, the Secret holding the JWKS" }}
+{{- end }}
+{{- if not (regexMatch "^[-._a-zA-Z0-9]+$" (toString $t.jwksSecretKey)) }}
+{{- fail (printf "edge.tokens.jwksSecretKey: %q is not a Secret key ([-._a-zA-Z0-9]+)" $t.jwksSecretKey) }}
+{{- end }}
+{{- $_ := set $out "jwks_file" (printf "%s/%s" $secretDir $t.jwksSecretKey) }}
+{{- end }}
+{{- if and .Values.edge.enabled (not $out.keys) (not $out.jwks_file) (not .Values.secrets.existingConfigSecret) }}
+{{- fail "edge.enabled is true but edge.tokens names no key: notify-edge refuses to start without one. Set edge.tokens.keys (each with kid, algorithm and secretKey, a key of edge.tokens.existingSecret, or publicKey, an inline PEM public key), or a JWKS (edge.tokens.jwks, or edge.tokens.jwksSecretKey with edge.tokens.existingSecret), or edge.enabled=false" }}
+{{- end }}
+{{- toJson $out }}
+{{- end }}
+
+{{/*
+The edge's config file: the shared one plus [edge], from config.edge and
+what the chart derives: the listen addresses (listenHost, edge.ports) and
+the token keys (notify.edgeKeys). Only the edge reads [edge].
+*/}}
+{{- define "notify.edgeConfigToml" -}}
+{{- $host := .Values.listenHost | default "0.0.0.0" }}
+{{- $edge := deepCopy (get (.Values.config | default dict) "edge" | default dict) }}
+{{- $_ := set $edge "listen" (printf "%s:%d" $host (int .Values.edge.ports.http)) }}
+{{- $_ = set $edge "metrics_listen" (printf "%s:%d" $host (int .Values.edge.ports.metrics)) }}
+{{- $tokens := get $edge "tokens" | default dict }}
+{{- $_ = unset $edge "tokens" }}
+{{- $keys := include "notify.edgeKeys" . | fromJson }}
+{{- with $keys.jwks_file }}
+{{- $_ = set $tokens "jwks_file" . }}
+{{- end }}
+{{ include "notify.configToml" . }}
+# notify-edge, from values.yaml `edge` and config.edge.
+[edge]
+{{- range $key := keys $edge | sortAlpha }}
+{{- $v := get $edge $key }}
+{{- if not (kindIs "invalid" $v) }}
+{{ include "notify.tomlKey" $key }} = {{ include "notify.tomlValue" $v }}
+{{- end }}
+{{- end }}
+
+[edge.tokens]
+{{- range $key := keys $tokens | sortAlpha }}
+{{- $v := get $tokens $key }}
+{{- if not (kindIs "invalid" $v) }}
+{{ include "notify.tomlKey" $key }} = {{ include "notify.tomlValue" $v }}
+{{- end }}
+{{- end }}
+{{- range $k := $keys.keys }}
+
+[[edge.tokens.keys]]
+{{- range $key := keys $k | sortAlpha }}
+{{ include "notify.tomlKey" $key }} = {{ include "notify.tomlValue" (get $k $key) }}
+{{- end }}
+{{- end }}
+{{ end }}
+
+{{/*
 Which backend urls the processes read from files (secrets.urlsFrom=files,
 or per-shard keys of existingSecret), as JSON: "main" maps database,
 rabbitmq and redis to their file, "shards" shard ids to theirs; "chart" and
@@ -468,7 +625,7 @@ shard-{{ $id }}-url: {{ $url | b64enc }}
 
 {{/*
 Data of the chart-managed Secret, or of its hook copy for the migration Job
-(which gets no api config file). The config files unless
+(which gets no api or edge config file). The config files unless
 existingConfigSecret, the urls unless existingSecret. Call with
 (dict "root" $ "api" true|false).
 */}}
@@ -478,6 +635,9 @@ existingConfigSecret, the urls unless existingSecret. Call with
 notify.toml: {{ include "notify.configToml" $root | b64enc }}
 {{- if .api }}
 notify-api.toml: {{ include "notify.apiConfigToml" $root | b64enc }}
+{{- if $root.Values.edge.enabled }}
+notify-edge.toml: {{ include "notify.edgeConfigToml" $root | b64enc }}
+{{- end }}
 {{- end }}
 {{- end }}
 {{- include "notify.urlData" $root }}
@@ -487,13 +647,18 @@ notify-api.toml: {{ include "notify.apiConfigToml" $root | b64enc }}
 Pod annotation that changes whenever what the pod reads from the chart's
 Secret does, so that `helm upgrade` with new settings rolls the pods (a
 client change rolls only the api, and the worker too once clients have
-webhooks). Call with (dict "root" $ "component" "api").
+webhooks; an edge setting or a change of edge.tokens' list only the edge).
+The contents of the edge's key files are not in it: the edge re-reads them
+(edge.tokens.reload_interval_secs), so a new key rolls nothing.
+Call with (dict "root" $ "component" "api").
 */}}
 {{- define "notify.checksumAnnotation" -}}
 {{- $root := .root }}
 {{- $config := "" }}
 {{- if not $root.Values.secrets.existingConfigSecret }}
-{{- if include "notify.readsAuth" . }}
+{{- if eq .component "edge" }}
+{{- $config = include "notify.edgeConfigToml" $root }}
+{{- else if include "notify.readsAuth" . }}
 {{- $config = include "notify.apiConfigToml" $root }}
 {{- else }}
 {{- $config = include "notify.configToml" $root }}
@@ -541,13 +706,21 @@ global extraEnv. Call with (dict "root" $ "secretName" "<chart secret name>").
 {{/*
 Volumes of a pod: the config file (for the api with auth.existingSecret, a
 template of it plus the digests, joined by the auth-config init container
-into an emptyDir) and a scratch /tmp (the root file system is read-only).
-Call with (dict "root" $ "component" "api|worker|migration" "secretName" "<chart secret>").
+into an emptyDir), a scratch /tmp (the root file system is read-only), url
+files, backend CAs, the api's TLS files and the edge's key files.
+Call with (dict "root" $ "component" "api|worker|edge|migration" "secretName" "<chart secret>").
 */}}
 {{- define "notify.volumes" -}}
 {{- $root := .root }}
 {{- $s := $root.Values.secrets }}
-{{- $key := ternary "notify-api.toml" "notify.toml" (and (eq (include "notify.readsAuth" (dict "root" $root "component" .component)) "true") (not $s.existingConfigSecret)) }}
+{{- $key := "notify.toml" }}
+{{- if not $s.existingConfigSecret }}
+{{- if eq .component "edge" }}
+{{- $key = "notify-edge.toml" }}
+{{- else if include "notify.readsAuth" (dict "root" $root "component" .component) }}
+{{- $key = "notify-api.toml" }}
+{{- end }}
+{{- end }}
 {{- if include "notify.authConfigInit" (dict "root" $root "component" .component) }}
 - name: config-template
   secret:
@@ -615,6 +788,21 @@ Call with (dict "root" $ "component" "api|worker|migration" "secretName" "<chart
         path: ca.crt
 {{- end }}
 {{- end }}
+{{- if eq .component "edge" }}
+{{- /* Whole directories (no subPath), so that a changed key reaches the pod. */}}
+{{- with $root.Values.edge.tokens.existingSecret }}
+- name: edge-secret-keys
+  secret:
+    secretName: {{ . }}
+    defaultMode: 0440
+{{- end }}
+{{- if (include "notify.edgeKeys" $root | fromJson).files }}
+- name: edge-public-keys
+  configMap:
+    name: {{ include "notify.fullname" $root }}-edge-keys
+    defaultMode: 0444
+{{- end }}
+{{- end }}
 {{- $tls := $root.Values.api.tls }}
 {{- if and (eq .component "api") $tls.enabled }}
 {{- /* Whole-Secret directories (no subPath), so that renewals reach the pod. */}}
@@ -662,6 +850,18 @@ Mounts matching notify.volumes. Call with (dict "root" $ "component" "api").
   readOnly: true
 {{- end }}
 {{- end }}
+{{- if eq .component "edge" }}
+{{- if .root.Values.edge.tokens.existingSecret }}
+- name: edge-secret-keys
+  mountPath: /etc/notify-edge/secret
+  readOnly: true
+{{- end }}
+{{- if (include "notify.edgeKeys" .root | fromJson).files }}
+- name: edge-public-keys
+  mountPath: /etc/notify-edge/public
+  readOnly: true
+{{- end }}
+{{- end }}
 {{- $tls := .root.Values.api.tls }}
 {{- if and (eq .component "api") $tls.enabled }}
 - name: tls
@@ -687,14 +887,15 @@ Call with (dict "root" $ "component" "api").
 {{/*
 "true" when the component reads the api's config file, [auth] included: the
 api, and the worker once a client has webhooks (the worker calls them; see
-docs/webhooks.md). Call with (dict "root" $ "component" "worker").
+docs/webhooks.md); never the edge or the migration Jobs, whose Secrets have
+no such file. Call with (dict "root" $ "component" "worker").
 */}}
 {{- define "notify.readsAuth" -}}
 {{- $hooks := false }}
 {{- range $c := .root.Values.auth.clients | default list }}
 {{- if and (kindIs "map" $c) $c.webhooks }}{{ $hooks = true }}{{ end }}
 {{- end }}
-{{- if or (eq .component "api") $hooks }}true{{ end }}
+{{- if or (eq .component "api") (and $hooks (eq .component "worker")) }}true{{ end }}
 {{- end }}
 
 {{/*
