@@ -131,6 +131,39 @@ impl Quotas {
         self.take_all(client, "announcements_per_hour", limit, bucket, 1).await
     }
 
+    /// Admits one call of end user `user_id` at the edge: `rate` calls per
+    /// second over every edge replica, `burst` at once above it. A token
+    /// from the shared bucket each call (a user's calls are few; no lease
+    /// is kept per user). Redis being down lets the call through, as for
+    /// clients.
+    pub async fn admit_user(&self, user_id: u64, rate: u32, burst: u32) -> Result<()> {
+        if rate == 0 {
+            return Ok(());
+        }
+        let bucket = Bucket::per(u64::from(rate), SECOND_US, u64::from(burst.max(1)));
+        let name = format!("user.{user_id}");
+        match self.cache.take_tokens(&name, "edge_rps", bucket, 1, 1).await {
+            Ok(taken) if taken.granted > 0 => Ok(()),
+            Ok(taken) => {
+                metrics::counter!("notify_edge_rate_limited_total").increment(1);
+                let retry = Duration::from_micros(taken.retry_after_us);
+                Err(Error::ResourceExhausted {
+                    reason: format!(
+                        "over {rate} calls per second (edge.requests_per_second); retry in \
+                         {:.2} s",
+                        retry.as_secs_f64()
+                    ),
+                    retry_after: Some(retry),
+                })
+            }
+            Err(e) => {
+                metrics::counter!("notify_quota_errors_total").increment(1);
+                warn!(error = %e, user_id, "edge rate limit check failed, letting the call through");
+                Ok(())
+            }
+        }
+    }
+
     async fn take_all(
         &self,
         client: &Client,

@@ -2,9 +2,11 @@
 //! `NOTIFY_SECTION__KEY` environment variables; validated once at start.
 //! The settings of callers and TLS live in [`security`].
 
+mod edge;
 mod security;
 mod webhooks;
 
+pub use edge::{EDGE_ALGORITHMS, EdgeKeySettings, EdgeSettings, EdgeTokenSettings};
 pub use security::{
     ApiTlsSettings, AuthSettings, ClientAuth, ClientSettings, MySqlTlsMode, ReflectionMode,
     valid_client_name,
@@ -50,6 +52,8 @@ pub struct Settings {
     pub events: EventSettings,
     /// The operators' web console, served by `notify-api`.
     pub console: ConsoleSettings,
+    /// The end users' door: REST and an event stream (`notify-edge`).
+    pub edge: EdgeSettings,
     /// Logging.
     pub log: LogSettings,
     /// OpenTelemetry traces.
@@ -572,6 +576,7 @@ impl Settings {
         webhooks::validate_endpoints(self.auth.clients.iter().map(|c| &c.webhooks))?;
         self.webhooks.validate()?;
         self.api.tls.validate()?;
+        self.edge.validate()?;
         if self.api.max_request_bytes < 1024 {
             return Err(invalid("api.max_request_bytes", "must be at least 1024"));
         }

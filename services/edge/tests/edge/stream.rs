@@ -1,0 +1,234 @@
+//! The event stream: the snapshot, deltas as they happen, a resume by
+//! `Last-Event-ID` (on another replica too) with nothing lost, a resync
+//! when the position is not held, and the bus reconnecting under it.
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, Empty};
+use hyper::body::Incoming;
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::TokioExecutor;
+use notify_proto::v1;
+use notify_testkit::{TestApp, spawn_app, spawn_app_with, test_settings};
+use serde_json::{Value, json};
+
+use crate::{Edge, send};
+
+/// One SSE event: its name, data and id (a heartbeat has no name).
+#[derive(Debug, Clone)]
+pub struct Frame {
+    pub event: String,
+    pub data: Value,
+    pub id: Option<String>,
+}
+
+/// A reader of `/v1/events`.
+pub struct Events {
+    body: Incoming,
+    buffer: String,
+    /// The last id seen (as `EventSource` keeps it).
+    pub last_id: Option<String>,
+}
+
+impl Events {
+    /// Opens the stream as `token`'s user, resuming after `last_id`.
+    pub async fn open(addr: SocketAddr, token: &str, last_id: Option<&str>) -> Self {
+        let client = Client::builder(TokioExecutor::new()).build_http::<Empty<Bytes>>();
+        let mut request = http::Request::get(format!("http://{addr}/v1/events"))
+            .header("authorization", format!("Bearer {token}"))
+            .header("accept", "text/event-stream");
+        if let Some(id) = last_id {
+            request = request.header("last-event-id", id);
+        }
+        let response = client.request(request.body(Empty::new()).unwrap()).await.unwrap();
+        assert_eq!(response.status(), 200);
+        assert_eq!(response.headers()["content-type"], "text/event-stream");
+        Self {
+            body: response.into_body(),
+            buffer: String::new(),
+            last_id: last_id.map(str::to_owned),
+        }
+    }
+
+    /// The next frame (heartbeats included), within 20 s.
+    pub async fn frame(&mut self) -> Frame {
+        loop {
+            if let Some(end) = self.buffer.find("\n\n") {
+                let block: String = self.buffer.drain(..end + 2).collect();
+                let mut frame = Frame { event: String::new(), data: Value::Null, id: None };
+                for line in block.lines() {
+                    if let Some(name) = line.strip_prefix("event: ") {
+                        frame.event = name.to_owned();
+                    } else if let Some(data) = line.strip_prefix("data: ") {
+                        frame.data = serde_json::from_str(data).unwrap();
+                    } else if let Some(id) = line.strip_prefix("id: ") {
+                        frame.id = Some(id.to_owned());
+                    }
+                }
+                if let Some(id) = &frame.id {
+                    self.last_id = Some(id.clone());
+                }
+                return frame;
+            }
+            let next = tokio::time::timeout(Duration::from_secs(20), self.body.frame()).await;
+            let frame = next.expect("a frame within 20 s").expect("the stream is open").unwrap();
+            if let Ok(data) = frame.into_data() {
+                self.buffer.push_str(std::str::from_utf8(&data).unwrap());
+            }
+        }
+    }
+
+    /// The next event named `name` (others skipped).
+    pub async fn next(&mut self, name: &str) -> Frame {
+        loop {
+            let frame = self.frame().await;
+            if frame.event == name {
+                return frame;
+            }
+        }
+    }
+
+    /// Reads until a heartbeat that carries an id (the stream has every
+    /// event up to it).
+    pub async fn settled(&mut self) -> String {
+        loop {
+            let frame = self.frame().await;
+            if let (true, Some(id)) = (frame.event.is_empty(), frame.id) {
+                return id;
+            }
+        }
+    }
+
+    /// The message ids of `item_delivered` events until each of `wanted`
+    /// came (anything else is skipped).
+    pub async fn delivered(&mut self, wanted: &[u64]) -> Vec<u64> {
+        let mut seen = Vec::new();
+        while !wanted.iter().all(|w| seen.contains(w)) {
+            let frame = self.next("item_delivered").await;
+            seen.push(frame.data["message_id"].as_str().unwrap().parse().unwrap());
+        }
+        seen
+    }
+}
+
+async fn delivered_to(app: &TestApp, user: u64) -> u64 {
+    let id = app.send(vec![user]).await;
+    app.wait_for_status(id, v1::MessageStatus::Completed).await;
+    id
+}
+
+#[tokio::test]
+async fn a_stream_starts_with_a_snapshot_then_follows_deliveries_reads_and_recalls() {
+    let app = spawn_app().await;
+    let edge = Edge::start(&app).await;
+    let user = 8_300_001;
+    let before = delivered_to(&app, user).await;
+    let token = edge.token(user);
+    let mut events = Events::open(edge.addr, &token, None).await;
+    let snapshot = events.next("snapshot").await;
+    assert_eq!(snapshot.data["unread"], 1);
+    assert_eq!(snapshot.data["latest"]["message_id"], before.to_string());
+
+    let id = delivered_to(&app, user).await;
+    let delivered = events.next("item_delivered").await;
+    assert_eq!(delivered.data["message_id"], id.to_string());
+    assert!(delivered.id.is_some(), "a delivery carries its position");
+    assert_eq!(events.next("badge").await.data["unread"], 2);
+
+    let read = json!({ "action": "mark_read", "message_ids": [id.to_string()] });
+    assert_eq!(send(&edge, &token, "POST", "/v1/items/update", &read).await.status, 200);
+    let updated = events.next("item_updated").await;
+    assert_eq!(
+        (updated.data["message_id"].clone(), updated.data["read"].clone()),
+        (json!(id.to_string()), json!(true))
+    );
+    assert_eq!(events.next("badge").await.data["unread"], 1);
+
+    app.messages().recall_message(v1::RecallMessageRequest { message_id: before }).await.unwrap();
+    assert_eq!(events.next("item_revoked").await.data["message_id"], before.to_string());
+    edge.stop().await;
+    app.cleanup().await;
+}
+
+#[tokio::test]
+async fn a_stream_resumes_after_its_last_id_on_any_replica_with_nothing_lost() {
+    let app = spawn_app().await;
+    let first = Edge::start(&app).await;
+    let second =
+        Edge::start_with(crate::edge_settings(&app, &first.keys), crate::Keys::new()).await;
+    let user = 8_300_011;
+    let token = first.token(user);
+    let mut events = Events::open(first.addr, &token, None).await;
+    events.next("snapshot").await;
+    let seen = delivered_to(&app, user).await;
+    events.delivered(&[seen]).await;
+    let last = events.settled().await;
+    drop(events);
+
+    // Sent while the client was away.
+    let missed = [delivered_to(&app, user).await, delivered_to(&app, user).await];
+    for edge in [&first, &second] {
+        let mut resumed = Events::open(edge.addr, &token, Some(&last)).await;
+        let mut got = Vec::new();
+        while !missed.iter().all(|m| got.contains(m)) {
+            let frame = resumed.frame().await;
+            assert_ne!(frame.event, "resync", "resumed from a held position");
+            assert_ne!(frame.event, "snapshot", "a resume sends no snapshot");
+            if frame.event == "item_delivered" {
+                got.push(frame.data["message_id"].as_str().unwrap().parse::<u64>().unwrap());
+            }
+        }
+        assert!(!got.contains(&seen), "nothing before the position comes again");
+        // Then the badge as it is now, and live events after.
+        assert_eq!(resumed.next("badge").await.data["unread"], 3);
+    }
+    first.stop().await;
+    second.stop().await;
+    app.cleanup().await;
+}
+
+#[tokio::test]
+async fn a_position_the_edge_does_not_hold_starts_with_resync_and_a_snapshot() {
+    let app = spawn_app().await;
+    let edge = Edge::start(&app).await;
+    let user = 8_300_021;
+    let token = edge.token(user);
+    for last in ["1-1", "not-a-position"] {
+        let mut events = Events::open(edge.addr, &token, Some(last)).await;
+        let first = events.frame().await;
+        assert_eq!(first.event, "resync", "{last}");
+        assert_eq!(first.data["reason"], "history");
+        events.next("snapshot").await;
+    }
+    edge.stop().await;
+    app.cleanup().await;
+}
+
+#[tokio::test]
+async fn the_edges_bus_reconnecting_loses_no_event_of_an_open_stream() {
+    let mut settings = test_settings();
+    let proxies = notify_testkit::faults::route_through_proxies(&mut settings).await;
+    let app = spawn_app_with(settings, true).await;
+    let edge = Edge::start(&app).await;
+    let user = 8_300_031;
+    let mut events = Events::open(edge.addr, &edge.token(user), None).await;
+    events.next("snapshot").await;
+    let before = delivered_to(&app, user).await;
+    events.delivered(&[before]).await;
+    proxies.rabbitmq.reset_connections().await;
+    // The consumer reads on from the offset after its last: every delivery
+    // comes, none as a resync.
+    let after = [delivered_to(&app, user).await, delivered_to(&app, user).await];
+    let mut got = Vec::new();
+    while !after.iter().all(|a| got.contains(a)) {
+        let frame = events.frame().await;
+        assert_ne!(frame.event, "resync");
+        if frame.event == "item_delivered" {
+            got.push(frame.data["message_id"].as_str().unwrap().parse::<u64>().unwrap());
+        }
+    }
+    edge.stop().await;
+    app.cleanup().await;
+}
