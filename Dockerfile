@@ -1,6 +1,6 @@
-# Notify image: notify-api (the default command), notify-worker and notifyctl
-# in /usr/local/bin, running as the non-root user 10001:10001 on a read-only
-# root file system (nothing is written outside mounted volumes).
+# Notify image: notify-api (the default command), notify-worker, notify-edge
+# and notifyctl in /usr/local/bin, running as the non-root user 10001:10001
+# on a read-only root file system (nothing is written outside mounted volumes).
 #
 #   docker build -t notify:0.1.0 .
 #   docker run --rm --read-only -p 50051:50051 -p 9464:9464 \
@@ -43,9 +43,9 @@ COPY . .
 RUN --mount=type=cache,id=notify-cargo-registry,target=/usr/local/cargo/registry,sharing=locked \
     --mount=type=cache,id=notify-cargo-git,target=/usr/local/cargo/git,sharing=locked \
     --mount=type=cache,id=notify-target,target=/src/target,sharing=locked \
-    cargo build --release --locked -p notify-api -p notify-worker -p notifyctl \
+    cargo build --release --locked -p notify-api -p notify-worker -p notify-edge -p notifyctl \
  && mkdir -p /out /debug \
- && for bin in notify-api notify-worker notifyctl; do \
+ && for bin in notify-api notify-worker notify-edge notifyctl; do \
       cp "target/release/$bin" /out/ \
       && objcopy --only-keep-debug "/out/$bin" "/debug/$bin.debug" \
       && strip --strip-debug "/out/$bin" \
@@ -72,6 +72,7 @@ ENV NOTIFY_CONFIG=/etc/notify/notify.toml
 COPY --from=builder /out/ /usr/local/bin/
 USER 10001:10001
 # 50051: notify-api gRPC; 9464: notify-api /metrics, /healthz, /readyz;
-# 9465: notify-worker /metrics, /healthz, /readyz.
-EXPOSE 50051 9464 9465
+# 9465: notify-worker /metrics, /healthz, /readyz; 8480: notify-edge, the
+# users' REST and event stream; 9466: notify-edge /metrics, /healthz, /readyz.
+EXPOSE 50051 9464 9465 8480 9466
 CMD ["notify-api"]

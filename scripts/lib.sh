@@ -17,7 +17,7 @@ NOTIFY_DEPS_LOG="$NOTIFY_ROOT/.run/deps.log"
 # runs the very same command, so that both share one build (another package
 # selection could unify features differently and rebuild).
 # shellcheck disable=SC2034 # used by the scripts that source this file
-NOTIFY_RELEASE_BUILD=(cargo build --release -p notify-api -p notify-worker -p notifyctl)
+NOTIFY_RELEASE_BUILD=(cargo build --release -p notify-api -p notify-worker -p notify-edge -p notifyctl)
 
 notify_say() { printf '%s\n' "$*"; }
 

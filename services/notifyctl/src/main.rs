@@ -10,6 +10,7 @@ mod recipients;
 mod sends;
 mod shards;
 mod tail;
+mod user_token;
 
 use clap::{Parser, Subcommand};
 
@@ -150,6 +151,10 @@ enum Command {
     /// Makes client tokens (offline: nothing is sent to the api).
     #[command(subcommand)]
     Token(admin::TokenCommand),
+    /// Prints a user token for notify-edge, signed with an HS256 key of
+    /// the configuration (offline; for development and trying the edge:
+    /// production tokens come from the app's backend).
+    UserToken(user_token::UserTokenArgs),
     /// Shows and changes the versioned shard map (directly on the directory
     /// shard, with the services' configuration).
     #[command(subcommand)]
@@ -184,6 +189,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Migrate { contract, wait } => return migrate(contract, wait).await,
         Command::Retention => return retention().await,
         Command::Token(command) => return admin::token(command),
+        Command::UserToken(args) => return user_token::user_token(args),
         Command::Shard(command) => return shards::run(command).await,
         Command::Health { service } => {
             // The exit code is the answer: 1 for not serving, 2 for no answer.
@@ -207,6 +213,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Migrate { .. }
         | Command::Retention
         | Command::Token(_)
+        | Command::UserToken(_)
         | Command::Shard(_)
         | Command::Health { .. } => {
             unreachable!("handled above")
