@@ -25,7 +25,7 @@ use notify_core::health::{self, BackendStatus, Heartbeats, Probes};
 use notify_core::shard_map::{self, Replica};
 use notify_core::telemetry;
 use notify_domain::Settings;
-use notify_domain::settings::{ApiSettings, ReflectionMode};
+use notify_domain::settings::ReflectionMode;
 use notify_proto::v1::admin_service_server::AdminServiceServer;
 use notify_proto::v1::event_service_server::EventServiceServer;
 use notify_proto::v1::group_service_server::GroupServiceServer;
@@ -58,26 +58,10 @@ use crate::trace_layer::GrpcTraceLayer;
 pub fn main() -> anyhow::Result<()> {
     telemetry::run_process(
         "notify-api",
-        |settings| runtime(&settings.api),
+        |settings| settings.api.worker_threads,
         Application::build,
         Application::run_until_stopped,
     )
-}
-
-/// Builds the runtime `api.worker_threads` asks for: one thread (1), a
-/// work-stealing pool of N threads (N > 1) or of one thread per core (0).
-pub fn runtime(settings: &ApiSettings) -> std::io::Result<tokio::runtime::Runtime> {
-    let mut builder = match settings.worker_threads {
-        1 => tokio::runtime::Builder::new_current_thread(),
-        threads => {
-            let mut builder = tokio::runtime::Builder::new_multi_thread();
-            if threads > 1 {
-                builder.worker_threads(threads);
-            }
-            builder
-        }
-    };
-    builder.enable_all().build()
 }
 
 /// A built, bound, not yet serving api.

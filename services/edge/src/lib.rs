@@ -38,7 +38,6 @@ use notify_core::Context;
 use notify_core::health::{self, Heartbeats, Probes};
 use notify_core::telemetry;
 use notify_domain::Settings;
-use notify_domain::settings::EdgeSettings;
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
@@ -52,25 +51,10 @@ use crate::tokens::Tokens;
 pub fn main() -> anyhow::Result<()> {
     telemetry::run_process(
         "notify-edge",
-        |settings| runtime(&settings.edge),
+        |settings| settings.edge.worker_threads,
         Application::build,
         Application::run_until_stopped,
     )
-}
-
-/// Builds the runtime `edge.worker_threads` asks for.
-pub fn runtime(settings: &EdgeSettings) -> std::io::Result<tokio::runtime::Runtime> {
-    let mut builder = match settings.worker_threads {
-        1 => tokio::runtime::Builder::new_current_thread(),
-        threads => {
-            let mut builder = tokio::runtime::Builder::new_multi_thread();
-            if threads > 1 {
-                builder.worker_threads(threads);
-            }
-            builder
-        }
-    };
-    builder.enable_all().build()
 }
 
 /// What every handler shares.

@@ -45,7 +45,8 @@ const CONTROL_DRIVES: usize = 4;
 pub fn main() -> anyhow::Result<()> {
     telemetry::run_process(
         "notify-worker",
-        |_| tokio::runtime::Builder::new_multi_thread().enable_all().build(),
+        // One thread per core.
+        |_| 0,
         Worker::build,
         Worker::run_until_stopped,
     )

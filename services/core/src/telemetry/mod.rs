@@ -148,14 +148,30 @@ pub async fn cancel_on_signal(token: CancellationToken) {
     token.cancel();
 }
 
-/// A service's process, all of it (`notify-api`, `notify-worker`): loads the
-/// settings (exit 2 when they are bad), starts `runtime` and tracing as
-/// `service`, builds the service (exit 1 when a dependency is out of reach),
-/// runs it until SIGTERM or Ctrl-C ([`cancel_on_signal`]) and sends the last
-/// spans.
+/// The runtime of `worker_threads` (a service's setting): one thread (1), a
+/// work-stealing pool of N threads (N > 1) or of one thread per core (0).
+pub fn runtime(worker_threads: usize) -> std::io::Result<tokio::runtime::Runtime> {
+    let mut builder = match worker_threads {
+        1 => tokio::runtime::Builder::new_current_thread(),
+        threads => {
+            let mut builder = tokio::runtime::Builder::new_multi_thread();
+            if threads > 1 {
+                builder.worker_threads(threads);
+            }
+            builder
+        }
+    };
+    builder.enable_all().build()
+}
+
+/// A service's process, all of it (`notify-api`, `notify-worker`,
+/// `notify-edge`): loads the settings (exit 2 when they are bad), starts the
+/// [`runtime`] of the `worker_threads` they name and tracing as `service`,
+/// builds the service (exit 1 when a dependency is out of reach), runs it
+/// until SIGTERM or Ctrl-C ([`cancel_on_signal`]) and sends the last spans.
 pub fn run_process<S, Built, Ran>(
     service: &'static str,
-    runtime: impl FnOnce(&Settings) -> std::io::Result<tokio::runtime::Runtime>,
+    worker_threads: impl FnOnce(&Settings) -> usize,
     build: impl FnOnce(Settings) -> Built,
     run: impl FnOnce(S, CancellationToken) -> Ran,
 ) -> anyhow::Result<()>
@@ -170,7 +186,7 @@ where
             std::process::exit(2);
         }
     };
-    runtime(&settings)?.block_on(async {
+    runtime(worker_threads(&settings))?.block_on(async {
         let traces = init_tracing(&settings.log, &settings.trace, service)?;
         let shutdown = CancellationToken::new();
         tokio::spawn(cancel_on_signal(shutdown.clone()));
