@@ -215,21 +215,47 @@ impl Env {
     /// release build left them, and a run on those measures a build several
     /// times slower than the one users run.
     async fn ensure_optimized(&self, name: &str) -> anyhow::Result<()> {
-        let page = self.scrape(name).await;
-        if page.sum("notify_build_info", &[("debug_assertions", "false")]) >= 1.0 {
-            return Ok(());
+        ensure_release(name, &self.scrape(name).await)
+    }
+
+    /// Starts `notify-edge` (the release binary next to this one) over the
+    /// same databases, queues and keys, its `[edge]` section (`edge_toml`,
+    /// with `listen` and `metrics_listen`) appended to the config; waits
+    /// until its `/readyz` answers 200 (the events stream is read) and
+    /// refuses a build with debug assertions. Returns its pid.
+    pub async fn start_edge(
+        &mut self,
+        edge_toml: &str,
+        metrics: SocketAddr,
+    ) -> anyhow::Result<u32> {
+        let bin = self.bins.api.with_file_name("notify-edge");
+        if !bin.is_file() {
+            bail!(
+                "{} not found next to notify-bench; build them together: cargo build --release \
+                 -p notify-bench -p notify-api -p notify-worker -p notify-edge -p notifyctl",
+                bin.display()
+            );
         }
-        let test_build = page.sum("notify_build_info", &[("debug_assertions", "true")]) >= 1.0;
-        bail!(
-            "{name} is {} (notify_build_info): rebuild before measuring: \
-             cargo build --release -p notify-bench -p notify-api -p notify-worker -p notifyctl",
-            if test_build {
-                "a test build, unoptimized with debug assertions (scripts/test builds one into \
-                 target/release)"
-            } else {
-                "of no known build: its /metrics has no notify_build_info"
+        let config = self.dir.join("notify-edge.toml");
+        std::fs::write(&config, format!("{}\n{edge_toml}", config_file::to_toml(&self.settings)))?;
+        let child = self.spawn_with("notify-edge", bin, &config)?;
+        let pid = child.pid;
+        self.children.push(child);
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            let ready = notify_testkit::try_http_get(metrics, "/readyz").await;
+            if ready.is_ok_and(|(status, _)| status == 200) {
+                break;
             }
-        )
+            self.check_children()?;
+            if Instant::now() > deadline {
+                bail!("notify-edge not ready on {metrics} within 60 s");
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        let page = metrics::scrape(&metrics.to_string()).await;
+        ensure_release("notify-edge", &page)?;
+        Ok(pid)
     }
 
     /// Starts one more api over the same databases, queues and keys, with
@@ -399,6 +425,25 @@ impl Env {
             eprintln!("cleanup: config and child logs kept in {}", self.dir.display());
         }
     }
+}
+
+/// Fails unless `page` (a service's `/metrics`) says a build without debug
+/// assertions serves (`notify_build_info`).
+fn ensure_release(name: &str, page: &MetricsPage) -> anyhow::Result<()> {
+    if page.sum("notify_build_info", &[("debug_assertions", "false")]) >= 1.0 {
+        return Ok(());
+    }
+    let test_build = page.sum("notify_build_info", &[("debug_assertions", "true")]) >= 1.0;
+    bail!(
+        "{name} is {} (notify_build_info): rebuild before measuring: cargo build --release \
+         -p notify-bench -p notify-api -p notify-worker -p notify-edge -p notifyctl",
+        if test_build {
+            "a test build, unoptimized with debug assertions (scripts/test builds one into \
+             target/release)"
+        } else {
+            "of no known build: its /metrics has no notify_build_info"
+        }
+    )
 }
 
 fn db_names(settings: &Settings) -> Vec<&str> {

@@ -11,6 +11,9 @@
 //! - `items`: `UpdateItems` with `all` over a 10,000-item inbox, per call
 //!   latency and MariaDB statements.
 //! - `events`: gateway events of a 100k-recipient send, exactly once.
+//! - `edge`: 50,000 event streams on one `notify-edge` (its own process):
+//!   memory a stream, CPU at rest, a 100k send's and the mark-reads' events
+//!   once each, commit -> client latency.
 //! - `recipients`: `ListRecipients` pages of 1,000 by 4 readers for each
 //!   filter and `GetRecipientStatus` of 1,000 users, on a 1M-recipient send.
 //! - `recall`: `RecallMessage` of a 1M-recipient COMPLETED send against its
@@ -29,6 +32,7 @@ mod chaos;
 mod config_file;
 mod console;
 mod control;
+mod edge;
 mod events;
 mod fanout;
 mod group;
@@ -66,6 +70,8 @@ enum Command {
     Group(group::GroupArgs),
     /// Gateway events of a 100k-recipient send to 10k, then 100k, followed users.
     Events(events::EventsArgs),
+    /// 50,000 event streams on one notify-edge: memory, CPU at rest, events of a send.
+    Edge(edge::EdgeArgs),
     /// ListRecipients pages by 4 readers per filter, GetRecipientStatus of 1,000 users by 1, then 4.
     Recipients(recipients::RecipientsArgs),
     /// RecallMessage of a 1M-recipient COMPLETED send vs its own fan-out; badges after.
@@ -93,6 +99,7 @@ async fn main() {
         Command::Announce(args) => announce::run(args).await,
         Command::Group(args) => group::run(args).await,
         Command::Events(args) => events::run(args).await,
+        Command::Edge(args) => edge::run(args).await,
         Command::Recipients(args) => recipients::run(args).await,
         Command::Recall(args) => recall::run(args).await,
         Command::Chaos(args) => chaos::run(args).await,
