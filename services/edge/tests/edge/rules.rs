@@ -1,6 +1,7 @@
 //! The browser rules: CORS from the allow-list, the per-user rate limit
 //! answered 429 with `Retry-After`, bad input answered 400 naming the field
-//! (and nothing written), bodies bounded, and the OpenAPI document served.
+//! (and nothing written), bodies bounded, the OpenAPI document served, and
+//! TLS on the listener when it has a certificate.
 
 use notify_testkit::spawn_app;
 use serde_json::json;
@@ -170,6 +171,56 @@ async fn the_openapi_document_is_served_and_names_every_call() {
     ] {
         assert!(answer.body["paths"].get(path).is_some(), "{path}");
     }
+    edge.stop().await;
+    app.cleanup().await;
+}
+
+#[tokio::test]
+async fn with_a_certificate_the_edge_serves_tls_only() {
+    use rustls::pki_types::pem::PemObject as _;
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+
+    let app = spawn_app().await;
+    let keys = crate::Keys::new();
+    let pki = notify_testkit::pki::TestPki::new("edge");
+    let files = pki.server("edge");
+    let mut settings = edge_settings(&app, &keys);
+    settings.edge.tls.cert_file = files.cert.to_string_lossy().into_owned();
+    settings.edge.tls.key_file = files.key.to_string_lossy().into_owned();
+    let edge = Edge::start_with(settings, keys).await;
+    let request = format!(
+        "GET /v1/badge HTTP/1.1\r\nHost: localhost\r\nAuthorization: Bearer {}\r\n\
+         Connection: close\r\n\r\n",
+        edge.token(8_400_041)
+    );
+
+    let mut roots = rustls::RootCertStore::empty();
+    for cert in rustls::pki_types::CertificateDer::pem_file_iter(&pki.ca).unwrap() {
+        roots.add(cert.unwrap()).unwrap();
+    }
+    let provider = std::sync::Arc::new(rustls::crypto::ring::default_provider());
+    let config = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    let connector = tokio_rustls::TlsConnector::from(std::sync::Arc::new(config));
+    let tcp = tokio::net::TcpStream::connect(edge.addr).await.unwrap();
+    let name = rustls::pki_types::ServerName::try_from("localhost").unwrap();
+    let mut tls = connector.connect(name, tcp).await.expect("a TLS handshake with the test CA");
+    tls.write_all(request.as_bytes()).await.unwrap();
+    let mut answer = String::new();
+    tls.read_to_string(&mut answer).await.unwrap();
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+    assert!(answer.contains("\"unread\":0"), "{answer}");
+
+    // Plaintext HTTP on the same port gets no answer of the edge's.
+    let mut plain = tokio::net::TcpStream::connect(edge.addr).await.unwrap();
+    plain.write_all(request.as_bytes()).await.unwrap();
+    let mut bytes = Vec::new();
+    let read = plain.read_to_end(&mut bytes);
+    let _ = tokio::time::timeout(std::time::Duration::from_secs(10), read).await;
+    assert!(!bytes.starts_with(b"HTTP/1.1 200"), "plaintext answered");
     edge.stop().await;
     app.cleanup().await;
 }
