@@ -18,7 +18,7 @@
 
 use std::collections::HashMap;
 use std::convert::Infallible;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 use axum::extract::State;
@@ -138,7 +138,7 @@ pub async fn stream(
         hub: edge.hub.clone(),
         stream: hub_stream,
         rx,
-        heartbeats: tokio::time::interval_at(tokio::time::Instant::now() + every, every),
+        heartbeats: tokio::time::interval_at(first_beat(every), every),
         shutdown,
         first_loss: matches!(start, Start::Resync(_)),
         pending: Vec::new(),
@@ -150,6 +150,17 @@ pub async fn stream(
     // Proxies that buffer (nginx) pass each event on at once.
     response.headers_mut().insert("x-accel-buffering", HeaderValue::from_static("no"));
     Ok(response)
+}
+
+/// The first heartbeat of a stream opened now: `every` from now, put off
+/// to the next whole second of the process's clock. Streams' heartbeats so
+/// fall on shared ticks, and the runtime wakes once for the many due at a
+/// tick rather than once for each.
+fn first_beat(every: Duration) -> tokio::time::Instant {
+    static EPOCH: OnceLock<tokio::time::Instant> = OnceLock::new();
+    let epoch = *EPOCH.get_or_init(tokio::time::Instant::now);
+    let due = (tokio::time::Instant::now() + every).duration_since(epoch);
+    epoch + Duration::from_secs(due.as_secs() + u64::from(due.subsec_nanos() > 0))
 }
 
 fn start_label(start: Start) -> &'static str {
@@ -190,7 +201,7 @@ impl Open {
     fn frame(&mut self, queued: Queued) -> Option<SseEvent> {
         match queued {
             Queued::Event { at, event } => {
-                let event = StreamEvent::from_proto(event)?;
+                let event = StreamEvent::from_proto(*event)?;
                 metrics::counter!("notify_edge_events_sent_total", "kind" => event.name())
                     .increment(1);
                 let mut frame = SseEvent::default().event(event.name()).data(event.data());

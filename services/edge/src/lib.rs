@@ -14,6 +14,7 @@
 
 pub mod error;
 pub mod events;
+pub mod http1;
 pub mod json;
 pub mod openapi;
 pub mod routes;
@@ -253,7 +254,9 @@ fn plain(
 }
 
 /// Serves HTTP/1.1 and HTTP/2 on each connection until `shutdown`; then
-/// waits up to `grace` for calls in flight.
+/// waits up to `grace` for calls in flight. A connection whose first
+/// request is an event stream over HTTP/1.1 is answered by [`http1`]
+/// without hyper's buffers; every other by hyper.
 async fn serve<S, C>(incoming: S, app: Router, shutdown: CancellationToken, grace: Duration)
 where
     S: futures::Stream<Item = std::io::Result<C>>,
@@ -277,11 +280,29 @@ where
             () = shutdown.cancelled() => break,
         };
         metrics::counter!("notify_edge_connections_total").increment(1);
-        let service = hyper_util::service::TowerToHyperService::new(app.clone());
-        let served = builder.serve_connection_with_upgrades(TokioIo::new(connection), service);
-        let served = graceful.watch(served.into_owned());
+        let (app, builder, watcher) = (app.clone(), builder.clone(), graceful.watcher());
+        let shutdown = shutdown.clone();
         tokio::spawn(async move {
-            if let Err(e) = served.await {
+            let first = tokio::select! {
+                first = http1::first_request(connection) => first,
+                // Nothing asked yet: nothing to finish.
+                () = shutdown.cancelled() => return,
+            };
+            let rewound = match first {
+                http1::First::Events(connection, request) => {
+                    // The stream ends when the edge drains, without a wait.
+                    drop(watcher);
+                    if let Err(e) = http1::answer(connection, request, app).await {
+                        tracing::debug!(error = %e, "event stream connection ended with an error");
+                    }
+                    return;
+                }
+                http1::First::Other(rewound) => rewound,
+                http1::First::Gone => return,
+            };
+            let service = hyper_util::service::TowerToHyperService::new(app);
+            let served = builder.serve_connection_with_upgrades(TokioIo::new(rewound), service);
+            if let Err(e) = watcher.watch(served.into_owned()).await {
                 tracing::debug!(error = %e, "connection ended with an error");
             }
         });

@@ -57,14 +57,15 @@ pub enum Queued {
     Event {
         /// Where it is.
         at: Option<Position>,
-        /// What it says.
-        event: Event,
+        /// What it says (boxed: each stream's queue holds its slots for
+        /// its whole life, so a slot is kept small).
+        event: Box<Event>,
     },
     /// Events of this stream were lost (it fell behind, or the bus lost
     /// some): a snapshot of each of its users follows.
     Lost,
     /// The stream ends with this status.
-    End(Status),
+    End(Box<Status>),
 }
 
 /// Where the hub reads the bus from.
@@ -167,7 +168,7 @@ impl Stream {
     /// caller coalesces) or the reader is gone.
     fn offer(&self, at: Option<Position>, event: Event) -> bool {
         let kind = event_kind(&event);
-        match self.tx.try_send(Queued::Event { at, event }) {
+        match self.tx.try_send(Queued::Event { at, event: Box::new(event) }) {
             Ok(()) => {
                 metrics::counter!("notify_events_sent_total", "kind" => kind).increment(1);
                 true
@@ -221,8 +222,11 @@ impl Stream {
 
     /// Ends the stream with `status` (waiting up to a second for room).
     pub async fn end(&self, status: Status) {
-        let _ =
-            tokio::time::timeout(Duration::from_secs(1), self.tx.send(Queued::End(status))).await;
+        let _ = tokio::time::timeout(
+            Duration::from_secs(1),
+            self.tx.send(Queued::End(Box::new(status))),
+        )
+        .await;
         self.closed.cancel();
     }
 
@@ -980,7 +984,10 @@ impl Hub {
                         if lost {
                             stream.tx.send(Queued::Lost).await?;
                         }
-                        stream.tx.send(Queued::Event { at, event: Event::Snapshot(snapshot) }).await
+                        stream
+                            .tx
+                            .send(Queued::Event { at, event: Box::new(Event::Snapshot(snapshot)) })
+                            .await
                     };
                     tokio::select! {
                         sent = queued => if sent.is_err() { return },

@@ -83,9 +83,9 @@ impl EventService for EventApi {
         // A gRPC stream's snapshot is its resync: the loss marker is the edge's.
         let responses = ReceiverStream::new(rx).filter_map(|queued| {
             std::future::ready(match queued {
-                Queued::Event { event, .. } => Some(Ok(SubscribeResponse { event: Some(event) })),
+                Queued::Event { event, .. } => Some(Ok(SubscribeResponse { event: Some(*event) })),
                 Queued::Lost => None,
-                Queued::End(status) => Some(Err(status)),
+                Queued::End(status) => Some(Err(*status)),
             })
         });
         Ok(Response::new(Box::pin(responses)))

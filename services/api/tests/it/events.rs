@@ -343,7 +343,7 @@ async fn a_stalled_reader_gets_snapshots_later_and_other_streams_stay_on_time() 
     while unread.len() < users.len() || unread.values().any(|u| *u != sends) {
         let next = tokio::time::timeout(Duration::from_secs(20), queued.recv()).await;
         let event = match next.expect("an event within 20 s").expect("open") {
-            Queued::Event { event, .. } => event,
+            Queued::Event { event, .. } => *event,
             Queued::Lost => continue,
             Queued::End(status) => panic!("the stream ended: {status}"),
         };

@@ -14,7 +14,7 @@ use notify_proto::v1;
 use notify_testkit::{TestApp, spawn_app, spawn_app_with, test_settings};
 use serde_json::{Value, json};
 
-use crate::{Edge, send};
+use crate::{Edge, ORIGIN, send};
 
 /// One SSE event: its name, data and id (a heartbeat has no name).
 #[derive(Debug, Clone)]
@@ -26,6 +26,8 @@ pub struct Frame {
 
 /// A reader of `/v1/events`.
 pub struct Events {
+    /// The answer's header fields.
+    pub headers: http::HeaderMap,
     body: Incoming,
     buffer: String,
     /// The last id seen (as `EventSource` keeps it).
@@ -33,22 +35,55 @@ pub struct Events {
 }
 
 impl Events {
-    /// Opens the stream as `token`'s user, resuming after `last_id`.
+    /// Opens the stream as `token`'s user, resuming after `last_id`, on a
+    /// connection of its own (the edge answers it without hyper).
     pub async fn open(addr: SocketAddr, token: &str, last_id: Option<&str>) -> Self {
         let client = Client::builder(TokioExecutor::new()).build_http::<Empty<Bytes>>();
-        let mut request = http::Request::get(format!("http://{addr}/v1/events"))
+        let request = Self::request(&format!("http://{addr}/v1/events"), token, last_id, None);
+        Self::from(client.request(request).await.unwrap(), last_id)
+    }
+
+    /// The request for the stream (`uri` absolute or a path), with an
+    /// `Origin` when given.
+    fn request(
+        uri: &str,
+        token: &str,
+        last_id: Option<&str>,
+        origin: Option<&str>,
+    ) -> http::Request<Empty<Bytes>> {
+        let mut request = http::Request::get(uri)
             .header("authorization", format!("Bearer {token}"))
             .header("accept", "text/event-stream");
         if let Some(id) = last_id {
             request = request.header("last-event-id", id);
         }
-        let response = client.request(request.body(Empty::new()).unwrap()).await.unwrap();
+        if let Some(origin) = origin {
+            request = request.header("origin", origin);
+        }
+        request.body(Empty::new()).unwrap()
+    }
+
+    /// The stream of an answer to [`Events::request`].
+    fn from(response: http::Response<Incoming>, last_id: Option<&str>) -> Self {
         assert_eq!(response.status(), 200);
         assert_eq!(response.headers()["content-type"], "text/event-stream");
         Self {
+            headers: response.headers().clone(),
             body: response.into_body(),
             buffer: String::new(),
             last_id: last_id.map(str::to_owned),
+        }
+    }
+
+    /// Waits (20 s at most) for the stream to end cleanly, skipping what
+    /// comes before the end.
+    pub async fn ended(&mut self) {
+        loop {
+            let next = tokio::time::timeout(Duration::from_secs(20), self.body.frame()).await;
+            match next.expect("the end within 20 s") {
+                None => return,
+                Some(frame) => drop(frame.expect("a clean end")),
+            }
         }
     }
 
@@ -149,6 +184,58 @@ async fn a_stream_starts_with_a_snapshot_then_follows_deliveries_reads_and_recal
     app.messages().recall_message(v1::RecallMessageRequest { message_id: before }).await.unwrap();
     assert_eq!(events.next("item_revoked").await.data["message_id"], before.to_string());
     edge.stop().await;
+    app.cleanup().await;
+}
+
+#[tokio::test]
+async fn a_stream_on_a_connection_of_its_own_and_one_after_another_call_say_the_same() {
+    let app = spawn_app().await;
+    let edge = Edge::start(&app).await;
+    let user = 8_300_041;
+    let token = edge.token(user);
+    // A stream as the first request of its connection: answered without
+    // hyper. Another after a badge call on one kept-alive connection:
+    // answered by hyper.
+    let own = Client::builder(TokioExecutor::new()).build_http::<Empty<Bytes>>();
+    let uri = format!("http://{}/v1/events", edge.addr);
+    let own = own.request(Events::request(&uri, &token, None, Some(ORIGIN))).await.unwrap();
+    let mut own = Events::from(own, None);
+    let tcp = tokio::net::TcpStream::connect(edge.addr).await.unwrap();
+    let (mut shared, connection) =
+        hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(tcp)).await.unwrap();
+    tokio::spawn(connection);
+    let badge = http::Request::get("/v1/badge")
+        .header("host", edge.addr.to_string())
+        .header("authorization", format!("Bearer {token}"))
+        .body(Empty::new())
+        .unwrap();
+    let badge = shared.send_request(badge).await.unwrap();
+    assert_eq!(badge.status(), 200);
+    badge.into_body().collect().await.unwrap();
+    let mut request = Events::request("/v1/events", &token, None, Some(ORIGIN));
+    request.headers_mut().insert("host", edge.addr.to_string().parse().unwrap());
+    let mut after = Events::from(shared.send_request(request).await.unwrap(), None);
+
+    for name in
+        ["content-type", "cache-control", "x-accel-buffering", "access-control-allow-origin"]
+    {
+        assert_eq!(own.headers.get(name), after.headers.get(name), "{name}");
+    }
+    assert_eq!(own.headers["access-control-allow-origin"], ORIGIN);
+    assert!(own.headers.contains_key("date"));
+    assert_eq!(own.next("snapshot").await.data, after.next("snapshot").await.data);
+    let id = delivered_to(&app, user).await;
+    let (mine, theirs) = (own.next("item_delivered").await, after.next("item_delivered").await);
+    assert_eq!(mine.data["message_id"], id.to_string());
+    assert_eq!((mine.data, mine.id), (theirs.data, theirs.id));
+    assert_eq!(own.next("badge").await.data, after.next("badge").await.data);
+    let (mine, theirs) = (own.settled().await, after.settled().await);
+    assert!(!mine.is_empty() && !theirs.is_empty(), "heartbeats carry positions on both");
+
+    // Draining ends both streams cleanly (their clients resume elsewhere).
+    edge.stop().await;
+    own.ended().await;
+    after.ended().await;
     app.cleanup().await;
 }
 
