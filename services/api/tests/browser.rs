@@ -78,13 +78,18 @@ impl Browser {
             "--disable-quic".to_owned(),
             "--disable-background-networking".to_owned(),
             "--disable-component-update".to_owned(),
-            // Nothing fetched from the internet: no first-run, sync,
-            // translation, hints or reliability reports.
+            // Nothing reaches the internet: no name but loopback resolves,
+            // no proxy from the environment is used, and Chromium's own
+            // services (first run, sync, time, autofill, translation,
+            // hints, reliability reports) stay off.
+            "--host-resolver-rules=MAP * ~NOTFOUND , EXCLUDE localhost , EXCLUDE 127.0.0.1"
+                .to_owned(),
+            "--no-proxy-server".to_owned(),
             "--no-first-run".to_owned(),
             "--disable-sync".to_owned(),
             "--disable-default-apps".to_owned(),
             "--disable-domain-reliability".to_owned(),
-            "--disable-features=Translate,OptimizationHints,MediaRouter".to_owned(),
+            "--disable-features=Translate,OptimizationHints,MediaRouter,NetworkTimeServiceQuerying,AutofillServerCommunication".to_owned(),
             "--no-pings".to_owned(),
             "--disable-dev-shm-usage".to_owned(),
             "--window-size=1280,1000".to_owned(),
