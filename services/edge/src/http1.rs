@@ -160,9 +160,9 @@ where
     io.flush().await?;
     drop(head);
     let mut body = std::pin::pin!(body);
-    // What the peer sends during an endless response is nothing to answer:
-    // read only to see it go.
-    let mut probe = [0u8; 64];
+    // Read only to see the peer go: a request sent behind an endless
+    // response would never be answered, so anything it sends ends it.
+    let mut probe = [0u8; 1];
     loop {
         tokio::select! {
             frame = body.frame() => match frame {
@@ -180,11 +180,7 @@ where
                     return io.shutdown().await;
                 }
             },
-            read = io.read(&mut probe) => match read {
-                Ok(0) => return Ok(()),
-                Ok(_) => {}
-                Err(e) => return Err(e),
-            },
+            read = io.read(&mut probe) => return read.map(drop),
         }
     }
 }

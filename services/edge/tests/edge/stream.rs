@@ -240,6 +240,44 @@ async fn a_stream_on_a_connection_of_its_own_and_one_after_another_call_say_the_
 }
 
 #[tokio::test]
+async fn a_stream_on_its_own_connection_is_chunked_and_ends_when_the_client_sends_more() {
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+    let app = spawn_app().await;
+    let edge = Edge::start(&app).await;
+    let mut tcp = tokio::net::TcpStream::connect(edge.addr).await.unwrap();
+    let request = format!(
+        "GET /v1/events HTTP/1.1\r\nhost: edge\r\nauthorization: Bearer {}\r\n\r\n",
+        edge.token(8_300_051)
+    );
+    tcp.write_all(request.as_bytes()).await.unwrap();
+    let mut seen = Vec::new();
+    while !String::from_utf8_lossy(&seen).contains("event: snapshot") {
+        let mut buf = [0u8; 1024];
+        let n = tokio::time::timeout(Duration::from_secs(20), tcp.read(&mut buf)).await;
+        let n = n.expect("the snapshot within 20 s").unwrap();
+        assert_ne!(n, 0, "open until the snapshot");
+        seen.extend_from_slice(&buf[..n]);
+    }
+    let seen = String::from_utf8_lossy(&seen).to_lowercase();
+    assert!(seen.starts_with("http/1.1 200 ok\r\n"), "{seen}");
+    for field in ["transfer-encoding: chunked\r\n", "connection: close\r\n"] {
+        assert!(seen.contains(field), "{field} in {seen}");
+    }
+    // Another request behind the endless answer is never answered: the
+    // edge closes the connection (a reset, as it leaves the request unread).
+    tcp.write_all(b"GET /v1/badge HTTP/1.1\r\nhost: edge\r\n\r\n").await.unwrap();
+    let mut rest = Vec::new();
+    let read = tokio::time::timeout(Duration::from_secs(20), tcp.read_to_end(&mut rest)).await;
+    match read.expect("closed within 20 s") {
+        Ok(_) => {}
+        Err(e) => assert_eq!(e.kind(), std::io::ErrorKind::ConnectionReset, "{e}"),
+    }
+    assert!(!String::from_utf8_lossy(&rest).contains("HTTP/1.1"), "no second answer");
+    edge.stop().await;
+    app.cleanup().await;
+}
+
+#[tokio::test]
 async fn a_stream_resumes_after_its_last_id_on_any_replica_with_nothing_lost() {
     let app = spawn_app().await;
     let first = Edge::start(&app).await;
