@@ -187,8 +187,9 @@ where
 
 /// One chunk of a chunked body: its length in hex, the data, CRLF.
 fn chunk(data: Bytes) -> Vec<u8> {
+    use std::io::Write as _;
     let mut chunk = Vec::with_capacity(data.len() + 12);
-    chunk.extend_from_slice(format!("{:x}\r\n", data.len()).as_bytes());
+    let _ = write!(chunk, "{:x}\r\n", data.len());
     chunk.extend_from_slice(&data);
     chunk.extend_from_slice(b"\r\n");
     chunk

@@ -1,7 +1,7 @@
 //! The least of an HTTP/1.1 client the edge bench needs, over one tokio
 //! `TcpStream`, so that 50,000 open event streams cost the load generator
 //! little: a request is written whole; the response head is read up to its
-//! blank line; a body comes by `Content-Length` or as chunks
+//! blank line and parsed by `httparse`; a body comes by `Content-Length` or as chunks
 //! (`Transfer-Encoding: chunked`), handed on as they arrive, since an event
 //! stream never ends.
 //!
@@ -78,10 +78,9 @@ impl Conn {
     /// Reads the response head.
     pub async fn head(&mut self) -> anyhow::Result<Head> {
         loop {
-            if let Some(end) = find(&self.raw, b"\r\n\r\n") {
-                let text = String::from_utf8_lossy(&self.raw[..end]).into_owned();
-                self.compact(end + 4);
-                return parse_head(&text);
+            if let Some((length, head)) = parse_head(&self.raw)? {
+                self.compact(length);
+                return Ok(head);
             }
             if !self.fill().await.context("reading a response head")? {
                 bail!("the connection closed before a response head");
@@ -132,25 +131,25 @@ pub fn find(haystack: &[u8], needle: &[u8]) -> Option<usize> {
     haystack.windows(needle.len()).position(|window| window == needle)
 }
 
-fn parse_head(text: &str) -> anyhow::Result<Head> {
-    let mut lines = text.split("\r\n");
-    let status_line = lines.next().unwrap_or_default();
-    let status = status_line
-        .split(' ')
-        .nth(1)
-        .and_then(|code| code.parse().ok())
-        .with_context(|| format!("not an HTTP status line: {status_line:?}"))?;
-    let mut head = Head { status, chunked: false, length: None };
-    for line in lines {
-        let Some((name, value)) = line.split_once(':') else { continue };
-        let value = value.trim();
-        if name.eq_ignore_ascii_case("transfer-encoding") {
+/// The head at the start of `raw` and its length, once it is whole
+/// (`httparse`, the parser hyper uses).
+fn parse_head(raw: &[u8]) -> anyhow::Result<Option<(usize, Head)>> {
+    let mut fields = [httparse::EMPTY_HEADER; 32];
+    let mut response = httparse::Response::new(&mut fields);
+    let length = match response.parse(raw).context("an HTTP response head")? {
+        httparse::Status::Complete(length) => length,
+        httparse::Status::Partial => return Ok(None),
+    };
+    let mut head = Head { status: response.code.unwrap_or_default(), chunked: false, length: None };
+    for field in response.headers.iter() {
+        let value = std::str::from_utf8(field.value).unwrap_or_default().trim();
+        if field.name.eq_ignore_ascii_case("transfer-encoding") {
             head.chunked = value.eq_ignore_ascii_case("chunked");
-        } else if name.eq_ignore_ascii_case("content-length") {
+        } else if field.name.eq_ignore_ascii_case("content-length") {
             head.length = value.parse().ok();
         }
     }
-    Ok(head)
+    Ok(Some((length, head)))
 }
 
 /// Decodes the whole chunks at the start of `raw` into `out`: (bytes
@@ -159,14 +158,11 @@ fn decode_chunks(raw: &[u8], out: &mut Vec<u8>) -> anyhow::Result<(usize, bool, 
     let mut at = 0;
     let mut got = false;
     loop {
-        let Some(line_end) = find(&raw[at..], b"\r\n") else {
-            return Ok((at, false, got));
+        let (start, size) = match httparse::parse_chunk_size(&raw[at..]) {
+            Ok(httparse::Status::Complete((line, size))) => (at + line, size as usize),
+            Ok(httparse::Status::Partial) => return Ok((at, false, got)),
+            Err(_) => bail!("not a chunk size line at byte {at}"),
         };
-        let line = std::str::from_utf8(&raw[at..at + line_end]).context("a chunk size line")?;
-        let hex = line.split(';').next().unwrap_or_default().trim();
-        let size = usize::from_str_radix(hex, 16)
-            .with_context(|| format!("not a chunk size: {line:?}"))?;
-        let start = at + line_end + 2;
         if size == 0 {
             // Trailers are not used by the edge; the body ends here.
             return Ok((raw.len(), true, got));
@@ -186,14 +182,16 @@ mod tests {
 
     #[test]
     fn a_head_says_how_its_body_is_framed() {
-        let head = parse_head(
-            "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\nTransfer-Encoding: chunked",
-        )
-        .unwrap();
+        let raw = b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n5\r\n";
+        let (length, head) = parse_head(raw).unwrap().expect("a whole head");
+        assert_eq!(length, raw.len() - 3);
         assert_eq!((head.status, head.chunked, head.length), (200, true, None));
-        let head = parse_head("HTTP/1.1 401 Unauthorized\r\ncontent-length: 12").unwrap();
+        let (_, head) = parse_head(b"HTTP/1.1 401 Unauthorized\r\ncontent-length: 12\r\n\r\n")
+            .unwrap()
+            .expect("a whole head");
         assert_eq!((head.status, head.chunked, head.length), (401, false, Some(12)));
-        assert!(parse_head("garbage").is_err());
+        assert!(parse_head(b"HTTP/1.1 200 OK\r\ncontent-").unwrap().is_none(), "partial");
+        assert!(parse_head(b"garbage\r\n\r\n").is_err());
     }
 
     #[test]

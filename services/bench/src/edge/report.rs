@@ -119,6 +119,17 @@ pub fn quantiles(histogram: &Histogram<u64>) -> String {
     )
 }
 
+/// Events expected once: once, covered by a resync, twice or more, missing.
+fn tally(tally: &[u64; 4]) -> String {
+    format!(
+        "once {}, covered by a resync {}, twice or more {}, missing {}",
+        thousands(tally[0]),
+        thousands(tally[1]),
+        thousands(tally[2]),
+        thousands(tally[3])
+    )
+}
+
 fn mb(kb: u64) -> f64 {
     kb as f64 / 1024.0
 }
@@ -173,8 +184,7 @@ pub fn summary(args: &EdgeArgs, f: &Figures) -> String {
         thousands(f.heartbeats)
     ));
     out.push_str(&format!(
-        "send to {} users, {} connected: item_delivered once {}, covered by a resync {}, \
-         twice or more {}, missing {}; badge with 1 unread {} of {}\n\
+        "send to {} users, {} connected: item_delivered {}; badge with 1 unread {} of {}\n\
          \x20 commit -> client {} ({}, target p99 < 250 ms; {} without a commit time)\n\
          \x20 of which commit -> published (the worker) {}, published -> client {}\n\
          \x20 the worker: commit -> a transaction's first publish {}; then each of its up to {} \
@@ -185,10 +195,7 @@ pub fn summary(args: &EdgeArgs, f: &Figures) -> String {
          \x20 every event {:.1} s after StartMessage; edge cpu {:.2} s\n",
         thousands(args.recipients),
         thousands(f.held as u64),
-        thousands(d.tally[0]),
-        thousands(d.tally[1]),
-        thousands(d.tally[2]),
-        thousands(d.tally[3]),
+        tally(&d.tally),
         thousands(d.badged as u64),
         thousands(f.held as u64),
         quantiles(&d.commit),
@@ -208,8 +215,7 @@ pub fn summary(args: &EdgeArgs, f: &Figures) -> String {
     let calls = &r.calls;
     out.push_str(&format!(
         "mark-reads: {} calls ({} failed) over {} connections in {:.1} s ({:.0}/s), call p50 \
-         {:.1} ms, p99 {:.1} ms; item_updated once {}, covered by a resync {}, twice or more {}, \
-         missing {}; badge with 0 unread {} of {}\n\
+         {:.1} ms, p99 {:.1} ms; item_updated {}; badge with 0 unread {} of {}\n\
          \x20 call sent -> item_updated {}; edge cpu {:.2} s{}\n",
         thousands(calls.ok + calls.failed),
         thousands(calls.failed),
@@ -218,10 +224,7 @@ pub fn summary(args: &EdgeArgs, f: &Figures) -> String {
         calls.ok as f64 / calls.secs.max(1e-9),
         calls.latency.value_at_quantile(0.5) as f64 / 1000.0,
         calls.latency.value_at_quantile(0.99) as f64 / 1000.0,
-        thousands(r.tally[0]),
-        thousands(r.tally[1]),
-        thousands(r.tally[2]),
-        thousands(r.tally[3]),
+        tally(&r.tally),
         thousands(r.unbadged as u64),
         thousands(r.readers as u64),
         quantiles(&r.latency),
