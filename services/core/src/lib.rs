@@ -34,6 +34,7 @@ pub mod shard_map;
 pub mod status;
 pub mod sweeper;
 pub mod telemetry;
+pub mod user_tokens;
 pub mod webhooks;
 
 pub use context::Context;
