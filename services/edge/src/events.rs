@@ -79,6 +79,7 @@ impl Drop for Slot {
 #[utoipa::path(get, path = "/v1/events", tag = "events",
     params(
         ("Last-Event-ID" = Option<String>, Header, description = "the last id received: resume after it"),
+        ("last_event_id" = Option<String>, Query, description = "the same, for a client that opens a new stream itself (an EventSource cannot set headers); the header wins when both are sent"),
         ("access_token" = Option<String>, Query, description = "the user token, for clients that cannot set Authorization (a browser's EventSource)"),
     ),
     responses((status = 200, description = "Server-Sent Events: snapshot, item_delivered, item_updated, item_revoked, group_message, badge, resync", content_type = "text/event-stream"),
@@ -90,7 +91,7 @@ pub async fn stream(
     headers: HeaderMap,
     query: Query,
 ) -> ApiResult<Response> {
-    query.only(&["access_token"])?;
+    query.only(&["access_token", "last_event_id"])?;
     let user = match query.string("access_token") {
         token if !token.is_empty() => {
             edge.tokens.verify_token(&token).map_err(ApiError::unauthenticated)?.user
@@ -119,11 +120,14 @@ pub async fn stream(
                 None,
             )
         })?;
-    // A malformed id is one the history cannot know: a resync.
+    // A malformed id is one the history cannot know: a resync. The header
+    // (a browser's own reconnect) wins over the parameter (the page's).
+    let parameter = query.string("last_event_id");
     let resume = headers
         .get("last-event-id")
         .and_then(|value| value.to_str().ok())
         .filter(|value| !value.is_empty())
+        .or((!parameter.is_empty()).then_some(parameter.as_str()))
         .map(|value| value.parse::<Position>().unwrap_or(Position { offset: 0, stamp: 1 }));
     let (hub_stream, rx, start) =
         edge.hub.open_user(user.get(), resume).await.map_err(crate::routes::from_status)?;
