@@ -1,0 +1,64 @@
+/**
+ * The live stream: an `EventSource` on `GET /v1/events` that this module
+ * reopens itself, rather than leaving it to the browser, so that every
+ * reconnect carries a fresh token and the last event id seen
+ * (`last_event_id`), and waits a jittered, growing delay (and any
+ * `Retry-After` the edge gave) in between.
+ */
+import { type BackoffOptions } from "./backoff.js";
+import type { NotifyClient } from "./client.js";
+import { NotifyError } from "./errors.js";
+import type { Status, StreamEvent, StreamEventName } from "./types.js";
+/** The part of `EventSource` the stream uses (a test passes a fake). */
+export interface EventSourceLike {
+    addEventListener(type: string, listener: (event: MessageEvent) => void): void;
+    onopen: ((event: Event) => void) | null;
+    onerror: ((event: Event) => void) | null;
+    close(): void;
+}
+/** A constructor of `EventSource`s. */
+export type EventSourceConstructor = new (url: string) => EventSourceLike;
+/** `setTimeout` and `clearTimeout` (a test passes fakes). */
+export interface Timers {
+    setTimeout(callback: () => void, ms: number): unknown;
+    clearTimeout(handle: unknown): void;
+}
+/** The global timers. */
+export declare const globalTimers: Timers;
+/** Every event the edge sends. */
+export declare const EVENT_NAMES: readonly StreamEventName[];
+/** What the stream needs and whom it tells. */
+export interface EventStreamOptions {
+    client: NotifyClient;
+    /** Called with each event, in order. */
+    onEvent(event: StreamEvent): void;
+    /** Called when the connection's state changes, with the error that took it down. */
+    onStatus(status: Status, error: NotifyError | null): void;
+    /** Where to resume: the last id a previous connection (or another tab) saw. */
+    lastEventId?: string;
+    EventSource?: EventSourceConstructor;
+    timers?: Timers;
+    backoff?: BackoffOptions;
+    now?: () => number;
+}
+/** One user's live stream, reconnecting until stopped. */
+export declare class EventStream {
+    private readonly options;
+    /** The id of the last event received (what the next connection resumes after). */
+    lastEventId: string;
+    private source;
+    private timer;
+    private attempt;
+    private running;
+    private readonly EventSourceImpl;
+    private readonly timers;
+    private readonly now;
+    constructor(options: EventStreamOptions);
+    /** Opens the stream (and keeps it open). */
+    start(): void;
+    /** Closes it, and stops reconnecting. */
+    stop(): void;
+    private connect;
+    /** Schedules the next connection after the backoff delay, or the edge's `Retry-After` if later. */
+    private retry;
+}

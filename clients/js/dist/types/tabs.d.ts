@@ -1,0 +1,75 @@
+/**
+ * One connection for all the tabs of one user: the tabs elect a leader
+ * with the Web Locks API (the lock is held while the leader's tab lives,
+ * and passes to a waiting tab when it closes), and the leader fans its
+ * stream out to the others over a `BroadcastChannel`. Without either API,
+ * every tab leads alone.
+ */
+import type { NotifyErrorFields } from "./errors.js";
+import type { Badge, Status, StreamEvent } from "./types.js";
+/** The part of `navigator.locks` used. */
+export interface LockManagerLike {
+    request(name: string, options: {
+        signal?: AbortSignal;
+    }, callback: () => Promise<void>): Promise<unknown>;
+}
+/** The part of `BroadcastChannel` used. */
+export interface BroadcastChannelLike {
+    postMessage(message: unknown): void;
+    onmessage: ((event: MessageEvent) => void) | null;
+    close(): void;
+}
+/** A constructor of `BroadcastChannel`s. */
+export type BroadcastChannelConstructor = new (name: string) => BroadcastChannelLike;
+/** What the tabs tell each other. */
+export type TabMessage = 
+/** The leader's stream sent an event. */
+{
+    kind: "event";
+    event: StreamEvent;
+}
+/** The leader's connection changed state. */
+ | {
+    kind: "status";
+    status: Status;
+    error: NotifyErrorFields | null;
+}
+/** A new tab asks the leader for its state. */
+ | {
+    kind: "hello";
+}
+/** The leader's answer to `hello`. */
+ | {
+    kind: "state";
+    badge: Badge | null;
+    status: Status;
+    error: NotifyErrorFields | null;
+    lastEventId: string;
+};
+/** What a tab does as leader or follower. */
+export interface TabHandlers {
+    /** This tab now holds the lock: open the stream. */
+    lead(): void;
+    /** A message from another tab. */
+    receive(message: TabMessage): void;
+}
+/** This tab's place among the user's tabs. */
+export declare class TabLink {
+    private readonly name;
+    private readonly handlers;
+    private readonly locks;
+    private readonly BroadcastChannelImpl;
+    /** Whether this tab holds the connection. */
+    leading: boolean;
+    private channel;
+    private abort;
+    private release;
+    constructor(name: string, handlers: TabHandlers, locks: LockManagerLike | null | undefined, BroadcastChannelImpl: BroadcastChannelConstructor | null | undefined);
+    /** Joins the tabs: leads now when alone, else waits for the lock and follows meanwhile. */
+    start(): void;
+    /** Tells the other tabs (none when alone). */
+    post(message: TabMessage): void;
+    /** Leaves: gives the lock up (another tab takes over) or stops waiting for it. */
+    stop(): void;
+    private becomeLeader;
+}
