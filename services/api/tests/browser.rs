@@ -13,128 +13,37 @@
 //! `docs/console-recipients.png` and `docs/console-user.png` come from this
 //! test).
 
-use std::path::{Path, PathBuf};
-use std::process::Stdio;
 use std::time::Duration;
 
-use fantoccini::{Client, ClientBuilder, Locator};
+use fantoccini::Locator;
 use notify_proto::v1::message_service_client::MessageServiceClient;
+use notify_testkit::browser::Browser;
 use notify_testkit::{
     authed, eventually, http_get, metric_sum, send_request, spawn_app_with, test_settings,
     with_clients,
 };
-use tokio::process::{Child, Command};
 
 /// Recipients of the send the test watches.
 const RECIPIENTS: u64 = 6_000;
 /// The first of them.
 const FIRST_USER: u64 = 7_100_001;
 
-/// Finds a program on the PATH or in /usr/bin and /usr/lib/chromium.
-fn program(name: &str) -> PathBuf {
-    let path = std::env::var_os("PATH").unwrap_or_default();
-    std::env::split_paths(&path)
-        .chain([PathBuf::from("/usr/bin"), PathBuf::from("/usr/lib/chromium")])
-        .map(|dir| dir.join(name))
-        .find(|candidate| candidate.is_file())
-        .unwrap_or_else(|| {
-            panic!(
-                "{name} is not installed: the console's browser test needs Debian's chromium and \
-                 chromium-driver (scripts/test installs them; or apt-get install chromium \
-                 chromium-driver)"
-            )
-        })
-}
-
-/// A headless Chromium session, its chromedriver and its fresh profile.
-struct Browser {
-    client: Client,
-    driver: Child,
-    _profile: tempfile::TempDir,
-}
-
-impl Browser {
-    async fn start() -> Self {
-        let chromium = program("chromium");
-        let chromedriver = program("chromedriver");
-        let port = notify_testkit::servers::free_port();
-        let driver = Command::new(chromedriver)
-            .arg(format!("--port={port}"))
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .kill_on_drop(true)
-            .spawn()
-            .expect("chromedriver starts");
-        let url = format!("http://127.0.0.1:{port}");
-        eventually("chromedriver to listen", Duration::from_secs(20), || async {
-            tokio::net::TcpStream::connect(("127.0.0.1", port)).await.ok().map(|_| ())
-        })
-        .await;
-        let profile = tempfile::Builder::new().prefix("notify-chromium-").tempdir().expect("dir");
-        let args = [
-            "--headless=new".to_owned(),
-            "--no-sandbox".to_owned(),
-            "--disable-gpu".to_owned(),
-            "--disable-quic".to_owned(),
-            "--disable-background-networking".to_owned(),
-            "--disable-component-update".to_owned(),
-            // Nothing reaches the internet: no name but loopback resolves,
-            // no proxy from the environment is used, and Chromium's own
-            // services (first run, sync, time, autofill, translation,
-            // hints, reliability reports) stay off.
-            "--host-resolver-rules=MAP * ~NOTFOUND , EXCLUDE localhost , EXCLUDE 127.0.0.1"
-                .to_owned(),
-            "--no-proxy-server".to_owned(),
-            "--no-first-run".to_owned(),
-            "--disable-sync".to_owned(),
-            "--disable-default-apps".to_owned(),
-            "--disable-domain-reliability".to_owned(),
-            "--disable-features=Translate,OptimizationHints,MediaRouter,NetworkTimeServiceQuerying,AutofillServerCommunication".to_owned(),
-            "--no-pings".to_owned(),
-            "--disable-dev-shm-usage".to_owned(),
-            "--window-size=1280,1000".to_owned(),
-            format!("--user-data-dir={}", profile.path().display()),
-        ];
-        let capabilities = serde_json::json!({
-            "goog:chromeOptions": { "binary": chromium, "args": args },
-            "unhandledPromptBehavior": "ignore",
-        });
-        let serde_json::Value::Object(capabilities) = capabilities else { unreachable!() };
-        let connector = hyper_util::client::legacy::connect::HttpConnector::new();
-        let client = ClientBuilder::new(connector)
-            .capabilities(capabilities)
-            .connect(&url)
-            .await
-            .expect("a chromium session");
-        Self { client, driver, _profile: profile }
-    }
-
-    async fn stop(mut self) {
-        let _ = self.client.close().await;
-        let _ = self.driver.kill().await;
-    }
-
-    async fn text(&self, css: &str) -> String {
-        self.client.find(Locator::Css(css)).await.expect(css).text().await.expect("text")
-    }
-
+/// The console's own readings of its pages.
+trait ConsolePage {
     /// A counter of the send's page as a number (`6,000` reads 6000).
+    async fn counter(&self, name: &str) -> u64;
+    /// Presses a button whose confirmation is expected; returns its text.
+    async fn press_confirmed(&self, action: &str) -> String;
+    /// Saves the page as `name` when `NOTIFY_CONSOLE_SCREENSHOTS` is set.
+    async fn shot(&self, name: &str);
+}
+
+impl ConsolePage for Browser {
     async fn counter(&self, name: &str) -> u64 {
         let text = self.text(&format!("[data-counter=\"{name}\"]")).await;
         text.replace(',', "").parse().unwrap_or_else(|_| panic!("{name}: {text:?}"))
     }
 
-    /// Waits for an element, as a person waits for a page.
-    async fn wait_for(&self, css: &str, within: Duration) -> fantoccini::elements::Element {
-        self.client
-            .wait()
-            .at_most(within)
-            .for_element(Locator::Css(css))
-            .await
-            .unwrap_or_else(|e| panic!("{css} never showed: {e}"))
-    }
-
-    /// Presses a button whose confirmation is expected; returns its text.
     async fn press_confirmed(&self, action: &str) -> String {
         let button = format!("button[data-action=\"{action}\"]");
         self.client.find(Locator::Css(&button)).await.expect(&button).click().await.expect("click");
@@ -143,11 +52,8 @@ impl Browser {
         asked
     }
 
-    async fn screenshot(&self, name: &str) {
-        let Some(dir) = std::env::var_os("NOTIFY_CONSOLE_SCREENSHOTS") else { return };
-        let png = self.client.screenshot().await.expect("screenshot");
-        let path = Path::new(&dir).join(name);
-        std::fs::write(&path, png).expect("screenshot written");
+    async fn shot(&self, name: &str) {
+        self.screenshot("NOTIFY_CONSOLE_SCREENSHOTS", name).await;
     }
 }
 
@@ -183,7 +89,7 @@ async fn an_operator_watches_pauses_resumes_and_looks_up_a_recipient() {
     let id =
         messages.send_message(send_request(users)).await.expect("send").into_inner().message_id;
 
-    let browser = Browser::start().await;
+    let browser = Browser::start(1280, 1000).await;
     let web = &browser.client;
 
     // Log in: the login page comes first, then where it was asked for.
@@ -219,7 +125,7 @@ async fn an_operator_watches_pauses_resumes_and_looks_up_a_recipient() {
         (browser.counter("delivered").await >= RECIPIENTS / 5).then_some(())
     })
     .await;
-    browser.screenshot("console-send.png").await;
+    browser.shot("console-send.png").await;
     let marker = web.execute("return window.notifyMarker;", vec![]).await.expect("read mark");
     assert_eq!(marker, "still the same page", "the page advanced without a reload");
     let width = web
@@ -250,7 +156,7 @@ async fn an_operator_watches_pauses_resumes_and_looks_up_a_recipient() {
     );
     let at_pause = browser.counter("delivered").await;
     assert!(at_pause < RECIPIENTS, "paused half-way: {at_pause}");
-    browser.screenshot("console-send-paused.png").await;
+    browser.shot("console-send-paused.png").await;
 
     // Resume: it completes, the page shows the exact totals.
     let asked = browser.press_confirmed("resume").await;
@@ -282,7 +188,7 @@ async fn an_operator_watches_pauses_resumes_and_looks_up_a_recipient() {
     let first = user_ids(web.find_all(Locator::Css(row)).await.expect("rows")).await;
     assert_eq!(first.len(), 50, "a full page of unread recipients");
     assert!(first.windows(2).all(|w| w[0] < w[1]), "in user order");
-    browser.screenshot("console-recipients.png").await;
+    browser.shot("console-recipients.png").await;
     web.find(Locator::LinkText("Next recipients →"))
         .await
         .expect("next")
@@ -297,7 +203,7 @@ async fn an_operator_watches_pauses_resumes_and_looks_up_a_recipient() {
     web.goto(&format!("{console}/console/users?user_id={FIRST_USER}")).await.expect("goto");
     browser.wait_for(&format!("tr[data-item=\"{id}\"]"), Duration::from_secs(10)).await;
     assert_eq!(browser.text("[data-badge=\"unread\"]").await, "1");
-    browser.screenshot("console-user.png").await;
+    browser.shot("console-user.png").await;
 
     // Nothing the page did broke its policy...
     assert_eq!(csp_violations().await, violations_before, "the pages reported a violation");

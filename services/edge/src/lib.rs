@@ -12,12 +12,14 @@
 //! binds; [`Application::run_until_stopped`] serves until the shutdown
 //! token is cancelled.
 
+pub mod dev;
 pub mod error;
 pub mod events;
 pub mod http1;
 pub mod json;
 pub mod openapi;
 pub mod routes;
+pub mod sdk;
 pub mod tokens;
 
 use std::net::SocketAddr;
@@ -75,6 +77,8 @@ pub struct Edge {
     pub hub: Hub,
     /// Open streams per user, bounded by `edge.max_streams_per_user`.
     pub streams: events::StreamCounts,
+    /// Whether the development example page is served ([`dev::enabled`]).
+    pub dev_example: bool,
 }
 
 /// A built, bound, not yet serving edge.
@@ -167,7 +171,11 @@ impl Application {
             quotas: Arc::new(Quotas::new(self.ctx.cache.clone())),
             hub,
             streams: events::StreamCounts::default(),
+            dev_example: dev::enabled(&self.ctx.settings, self.listener.local_addr()?),
         };
+        if edge.dev_example {
+            info!("the development example page is served at /dev/ (authentication is off)");
+        }
         let app = router(edge, shutdown.clone());
         let addr = self.listener.local_addr()?;
         let transport = if self.tls.is_some() { "tls" } else { "plaintext" };
@@ -195,6 +203,7 @@ impl Application {
 /// The routes, behind CORS.
 pub fn router(edge: Edge, shutdown: CancellationToken) -> Router {
     let cors = cors(&edge.ctx.settings.edge.allowed_origins);
+    let dev = if edge.dev_example { dev::routes() } else { Router::new() };
     Router::new()
         .route("/v1/inbox", get(routes::inbox))
         .route("/v1/badge", get(routes::badge))
@@ -205,6 +214,8 @@ pub fn router(edge: Edge, shutdown: CancellationToken) -> Router {
         .route("/v1/groups/{group_id}/ack", post(routes::group_ack))
         .route("/v1/events", get(events::stream))
         .route("/v1/openapi.json", get(openapi::document))
+        .route("/v1/sdk/notify-inbox.js", get(sdk::bundle))
+        .merge(dev)
         .fallback(|| async {
             error::ApiError::from(notify_domain::Error::NotFound("route".into()))
         })

@@ -4,6 +4,7 @@
 //! afterwards. [`pki`] makes test certificates; [`servers`] starts private
 //! Redis, MariaDB and RabbitMQ instances for tests that need their own.
 
+pub mod browser;
 mod config_file;
 pub mod console;
 pub mod faults;
@@ -15,7 +16,7 @@ pub mod servers;
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use notify_api::Application;
@@ -587,6 +588,20 @@ async fn delete_keys(settings: &Settings) {
         if !keys.is_empty() {
             let _: Result<(), _> = conn.del(keys).await;
         }
+    }
+}
+
+/// The binary a test starts: `built`, the path cargo gives as
+/// `CARGO_BIN_EXE_<name>`, or its copy in `NOTIFY_TEST_BIN_DIR` when that is
+/// set. `scripts/test` copies the test build's binaries there, so the
+/// release build it runs beside the tests may replace those of
+/// `target/release` while no test ever starts one half-replaced, or one
+/// built otherwise.
+pub fn bin(built: &str) -> PathBuf {
+    let built = Path::new(built);
+    match (std::env::var_os("NOTIFY_TEST_BIN_DIR"), built.file_name()) {
+        (Some(dir), Some(name)) => Path::new(&dir).join(name),
+        _ => built.to_path_buf(),
     }
 }
 

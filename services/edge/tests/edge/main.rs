@@ -4,8 +4,10 @@
 //! browser rules.
 
 mod auth;
+mod browser;
 mod calls;
 mod rules;
+mod sdk;
 mod stream;
 
 use std::net::SocketAddr;
@@ -236,6 +238,19 @@ pub async fn call(
     headers: &[(&str, &str)],
     body: Option<&str>,
 ) -> Answer {
+    let (status, headers, bytes) = call_raw(addr, method, path, headers, body).await;
+    let body = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
+    Answer { status, headers, body }
+}
+
+/// [`call`], answering the body's bytes as they came.
+pub async fn call_raw(
+    addr: SocketAddr,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: Option<&str>,
+) -> (u16, http::HeaderMap, Bytes) {
     let client: Client<HttpConnector, Full<Bytes>> =
         Client::builder(TokioExecutor::new()).build_http();
     let mut request = http::Request::builder().method(method).uri(format!("http://{addr}{path}"));
@@ -250,8 +265,7 @@ pub async fn call(
     let status = response.status().as_u16();
     let headers = response.headers().clone();
     let bytes = response.into_body().collect().await.unwrap().to_bytes();
-    let body = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
-    Answer { status, headers, body }
+    (status, headers, bytes)
 }
 
 /// `GET path` as `token`'s user.
