@@ -7,13 +7,14 @@ use notify_proto::v1;
 use notify_testkit::{spawn_app_with, test_settings};
 
 async fn notifyctl(addr: std::net::SocketAddr, args: &[&str]) -> String {
-    let output: Output = tokio::process::Command::new(env!("CARGO_BIN_EXE_notifyctl"))
-        .arg("--addr")
-        .arg(format!("http://{addr}"))
-        .args(args)
-        .output()
-        .await
-        .expect("notifyctl runs");
+    let output: Output =
+        tokio::process::Command::new(notify_testkit::bin(env!("CARGO_BIN_EXE_notifyctl")))
+            .arg("--addr")
+            .arg(format!("http://{addr}"))
+            .args(args)
+            .output()
+            .await
+            .expect("notifyctl runs");
     let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(output.status.success(), "notifyctl {args:?} failed: {stderr}");
@@ -132,14 +133,15 @@ async fn output_into_a_closed_pipe_ends_quietly() {
     let app = spawn_app_with(test_settings(), true).await;
     let id = app.send((9_600_001..=9_600_003).collect()).await;
     app.wait_for_status(id, v1::MessageStatus::Completed).await;
-    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_notifyctl"))
-        .arg("--addr")
-        .arg(format!("http://{}", app.addr))
-        .args(["recipients", &id.to_string(), "--all"])
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .expect("notifyctl runs");
+    let mut child =
+        tokio::process::Command::new(notify_testkit::bin(env!("CARGO_BIN_EXE_notifyctl")))
+            .arg("--addr")
+            .arg(format!("http://{}", app.addr))
+            .args(["recipients", &id.to_string(), "--all"])
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .expect("notifyctl runs");
     // The reader is gone before the first line is written.
     drop(child.stdout.take());
     let output = child.wait_with_output().await.unwrap();
@@ -151,7 +153,7 @@ async fn output_into_a_closed_pipe_ends_quietly() {
 
 /// Runs notifyctl with extra environment; returns (exit code, stdout, stderr).
 async fn notifyctl_env(env: &[(&str, &str)], args: &[&str]) -> (i32, String, String) {
-    let output = tokio::process::Command::new(env!("CARGO_BIN_EXE_notifyctl"))
+    let output = tokio::process::Command::new(notify_testkit::bin(env!("CARGO_BIN_EXE_notifyctl")))
         .envs(env.iter().copied())
         .args(args)
         .output()
@@ -216,14 +218,15 @@ async fn token_health_send_and_audit_against_an_api_with_tls_and_tokens() {
 async fn tail_prints_snapshots_then_items_as_they_arrive() {
     use tokio::io::{AsyncBufReadExt, BufReader};
     let app = spawn_app_with(test_settings(), true).await;
-    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_notifyctl"))
-        .arg("--addr")
-        .arg(format!("http://{}", app.addr))
-        .args(["tail", "--users", "42,43"])
-        .stdout(std::process::Stdio::piped())
-        .kill_on_drop(true)
-        .spawn()
-        .expect("notifyctl runs");
+    let mut child =
+        tokio::process::Command::new(notify_testkit::bin(env!("CARGO_BIN_EXE_notifyctl")))
+            .arg("--addr")
+            .arg(format!("http://{}", app.addr))
+            .args(["tail", "--users", "42,43"])
+            .stdout(std::process::Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()
+            .expect("notifyctl runs");
     let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
     let mut next = async || {
         let line = tokio::time::timeout(std::time::Duration::from_secs(20), lines.next_line());

@@ -507,16 +507,17 @@ impl ApiProcess {
     async fn start(app: &TestApp, broker: std::net::SocketAddr) -> Self {
         let free = || std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap();
         let addr = free();
-        let child = tokio::process::Command::new(env!("CARGO_BIN_EXE_notify-api"))
-            .env("NOTIFY_CONFIG", app.write_config_file())
-            .env("NOTIFY_API__LISTEN", addr.to_string())
-            .env("NOTIFY_API__METRICS_LISTEN", free().to_string())
-            .env("NOTIFY_RABBITMQ__URL", format!("amqp://guest:guest@{broker}/%2f"))
-            .stdout(std::process::Stdio::null())
-            .stderr(std::process::Stdio::inherit())
-            .kill_on_drop(true)
-            .spawn()
-            .expect("api binary starts");
+        let child =
+            tokio::process::Command::new(notify_testkit::bin(env!("CARGO_BIN_EXE_notify-api")))
+                .env("NOTIFY_CONFIG", app.write_config_file())
+                .env("NOTIFY_API__LISTEN", addr.to_string())
+                .env("NOTIFY_API__METRICS_LISTEN", free().to_string())
+                .env("NOTIFY_RABBITMQ__URL", format!("amqp://guest:guest@{broker}/%2f"))
+                .stdout(std::process::Stdio::null())
+                .stderr(std::process::Stdio::inherit())
+                .kill_on_drop(true)
+                .spawn()
+                .expect("api binary starts");
         let channel = eventually("the api process accepts calls", Duration::from_secs(30), || {
             let uri = format!("http://{addr}");
             async move { tonic::transport::Channel::from_shared(uri).unwrap().connect().await.ok() }

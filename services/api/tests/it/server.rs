@@ -296,16 +296,17 @@ async fn the_binary_serves_on_one_thread_or_a_pool_and_stops_on_sigterm() {
     let config = app.write_config_file();
     for threads in ["1", "2", "0"] {
         let addr = free_addr();
-        let mut api = tokio::process::Command::new(env!("CARGO_BIN_EXE_notify-api"))
-            .env("NOTIFY_CONFIG", &config)
-            .env("NOTIFY_API__LISTEN", &addr)
-            .env("NOTIFY_API__METRICS_LISTEN", free_addr())
-            .env("NOTIFY_API__WORKER_THREADS", threads)
-            .stdout(Stdio::null())
-            .stderr(Stdio::inherit())
-            .kill_on_drop(true)
-            .spawn()
-            .expect("api binary starts");
+        let mut api =
+            tokio::process::Command::new(notify_testkit::bin(env!("CARGO_BIN_EXE_notify-api")))
+                .env("NOTIFY_CONFIG", &config)
+                .env("NOTIFY_API__LISTEN", &addr)
+                .env("NOTIFY_API__METRICS_LISTEN", free_addr())
+                .env("NOTIFY_API__WORKER_THREADS", threads)
+                .stdout(Stdio::null())
+                .stderr(Stdio::inherit())
+                .kill_on_drop(true)
+                .spawn()
+                .expect("api binary starts");
         let channel = eventually("the api binary accepts calls", Duration::from_secs(30), || {
             let uri = format!("http://{addr}");
             async move { tonic::transport::Channel::from_shared(uri).unwrap().connect().await.ok() }
@@ -455,7 +456,8 @@ async fn readiness_follows_mysql_and_rabbitmq_while_redis_only_degrades() {
 #[tokio::test]
 async fn the_binary_exits_2_on_bad_settings_and_1_when_a_shard_is_out_of_reach() {
     let run = |env: &[(&str, &str)]| {
-        let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_notify-api"));
+        let mut command =
+            std::process::Command::new(notify_testkit::bin(env!("CARGO_BIN_EXE_notify-api")));
         command.env_remove("NOTIFY_CONFIG").stdout(Stdio::null());
         for (key, value) in env {
             command.env(key, value);

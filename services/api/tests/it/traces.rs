@@ -39,7 +39,8 @@ fn spawn_exporting(
 
 /// notify-worker, built beside notify-api by `cargo test --workspace`.
 fn worker_binary() -> PathBuf {
-    let worker = Path::new(env!("CARGO_BIN_EXE_notify-api")).with_file_name("notify-worker");
+    let worker =
+        notify_testkit::bin(env!("CARGO_BIN_EXE_notify-api")).with_file_name("notify-worker");
     assert!(
         worker.exists(),
         "{} is missing: run the tests with --workspace (or cargo build -p notify-worker)",
@@ -77,7 +78,7 @@ async fn one_send_is_one_trace_from_the_call_to_every_chunks_apply() {
     let receiver = OtlpReceiver::start().await;
     let api_addr = free();
     let _api = spawn_exporting(
-        Path::new(env!("CARGO_BIN_EXE_notify-api")),
+        &notify_testkit::bin(env!("CARGO_BIN_EXE_notify-api")),
         &app,
         &receiver,
         &[
@@ -207,7 +208,7 @@ async fn a_stream_that_fails_is_traced_with_the_code_in_its_trailers() {
     let receiver = OtlpReceiver::start().await;
     let api_addr = free();
     let _api = spawn_exporting(
-        Path::new(env!("CARGO_BIN_EXE_notify-api")),
+        &notify_testkit::bin(env!("CARGO_BIN_EXE_notify-api")),
         &app,
         &receiver,
         &[

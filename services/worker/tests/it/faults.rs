@@ -24,7 +24,7 @@ async fn wait_completed(app: &TestApp, message_id: u64) -> v1::Message {
 }
 
 fn spawn_worker_process(app: &TestApp) -> tokio::process::Child {
-    tokio::process::Command::new(env!("CARGO_BIN_EXE_notify-worker"))
+    tokio::process::Command::new(notify_testkit::bin(env!("CARGO_BIN_EXE_notify-worker")))
         .env("NOTIFY_CONFIG", app.write_config_file())
         .stdout(Stdio::null())
         .stderr(Stdio::inherit())
