@@ -82,7 +82,7 @@ impl Drop for Slot {
         ("last_event_id" = Option<String>, Query, description = "the same, for a client that opens a new stream itself (an EventSource cannot set headers); the header wins when both are sent"),
         ("access_token" = Option<String>, Query, description = "the user token, for clients that cannot set Authorization (a browser's EventSource)"),
     ),
-    responses((status = 200, description = "Server-Sent Events: snapshot, item_delivered, item_updated, item_revoked, group_message, badge, resync", content_type = "text/event-stream"),
+    responses((status = 200, description = "Server-Sent Events: snapshot, item_delivered, item_updated, item_revoked, group_message, badge, resync, heartbeat", content_type = "text/event-stream"),
         (status = 401, body = crate::error::ErrorBody), (status = 429, body = crate::error::ErrorBody)),
     security(("user_token" = [])))]
 pub async fn stream(
@@ -231,8 +231,12 @@ impl Open {
     }
 
     /// A heartbeat: everything queued now is written first, then the
-    /// comment, with the position read before the queue was drained when
-    /// the stream has every event up to it.
+    /// beat. When the stream has every event up to the position read before
+    /// the queue was drained, the beat is a `heartbeat` event carrying that
+    /// position as its id (an event, not a comment, so that a browser's
+    /// page sees the id: a client that reconnects by itself resumes from
+    /// it, not from its last change, which may be older than the history);
+    /// otherwise a comment.
     fn heartbeat(&mut self) {
         let routed = self.hub.routed();
         while let Ok(queued) = self.rx.try_recv() {
@@ -240,10 +244,10 @@ impl Open {
                 self.pending.push(frame);
             }
         }
-        let mut beat = SseEvent::default().comment("");
-        if let Some(at) = routed.filter(|_| self.stream.settled() && !self.ended) {
-            beat = beat.id(at.to_string());
-        }
+        let beat = match routed.filter(|_| self.stream.settled() && !self.ended) {
+            Some(at) => SseEvent::default().event("heartbeat").data("{}").id(at.to_string()),
+            None => SseEvent::default().comment(""),
+        };
         self.pending.push(beat);
         self.pending.reverse();
     }

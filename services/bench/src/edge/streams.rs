@@ -232,12 +232,13 @@ impl Reader<'_> {
         }
         let now = now_ms();
         let (shared, record) = (self.shared, self.record);
+        // A heartbeat: a comment, or an event with its position.
+        if event == b"heartbeat" || event.is_empty() && data.is_empty() {
+            shared.heartbeats.fetch_add(1, Ordering::Relaxed);
+            return;
+        }
         if event.is_empty() {
-            if data.is_empty() {
-                shared.heartbeats.fetch_add(1, Ordering::Relaxed);
-            } else {
-                shared.others.fetch_add(1, Ordering::Relaxed);
-            }
+            shared.others.fetch_add(1, Ordering::Relaxed);
             return;
         }
         let data: Data = serde_json::from_slice(data).unwrap_or_default();
@@ -319,7 +320,7 @@ mod tests {
             &[
                 "event: snapshot\ndata: {\"unread\":0,\"unseen\":0,\"group_unread\":0}",
                 ":",
-                ":\nid: 7-1700000000000",
+                "event: heartbeat\ndata: {}\nid: 7-1700000000000",
                 "event: item_delivered\nid: 8-1\ndata: {\"message_id\":\"42\",\"title\":\"t\",\
                  \"category\":\"bench\",\"created_at\":\"2026-12-06T09:30:00.123Z\"}",
                 "event: item_delivered\ndata: {\"message_id\":\"41\"}",

@@ -16,7 +16,8 @@ use serde_json::{Value, json};
 
 use crate::{Edge, ORIGIN, send};
 
-/// One SSE event: its name, data and id (a heartbeat has no name).
+/// One SSE event: its name, data and id (a heartbeat without a position
+/// is a comment: no name).
 #[derive(Debug, Clone)]
 pub struct Frame {
     pub event: String,
@@ -138,11 +139,12 @@ impl Events {
     }
 
     /// Reads until a heartbeat that carries an id (the stream has every
-    /// event up to it).
+    /// event up to it): a `heartbeat` event, whose data is `{}`.
     pub async fn settled(&mut self) -> String {
         loop {
             let frame = self.frame().await;
-            if let (true, Some(id)) = (frame.event.is_empty(), frame.id) {
+            if let ("heartbeat", Some(id)) = (frame.event.as_str(), frame.id) {
+                assert_eq!(frame.data, json!({}));
                 return id;
             }
         }
