@@ -57,9 +57,9 @@ export class NotifyClient {
     this.fetchImpl = options.fetch ?? globalThis.fetch.bind(globalThis);
   }
 
-  /** `GET /v1/inbox`: a page of items, newest first. */
-  inbox(query: InboxQuery = {}): Promise<InboxPage> {
-    return this.call("GET", "/v1/inbox", query);
+  /** `GET /v1/inbox`: a page of items, newest first; `signal` aborts the request. */
+  inbox(query: InboxQuery = {}, signal?: AbortSignal): Promise<InboxPage> {
+    return this.call("GET", "/v1/inbox", query, undefined, signal);
   }
 
   /** `GET /v1/badge`: unread, unseen and group counts. */
@@ -120,13 +120,13 @@ export class NotifyClient {
     return `${this.edgeUrl}${path}${search ? `?${search}` : ""}`;
   }
 
-  private async call<T>(method: string, path: string, query?: Query, body?: unknown): Promise<T> {
+  private async call<T>(method: string, path: string, query?: Query, body?: unknown, signal?: AbortSignal): Promise<T> {
     const url = this.url(path, query);
     const send = async (token: string): Promise<Response> => {
       const headers: Record<string, string> = { Authorization: `Bearer ${token}`, Accept: "application/json" };
       if (body !== undefined) headers["Content-Type"] = "application/json";
       try {
-        return await this.fetchImpl(url, { method, headers, body: body === undefined ? null : JSON.stringify(body) });
+        return await this.fetchImpl(url, { method, headers, body: body === undefined ? null : JSON.stringify(body), signal: signal ?? null });
       } catch (error) {
         throw asNotifyError(error, "network");
       }

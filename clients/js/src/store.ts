@@ -1,9 +1,11 @@
 /**
  * The live store: the user's badge and the first pages of one list view,
  * kept exact by the event stream, shared by the user's tabs. It loads the
- * first page, applies every event to what it holds (idempotently: the
- * stream may repeat events after a reconnect), reloads on `resync`, and
- * applies the answers of its own updates at once. One tab holds the
+ * first page, and again once a fresh stream has started (its `snapshot`),
+ * so that nothing changed between the two is missed; applies every event
+ * to what it holds (idempotently: the stream may repeat events after a
+ * reconnect); reloads on `resync`; and applies the answers of its own
+ * updates at once, unless the stream has spoken since. One tab holds the
  * connection (`tabs.ts`); the others get its events over a
  * `BroadcastChannel`, and one of them takes over, resuming from the last
  * event id, when it closes.
@@ -28,6 +30,7 @@ import type {
   Badge,
   Id,
   InboxItem,
+  InboxPage,
   InboxQuery,
   ItemFilter,
   ItemUpdatedEvent,
@@ -83,6 +86,30 @@ export type UpdateTarget = { message_ids: Id[] } | { all: ItemFilter };
 
 /** How long the store gathers changes before re-reading the first page (to fill new items' bodies, or to bring in items an update moved into the view). */
 const REFRESH_DELAY_MS = 250;
+/** How long a page load may take before it fails (`timeout`), so that `loading` cannot stick on a request that never answers. */
+const PAGE_TIMEOUT_MS = 30_000;
+/** How many delivered ids the store remembers having announced (a repeat comes soon after, from a resumed stream). */
+const ANNOUNCED_MAX = 500;
+
+/**
+ * Calls each listener with the value. One that throws neither keeps the
+ * others from their call nor breaks the store's work in progress: its
+ * error is reported as an uncaught one would be (`reportError`, or thrown
+ * from a microtask where there is none).
+ */
+function notify<T>(listeners: Iterable<(value: T) => void>, value: T): void {
+  for (const listener of listeners) {
+    try {
+      listener(value);
+    } catch (error) {
+      if (typeof reportError === "function") reportError(error);
+      else
+        queueMicrotask(() => {
+          throw error;
+        });
+    }
+  }
+}
 
 /** One user's live inbox. */
 export class NotifyStore {
@@ -96,6 +123,8 @@ export class NotifyStore {
   private tabs: TabLink | null = null;
   private stream: EventStream | null = null;
   private started = false;
+  /** Bumped by start() and stop(): a join() that awaited across them is stale and gives up. */
+  private epoch = 0;
   private joinTimer: unknown = null;
   private joinAttempt = 0;
   private refreshTimer: unknown = null;
@@ -105,12 +134,18 @@ export class NotifyStore {
   private cursor: string | undefined;
   /** Bumped when the list is dropped: answers of older loads are ignored. */
   private generation = 0;
+  /** Counts first-page loads: only the latest one's answer is applied (it read the newest data). */
+  private firstPages = 0;
   private moreLoading = false;
   /** Loads in flight, and the item events received meanwhile (replayed on what they answer). */
   private inflight = 0;
   private log: StreamEvent[] = [];
-  /** Delivered ids already announced to `onDelivered`. */
+  /** Delivered ids already announced to `onDelivered` (the last `ANNOUNCED_MAX`, oldest first). */
   private readonly announced = new Set<Id>();
+  /** Counts the stream's events that change the badge or the items: an update's answer older than one of them is not applied. */
+  private changes = 0;
+  /** The last event was `resync`: the `snapshot` after it is the resync's, not a fresh stream's. */
+  private resynced = false;
   /** The newest message id known (for "mark all" up to what the user saw). */
   private newest: Id | null = null;
 
@@ -159,6 +194,7 @@ export class NotifyStore {
   start(): void {
     if (this.started) return;
     this.started = true;
+    this.epoch++;
     void this.loadFirstPage(false);
     void this.join();
   }
@@ -166,6 +202,7 @@ export class NotifyStore {
   /** Disconnects; another tab takes the connection over if this one held it. */
   stop(): void {
     this.started = false;
+    this.epoch++;
     this.stream?.stop();
     this.stream = null;
     this.tabs?.stop();
@@ -194,7 +231,7 @@ export class NotifyStore {
     this.moreLoading = true;
     const mark = this.beginFetch();
     try {
-      const page = await this.client.inbox({ ...this.query(), cursor });
+      const page = await this.page({ ...this.query(), cursor });
       if (generation !== this.generation || cursor !== this.cursor) return;
       const known = new Set(this.state.items.map((item) => item.message_id));
       this.cursor = page.next_cursor ?? undefined;
@@ -210,14 +247,20 @@ export class NotifyStore {
 
   /**
    * `POST /v1/items/update`, applied here as soon as the edge answers: the
-   * items' new states and the answered `unread` and `unseen`. (The stream
-   * brings the same change to every tab and device too.)
+   * items' new states and the answered `unread` and `unseen` (onto a badge
+   * the store has; none is made up before the first snapshot). Unless an
+   * event that changes the badge or the items came in the meantime: the
+   * answer may then be older than what the store holds, and the stream,
+   * which brings this change to every tab and device too, has the last
+   * word.
    */
   async update(action: Action, target: UpdateTarget): Promise<UpdateResponse> {
+    const changes = this.changes;
     const answer = await this.client.updateItems({ action, ...target });
+    if (changes !== this.changes) return answer;
     this.applyItemEvent({ name: "item_updated", data: { action, ...target } as ItemUpdatedEvent, id: "" });
-    const badge = this.state.badge ?? { unread: 0, unseen: 0, group_unread: 0, group_unread_unknown: false };
-    this.setBadge({ ...badge, unread: answer.unread, unseen: answer.unseen });
+    const badge = this.state.badge;
+    if (badge) this.setBadge({ ...badge, unread: answer.unread, unseen: answer.unseen });
     return answer;
   }
 
@@ -267,7 +310,7 @@ export class NotifyStore {
 
   private set(change: Partial<StoreState>): void {
     this.state = { ...this.state, ...change };
-    for (const listener of this.listeners) listener(this.state);
+    notify(this.listeners, this.state);
   }
 
   private setBadge(badge: Badge): void {
@@ -287,17 +330,18 @@ export class NotifyStore {
 
   /** Finds the user (the token's `sub`) and joins their tabs, retrying while the token provider fails. */
   private async join(): Promise<void> {
+    const epoch = this.epoch;
     this.joinTimer = null;
     let userId: string;
     try {
       userId = await this.client.userId();
     } catch (error) {
-      if (!this.started) return;
+      if (epoch !== this.epoch) return;
       this.set({ status: "offline", error: asNotifyError(error, "token_provider") });
       this.joinTimer = this.timers.setTimeout(() => void this.join(), backoffDelay(this.joinAttempt++, this.options.backoff));
       return;
     }
-    if (!this.started) return;
+    if (epoch !== this.epoch) return;
     const { locks = globalThis.navigator?.locks, BroadcastChannel = globalThis.BroadcastChannel } = this.options;
     this.tabs = new TabLink(
       `notify-inbox:${this.client.edgeUrl}:${userId}`,
@@ -318,9 +362,14 @@ export class NotifyStore {
       timers: this.timers,
       backoff: this.options.backoff,
       now: this.options.now,
+      // The other tabs first: nothing this tab's listeners do can keep the event from them.
       onEvent: (event) => {
-        this.receive(event);
         this.tabs?.post({ kind: "event", event });
+        this.receive(event);
+      },
+      onPosition: (lastEventId) => {
+        this.lastEventId = lastEventId;
+        this.tabs?.post({ kind: "position", lastEventId });
       },
       onStatus: (status, error) => {
         this.set({ status, error: status === "live" ? null : (error ?? this.state.error) });
@@ -334,6 +383,9 @@ export class NotifyStore {
     switch (message.kind) {
       case "event":
         this.receive(message.event);
+        break;
+      case "position":
+        if (!this.state.leading) this.lastEventId = message.lastEventId;
         break;
       case "status":
         if (!this.state.leading) this.set({ status: message.status, error: message.error && NotifyError.from(message.error) });
@@ -356,11 +408,18 @@ export class NotifyStore {
   /** An event of the stream, from this tab's connection or the leader's. */
   private receive(event: StreamEvent): void {
     if (event.id) this.lastEventId = event.id;
+    if (event.name !== "group_message") this.changes++;
+    const resynced = this.resynced;
+    this.resynced = event.name === "resync";
     switch (event.name) {
       case "snapshot": {
         const { latest, ...badge } = event.data;
         this.noteNewest(latest?.message_id);
         this.setBadge(badge);
+        // A fresh stream (no resume): the first page was read before it
+        // started, and what changed in between comes as no event. Read it
+        // again. (After a resync, the resync's reload is under way.)
+        if (!resynced) void this.loadFirstPage(true);
         break;
       }
       case "badge":
@@ -374,7 +433,7 @@ export class NotifyStore {
       default:
         this.applyItemEvent(event);
     }
-    for (const listener of this.eventListeners) listener(event);
+    notify(this.eventListeners, event);
   }
 
   /** Applies an item event to the list now, and to what loads in flight will answer. */
@@ -385,9 +444,10 @@ export class NotifyStore {
     if (items !== before) this.set({ items });
     if (event.name === "item_delivered" && !this.announced.has(event.data.message_id)) {
       this.announced.add(event.data.message_id);
+      if (this.announced.size > ANNOUNCED_MAX) this.announced.delete(this.announced.values().next().value!);
       if (!before.some((item) => item.message_id === event.data.message_id)) {
         const item = items.find((i) => i.message_id === event.data.message_id) ?? fromDelivered(event.data);
-        for (const listener of this.deliveredListeners) listener(item);
+        notify(this.deliveredListeners, item);
       }
     }
   }
@@ -425,6 +485,8 @@ export class NotifyStore {
           changed = true;
           if (after && matches(after, filter)) next.push(after);
         }
+        // An edit of a listed item: the event has its new title, not its new body.
+        if (changed && update.edited_at) this.scheduleRefresh();
         return changed ? next : items;
       }
       default:
@@ -445,10 +507,11 @@ export class NotifyStore {
       this.set({ items: [], hasMore: false, listError: null });
     }
     const generation = this.generation;
+    const load = ++this.firstPages;
     const mark = this.beginFetch();
     try {
-      const page = await this.client.inbox(this.query());
-      if (generation !== this.generation) return;
+      const page = await this.page(this.query());
+      if (generation !== this.generation || load !== this.firstPages) return;
       let items = page.items;
       let cursor = page.next_cursor ?? undefined;
       const last = page.items[page.items.length - 1];
@@ -464,10 +527,23 @@ export class NotifyStore {
       this.cursor = cursor;
       this.set({ items: this.replay(mark, items), hasMore: cursor !== undefined, listError: null });
     } catch (error) {
-      if (generation === this.generation) this.failLoad(error);
+      if (generation === this.generation && load === this.firstPages) this.failLoad(error);
     } finally {
       this.endFetch();
     }
+  }
+
+  /** `GET /v1/inbox`, failing with `timeout` (and the request aborted) when no answer comes in time. */
+  private page(query: InboxQuery): Promise<InboxPage> {
+    return new Promise((resolve, reject) => {
+      const abort = new AbortController();
+      const timer = this.timers.setTimeout(() => {
+        const error = new NotifyError(0, "timeout", `no answer to the page load in ${PAGE_TIMEOUT_MS / 1000} s`);
+        abort.abort(error);
+        reject(error);
+      }, PAGE_TIMEOUT_MS);
+      this.client.inbox(query, abort.signal).then(resolve, reject).finally(() => this.timers.clearTimeout(timer));
+    });
   }
 
   private failLoad(error: unknown): void {

@@ -3,7 +3,8 @@
  * with the Web Locks API (the lock is held while the leader's tab lives,
  * and passes to a waiting tab when it closes), and the leader fans its
  * stream out to the others over a `BroadcastChannel`. Without either API,
- * every tab leads alone.
+ * or when the page may not take locks (a sandboxed iframe's
+ * `SecurityError`), every tab leads alone.
  */
 import type { NotifyErrorFields } from "./errors.js";
 import type { Badge, Status, StreamEvent } from "./types.js";
@@ -27,6 +28,8 @@ export type BroadcastChannelConstructor = new (name: string) => BroadcastChannel
 export type TabMessage =
   /** The leader's stream sent an event. */
   | { kind: "event"; event: StreamEvent }
+  /** A heartbeat moved the leader's resume position (what a tab taking over resumes from). */
+  | { kind: "position"; lastEventId: string }
   /** The leader's connection changed state. */
   | { kind: "status"; status: Status; error: NotifyErrorFields | null }
   /** A new tab asks the leader for its state. */
@@ -74,7 +77,15 @@ export class TabLink {
         this.becomeLeader();
         return new Promise<void>((resolve) => (this.release = resolve));
       })
-      .catch(() => undefined);
+      .catch((error: unknown) => {
+        // Aborted by stop(): nothing to do. Refused otherwise (a sandboxed
+        // iframe's SecurityError): no lock can be had, so lead alone, with
+        // a connection of this tab's own, and tell the other tabs nothing.
+        if (abort.signal.aborted || (error as Error | null)?.name === "AbortError" || this.abort !== abort) return;
+        this.channel?.close();
+        this.channel = null;
+        this.becomeLeader();
+      });
     channel.postMessage({ kind: "hello" } satisfies TabMessage);
   }
 

@@ -62,24 +62,29 @@ export class TokenSource {
     return this.refresh();
   }
 
-  /** A new token from the provider, whatever the cached one's expiry. */
+  /**
+   * A new token from the provider, whatever the cached one's expiry. The
+   * shared call is forgotten once it settles, however it ends (the provider
+   * threw, or returned a token without `sub` and `exp`), so the next call
+   * asks the provider again rather than repeating the failure.
+   */
   refresh(): Promise<string> {
-    this.pending ??= this.provider().then(
-      (token) => {
-        const claims = readClaims(token);
-        const received = this.now();
-        const expiry = claims.exp * 1000;
-        const lifetime = expiry - (claims.iat !== undefined ? claims.iat * 1000 : received);
-        const margin = Math.min(MAX_MARGIN_MS, Math.max(0, lifetime) / 10);
-        this.current = { token, claims, renewAt: Math.max(expiry - margin, received + MIN_USE_MS) };
-        this.pending = null;
-        return token;
-      },
-      (error: unknown) => {
-        this.pending = null;
-        throw asNotifyError(error, "token_provider");
-      },
-    );
+    this.pending ??= new Promise<string>((resolve) => resolve(this.provider()))
+      .then(
+        (token) => {
+          const claims = readClaims(token);
+          const received = this.now();
+          const expiry = claims.exp * 1000;
+          const lifetime = expiry - (claims.iat !== undefined ? claims.iat * 1000 : received);
+          const margin = Math.min(MAX_MARGIN_MS, Math.max(0, lifetime) / 10);
+          this.current = { token, claims, renewAt: Math.max(expiry - margin, received + MIN_USE_MS) };
+          return token;
+        },
+        (error: unknown) => {
+          throw asNotifyError(error, "token_provider");
+        },
+      )
+      .finally(() => (this.pending = null));
     return this.pending;
   }
 

@@ -140,7 +140,14 @@ export class FakeFetch {
     this.calls.push(call);
     const route = this.routes.get(`${call.method} ${call.path}`);
     if (!route) return json(404, { error: { code: "not_found", message: "no route" } });
-    return route(call);
+    const signal = init.signal;
+    if (!signal) return route(call);
+    // As a real fetch: an abort rejects the call with the signal's reason, answered or not.
+    signal.throwIfAborted();
+    return Promise.race([
+      route(call),
+      new Promise<never>((_, reject) => signal.addEventListener("abort", () => reject(signal.reason), { once: true })),
+    ]);
   };
 
   count(key: string): number {

@@ -8,6 +8,9 @@ beforeEach(() => FakeEventSource.reset());
 
 const ids = (items: readonly InboxItem[]) => items.map((i) => i.message_id);
 
+/** The reconnect delays the clock was asked for (not the refresh's 250 ms nor a page load's 30 s timeout). */
+const waits = (clock: FakeClock) => clock.delays.filter((ms) => ms >= 500 && ms < 30_000);
+
 /** A started store with its stream open and its first snapshot applied. */
 async function live(items: InboxItem[] = [item("3"), item("2"), item("1")]) {
   const clock = new FakeClock();
@@ -18,6 +21,7 @@ async function live(items: InboxItem[] = [item("3"), item("2"), item("1")]) {
   const source = FakeEventSource.all[0]!;
   source.open();
   source.emit("snapshot", { ...badge(3, 3), latest: { message_id: "3", title: "title 3", category: "news", created_at: items[0]?.created_at ?? "" } }, "100");
+  await settle();
   return { clock, state, s, source };
 }
 
@@ -57,15 +61,31 @@ test("repeated failures wait longer each time, and a stream refused before openi
     FakeEventSource.open()[0]!.fail();
     await clock.advance(40_000);
   }
-  const waits = clock.delays.filter((ms) => ms >= 500);
-  assert.deepEqual(waits.slice(0, 4), [750, 1_500, 3_000, 6_000], "equal jitter at random 0.5, doubling");
+  assert.deepEqual(waits(clock), [750, 1_500, 3_000, 6_000], "equal jitter at random 0.5, doubling");
   assert.ok(state.tokens >= tokensBefore + 3, `a new token for each refused attempt (${state.tokens - tokensBefore})`);
-  FakeEventSource.open()[0]!.open();
-  FakeEventSource.open()[0]!.emit("badge", badge(1, 1), "200");
-  FakeEventSource.open()[0]!.fail();
-  await clock.advance(40_000);
-  assert.equal(clock.delays.at(-1), 750, "an event resets the backoff");
   assert.equal(s.getState().status, "connecting");
+});
+
+test("the backoff starts over only after a connection stayed open 30 s: one that opens, sends and drops keeps it growing", async () => {
+  const { clock, source } = await live();
+  source.emit("badge", badge(3, 2), "101");
+  await clock.advance(5_000);
+  source.fail();
+  for (let i = 0; i < 4; i++) {
+    await clock.advance(40_000);
+    const next = FakeEventSource.open()[0]!;
+    next.open();
+    next.emit("badge", badge(3, 2), String(102 + i));
+    await clock.advance(5_000);
+    next.fail();
+  }
+  assert.deepEqual(waits(clock), [750, 1_500, 3_000, 6_000, 12_000], "events on a short-lived connection reset nothing");
+  await clock.advance(40_000);
+  const stable = FakeEventSource.open()[0]!;
+  stable.open();
+  await clock.advance(30_000);
+  stable.fail();
+  assert.equal(waits(clock).at(-1), 750, "after 30 s up, the first delay again");
 });
 
 test("a 429's Retry-After from the edge holds the reconnect back", async () => {
@@ -190,4 +210,113 @@ test("subscribers see the state now and on every change, until they unsubscribe"
   stop();
   source.emit("badge", badge(3, 1));
   assert.deepEqual(seen, [3, 2]);
+});
+
+test("a fresh stream's snapshot reads the first page again: what changed before the stream started is not lost", async () => {
+  const clock = new FakeClock();
+  const state = edge([item("2"), item("1")]);
+  const s = store(state, clock);
+  s.start();
+  await settle();
+  assert.deepEqual(ids(s.getState().items), ["2", "1"]);
+  // Changed after the first read, before the stream started: no event will say so.
+  state.items = [item("3"), item("2", { read: true }), item("1")];
+  const source = FakeEventSource.all[0]!;
+  source.open();
+  source.emit("snapshot", badge(2, 2), "100");
+  await settle();
+  assert.equal(state.fetch.count("GET /v1/inbox"), 2);
+  assert.deepEqual(ids(s.getState().items), ["3", "2", "1"]);
+  assert.equal(s.getState().items[1]?.read, true);
+});
+
+test("a heartbeat's id is where the next connection resumes; it is no event and changes no state", async () => {
+  const { clock, s, source } = await live();
+  const events: string[] = [];
+  s.onEvent((event) => events.push(event.name));
+  const before = s.getState();
+  source.emit("heartbeat", {}, "150");
+  assert.equal(s.getState(), before);
+  assert.deepEqual(events, []);
+  source.fail();
+  await clock.advance(1_000);
+  assert.equal(FakeEventSource.all[1]!.params.get("last_event_id"), "150");
+});
+
+test("an update's answer is not applied over stream events that came meanwhile", async () => {
+  const { state, s, source } = await live();
+  let answer!: () => void;
+  state.fetch.on("POST /v1/items/update", () => new Promise((resolve) => (answer = () => resolve(json(200, { changed: 1, unknown_message_ids: [], unread: 2, unseen: 2 })))));
+  const pending = s.markRead(["3"]);
+  await settle();
+  // The stream moves on before the answer: 3 read then unread again on another device, the badge after both.
+  source.emit("item_updated", { message_id: "3", action: "mark_read", read: true, seen: true }, "101");
+  source.emit("item_updated", { message_id: "3", action: "mark_unread", read: false }, "102");
+  source.emit("badge", badge(3, 0), "103");
+  answer();
+  assert.equal((await pending).unread, 2, "the answer is still the caller's");
+  assert.equal(s.getState().items[0]?.read, false);
+  assert.deepEqual(s.getState().badge, badge(3, 0));
+});
+
+test("an update's answer before any snapshot sets the items' states and makes up no badge", async () => {
+  const clock = new FakeClock();
+  const state = edge([item("2"), item("1")]);
+  state.fetch.on("POST /v1/items/update", () => json(200, { changed: 1, unknown_message_ids: [], unread: 1, unseen: 1 }));
+  const s = store(state, clock);
+  s.start();
+  await settle();
+  await s.markRead(["2"]);
+  assert.equal(s.getState().items[0]?.read, true);
+  assert.equal(s.getState().badge, null);
+});
+
+test("stop() and start() while joining make one connection, not two", async () => {
+  const clock = new FakeClock();
+  const s = store(edge([item("1")]), clock);
+  s.start();
+  s.stop();
+  s.start();
+  await settle();
+  assert.equal(FakeEventSource.all.length, 1);
+  assert.equal(s.getState().leading, true);
+});
+
+test("an edit re-reads the first page, for the edited body", async () => {
+  const { clock, state, s, source } = await live();
+  state.items = [item("3", { title: "edited", body: "edited body" }), item("2"), item("1")];
+  source.emit("item_updated", { message_id: "3", title: "edited", edited_at: "2027-01-15T11:00:00.000Z" }, "101");
+  assert.equal(s.getState().items[0]?.title, "edited", "the title at once");
+  await clock.advance(300);
+  assert.equal(s.getState().items[0]?.body, "edited body");
+});
+
+test("a page load that never answers fails with timeout after 30 s; loading does not stick", async () => {
+  const clock = new FakeClock();
+  const state = edge([]);
+  state.fetch.on("GET /v1/inbox", () => new Promise<Response>(() => undefined));
+  const s = store(state, clock);
+  s.start();
+  await settle();
+  assert.equal(s.getState().loading, true);
+  await clock.advance(29_000);
+  assert.equal(s.getState().loading, true);
+  await clock.advance(1_000);
+  assert.equal(s.getState().loading, false);
+  assert.equal(s.getState().listError?.code, "timeout");
+});
+
+test("the store remembers the last 500 delivered ids it announced", async () => {
+  const { s, source } = await live();
+  await s.setFilter({ view: "archive" });
+  const announced: string[] = [];
+  s.onDelivered((i) => announced.push(i.message_id));
+  const deliver = (id: number) =>
+    source.emit("item_delivered", { message_id: String(id), title: "t", category: "news", created_at: "2027-01-15T10:59:00.000Z" });
+  for (let id = 1_000; id <= 1_500; id++) deliver(id);
+  assert.equal(announced.length, 501);
+  deliver(1_500);
+  assert.equal(announced.length, 501, "a recent id is not announced again");
+  deliver(1_000);
+  assert.equal(announced.length, 502, "the oldest was forgotten");
 });

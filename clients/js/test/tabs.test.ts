@@ -101,3 +101,83 @@ test("without Web Locks or BroadcastChannel each tab connects alone", async () =
   assert.equal(FakeEventSource.all.length, 2);
   assert.equal(a.getState().leading && b.getState().leading, true);
 });
+
+test("a heartbeat's id reaches the followers: a tab taking over resumes from it", async () => {
+  const { first, second } = await twoTabs();
+  const events: string[] = [];
+  second.onEvent((event) => events.push(event.name));
+  const source = FakeEventSource.all[0]!;
+  source.open();
+  source.emit("snapshot", badge(2, 2), "10");
+  await settle();
+  const before = second.getState();
+  source.emit("heartbeat", {}, "25");
+  await settle();
+  assert.equal(second.getState(), before, "no state changes");
+  assert.deepEqual(events, ["snapshot"], "no event for the page");
+  first.stop();
+  await settle();
+  assert.equal(FakeEventSource.all[1]!.params.get("last_event_id"), "25");
+});
+
+test("a listener that throws keeps neither the other tabs nor the other listeners from an event; its error is reported", async () => {
+  const global = globalThis as { reportError?: (error: unknown) => void };
+  const saved = global.reportError;
+  const reported: unknown[] = [];
+  global.reportError = (error) => reported.push(error);
+  try {
+    const { first, second } = await twoTabs();
+    const calls: string[] = [];
+    first.subscribe((state) => {
+      if (state.badge) throw new Error("state listener");
+    });
+    first.onEvent(() => {
+      throw new Error("event listener");
+    });
+    first.onEvent((event) => calls.push(event.name));
+    first.onDelivered(() => {
+      throw new Error("delivered listener");
+    });
+    first.onDelivered((i) => calls.push(`delivered ${i.message_id}`));
+    const source = FakeEventSource.all[0]!;
+    source.open();
+    source.emit("snapshot", badge(2, 2), "10");
+    source.emit("item_delivered", { message_id: "3", title: "three", category: "news", created_at: "2027-01-15T10:59:00.000Z" }, "11");
+    await settle();
+    assert.deepEqual(calls, ["snapshot", "delivered 3", "item_delivered"]);
+    assert.deepEqual(first.getState().items.map((i) => i.message_id), ["3", "2", "1"]);
+    assert.deepEqual(second.getState().badge, badge(2, 2), "the follower got the events");
+    assert.deepEqual(second.getState().items.map((i) => i.message_id), ["3", "2", "1"]);
+    const messages = new Set(reported.map((error) => (error as Error).message));
+    assert.deepEqual([...messages].sort(), ["delivered listener", "event listener", "state listener"]);
+  } finally {
+    if (saved) global.reportError = saved;
+    else delete global.reportError;
+  }
+});
+
+test("a tab refused the lock (a sandboxed iframe's SecurityError) leads alone", async () => {
+  const clock = new FakeClock();
+  const state = edge([]);
+  const refusing = { request: () => Promise.reject(new DOMException("no locks here", "SecurityError")) };
+  const browser = { locks: refusing, BroadcastChannel: fakeBroadcast() };
+  const a = store(state, clock, browser);
+  const b = store(state, clock, browser);
+  a.start();
+  b.start();
+  await settle();
+  assert.equal(FakeEventSource.all.length, 2, "one connection per tab");
+  assert.equal(a.getState().leading && b.getState().leading, true);
+  FakeEventSource.all[0]!.open();
+  FakeEventSource.all[0]!.emit("badge", badge(9, 9), "1");
+  await settle();
+  assert.equal(b.getState().badge, null, "nothing crosses between them");
+});
+
+test("a follower that stops (its lock request aborted) does not lead", async () => {
+  const { second } = await twoTabs();
+  second.stop();
+  await settle();
+  assert.equal(second.getState().leading, false);
+  assert.equal(FakeEventSource.all.length, 1);
+});

@@ -71,3 +71,24 @@ test("a failing provider is reported as token_provider, and the next call tries 
   fail = false;
   assert.equal(await tokens.userId(), "1");
 });
+
+test("a malformed token fails that call only: the next call asks the provider again", async () => {
+  const answers = ["not-a-jwt", jwt({ sub: "7", exp: 4_000_000_000 })];
+  let calls = 0;
+  const tokens = new TokenSource(async () => answers[calls++]!);
+  await assert.rejects(tokens.token(), (e: unknown) => e instanceof NotifyError && e.code === "token_malformed");
+  assert.equal(await tokens.token(), answers[1]);
+  assert.equal(await tokens.userId(), "7");
+  assert.equal(calls, 2);
+});
+
+test("a provider that throws at once (not a rejected promise) is token_provider too, and is asked again", async () => {
+  let fail = true;
+  const tokens = new TokenSource((() => {
+    if (fail) throw new Error("no session");
+    return Promise.resolve(jwt({ sub: "1", exp: 4_000_000_000 }));
+  }) as () => Promise<string>);
+  await assert.rejects(tokens.refresh(), (e: unknown) => e instanceof NotifyError && e.code === "token_provider" && e.message === "no session");
+  fail = false;
+  assert.equal(await tokens.userId(), "1");
+});

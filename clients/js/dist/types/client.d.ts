@@ -26,8 +26,8 @@ export declare class NotifyClient {
     private readonly fetchImpl;
     private readonly now;
     constructor(options: ClientOptions);
-    /** `GET /v1/inbox`: a page of items, newest first. */
-    inbox(query?: InboxQuery): Promise<InboxPage>;
+    /** `GET /v1/inbox`: a page of items, newest first; `signal` aborts the request. */
+    inbox(query?: InboxQuery, signal?: AbortSignal): Promise<InboxPage>;
     /** `GET /v1/badge`: unread, unseen and group counts. */
     badge(): Promise<Badge>;
     /** `POST /v1/items/update`: an action on listed items or on every item a filter selects. */

@@ -1,9 +1,11 @@
 /**
  * The live store: the user's badge and the first pages of one list view,
  * kept exact by the event stream, shared by the user's tabs. It loads the
- * first page, applies every event to what it holds (idempotently: the
- * stream may repeat events after a reconnect), reloads on `resync`, and
- * applies the answers of its own updates at once. One tab holds the
+ * first page, and again once a fresh stream has started (its `snapshot`),
+ * so that nothing changed between the two is missed; applies every event
+ * to what it holds (idempotently: the stream may repeat events after a
+ * reconnect); reloads on `resync`; and applies the answers of its own
+ * updates at once, unless the stream has spoken since. One tab holds the
  * connection (`tabs.ts`); the others get its events over a
  * `BroadcastChannel`, and one of them takes over, resuming from the last
  * event id, when it closes.
@@ -71,6 +73,8 @@ export declare class NotifyStore {
     private tabs;
     private stream;
     private started;
+    /** Bumped by start() and stop(): a join() that awaited across them is stale and gives up. */
+    private epoch;
     private joinTimer;
     private joinAttempt;
     private refreshTimer;
@@ -80,12 +84,18 @@ export declare class NotifyStore {
     private cursor;
     /** Bumped when the list is dropped: answers of older loads are ignored. */
     private generation;
+    /** Counts first-page loads: only the latest one's answer is applied (it read the newest data). */
+    private firstPages;
     private moreLoading;
     /** Loads in flight, and the item events received meanwhile (replayed on what they answer). */
     private inflight;
     private log;
-    /** Delivered ids already announced to `onDelivered`. */
+    /** Delivered ids already announced to `onDelivered` (the last `ANNOUNCED_MAX`, oldest first). */
     private readonly announced;
+    /** Counts the stream's events that change the badge or the items: an update's answer older than one of them is not applied. */
+    private changes;
+    /** The last event was `resync`: the `snapshot` after it is the resync's, not a fresh stream's. */
+    private resynced;
     /** The newest message id known (for "mark all" up to what the user saw). */
     private newest;
     constructor(options: StoreOptions);
@@ -109,8 +119,12 @@ export declare class NotifyStore {
     loadMore(): Promise<void>;
     /**
      * `POST /v1/items/update`, applied here as soon as the edge answers: the
-     * items' new states and the answered `unread` and `unseen`. (The stream
-     * brings the same change to every tab and device too.)
+     * items' new states and the answered `unread` and `unseen` (onto a badge
+     * the store has; none is made up before the first snapshot). Unless an
+     * event that changes the badge or the items came in the meantime: the
+     * answer may then be older than what the store holds, and the stream,
+     * which brings this change to every tab and device too, has the last
+     * word.
      */
     update(action: Action, target: UpdateTarget): Promise<UpdateResponse>;
     /** Marks the items read. */
@@ -150,6 +164,8 @@ export declare class NotifyStore {
      * applied again to its answer, which may predate them.
      */
     private loadFirstPage;
+    /** `GET /v1/inbox`, failing with `timeout` (and the request aborted) when no answer comes in time. */
+    private page;
     private failLoad;
     /** Re-reads the first page soon (once for a burst of changes). */
     private scheduleRefresh;

@@ -1,9 +1,11 @@
 /**
  * The live stream: an `EventSource` on `GET /v1/events` that this module
  * reopens itself, rather than leaving it to the browser, so that every
- * reconnect carries a fresh token and the last event id seen
- * (`last_event_id`), and waits a jittered, growing delay (and any
- * `Retry-After` the edge gave) in between.
+ * reconnect carries a fresh token and the last position seen
+ * (`last_event_id`: an event's id, or a heartbeat's), and waits a
+ * jittered, growing delay (and any `Retry-After` the edge gave) in
+ * between. The delay starts over only after a connection that stayed open
+ * a while, so an edge that accepts and drops at once is not hammered.
  */
 import { type BackoffOptions } from "./backoff.js";
 import type { NotifyClient } from "./client.js";
@@ -30,8 +32,14 @@ export declare const EVENT_NAMES: readonly StreamEventName[];
 /** What the stream needs and whom it tells. */
 export interface EventStreamOptions {
     client: NotifyClient;
-    /** Called with each event, in order. */
+    /** Called with each event, in order (not with heartbeats: they are no event of the inbox). */
     onEvent(event: StreamEvent): void;
+    /**
+     * Called when a heartbeat moves the resume position (its id) with no
+     * event: the stream has every event up to it, so a reconnect, here or in
+     * the tab taking over, may resume from there.
+     */
+    onPosition?(lastEventId: string): void;
     /** Called when the connection's state changes, with the error that took it down. */
     onStatus(status: Status, error: NotifyError | null): void;
     /** Where to resume: the last id a previous connection (or another tab) saw. */
@@ -44,12 +52,14 @@ export interface EventStreamOptions {
 /** One user's live stream, reconnecting until stopped. */
 export declare class EventStream {
     private readonly options;
-    /** The id of the last event received (what the next connection resumes after). */
+    /** The id of the last event or heartbeat received (what the next connection resumes after). */
     lastEventId: string;
     private source;
     private timer;
     private attempt;
     private running;
+    /** Bumped by start() and stop(): a connect() that awaited across them is stale and gives up. */
+    private epoch;
     private readonly EventSourceImpl;
     private readonly timers;
     private readonly now;

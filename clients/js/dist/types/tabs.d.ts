@@ -3,7 +3,8 @@
  * with the Web Locks API (the lock is held while the leader's tab lives,
  * and passes to a waiting tab when it closes), and the leader fans its
  * stream out to the others over a `BroadcastChannel`. Without either API,
- * every tab leads alone.
+ * or when the page may not take locks (a sandboxed iframe's
+ * `SecurityError`), every tab leads alone.
  */
 import type { NotifyErrorFields } from "./errors.js";
 import type { Badge, Status, StreamEvent } from "./types.js";
@@ -27,6 +28,11 @@ export type TabMessage =
 {
     kind: "event";
     event: StreamEvent;
+}
+/** A heartbeat moved the leader's resume position (what a tab taking over resumes from). */
+ | {
+    kind: "position";
+    lastEventId: string;
 }
 /** The leader's connection changed state. */
  | {

@@ -25,7 +25,12 @@ export declare class TokenSource {
     constructor(provider: GetToken, now?: () => number);
     /** A token good for a while yet: the cached one, or a new one. */
     token(): Promise<string>;
-    /** A new token from the provider, whatever the cached one's expiry. */
+    /**
+     * A new token from the provider, whatever the cached one's expiry. The
+     * shared call is forgotten once it settles, however it ends (the provider
+     * threw, or returned a token without `sub` and `exp`), so the next call
+     * asks the provider again rather than repeating the failure.
+     */
     refresh(): Promise<string>;
     /** Forgets the cached token: the next `token()` asks the provider. */
     invalidate(): void;

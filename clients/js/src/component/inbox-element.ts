@@ -12,6 +12,7 @@ import { format, stringsFor, type Strings } from "../strings.js";
 import type { GetToken } from "../token.js";
 import type { Badge, InboxItem, Preferences } from "../types.js";
 import { h, icon } from "./dom.js";
+import { restarts } from "./restart.js";
 import { styles } from "./styles.js";
 import { fullTime, relativeTime } from "./time.js";
 
@@ -69,6 +70,8 @@ export class NotifyInboxElement extends HTMLElement {
   private tab: Tab = "inbox";
   private readonly itemElements = new Map<string, HTMLLIElement>();
   private readonly fresh = new Set<string>();
+  /** The timers of announcements under way (cleared when the element leaves the page). */
+  private readonly announceTimers = new Set<ReturnType<typeof setTimeout>>();
   private state: StoreState | null = null;
   private ready = false;
   private preferences: Preferences | null = null;
@@ -109,13 +112,19 @@ export class NotifyInboxElement extends HTMLElement {
     this.renderStrings();
   }
 
-  /** The app's token provider; setting it (re)connects with a client and store of the element's own. */
+  /**
+   * The app's token provider; setting one connects with a client and store
+   * of the element's own. Another provider replacing it is called from the
+   * next token on, without reconnecting (the same user's, as a framework's
+   * re-render passes); for another user, set null first.
+   */
   get getToken(): GetToken | null {
     return this.tokenProvider;
   }
   set getToken(provider: GetToken | null) {
+    const old = this.tokenProvider;
     this.tokenProvider = provider;
-    this.restart();
+    if (restarts("getToken", old, provider)) this.restart();
   }
 
   /** A client to use instead of a token provider (the element makes the store). */
@@ -123,8 +132,9 @@ export class NotifyInboxElement extends HTMLElement {
     return this.givenClient ?? this.active?.client ?? null;
   }
   set client(client: NotifyClient | null) {
+    const old = this.givenClient;
     this.givenClient = client;
-    this.restart();
+    if (restarts("client", old, client)) this.restart();
   }
 
   /** The live store in use. Set one to share it with the page: the element starts it and follows its list, and never stops it. */
@@ -132,8 +142,9 @@ export class NotifyInboxElement extends HTMLElement {
     return this.active ?? this.givenStore;
   }
   set store(store: NotifyStore | null) {
+    const old = this.givenStore;
     this.givenStore = store;
-    this.restart();
+    if (restarts("store", old, store)) this.restart();
   }
 
   /** Strings over the language's set. */
@@ -169,6 +180,9 @@ export class NotifyInboxElement extends HTMLElement {
   disconnectedCallback(): void {
     this.close(false);
     this.detach();
+    for (const timer of this.announceTimers) clearTimeout(timer);
+    this.announceTimers.clear();
+    this.fresh.clear();
   }
 
   attributeChangedCallback(name: string, old: string | null, value: string | null): void {
@@ -190,9 +204,10 @@ export class NotifyInboxElement extends HTMLElement {
     this.tabs.get(this.tab)?.focus();
   }
 
-  /** Closes the panel; `focusBell` returns the focus to the bell (as Escape does). */
+  /** Closes the panel, and the settings view (the next open shows the list and focuses its tab); `focusBell` returns the focus to the bell (as Escape does). */
   close(focusBell = false): void {
     if (this.panel.hidden) return;
+    this.showPreferences(false);
     this.panel.hidden = true;
     this.bell.setAttribute("aria-expanded", "false");
     document.removeEventListener("pointerdown", this.outside, true);
@@ -217,7 +232,8 @@ export class NotifyInboxElement extends HTMLElement {
       const client =
         this.givenClient ??
         (this.tokenProvider &&
-          new NotifyClient({ edgeUrl: this.getAttribute("edge-url") || location.origin, getToken: this.tokenProvider }));
+          // Through the property, so that a new provider set later is the one called.
+          new NotifyClient({ edgeUrl: this.getAttribute("edge-url") || location.origin, getToken: () => this.tokenProvider!() }));
       if (!client) return;
       const pageSize = Number(this.getAttribute("page-size")) || undefined;
       store = new NotifyStore({ client, pageSize, filter: TABS[this.tab] });
@@ -448,13 +464,22 @@ export class NotifyInboxElement extends HTMLElement {
   /** A new item: highlighted for a moment, and announced politely. */
   private announce(item: InboxItem): void {
     this.fresh.add(item.message_id);
-    setTimeout(() => {
+    this.later(() => {
       this.fresh.delete(item.message_id);
       this.itemElements.get(item.message_id)?.classList.remove("fresh");
     }, 2_400);
     if (this.state) this.renderList(this.state);
     this.live.textContent = "";
-    setTimeout(() => (this.live.textContent = format(this.strings.newItem, { title: item.title })), 50);
+    this.later(() => (this.live.textContent = format(this.strings.newItem, { title: item.title })), 50);
+  }
+
+  /** `setTimeout`, remembered until it runs so that leaving the page cancels it. */
+  private later(callback: () => void, ms: number): void {
+    const timer = setTimeout(() => {
+      this.announceTimers.delete(timer);
+      callback();
+    }, ms);
+    this.announceTimers.add(timer);
   }
 
   private showPreferences(show: boolean): void {

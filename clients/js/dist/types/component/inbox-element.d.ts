@@ -48,6 +48,8 @@ export declare class NotifyInboxElement extends HTMLElement {
     private tab;
     private readonly itemElements;
     private readonly fresh;
+    /** The timers of announcements under way (cleared when the element leaves the page). */
+    private readonly announceTimers;
     private state;
     private ready;
     private preferences;
@@ -55,7 +57,12 @@ export declare class NotifyInboxElement extends HTMLElement {
     private clock;
     private readonly outside;
     constructor();
-    /** The app's token provider; setting it (re)connects with a client and store of the element's own. */
+    /**
+     * The app's token provider; setting one connects with a client and store
+     * of the element's own. Another provider replacing it is called from the
+     * next token on, without reconnecting (the same user's, as a framework's
+     * re-render passes); for another user, set null first.
+     */
     get getToken(): GetToken | null;
     set getToken(provider: GetToken | null);
     /** A client to use instead of a token provider (the element makes the store). */
@@ -75,7 +82,7 @@ export declare class NotifyInboxElement extends HTMLElement {
     attributeChangedCallback(name: string, old: string | null, value: string | null): void;
     /** Opens the panel, marks everything seen, and focuses the selected tab. */
     open(): void;
-    /** Closes the panel; `focusBell` returns the focus to the bell (as Escape does). */
+    /** Closes the panel, and the settings view (the next open shows the list and focuses its tab); `focusBell` returns the focus to the bell (as Escape does). */
     close(focusBell?: boolean): void;
     private language;
     private restart;
@@ -100,6 +107,8 @@ export declare class NotifyInboxElement extends HTMLElement {
     private selectTab;
     /** A new item: highlighted for a moment, and announced politely. */
     private announce;
+    /** `setTimeout`, remembered until it runs so that leaving the page cancels it. */
+    private later;
     private showPreferences;
     private preferencesFailed;
     /** The settings: a checkbox per category (the items', the muted ones, the page's), checked when muted. */

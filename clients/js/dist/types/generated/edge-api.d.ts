@@ -515,7 +515,7 @@ export interface operations {
         };
         requestBody?: never;
         responses: {
-            /** @description Server-Sent Events: snapshot, item_delivered, item_updated, item_revoked, group_message, badge, resync */
+            /** @description Server-Sent Events: snapshot, item_delivered, item_updated, item_revoked, group_message, badge, resync, heartbeat */
             200: {
                 headers: {
                     [name: string]: unknown;
