@@ -107,10 +107,8 @@ async fn body(env: &mut Env, args: &RecipientsArgs) -> anyhow::Result<String> {
     each(n / 100, 16, |i| {
         let mut inbox = inbox.clone();
         async move {
-            let preferences = v1::Preferences {
-                muted_categories: vec![CATEGORY.into()],
-                muted_group_ids: vec![],
-            };
+            let preferences =
+                v1::Preferences { muted_categories: vec![CATEGORY.into()], ..Default::default() };
             let request = v1::SetPreferencesRequest {
                 user_id: 1 + i * 100 + 50,
                 preferences: Some(preferences),

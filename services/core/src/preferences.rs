@@ -1,4 +1,5 @@
-//! A user's preferences: the categories and groups they mute. A change
+//! A user's preferences: the categories and groups they mute, and their
+//! language (stored and answered; nothing delivered depends on it). A change
 //! applies to what is delivered after it (items already delivered stay as
 //! they are): the fan-out and the materialization of announcements read the
 //! preferences in the statement that writes the items, and the badge (which
@@ -24,7 +25,7 @@ pub async fn get(ctx: &Context, user_id: UserId) -> Result<Preferences> {
     Ok(store::get(&*pool, user_id.get()).await?)
 }
 
-/// Replaces a user's mutes; returns them as stored.
+/// Replaces a user's mutes and locale; returns them as stored.
 #[instrument(skip_all, fields(user_id = user_id.get()))]
 pub async fn set(ctx: &Context, user_id: UserId, preferences: &Preferences) -> Result<Preferences> {
     let user = user_id.get();

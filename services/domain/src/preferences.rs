@@ -1,5 +1,6 @@
 //! A user's notification preferences: the categories and groups they mute,
-//! with their limits and validation. A send in a muted category writes no
+//! and the language they read ([`Locale`]), with their limits and
+//! validation. A send in a muted category writes no
 //! item for the user (counted as suppressed in its progress) unless it is
 //! critical; a muted group's messages still pull, but its unread stays out
 //! of the badge total. Preferences apply to what is delivered after they
@@ -13,19 +14,60 @@ pub const MAX_MUTED_CATEGORIES: usize = 100;
 /// Most groups a user may mute.
 pub const MAX_MUTED_GROUPS: usize = 1000;
 
-/// What a user mutes.
+/// Longest locale tag stored.
+pub const MAX_LOCALE_BYTES: usize = 64;
+
+/// What a user mutes, and their language.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Preferences {
     /// Muted categories, sorted and distinct (never the empty category).
     pub muted_categories: Vec<String>,
     /// Muted groups, sorted and distinct.
     pub muted_group_ids: Vec<u64>,
+    /// The language the user reads; none when not set.
+    pub locale: Option<Locale>,
+}
+
+/// A BCP 47 language tag (`en`, `zh-Hant-TW`, `de-CH-u-co-phonebk`), well
+/// formed as ICU's parser reads it and kept in its canonical form (`zh_hant_tw`
+/// is `zh-Hant-TW`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Locale(String);
+
+impl Locale {
+    /// Parses `text`; `field` names it in the error.
+    pub fn parse(text: &str, field: &str) -> Result<Self> {
+        if text.len() > MAX_LOCALE_BYTES {
+            return Err(Error::invalid(
+                field,
+                &format!("at most {MAX_LOCALE_BYTES} bytes (this one has {})", text.len()),
+            ));
+        }
+        // ICU reads only "-" between subtags; "_" (as in POSIX names) is
+        // taken for it.
+        let parsed =
+            icu_locale_core::Locale::try_from_str(&text.replace('_', "-")).map_err(|e| {
+                Error::invalid(field, &format!("{text:?} is not a BCP 47 language tag ({e})"))
+            })?;
+        Ok(Self(parsed.to_string()))
+    }
+
+    /// The tag, canonical.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
 }
 
 impl Preferences {
-    /// Validates and normalizes (sorts, drops repeats) a request's lists;
-    /// `field` prefixes the fields named in errors (`preferences`).
-    pub fn parse(categories: Vec<String>, group_ids: Vec<u64>, field: &str) -> Result<Self> {
+    /// Validates and normalizes (sorts, drops repeats) a request's lists,
+    /// and parses its locale (empty: none); `field` prefixes the fields
+    /// named in errors (`preferences`).
+    pub fn parse(
+        categories: Vec<String>,
+        group_ids: Vec<u64>,
+        locale: &str,
+        field: &str,
+    ) -> Result<Self> {
         let categories_field = format!("{field}.muted_categories");
         let groups_field = format!("{field}.muted_group_ids");
         let mut muted_categories = categories;
@@ -58,7 +100,11 @@ impl Preferences {
         if muted_group_ids.contains(&0) {
             return Err(Error::invalid(&groups_field, "group id must not be 0"));
         }
-        Ok(Self { muted_categories, muted_group_ids })
+        let locale = match locale {
+            "" => None,
+            text => Some(Locale::parse(text, &format!("{field}.locale"))?),
+        };
+        Ok(Self { muted_categories, muted_group_ids, locale })
     }
 
     /// True when a send in `category` is held back for this user.
@@ -92,6 +138,7 @@ mod tests {
         let prefs = Preferences::parse(
             vec!["promo".into(), "billing".into(), "promo".into()],
             vec![9, 3, 9],
+            "",
             "preferences",
         )
         .unwrap();
@@ -103,17 +150,40 @@ mod tests {
         assert!(prefs.mutes_group(9) && !prefs.mutes_group(4));
 
         let too_many: Vec<String> = (0..=MAX_MUTED_CATEGORIES).map(|i| format!("c{i}")).collect();
-        let err = Preferences::parse(too_many, vec![], "preferences").unwrap_err();
+        let err = Preferences::parse(too_many, vec![], "", "preferences").unwrap_err();
         assert!(err.to_string().starts_with("preferences.muted_categories: at most 100"), "{err}");
-        let err = Preferences::parse(vec!["Bad!".into()], vec![], "preferences").unwrap_err();
+        let err = Preferences::parse(vec!["Bad!".into()], vec![], "", "preferences").unwrap_err();
         assert!(err.to_string().starts_with("preferences.muted_categories: "), "{err}");
-        let err = Preferences::parse(vec!["".into()], vec![], "preferences").unwrap_err();
+        let err = Preferences::parse(vec!["".into()], vec![], "", "preferences").unwrap_err();
         assert!(err.to_string().contains("empty category"), "{err}");
         let groups: Vec<u64> = (1..=MAX_MUTED_GROUPS as u64 + 1).collect();
-        let err = Preferences::parse(vec![], groups, "preferences").unwrap_err();
+        let err = Preferences::parse(vec![], groups, "", "preferences").unwrap_err();
         assert!(err.to_string().starts_with("preferences.muted_group_ids: at most 1000"), "{err}");
-        let err = Preferences::parse(vec![], vec![0], "preferences").unwrap_err();
+        let err = Preferences::parse(vec![], vec![0], "", "preferences").unwrap_err();
         assert!(err.to_string().starts_with("preferences.muted_group_ids: "), "{err}");
+    }
+
+    #[test]
+    fn a_locale_is_kept_canonical_and_a_bad_one_is_named() {
+        let parse = |text: &str| Preferences::parse(vec![], vec![], text, "preferences");
+        assert_eq!(parse("").unwrap().locale, None);
+        for (given, canonical) in [
+            ("en", "en"),
+            ("zh_hant_tw", "zh-Hant-TW"),
+            ("ZH-hans", "zh-Hans"),
+            ("de-CH-u-co-phonebk", "de-CH-u-co-phonebk"),
+            ("es-419", "es-419"),
+        ] {
+            let locale = parse(given).unwrap().locale.unwrap();
+            assert_eq!(locale.as_str(), canonical, "{given}");
+        }
+        for bad in ["english!", "e", "en--US", "x", "123"] {
+            let err = parse(bad).unwrap_err().to_string();
+            assert!(err.starts_with("preferences.locale: "), "{bad}: {err}");
+            assert!(err.contains("BCP 47"), "{bad}: {err}");
+        }
+        let err = parse(&format!("en-{}", ["abcdefgh"; 8].join("-"))).unwrap_err().to_string();
+        assert!(err.starts_with("preferences.locale: at most 64 bytes"), "{err}");
     }
 
     #[test]

@@ -321,7 +321,7 @@ impl From<v1::UpdateItemsResponse> for UpdateResponse {
     }
 }
 
-/// What the user mutes.
+/// What the user mutes, and their language.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct Preferences {
@@ -331,6 +331,11 @@ pub struct Preferences {
     /// Groups whose unread stays out of the badge.
     #[serde(default)]
     pub muted_group_ids: Vec<Id>,
+    /// The language the user reads, a BCP 47 tag (`zh-Hant-TW`), answered
+    /// in its canonical form; `""` (or absent): not set.
+    #[serde(default)]
+    #[schema(example = "zh-Hant-TW")]
+    pub locale: String,
 }
 
 impl From<v1::Preferences> for Preferences {
@@ -338,6 +343,7 @@ impl From<v1::Preferences> for Preferences {
         Self {
             muted_categories: preferences.muted_categories,
             muted_group_ids: ids(&preferences.muted_group_ids),
+            locale: preferences.locale,
         }
     }
 }

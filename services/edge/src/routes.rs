@@ -262,8 +262,8 @@ pub async fn get_preferences(
     Ok(Json(reply.into_inner().preferences.unwrap_or_default().into()))
 }
 
-/// `PUT /v1/preferences`: replaces what the user mutes; answers what is
-/// stored.
+/// `PUT /v1/preferences`: replaces what the user mutes and their locale;
+/// answers what is stored.
 #[utoipa::path(put, path = "/v1/preferences", tag = "preferences", request_body = Preferences,
     responses((status = 200, body = Preferences), (status = 400, body = crate::error::ErrorBody)),
     security(("user_token" = [])))]
@@ -277,6 +277,7 @@ pub async fn set_preferences(
         preferences: Some(v1::Preferences {
             muted_categories: preferences.muted_categories,
             muted_group_ids: preferences.muted_group_ids.iter().map(|id| id.0).collect(),
+            locale: preferences.locale,
         }),
     };
     let reply = edge.inbox.set_preferences(Request::new(request)).await;

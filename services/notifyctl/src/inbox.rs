@@ -183,6 +183,9 @@ pub struct PrefsArgs {
     /// Unmute a group (repeatable).
     #[arg(long)]
     unmute_group: Vec<u64>,
+    /// Set the user's language, a BCP 47 tag (`zh-Hant-TW`); `""` clears it.
+    #[arg(long)]
+    locale: Option<String>,
 }
 
 /// Shows a user's preferences, changing them first when asked.
@@ -194,12 +197,16 @@ pub async fn prefs(channel: Api, args: PrefsArgs) -> anyhow::Result<()> {
     let changes = !(args.mute.is_empty()
         && args.unmute.is_empty()
         && args.mute_group.is_empty()
-        && args.unmute_group.is_empty());
+        && args.unmute_group.is_empty()
+        && args.locale.is_none());
     if changes {
         prefs.muted_categories.extend(args.mute);
         prefs.muted_categories.retain(|c| !args.unmute.contains(c));
         prefs.muted_group_ids.extend(args.mute_group);
         prefs.muted_group_ids.retain(|g| !args.unmute_group.contains(g));
+        if let Some(locale) = args.locale {
+            prefs.locale = locale;
+        }
         let request = v1::SetPreferencesRequest { user_id: args.user_id, preferences: Some(prefs) };
         prefs = client.set_preferences(request).await?.into_inner().preferences.unwrap_or_default();
     }
@@ -207,6 +214,10 @@ pub async fn prefs(channel: Api, args: PrefsArgs) -> anyhow::Result<()> {
     println!("user {}", args.user_id);
     println!("  muted categories: {}", listed(&prefs.muted_categories));
     println!("  muted groups:     {}", listed(&groups));
+    println!(
+        "  locale:           {}",
+        if prefs.locale.is_empty() { "none" } else { &prefs.locale }
+    );
     Ok(())
 }
 

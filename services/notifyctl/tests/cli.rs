@@ -71,12 +71,16 @@ async fn inbox_items_prefs_and_user_erase_show_and_change_item_states() {
     let prefs = notifyctl(addr, &["prefs", "42", "--unmute", "billing", "--mute-group", "9"]).await;
     assert!(prefs.contains("muted categories: promo"), "{prefs}");
     assert!(prefs.contains("muted groups:     9"), "{prefs}");
+    let prefs = notifyctl(addr, &["prefs", "42", "--locale", "zh_hant_tw"]).await;
+    assert!(prefs.contains("locale:           zh-Hant-TW"), "{prefs}");
+    assert!(prefs.contains("muted categories: promo"), "the mutes stay: {prefs}");
 
     let erased = notifyctl(addr, &["user", "erase", "42"]).await;
     assert_eq!(erased.trim(), "user 42 erased: 2 items, 0 group memberships");
     let audit = notifyctl(addr, &["audit", "--user", "42"]).await;
     assert!(audit.contains("user.erase") && audit.contains("user 42"), "{audit}");
-    assert!(notifyctl(addr, &["prefs", "42"]).await.contains("muted categories: none"));
+    let prefs = notifyctl(addr, &["prefs", "42"]).await;
+    assert!(prefs.contains("muted categories: none") && prefs.contains("locale:           none"));
     app.cleanup().await;
 }
 

@@ -532,7 +532,8 @@ export class NotifyInboxElement extends HTMLElement {
     const muted = new Set(current.muted_categories ?? []);
     if (box.checked) muted.add(category);
     else muted.delete(category);
-    client.setPreferences({ muted_categories: [...muted], muted_group_ids: current.muted_group_ids ?? [] }).then(
+    // A PUT replaces every preference: the others (groups, locale) go back as read.
+    client.setPreferences({ ...current, muted_categories: [...muted] }).then(
       (stored) => {
         this.preferences = stored;
         this.renderPreferences();

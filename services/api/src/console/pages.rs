@@ -595,6 +595,7 @@ pub(crate) async fn user(
         groups: Vec::new(),
         muted_categories: Vec::new(),
         muted_groups: Vec::new(),
+        locale: String::new(),
         older: None,
         newer: query.before.is_some(),
     };
@@ -661,6 +662,8 @@ pub(crate) async fn user(
         .collect();
     page.muted_categories = state.preferences.muted_categories.clone();
     page.muted_groups = muted_groups.clone();
+    page.locale =
+        state.preferences.locale.as_ref().map(|l| l.as_str().to_owned()).unwrap_or_default();
     render(&page)
 }
 

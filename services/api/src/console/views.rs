@@ -367,6 +367,8 @@ pub(crate) struct UserPage {
     pub groups: Vec<GroupLine>,
     pub muted_categories: Vec<String>,
     pub muted_groups: Vec<u64>,
+    /// The user's language ("" when not set).
+    pub locale: String,
     /// The cursor of the next, older page of items.
     pub older: Option<u64>,
     /// This is not the newest page.

@@ -159,9 +159,13 @@ impl InboxService for InboxApi {
         let req = request.into_inner();
         let user = user_id(req.user_id)?;
         let wanted = req.preferences.unwrap_or_default();
-        let wanted =
-            Preferences::parse(wanted.muted_categories, wanted.muted_group_ids, "preferences")
-                .into_status()?;
+        let wanted = Preferences::parse(
+            wanted.muted_categories,
+            wanted.muted_group_ids,
+            &wanted.locale,
+            "preferences",
+        )
+        .into_status()?;
         let stored = preferences::set(&self.ctx, user, &wanted).await.into_status()?;
         Ok(Response::new(v1::SetPreferencesResponse { preferences: Some(to_proto(stored)) }))
     }
@@ -221,5 +225,6 @@ fn to_proto(preferences: Preferences) -> v1::Preferences {
     v1::Preferences {
         muted_categories: preferences.muted_categories,
         muted_group_ids: preferences.muted_group_ids,
+        locale: preferences.locale.map(|locale| locale.as_str().to_owned()).unwrap_or_default(),
     }
 }

@@ -445,7 +445,8 @@ async fn the_pages_show_sends_users_groups_and_shards_as_stored() {
         user_id: 100,
         preferences: Some(v1::Preferences {
             muted_categories: vec!["billing".into()],
-            muted_group_ids: vec![],
+            locale: "zh-Hant-TW".into(),
+            ..Default::default()
         }),
     };
     inbox.set_preferences(prefs).await.expect("preferences");
@@ -472,6 +473,10 @@ async fn the_pages_show_sends_users_groups_and_shards_as_stored() {
     assert!(page.body.contains(&format!("data-item=\"{id}\"")));
     assert!(!page.body.contains(&format!("data-item=\"{other}\"")), "not this user's");
     assert!(page.body.contains("<span class=\"tag\">billing</span>"), "the mute");
+    assert!(
+        page.body.contains("<dt>Locale</dt><dd><span class=\"tag\">zh-Hant-TW</span>"),
+        "the locale"
+    );
     assert!(page.body.contains(&format!("/console/groups?group_id={group}")));
     assert!(!page.body.contains("Older items"), "one item: one page");
     let page = client.get(&format!("/console/users?user_id=100&before={id}")).await;

@@ -74,8 +74,11 @@ async fn an_erased_user_leaves_nothing_on_any_shard_or_in_redis() {
         with_history: false,
     };
     app.groups().add_group_members(add).await.unwrap();
-    let preferences =
-        v1::Preferences { muted_categories: vec!["promo".into()], muted_group_ids: vec![group] };
+    let preferences = v1::Preferences {
+        muted_categories: vec!["promo".into()],
+        muted_group_ids: vec![group],
+        locale: "zh-Hant".into(),
+    };
     app.inbox()
         .set_preferences(v1::SetPreferencesRequest {
             user_id: user,
@@ -111,10 +114,10 @@ async fn an_erased_user_leaves_nothing_on_any_shard_or_in_redis() {
     for (table, count) in rows_of(&app, user).await {
         assert_eq!(count, 0, "{table} still holds rows of the erased user");
     }
-    let marker: Vec<(String, String, u64)> = {
+    let marker: Vec<(String, String, u64, String)> = {
         let pool = app.ctx.pools.for_user(user);
         sqlx::query_as(
-            "SELECT muted_categories, muted_group_ids, erased_before FROM user_preferences \
+            "SELECT muted_categories, muted_group_ids, erased_before, locale FROM user_preferences \
              WHERE user_id = ?",
         )
         .bind(user)
@@ -123,7 +126,11 @@ async fn an_erased_user_leaves_nothing_on_any_shard_or_in_redis() {
         .unwrap()
     };
     assert_eq!(marker.len(), 1);
-    assert_eq!((marker[0].0.as_str(), marker[0].1.as_str()), ("", ""), "no preference is kept");
+    assert_eq!(
+        (marker[0].0.as_str(), marker[0].1.as_str(), marker[0].3.as_str()),
+        ("", "", ""),
+        "no preference is kept"
+    );
     assert!(marker[0].2 > ids[2], "the marker reaches past every send queued before");
     let pattern = format!("{}{{u:{user}}}*", app.ctx.cache.keys().prefix());
     let keys: Vec<String> = redis.keys(pattern).await.unwrap();

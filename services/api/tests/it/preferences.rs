@@ -15,6 +15,7 @@ async fn set_prefs(app: &TestApp, user_id: u64, categories: &[&str], groups: &[u
     let preferences = v1::Preferences {
         muted_categories: categories.iter().map(|c| (*c).to_owned()).collect(),
         muted_group_ids: groups.to_vec(),
+        ..Default::default()
     };
     let request = v1::SetPreferencesRequest { user_id, preferences: Some(preferences) };
     app.inbox().set_preferences(request).await.unwrap();
@@ -196,7 +197,13 @@ async fn a_muted_group_still_pulls_but_stays_out_of_the_badge_total() {
 async fn bad_preferences_name_the_field_and_change_nothing() {
     let app = spawn_app().await;
     let user = 6_500_001;
-    set_prefs(&app, user, &["billing"], &[7]).await;
+    let kept = v1::Preferences {
+        muted_categories: vec!["billing".into()],
+        muted_group_ids: vec![7],
+        locale: "zh-Hant-TW".into(),
+    };
+    let request = v1::SetPreferencesRequest { user_id: user, preferences: Some(kept.clone()) };
+    app.inbox().set_preferences(request).await.unwrap();
     let too_many: Vec<String> = (0..101).map(|i| format!("c{i}")).collect();
     let cases = [
         (
@@ -219,6 +226,8 @@ async fn bad_preferences_name_the_field_and_change_nothing() {
             v1::Preferences { muted_group_ids: vec![0], ..Default::default() },
             "preferences.muted_group_ids",
         ),
+        (v1::Preferences { locale: "english!".into(), ..Default::default() }, "preferences.locale"),
+        (v1::Preferences { locale: "x".repeat(65), ..Default::default() }, "preferences.locale"),
     ];
     for (preferences, field) in cases {
         let request = v1::SetPreferencesRequest { user_id: user, preferences: Some(preferences) };
@@ -234,10 +243,27 @@ async fn bad_preferences_name_the_field_and_change_nothing() {
         .into_inner()
         .preferences
         .unwrap();
-    assert_eq!(
-        (stored.muted_categories, stored.muted_group_ids),
-        (vec!["billing".into()], vec![7])
-    );
+    assert_eq!(stored, kept, "nothing changed");
+    app.cleanup().await;
+}
+
+#[tokio::test]
+async fn a_locale_is_stored_canonical_answered_and_cleared() {
+    let app = spawn_app().await;
+    let user = 6_500_011;
+    let set = |locale: &str| v1::SetPreferencesRequest {
+        user_id: user,
+        preferences: Some(v1::Preferences { locale: locale.to_owned(), ..Default::default() }),
+    };
+    let get = || async {
+        let request = v1::GetPreferencesRequest { user_id: user };
+        app.inbox().get_preferences(request).await.unwrap().into_inner().preferences.unwrap()
+    };
+    let answered = app.inbox().set_preferences(set("zh_hant_tw")).await.unwrap().into_inner();
+    assert_eq!(answered.preferences.unwrap().locale, "zh-Hant-TW", "canonical, as answered");
+    assert_eq!(get().await.locale, "zh-Hant-TW", "canonical, as stored");
+    app.inbox().set_preferences(set("")).await.unwrap();
+    assert_eq!(get().await.locale, "", "a replace without a locale clears it");
     app.cleanup().await;
 }
 

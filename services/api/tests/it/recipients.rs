@@ -817,7 +817,7 @@ async fn recorded_applies_item_lookups_and_status_give_the_same_states() {
     let muted: BTreeSet<u64> = users.iter().copied().step_by(37).collect();
     for user in &muted {
         let preferences =
-            v1::Preferences { muted_categories: vec!["billing".into()], muted_group_ids: vec![] };
+            v1::Preferences { muted_categories: vec!["billing".into()], ..Default::default() };
         let request = v1::SetPreferencesRequest { user_id: *user, preferences: Some(preferences) };
         app.inbox().set_preferences(request).await.unwrap();
     }

@@ -153,9 +153,14 @@ async fn preferences_and_groups_answer_as_grpc_does() {
         groups.send_group_message(request).await.unwrap();
     }
 
-    let muted = json!({ "muted_categories": ["promo"], "muted_group_ids": [] });
+    let muted =
+        json!({ "muted_categories": ["promo"], "muted_group_ids": [], "locale": "zh_hans" });
     let put = send(&edge, &token, "PUT", "/v1/preferences", &muted).await;
     assert_eq!(put.status, 200, "{:?}", put.body);
+    assert_eq!(put.body["locale"], "zh-Hans", "answered canonical");
+    let bad = json!({ "locale": "not a tag" });
+    let refused = send(&edge, &token, "PUT", "/v1/preferences", &bad).await;
+    assert_eq!((refused.status, refused.field()), (400, "locale"), "{:?}", refused.body);
     let grpc = app
         .inbox()
         .get_preferences(v1::GetPreferencesRequest { user_id: user })
@@ -164,7 +169,10 @@ async fn preferences_and_groups_answer_as_grpc_does() {
         .into_inner()
         .preferences
         .unwrap();
-    assert_eq!(grpc.muted_categories, ["promo"]);
+    assert_eq!(
+        (grpc.muted_categories, grpc.locale.as_str()),
+        (vec!["promo".to_owned()], "zh-Hans")
+    );
     assert_eq!(get(&edge, &token, "/v1/preferences").await.body, put.body);
 
     let listed = get(&edge, &token, "/v1/groups").await;

@@ -1,11 +1,11 @@
 //! A user's preferences row (`user_preferences`, on the user's shard): what
-//! they mute, and since when they are erased. The fan-out checks it in the
+//! they mute, their language, and since when they are erased. The fan-out checks it in the
 //! same statement that writes the items ([`LETS_THROUGH`]), so a preference
 //! costs one primary-key lookup per recipient, and nothing for users who
 //! have none.
 
 use crate::error::Result;
-use notify_domain::preferences::{Preferences, join_list, split_list};
+use notify_domain::preferences::{Locale, Preferences, join_list, split_list};
 use sqlx::MySqlPool;
 use tracing::instrument;
 
@@ -45,19 +45,21 @@ impl Suppression {
 /// Reads a user's preferences (empty when the user has none).
 #[instrument(level = "debug", skip_all, fields(db.system = "mysql"))]
 pub async fn get<'e>(db: impl sqlx::MySqlExecutor<'e>, user_id: u64) -> Result<Preferences> {
-    let row: Option<(String, String)> = sqlx::query_as(
-        "SELECT muted_categories, muted_group_ids FROM user_preferences WHERE user_id = ?",
+    let row: Option<(String, String, String)> = sqlx::query_as(
+        "SELECT muted_categories, muted_group_ids, locale FROM user_preferences WHERE user_id = ?",
     )
     .bind(user_id)
     .fetch_optional(db)
     .await?;
-    Ok(row.map_or_else(Preferences::default, |(categories, groups)| Preferences {
+    Ok(row.map_or_else(Preferences::default, |(categories, groups, locale)| Preferences {
         muted_categories: split_list(&categories),
         muted_group_ids: split_list(&groups),
+        // Stored as parsed: a tag that no longer parses reads as none.
+        locale: (!locale.is_empty()).then(|| Locale::parse(&locale, "locale").ok()).flatten(),
     }))
 }
 
-/// Replaces a user's mutes (an erasure marker stays as it is) and records
+/// Replaces a user's mutes and locale (an erasure marker stays as it is) and records
 /// `event` in [`super::event_outbox`] (its row id is returned); with
 /// `repair` (Redis did not answer the caller's invalidation), records the
 /// user in [`super::badge_repairs`], all in one transaction.
@@ -71,13 +73,15 @@ pub async fn set(
 ) -> Result<u64> {
     let mut tx = pool.begin().await?;
     sqlx::query(
-        "INSERT INTO user_preferences (user_id, muted_categories, muted_group_ids) \
-         VALUES (?, ?, ?) ON DUPLICATE KEY UPDATE \
-         muted_categories = VALUES(muted_categories), muted_group_ids = VALUES(muted_group_ids)",
+        "INSERT INTO user_preferences (user_id, muted_categories, muted_group_ids, locale) \
+         VALUES (?, ?, ?, ?) ON DUPLICATE KEY UPDATE \
+         muted_categories = VALUES(muted_categories), muted_group_ids = VALUES(muted_group_ids), \
+         locale = VALUES(locale)",
     )
     .bind(user_id)
     .bind(join_list(&preferences.muted_categories))
     .bind(join_list(&preferences.muted_group_ids))
+    .bind(preferences.locale.as_ref().map_or("", Locale::as_str))
     .execute(&mut *tx)
     .await?;
     if repair {
@@ -112,7 +116,7 @@ impl Suppression {
     }
 }
 
-/// Leaves only the erasure marker of a user: no mutes, and items of sends
+/// Leaves only the erasure marker of a user: no mutes, no locale, and items of sends
 /// with an id below `before` (queued before the erasure) never written.
 pub async fn mark_erased<'e>(
     db: impl sqlx::MySqlExecutor<'e>,
@@ -121,7 +125,7 @@ pub async fn mark_erased<'e>(
 ) -> Result<()> {
     sqlx::query(
         "INSERT INTO user_preferences (user_id, erased_before) VALUES (?, ?) \
-         ON DUPLICATE KEY UPDATE muted_categories = '', muted_group_ids = '', \
+         ON DUPLICATE KEY UPDATE muted_categories = '', muted_group_ids = '', locale = '', \
          erased_before = GREATEST(erased_before, VALUES(erased_before))",
     )
     .bind(user_id)

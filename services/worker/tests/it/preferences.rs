@@ -27,7 +27,7 @@ async fn both_ways_of_checking_preferences_hold_back_the_same_recipients() {
     let muting: HashSet<u64> = users.iter().copied().filter(|u| u % 10 == 0).collect();
     for user in &muting {
         let preferences =
-            v1::Preferences { muted_categories: vec!["promo".to_owned()], muted_group_ids: vec![] };
+            v1::Preferences { muted_categories: vec!["promo".to_owned()], ..Default::default() };
         let request = v1::SetPreferencesRequest { user_id: *user, preferences: Some(preferences) };
         app.inbox().set_preferences(request).await.unwrap();
     }

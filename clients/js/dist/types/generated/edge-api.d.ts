@@ -138,8 +138,8 @@ export interface paths {
         /** `GET /v1/preferences`: what the user mutes. */
         get: operations["get_preferences"];
         /**
-         * `PUT /v1/preferences`: replaces what the user mutes; answers what is
-         *     stored.
+         * `PUT /v1/preferences`: replaces what the user mutes and their locale;
+         *     answers what is stored.
          */
         put: operations["set_preferences"];
         post?: never;
@@ -407,8 +407,14 @@ export interface components {
             /** @description An edit's new title. */
             title?: string | null;
         };
-        /** @description What the user mutes. */
+        /** @description What the user mutes, and their language. */
         Preferences: {
+            /**
+             * @description The language the user reads, a BCP 47 tag (`zh-Hant-TW`), answered
+             *     in its canonical form; `""` (or absent): not set.
+             * @example zh-Hant-TW
+             */
+            locale?: string;
             /** @description Categories not delivered to the user (critical sends still are). */
             muted_categories?: string[];
             /** @description Groups whose unread stays out of the badge. */
