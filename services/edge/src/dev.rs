@@ -61,26 +61,26 @@ pub fn enabled(settings: &Settings, listening: SocketAddr) -> bool {
     !settings.auth.enabled && listening.ip().is_loopback()
 }
 
-/// The example's routes.
+/// The example's routes: each file at `/dev/<name>`, the page at `/dev/`
+/// too.
 pub fn routes() -> Router<Edge> {
-    let mut router = Router::new()
-        .route("/dev/", get(|| async { file("index.html") }))
-        .route("/dev/token", post(token))
-        .route(
-            "/dev/csp-report",
-            post(csp_report).layer(axum::extract::DefaultBodyLimit::max(CSP_REPORT_MAX_BYTES)),
-        );
-    for (name, _, _) in FILES {
-        router = router.route(&format!("/dev/{name}"), get(move || async move { file(name) }));
+    let mut router = Router::new().route("/dev/token", post(token)).route(
+        "/dev/csp-report",
+        post(csp_report).layer(axum::extract::DefaultBodyLimit::max(CSP_REPORT_MAX_BYTES)),
+    );
+    for (name, content_type, text) in FILES {
+        let page = get(move || async move { file(content_type, text) });
+        if name == "index.html" {
+            router = router.route("/dev/", page.clone());
+        }
+        router = router.route(&format!("/dev/{name}"), page);
     }
     router
 }
 
-fn file(name: &str) -> Response {
-    let Some((_, content_type, text)) = FILES.iter().find(|(file, _, _)| *file == name) else {
-        return ApiError::from(notify_domain::Error::NotFound("route".into())).into_response();
-    };
-    let mut response = (*text).into_response();
+/// A file of the page, under the page's policy.
+fn file(content_type: &'static str, text: &'static str) -> Response {
+    let mut response = text.into_response();
     let headers = response.headers_mut();
     headers.insert(header::CONTENT_TYPE, HeaderValue::from_static(content_type));
     headers
