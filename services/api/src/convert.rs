@@ -6,7 +6,8 @@ use notify_core::control::OperationKind;
 use notify_core::inbox::{Action, InboxPage, InboxRow, ItemFilter, PageFormat, View};
 use notify_core::send::{MessageView, Progress};
 use notify_domain::auth::{Client, Scope};
-use notify_domain::domain::{self, AudienceKind, Content, Priority, SendStatus};
+use notify_domain::domain::{self, AudienceKind, Content, Priority, Recipients, SendStatus};
+use notify_domain::template::{Template, Translation};
 use notify_domain::{Error, Result};
 use notify_proto::v1;
 
@@ -48,6 +49,8 @@ pub fn inbox_item(row: InboxRow) -> v1::InboxItem {
             title: row.title,
             body: row.body,
             category: row.category,
+            // Rendered for the reader already.
+            template: None,
         }),
         created_at: Some(timestamp(row.created_at)),
         read: row.is_read,
@@ -167,11 +170,26 @@ pub fn page_limit(raw: u32, max: u32, field: &str) -> Result<u32> {
 /// Validates and converts content; `field` names it in errors.
 pub fn content(raw: Option<v1::Content>, field: &str) -> Result<Content> {
     let raw = raw.ok_or_else(|| Error::invalid(field, "is required"))?;
+    let template = raw
+        .template
+        .map(|t| {
+            let translations = t.translations.into_iter().map(|(tag, translation)| {
+                (tag, Translation { title: translation.title, body: translation.body })
+            });
+            Template::new(
+                t.vars.into_iter().collect(),
+                translations,
+                t.recipient_vars,
+                &format!("{field}.template"),
+            )
+        })
+        .transpose()?;
     let content = Content {
         title: raw.title,
         body: raw.body,
         category: raw.category,
         data: raw.data.into_iter().collect(),
+        template,
     };
     content.validate(field)?;
     Ok(content)
@@ -184,6 +202,40 @@ pub fn content_to_proto(content: Content) -> v1::Content {
         body: content.body,
         category: content.category,
         data: content.data.into_iter().collect(),
+        template: content.template.map(|t| v1::Template {
+            vars: t.vars.into_iter().collect(),
+            translations: t
+                .translations
+                .into_iter()
+                .map(|(tag, tr)| (tag, v1::Translation { title: tr.title, body: tr.body }))
+                .collect(),
+            recipient_vars: t.recipient_vars.into_iter().collect(),
+        }),
+    }
+}
+
+/// A request's recipients: bare `user_ids`, or `recipients` with their
+/// vars (not both); `field` is the message that holds them.
+pub fn recipients(
+    user_ids: &[u64],
+    recipients: Vec<v1::RecipientVars>,
+    max: usize,
+    field: &str,
+    hint: &str,
+) -> Result<Recipients> {
+    let prefix = if field.is_empty() { String::new() } else { format!("{field}.") };
+    match (user_ids.is_empty(), recipients.is_empty()) {
+        (false, false) => Err(Error::invalid(
+            &format!("{prefix}recipients"),
+            &format!("cannot be given with {prefix}user_ids: list every user in one of them"),
+        )),
+        (_, true) => Recipients::ids(user_ids, max, &format!("{prefix}user_ids"), hint),
+        (true, false) => Recipients::with_vars(
+            recipients.into_iter().map(|r| (r.user_id, r.vars.into_iter().collect())).collect(),
+            max,
+            &format!("{prefix}recipients"),
+            hint,
+        ),
     }
 }
 
@@ -273,6 +325,15 @@ pub fn new_send(
     }
     domain::validate_idempotency_key(&fields.idempotency_key, "idempotency_key")?;
     let content = content(fields.content, "content")?;
+    if audience == AudienceKind::AllUsers
+        && content.template.as_ref().is_some_and(Template::per_recipient)
+    {
+        return Err(Error::invalid(
+            "content.template.recipient_vars",
+            "must be empty for all_users: an announcement is stored once and rendered with \
+             the send-wide vars in each reader's language",
+        ));
+    }
     let priority = priority(fields.priority)?;
     let (send_at, expire_at) =
         schedule(fields.send_at.as_ref(), fields.expire_at.as_ref(), past_tolerance_secs)?;

@@ -395,6 +395,7 @@ async fn seed_badges(env: &mut Env, channel: &Channel, args: &BadgeArgs) -> anyh
         body: "Seed message of notify-bench badge.".into(),
         category: "bench".into(),
         data: Default::default(),
+        ..Default::default()
     };
     let message_id = if users.len() <= 100_000 {
         messages
@@ -403,6 +404,7 @@ async fn seed_badges(env: &mut Env, channel: &Channel, args: &BadgeArgs) -> anyh
                 content: Some(content),
                 audience: Some(v1::send_message_request::Audience::Users(v1::UserAudience {
                     user_ids: users.clone(),
+                    ..Default::default()
                 })),
                 ..Default::default()
             })

@@ -540,6 +540,7 @@ async fn senders(
                 content: Some(content(key.clone())),
                 audience: Some(v1::send_message_request::Audience::Users(v1::UserAudience {
                     user_ids: (first..first + size).collect(),
+                    ..Default::default()
                 })),
                 ..Default::default()
             };
@@ -590,6 +591,7 @@ async fn big_send(
             message_id: id,
             batch_number: index as u64 + 1,
             user_ids: (start..(start + 50_000).min(first + size)).collect(),
+            ..Default::default()
         };
         retried(channels, shared, 30, |channel| {
             let batch = batch.clone();

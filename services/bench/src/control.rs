@@ -201,6 +201,7 @@ async fn scheduled(channel: &Channel, n: u64) -> anyhow::Result<u64> {
             message_id: id,
             batch_number: index as u64 + 1,
             user_ids: batch.to_vec(),
+            ..Default::default()
         };
         messages.append_recipients(request).await.context("AppendRecipients")?;
     }
@@ -263,5 +264,6 @@ fn content(title: &str) -> v1::Content {
         body: "notify-bench control".into(),
         category: "bench".into(),
         data: Default::default(),
+        ..Default::default()
     }
 }

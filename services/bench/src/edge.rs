@@ -352,6 +352,7 @@ async fn deliver(run: &Run<'_>, held: &[usize]) -> anyhow::Result<Delivery> {
         body: "One send, every connected user among its recipients.".into(),
         category: "bench".into(),
         data: HashMap::new(),
+        ..Default::default()
     };
     let recipients: Vec<u64> = (1..=run.args.recipients).collect();
     let message_id = harness::draft(&run.channel, content, &recipients).await?;

@@ -263,6 +263,7 @@ async fn send(channel: &Channel, recipients: &[u64]) -> anyhow::Result<u64> {
         body: "One send, many followed users.".into(),
         category: "bench".into(),
         data: HashMap::new(),
+        ..Default::default()
     };
     harness::send_draft(channel, content, recipients).await
 }

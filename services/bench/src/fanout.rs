@@ -350,7 +350,7 @@ async fn run_baseline(
     // mutes, each statement without the rows of the recipients who mute.
     let mut per_shard: Vec<Vec<Vec<u64>>> = vec![Vec::new(); settings.database.shards.len()];
     for (index, batch) in users.chunks(args.batch_size).enumerate() {
-        for (shard, chunks) in plan_batch(&map, index as u64 + 1, batch, CHUNK)? {
+        for (shard, chunks) in plan_batch(&map, index as u64 + 1, batch, None, CHUNK)? {
             let slot = map.slot_of(shard).context("shard slot")?;
             let delivered = chunks.into_iter().map(|chunk| {
                 chunk.user_ids.into_iter().filter(|u| !mutes.mutes(*u)).collect::<Vec<_>>()
@@ -464,6 +464,7 @@ async fn run_notify(
             .into(),
         category: category.into(),
         data: [("source".to_owned(), "notify-bench".to_owned())].into(),
+        ..Default::default()
     };
     let expire = prost_types::Timestamp { seconds: expire_at.and_utc().timestamp(), nanos: 0 };
 
@@ -495,6 +496,7 @@ async fn run_notify(
                 message_id,
                 batch_number: index as u64 + 1,
                 user_ids: ids,
+                ..Default::default()
             })
             .await
             .with_context(|| format!("AppendRecipients batch {}", index + 1))?

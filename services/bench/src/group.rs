@@ -226,6 +226,7 @@ async fn send(mut client: Client, group_id: u64) -> anyhow::Result<(u64, u64, u6
             body: "A group message of notify-bench group, about as long as a chat line.".into(),
             category: "bench".into(),
             data: Default::default(),
+            ..Default::default()
         }),
     };
     let started = Instant::now();

@@ -702,6 +702,7 @@ pub async fn draft(channel: &Channel, content: v1::Content, users: &[u64]) -> an
                 message_id: id,
                 batch_number: index as u64 + 1,
                 user_ids: batch.to_vec(),
+                ..Default::default()
             })
             .await
             .context("AppendRecipients")?;

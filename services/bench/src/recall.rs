@@ -66,6 +66,7 @@ async fn body(env: &mut Env, args: &RecallArgs) -> anyhow::Result<String> {
         body: "A send taken back from every inbox.".into(),
         category: "bench".into(),
         data: Default::default(),
+        ..Default::default()
     };
     let id = harness::draft(&channel, content, &users).await?;
     // Each timed phase starts on a server done writing what came before

@@ -124,6 +124,7 @@ async fn body(env: &mut Env, args: &RecipientsArgs) -> anyhow::Result<String> {
         body: "A send whose recipients are listed page by page.".into(),
         category: CATEGORY.into(),
         data: Default::default(),
+        ..Default::default()
     };
     let id = harness::send_draft(&channel, content, &users).await?;
     let sent_at = Instant::now();

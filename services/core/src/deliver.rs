@@ -19,6 +19,8 @@
 //! The task is acknowledged only after all of it, so a crash anywhere means a
 //! redelivery, and a redelivery changes nothing that already happened.
 
+use std::collections::HashMap;
+
 use shard_router::{Key, ShardId, Snapshot};
 use sqlx::MySqlPool;
 use tracing::{debug, instrument, warn};
@@ -27,6 +29,7 @@ use crate::context::Context;
 use crate::control;
 use crate::events::{self, BusEvent};
 use crate::queue::ChunkTask;
+use crate::render;
 use crate::send;
 use notify_domain::domain::{Lane, MessageId, SendStatus};
 use notify_domain::error::{Error, Result};
@@ -175,7 +178,25 @@ async fn announce_delivered(
         } else {
             (chunks::recipients_with_item(pool, message_id, &chunk.user_ids).await?, None)
         };
-        announce_items(ctx, message_id, with_item, group.summary.clone(), at).await?;
+        let titles = match &group.template {
+            Some(template) => {
+                let texts = render::Texts {
+                    message_id: message_id.get(),
+                    edited_at: group.edited_at,
+                    template,
+                    title: &group.summary.title,
+                    body: None,
+                    data: "{}",
+                };
+                let vars: Option<HashMap<u64, &str>> = chunk.vars.as_ref().map(|vars| {
+                    chunk.user_ids.iter().copied().zip(vars.iter().map(String::as_str)).collect()
+                });
+                render::titles(pool, &texts, &with_item, vars.as_ref()).await?
+            }
+            None => Vec::new(),
+        };
+        let items = Delivered { user_ids: with_item, titles, summary: group.summary.clone() };
+        announce_items(ctx, message_id, items, at).await?;
     }
     Ok(())
 }
@@ -252,7 +273,7 @@ async fn apply_placed(
                 drop(routes);
                 splits += 1;
                 for chunk in chunks {
-                    split(ctx, shard, message_id, chunk.chunk_id, &chunk.user_ids).await?;
+                    split(ctx, shard, message_id, &chunk).await?;
                 }
             }
             ApplyOutcome::Misplaced { chunks } => {
@@ -292,9 +313,11 @@ async fn split(
     ctx: &Context,
     shard: ShardId,
     message_id: MessageId,
-    chunk_id: u64,
-    user_ids: &[u64],
+    chunk: &GroupChunk,
 ) -> Result<()> {
+    let (chunk_id, user_ids) = (chunk.chunk_id, chunk.user_ids.as_slice());
+    let vars: Option<HashMap<u64, &String>> =
+        chunk.vars.as_ref().map(|vars| user_ids.iter().copied().zip(vars).collect());
     let keys: Vec<Key<'_>> =
         user_ids.iter().map(|u| Key::User(*u)).chain([Key::Message(message_id.get())]).collect();
     let routes = ctx.writable_snapshot(&keys).await?;
@@ -316,8 +339,14 @@ async fn split(
         let target = routes
             .get(owner)
             .ok_or_else(|| Error::Internal(format!("the shard map names unknown shard {owner}")))?;
-        let chunk =
-            ChunkPlan { chunk_id: split_chunk_id(chunk_id, owner, &users), user_ids: users };
+        let own_vars = vars.as_ref().map(|vars| {
+            users.iter().filter_map(|user| vars.get(user).map(|v| (*v).clone())).collect()
+        });
+        let chunk = ChunkPlan {
+            chunk_id: split_chunk_id(chunk_id, owner, &users),
+            user_ids: users,
+            vars: own_vars,
+        };
         chunks::store_split(target, message_id, &content, &chunk).await?;
         tasks.push(ChunkTask::deliver(message_id.get(), chunk.chunk_id, owner.0));
     }
@@ -389,19 +418,27 @@ fn without(mut user_ids: Vec<u64>, held_back: &[u64]) -> Vec<u64> {
     user_ids
 }
 
+/// Who got a chunk's items, and what their events show.
+struct Delivered {
+    user_ids: Vec<u64>,
+    /// Each one's title, for a templated content (else empty).
+    titles: Vec<String>,
+    summary: ContentSummary,
+}
+
 /// Publishes the chunk's [`BusEvent::ItemsDelivered`]. Before the ack: a
 /// failure fails the task, whose redelivery publishes again.
 async fn announce_items(
     ctx: &Context,
     message_id: MessageId,
-    user_ids: Vec<u64>,
-    summary: ContentSummary,
+    items: Delivered,
     committed_at_ms: Option<i64>,
 ) -> Result<()> {
     let event = BusEvent::ItemsDelivered {
         message_id: message_id.get(),
-        user_ids,
-        summary,
+        user_ids: items.user_ids,
+        summary: items.summary,
+        titles: items.titles,
         committed_at_ms,
     };
     events::publish(ctx, &event).await

@@ -57,6 +57,22 @@ pub async fn edit(
             &format!("must stay {:?}: items are filed and muted by it", row.category),
         ));
     }
+    // Recipients' vars are stored with their items: an edit renders them
+    // anew, so it must take the same names.
+    let declared = |content: &Content| {
+        content.template.as_ref().map(|t| t.recipient_vars.clone()).unwrap_or_default()
+    };
+    let stored = declared(&row.content());
+    if declared(content) != stored {
+        let names: Vec<&str> = stored.iter().map(String::as_str).collect();
+        return Err(Error::invalid(
+            "content.template.recipient_vars",
+            &format!(
+                "must stay [{}]: the recipients' vars are stored with their items",
+                names.join(", ")
+            ),
+        ));
+    }
     let change = ControlChange::Content(content);
     control::begin(ctx, &row, change, OperationKind::Edit, None).await?;
     info!(message_id = %message_id, "message edited");

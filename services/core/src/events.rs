@@ -56,6 +56,10 @@ pub enum BusEvent {
         /// What the gateway shows.
         #[serde(rename = "c")]
         summary: ContentSummary,
+        /// For a templated content: each recipient's rendered title,
+        /// aligned with `user_ids` (the summary's title is the template).
+        #[serde(rename = "ts", default, skip_serializing_if = "Vec::is_empty")]
+        titles: Vec<String>,
         /// When the chunk's transaction committed, ms since the epoch (unset
         /// when a redelivery publishes it again).
         #[serde(rename = "k", default, skip_serializing_if = "Option::is_none")]
@@ -146,7 +150,8 @@ pub enum BusEvent {
         /// The send.
         #[serde(rename = "m")]
         message_id: u64,
-        /// The new title.
+        /// The new title; empty for a templated content, whose title
+        /// differs by reader.
         #[serde(rename = "ti")]
         title: String,
         /// When, ms since the epoch.
@@ -335,6 +340,7 @@ mod tests {
                 created_at_ms: 1_700_000_000_000,
                 expire_at_ms: None,
             },
+            titles: vec!["Hi Ann".to_owned(), "Hi Bo".to_owned()],
             committed_at_ms: Some(1_700_000_000_001),
         };
         let bytes = event.encode();

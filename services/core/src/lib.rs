@@ -27,6 +27,7 @@ pub mod preferences;
 pub mod queue;
 pub mod recall;
 pub mod recipients;
+pub mod render;
 pub mod repair;
 pub mod retention;
 pub mod send;

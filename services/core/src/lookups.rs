@@ -104,7 +104,7 @@ pub struct UserState {
     /// What the user mutes.
     pub preferences: Preferences,
     /// The newest items of the view asked for (as stored: nothing is
-    /// materialized by looking).
+    /// materialized by looking), rendered for the user.
     pub items: Vec<InboxRow>,
 }
 
@@ -125,6 +125,8 @@ pub async fn user(
         async { Ok(items::list(&*pool, user_id.get(), &query).await?) },
     )
     .await?;
+    let mut items = items;
+    crate::render::rows(&mut items);
     Ok(UserState { badge, groups, preferences, items })
 }
 

@@ -5,6 +5,7 @@ use std::collections::BTreeMap;
 use std::fmt;
 
 use crate::error::{Error, Result};
+use crate::template::Template;
 
 /// Longest title, in characters.
 pub const MAX_TITLE_CHARS: usize = 200;
@@ -180,6 +181,9 @@ pub struct Content {
     pub category: String,
     /// Application data.
     pub data: BTreeMap<String, String>,
+    /// When set, `title`, `body` and the `data` values are templates filled
+    /// per recipient ([`crate::template`]).
+    pub template: Option<Template>,
 }
 
 impl Content {
@@ -214,7 +218,15 @@ impl Content {
                 &format!("is {data_bytes} bytes, the limit is {MAX_DATA_BYTES}"),
             ));
         }
+        if let Some(template) = &self.template {
+            template.check(field, &self.title, &self.body, &self.data)?;
+        }
         Ok(())
+    }
+
+    /// Encodes `template` as stored (`None` for plain content).
+    pub fn template_json(&self) -> Option<String> {
+        self.template.as_ref().map(Template::to_json)
     }
 
     /// Encodes `data` as the JSON object stored in the database.
@@ -376,6 +388,109 @@ pub fn validate_user_ids(raw: &[u64], max: usize, field: &str, hint: &str) -> Re
     Ok(ids)
 }
 
+/// A batch of recipients: sorted, distinct user ids, with each one's own
+/// template variables when the send's template asks for them.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Recipients {
+    /// Sorted, distinct.
+    user_ids: Vec<u64>,
+    /// Each one's vars, aligned with `user_ids`, with their index in the
+    /// request (for errors); `None` when given as bare ids.
+    vars: Option<Vec<(usize, BTreeMap<String, String>)>>,
+    /// The request field that listed them.
+    field: String,
+}
+
+impl Recipients {
+    /// Bare ids ([`validate_user_ids`]).
+    pub fn ids(raw: &[u64], max: usize, field: &str, hint: &str) -> Result<Self> {
+        let user_ids = validate_user_ids(raw, max, field, hint)?;
+        Ok(Self { user_ids, vars: None, field: field.to_owned() })
+    }
+
+    /// Users with their vars: none zero, none twice, at most `max`.
+    pub fn with_vars(
+        raw: Vec<(u64, BTreeMap<String, String>)>,
+        max: usize,
+        field: &str,
+        hint: &str,
+    ) -> Result<Self> {
+        if raw.is_empty() {
+            return Err(Error::invalid(field, "must contain at least one recipient"));
+        }
+        if raw.len() > max {
+            return Err(Error::invalid(
+                field,
+                &format!("has {} recipients, the limit is {max}{hint}", raw.len()),
+            ));
+        }
+        let mut entries: Vec<(u64, usize, BTreeMap<String, String>)> =
+            Vec::with_capacity(raw.len());
+        for (index, (user_id, vars)) in raw.into_iter().enumerate() {
+            UserId::parse(user_id, &format!("{field}[{index}].user_id"))?;
+            entries.push((user_id, index, vars));
+        }
+        entries.sort_unstable_by_key(|(user_id, index, _)| (*user_id, *index));
+        if let Some(pair) = entries.windows(2).find(|pair| pair[0].0 == pair[1].0) {
+            return Err(Error::invalid(
+                &format!("{field}[{}].user_id", pair[1].1),
+                &format!("user {} is listed twice (at {} too)", pair[1].0, pair[0].1),
+            ));
+        }
+        let user_ids = entries.iter().map(|(user_id, ..)| *user_id).collect();
+        let vars = entries.into_iter().map(|(_, index, vars)| (index, vars)).collect();
+        Ok(Self { user_ids, vars: Some(vars), field: field.to_owned() })
+    }
+
+    /// The user ids, sorted and distinct.
+    pub fn user_ids(&self) -> &[u64] {
+        &self.user_ids
+    }
+
+    /// How many.
+    pub fn len(&self) -> usize {
+        self.user_ids.len()
+    }
+
+    /// True when there are none.
+    pub fn is_empty(&self) -> bool {
+        self.user_ids.is_empty()
+    }
+
+    /// Each recipient's vars as stored (JSON objects, aligned with
+    /// [`Self::user_ids`]) for a send with `template`; `None` when its
+    /// recipients carry none. INVALID_ARGUMENT when the template asks for
+    /// vars these recipients lack, or they carry vars it does not declare.
+    pub fn stored_vars(&self, template: Option<&Template>) -> Result<Option<Vec<String>>> {
+        let declared = template.filter(|template| template.per_recipient());
+        match (&self.vars, declared) {
+            (None, None) => Ok(None),
+            (None, Some(template)) => Err(Error::invalid(
+                &self.field,
+                &format!(
+                    "the send's template has recipient_vars ({}): list the users as recipients, \
+                     each with their vars",
+                    template.recipient_vars.iter().cloned().collect::<Vec<_>>().join(", ")
+                ),
+            )),
+            (Some(vars), None) => match vars.iter().find(|(_, vars)| !vars.is_empty()) {
+                Some((index, _)) => Err(Error::invalid(
+                    &format!("{}[{index}].vars", self.field),
+                    "the send's template declares no recipient_vars",
+                )),
+                None => Ok(None),
+            },
+            (Some(vars), Some(template)) => vars
+                .iter()
+                .map(|(index, vars)| {
+                    template.recipient_vars_json(vars, &format!("{}[{index}].vars", self.field))
+                })
+                .collect::<Result<Vec<_>>>()
+                .map(Some),
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -386,6 +501,7 @@ mod tests {
             body: body.into(),
             category: String::new(),
             data: BTreeMap::new(),
+            template: None,
         }
     }
 

@@ -19,6 +19,7 @@ pub mod ids;
 pub mod preferences;
 pub mod scope;
 pub mod settings;
+pub mod template;
 
 pub use error::{Error, Result};
 pub use settings::Settings;

@@ -42,6 +42,7 @@ impl ContentArgs {
             body: self.body.clone(),
             category: self.category.clone(),
             data: Default::default(),
+            ..Default::default()
         }
     }
 }
@@ -126,6 +127,7 @@ pub async fn send(channel: Api, args: SendArgs) -> anyhow::Result<()> {
                 content: Some(content),
                 audience: Some(v1::send_message_request::Audience::Users(v1::UserAudience {
                     user_ids: ids.clone(),
+                    ..Default::default()
                 })),
                 send_at: args.message.at.map(timestamp),
                 expire_at: args.expire.map(timestamp),
@@ -155,6 +157,7 @@ pub async fn send(channel: Api, args: SendArgs) -> anyhow::Result<()> {
                     message_id: created.message_id,
                     batch_number: index as u64 + 1,
                     user_ids: batch.to_vec(),
+                    ..Default::default()
                 })
                 .await?;
             bar.inc(batch.len() as u64);

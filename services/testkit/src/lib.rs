@@ -612,6 +612,7 @@ pub fn content(title: &str) -> v1::Content {
         body: format!("body of {title}"),
         category: "system".to_owned(),
         data: [("link".to_owned(), "app://inbox".to_owned())].into_iter().collect(),
+        ..Default::default()
     }
 }
 
@@ -621,7 +622,10 @@ pub fn send_request(user_ids: Vec<u64>) -> v1::SendMessageRequest {
         sender: "tests".to_owned(),
         idempotency_key: String::new(),
         content: Some(content("hello")),
-        audience: Some(v1::send_message_request::Audience::Users(v1::UserAudience { user_ids })),
+        audience: Some(v1::send_message_request::Audience::Users(v1::UserAudience {
+            user_ids,
+            ..Default::default()
+        })),
         send_at: None,
         expire_at: None,
         priority: 0,

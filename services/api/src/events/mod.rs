@@ -267,12 +267,18 @@ fn event_kind(event: &Event) -> &'static str {
     }
 }
 
-/// The gateway's `ItemDelivered` of a send's item for `user_id`.
-fn delivered(user_id: u64, message_id: u64, summary: &ContentSummary) -> Event {
+/// The gateway's `ItemDelivered` of a send's item for `user_id`: the
+/// summary's title, or the user's own (`title`) for a templated content.
+fn delivered(
+    user_id: u64,
+    message_id: u64,
+    summary: &ContentSummary,
+    title: Option<&str>,
+) -> Event {
     Event::ItemDelivered(v1::ItemDelivered {
         user_id,
         message_id,
-        title: summary.title.clone(),
+        title: title.unwrap_or(&summary.title).to_owned(),
         category: summary.category.clone(),
         created_at: Some(timestamp_ms(summary.created_at_ms)),
     })
@@ -533,13 +539,12 @@ impl Hub {
             tables.groups.get(&group_id).is_some_and(|members| members.contains(&user_id))
         };
         match event {
-            BusEvent::ItemsDelivered { message_id, user_ids, summary, .. }
-                if user_ids.contains(&user_id) =>
-            {
-                vec![delivered(user_id, *message_id, summary)]
+            BusEvent::ItemsDelivered { message_id, user_ids, summary, titles, .. } => {
+                let Some(at) = user_ids.iter().position(|u| *u == user_id) else { return vec![] };
+                vec![delivered(user_id, *message_id, summary, titles.get(at).map(String::as_str))]
             }
             BusEvent::Announced { message_id, summary } => {
-                vec![delivered(user_id, *message_id, summary)]
+                vec![delivered(user_id, *message_id, summary, None)]
             }
             BusEvent::Revoked { message_id, user_ids }
                 if user_ids.as_ref().is_none_or(|ids| ids.contains(&user_id)) =>
@@ -644,13 +649,17 @@ impl Hub {
 
     fn route(&self, event: BusEvent, at: Option<Position>) {
         match event {
-            BusEvent::ItemsDelivered { message_id, user_ids, summary, committed_at_ms } => {
+            BusEvent::ItemsDelivered { message_id, user_ids, summary, titles, committed_at_ms } => {
                 if let Some(committed) = committed_at_ms {
                     let lag_ms = (chrono::Utc::now().timestamp_millis() - committed).max(0);
                     metrics::histogram!("notify_event_commit_lag_seconds")
                         .record(lag_ms as f64 / 1000.0);
                 }
-                let followed = self.deliver(at, message_id, &summary, user_ids.iter().copied());
+                let titles: HashMap<u64, &str> =
+                    user_ids.iter().copied().zip(titles.iter().map(String::as_str)).collect();
+                let followed = self.offer_each(at, user_ids.iter().copied(), |user_id| {
+                    delivered(user_id, message_id, &summary, titles.get(&user_id).copied())
+                });
                 self.expire_later(&summary, followed.clone());
                 self.badges_changed(followed);
             }
@@ -767,7 +776,7 @@ impl Hub {
         summary: &ContentSummary,
         user_ids: impl IntoIterator<Item = u64>,
     ) -> Vec<u64> {
-        self.offer_each(at, user_ids, |user_id| delivered(user_id, message_id, summary))
+        self.offer_each(at, user_ids, |user_id| delivered(user_id, message_id, summary, None))
     }
 
     /// Offers `event` of each followed user among `user_ids` to each of the

@@ -4,6 +4,7 @@
 use notify_core::Context;
 use notify_core::audit::Target;
 use notify_core::groups::{self, MAX_MEMBER_BATCH, MAX_PULL_LIMIT};
+use notify_domain::Error;
 use notify_domain::domain::{self, UserId};
 use notify_proto::v1;
 use notify_proto::v1::group_service_server::GroupService;
@@ -49,6 +50,7 @@ fn group_message(row: groups::GroupMessageRow) -> v1::GroupMessage {
             body: row.body,
             category: row.category,
             data: domain::Content::data_from_json(&row.data),
+            template: None,
         })
     });
     v1::GroupMessage {
@@ -121,6 +123,13 @@ impl GroupService for GroupApi {
         let sender = convert::sender(&caller, req.sender, "sender").into_status()?;
         domain::validate_idempotency_key(&req.idempotency_key, "idempotency_key").into_status()?;
         let content = convert::content(req.content, "content").into_status()?;
+        if content.template.is_some() {
+            return Err(Error::invalid(
+                "content.template",
+                "group messages take no template (a group's messages are the same for every member)",
+            ))
+            .into_status();
+        }
         let message = groups::NewMessage {
             group_id: group,
             sender,

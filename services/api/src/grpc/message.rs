@@ -12,7 +12,7 @@ use notify_core::send::{self, MessageView};
 use notify_core::{edit, recall};
 use notify_domain::Error;
 use notify_domain::auth::Caller;
-use notify_domain::domain::{self, AudienceKind, MessageId};
+use notify_domain::domain::{self, AudienceKind, MessageId, Recipients};
 use notify_proto::v1;
 use notify_proto::v1::message_service_server::MessageService;
 use tokio_stream::wrappers::ReceiverStream;
@@ -101,20 +101,19 @@ impl MessageService for MessageApi {
         let caller = caller(&request)?;
         let req = request.into_inner();
         let limits = &self.ctx.settings.send;
-        let (audience, user_ids) = match req.audience {
+        let (audience, recipients) = match req.audience {
             Some(v1::send_message_request::Audience::Users(users)) => {
-                let ids = domain::validate_user_ids(
+                let recipients = convert::recipients(
                     &users.user_ids,
+                    users.recipients,
                     limits.max_inline_recipients,
-                    "audience.users.user_ids",
+                    "audience.users",
                     DRAFT_FLOW_HINT,
                 )
                 .into_status()?;
-                (AudienceKind::Users, ids)
+                (AudienceKind::Users, Some(recipients))
             }
-            Some(v1::send_message_request::Audience::AllUsers(_)) => {
-                (AudienceKind::AllUsers, Vec::new())
-            }
+            Some(v1::send_message_request::Audience::AllUsers(_)) => (AudienceKind::AllUsers, None),
             None => {
                 return Err(Error::invalid("audience", "must be set to users or all_users"))
                     .into_status();
@@ -132,24 +131,28 @@ impl MessageService for MessageApi {
         let new_send =
             convert::new_send(&caller, fields, audience, limits.send_at_past_tolerance_secs)
                 .into_status()?;
-        let (action, result) = if audience == AudienceKind::AllUsers {
-            let sent = match self.quotas().admit_announcement(&caller).await {
-                Ok(()) => notify_core::announce::send(&self.ctx, &new_send).await,
-                Err(e) => Err(e),
-            };
-            ("announcement.send", sent)
-        } else {
-            let sent = match self.quotas().admit_recipients(&caller, user_ids.len() as u64).await {
-                Ok(()) => send::send_to_users(&self.ctx, &new_send, &user_ids).await,
-                Err(e) => Err(e),
-            };
-            ("message.send", sent)
+        let count = recipients.as_ref().map_or(0, Recipients::len);
+        let (action, result) = match &recipients {
+            None => {
+                let sent = match self.quotas().admit_announcement(&caller).await {
+                    Ok(()) => notify_core::announce::send(&self.ctx, &new_send).await,
+                    Err(e) => Err(e),
+                };
+                ("announcement.send", sent)
+            }
+            Some(recipients) => {
+                let sent = match self.quotas().admit_recipients(&caller, count as u64).await {
+                    Ok(()) => send::send_to_users(&self.ctx, &new_send, recipients).await,
+                    Err(e) => Err(e),
+                };
+                ("message.send", sent)
+            }
         };
         let target =
             result.as_ref().map_or(Target::None, |(c, _)| Target::Message(c.message_id.get()));
         let detail = match &result {
             Ok((created, _)) if created.deduplicated => "deduplicated".to_owned(),
-            _ if audience == AudienceKind::Users => format!("recipients={}", user_ids.len()),
+            _ if audience == AudienceKind::Users => format!("recipients={count}"),
             _ => String::new(),
         };
         audit(&self.ctx, &caller, action, target, &result, detail).await;
@@ -205,17 +208,19 @@ impl MessageService for MessageApi {
             ))
             .into_status();
         }
-        let ids = domain::validate_user_ids(
+        let recipients = convert::recipients(
             &req.user_ids,
+            req.recipients,
             self.ctx.settings.send.max_batch_recipients,
-            "user_ids",
+            "",
             "; split the list into more batches",
         )
         .into_status()?;
-        self.quotas().admit_recipients(&caller, ids.len() as u64).await.into_status()?;
+        self.quotas().admit_recipients(&caller, recipients.len() as u64).await.into_status()?;
         let owner = caller.sends_owner_filter();
-        let appended =
-            send::append(&self.ctx, id, owner, req.batch_number, &ids).await.into_status()?;
+        let appended = send::append(&self.ctx, id, owner, req.batch_number, &recipients)
+            .await
+            .into_status()?;
         Ok(Response::new(v1::AppendRecipientsResponse {
             message_id: id.get(),
             batch_number: req.batch_number,

@@ -450,6 +450,7 @@ async fn lifecycle_and_admin_actions_leave_audit_records() {
             message_id: draft,
             batch_number: 1,
             user_ids: vec![1, 2],
+            ..Default::default()
         })
         .await
         .unwrap();

@@ -301,6 +301,7 @@ async fn operations_an_api_died_after_recording_are_finished_by_a_sweeper() {
         body: "its body".into(),
         category: "system".into(),
         data: Default::default(),
+        template: None,
     };
     record_only(&app, edited, ControlChange::Content(&new_content), OperationKind::Edit).await;
     let from = SendStatus::CANCELLABLE;

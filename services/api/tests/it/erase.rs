@@ -180,6 +180,7 @@ async fn sends_queued_before_an_erasure_skip_the_user_and_later_ones_do_not() {
         message_id: draft,
         batch_number: 1,
         user_ids: vec![user, other],
+        ..Default::default()
     };
     app.messages().append_recipients(batch).await.unwrap();
     erase(&app, user).await;

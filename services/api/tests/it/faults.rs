@@ -78,8 +78,12 @@ async fn a_shard_down_mid_send_holds_back_only_its_own_chunks() {
     // makes its handshake (about five round trips) within the 5 s connect
     // timeout; at 1 s a round trip it sometimes did not.
     let id = crate::helpers::create_draft(&app, "a shard down mid send").await;
-    let batch =
-        v1::AppendRecipientsRequest { message_id: id, batch_number: 1, user_ids: users.clone() };
+    let batch = v1::AppendRecipientsRequest {
+        message_id: id,
+        batch_number: 1,
+        user_ids: users.clone(),
+        ..Default::default()
+    };
     app.messages().append_recipients(batch).await.unwrap();
     // Take down a shard that is not the send's home (whose status every
     // chunk reads): its own chunks wait, the others' must not.
@@ -247,8 +251,12 @@ async fn rabbitmq_connections_reset_during_the_starts_publishes_lose_and_double_
     let (app, proxies, _) = spawn_behind_proxies_with(settings).await;
     let users: Vec<u64> = (1..=20_000).collect();
     let id = crate::helpers::create_draft(&app, "resets during start").await;
-    let batch =
-        v1::AppendRecipientsRequest { message_id: id, batch_number: 1, user_ids: users.clone() };
+    let batch = v1::AppendRecipientsRequest {
+        message_id: id,
+        batch_number: 1,
+        user_ids: users.clone(),
+        ..Default::default()
+    };
     app.messages().append_recipients(batch).await.unwrap();
     let mut client = app.messages();
     let mut starting = tokio::spawn(async move {
@@ -305,8 +313,12 @@ async fn redis_down_mid_send_delivery_goes_on_and_no_stale_badge_is_served_after
     // Stored before the outage and started during it, so that no chunk can
     // be applied and settled before Redis goes away, however fast delivery is.
     let id = crate::helpers::create_draft(&app, "redis down mid send").await;
-    let batch =
-        v1::AppendRecipientsRequest { message_id: id, batch_number: 1, user_ids: users.clone() };
+    let batch = v1::AppendRecipientsRequest {
+        message_id: id,
+        batch_number: 1,
+        user_ids: users.clone(),
+        ..Default::default()
+    };
     app.messages().append_recipients(batch).await.unwrap();
     proxies.redis.down().await;
     // The api's near cache serves its copies until it notices the outage
@@ -564,6 +576,7 @@ async fn the_api_killed_between_batches_and_after_the_starts_commit_loses_and_do
         message_id: id,
         batch_number: number,
         user_ids: users.collect(),
+        ..Default::default()
     };
     first.messages().append_recipients(batch(1, 1..=5_000)).await.unwrap();
     first.kill().await;

@@ -74,7 +74,8 @@ pub async fn create_draft(app: &TestApp, title: &str) -> u64 {
 /// Appends `user_ids` to a draft as batch 1 and starts it.
 pub async fn append_and_start(app: &TestApp, message_id: u64, user_ids: Vec<u64>) {
     let mut client = app.messages();
-    let batch = v1::AppendRecipientsRequest { message_id, batch_number: 1, user_ids };
+    let batch =
+        v1::AppendRecipientsRequest { message_id, batch_number: 1, user_ids, ..Default::default() };
     client.append_recipients(batch).await.unwrap();
     client.start_message(v1::StartMessageRequest { message_id }).await.unwrap();
 }

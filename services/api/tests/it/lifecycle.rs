@@ -196,6 +196,7 @@ async fn illegal_transitions_are_failed_precondition_and_unknown_ids_not_found()
                 message_id: missing,
                 batch_number: 1,
                 user_ids: vec![1],
+                ..Default::default()
             })
             .await
             .unwrap_err(),
@@ -233,6 +234,7 @@ async fn a_half_appended_batch_blocks_start_until_it_is_appended_again() {
         message_id: id,
         batch_number: 1,
         user_ids: (1..=800).collect(),
+        ..Default::default()
     };
     client.append_recipients(batch.clone()).await.unwrap();
     // As if the api had died after storing the chunks but before recording
@@ -266,8 +268,12 @@ async fn a_cancelled_chunks_recipient_delivered_by_another_batch_counts_once() {
     let id = crate::helpers::create_draft(&app, "overlap").await;
     let mut client = app.messages();
     for (batch_number, users) in [(1, 1..=10u64), (2, 5..=15u64)] {
-        let batch =
-            v1::AppendRecipientsRequest { message_id: id, batch_number, user_ids: users.collect() };
+        let batch = v1::AppendRecipientsRequest {
+            message_id: id,
+            batch_number,
+            user_ids: users.collect(),
+            ..Default::default()
+        };
         client.append_recipients(batch).await.unwrap();
     }
     client.start_message(v1::StartMessageRequest { message_id: id }).await.unwrap();

@@ -29,6 +29,7 @@ mod server;
 mod shard_map;
 mod shard_move;
 mod states;
+mod templates;
 mod tls;
 mod traces;
 mod validation;

@@ -132,7 +132,12 @@ async fn a_recipient_in_two_chunks_is_taken_back_once() {
     let id = crate::helpers::create_draft(&app, "twice").await;
     let mut client = app.messages();
     for (batch_number, user_ids) in [(1, users(9_150_000, 600)), (2, users(9_150_400, 600))] {
-        let batch = v1::AppendRecipientsRequest { message_id: id, batch_number, user_ids };
+        let batch = v1::AppendRecipientsRequest {
+            message_id: id,
+            batch_number,
+            user_ids,
+            ..Default::default()
+        };
         client.append_recipients(batch).await.unwrap();
     }
     client.start_message(v1::StartMessageRequest { message_id: id }).await.unwrap();
@@ -230,6 +235,7 @@ async fn an_edit_changes_every_shards_copy_once_and_items_show_it() {
         body: "fixed body".into(),
         category: "system".into(),
         data: [("link".to_owned(), "app://fixed".to_owned())].into_iter().collect(),
+        ..Default::default()
     };
     let edited = app
         .messages()

@@ -198,7 +198,12 @@ async fn interleaved_send(app: &TestApp, first: u64, per_batch: u64) -> (u64, BT
     even.push(odd[10]);
     let id = crate::helpers::create_draft(app, "recipients").await;
     for (batch_number, user_ids) in [(1u64, odd.clone()), (2, even.clone())] {
-        let request = v1::AppendRecipientsRequest { message_id: id, batch_number, user_ids };
+        let request = v1::AppendRecipientsRequest {
+            message_id: id,
+            batch_number,
+            user_ids,
+            ..Default::default()
+        };
         app.messages().append_recipients(request).await.unwrap();
     }
     app.messages().start_message(v1::StartMessageRequest { message_id: id }).await.unwrap();
@@ -638,6 +643,7 @@ async fn start_batches(app: &TestApp, batches: &[Vec<u64>]) -> u64 {
             message_id: id,
             batch_number: index as u64 + 1,
             user_ids: user_ids.clone(),
+            ..Default::default()
         };
         app.messages().append_recipients(request).await.unwrap();
     }
@@ -899,6 +905,7 @@ async fn recipient_status_keeps_a_started_sends_chunk_index_and_reads_chunk_stat
         message_id: draft,
         batch_number: 1,
         user_ids: vec![8_950_001, 8_950_002],
+        ..Default::default()
     };
     app.messages().append_recipients(request).await.unwrap();
     let answered = states(&status(&app, draft, vec![8_950_001, 8_950_003]).await);

@@ -31,7 +31,12 @@ async fn draft_flow_appends_batches_once_and_starts() {
     let id = crate::helpers::create_draft(&app, "draft").await;
     for batch in 1..=3u64 {
         let user_ids: Vec<u64> = ((batch - 1) * 1000 + 1..=batch * 1000).collect();
-        let request = v1::AppendRecipientsRequest { message_id: id, batch_number: batch, user_ids };
+        let request = v1::AppendRecipientsRequest {
+            message_id: id,
+            batch_number: batch,
+            user_ids,
+            ..Default::default()
+        };
         let first = client.append_recipients(request.clone()).await.unwrap().into_inner();
         assert!(!first.duplicate_batch);
         assert_eq!(first.accepted, 1000);
@@ -44,6 +49,7 @@ async fn draft_flow_appends_batches_once_and_starts() {
         message_id: id,
         batch_number: 4,
         user_ids: (2_501..=3_500).collect(),
+        ..Default::default()
     };
     client.append_recipients(overlap).await.unwrap();
 
@@ -64,6 +70,7 @@ async fn draft_flow_appends_batches_once_and_starts() {
             message_id: id,
             batch_number: 9,
             user_ids: vec![7],
+            ..Default::default()
         })
         .await
         .unwrap_err();

@@ -153,8 +153,12 @@ async fn chunks_planned_by_an_older_map_are_split_to_the_shards_the_new_map_rout
     while bucket_of(draft) < 192 {
         draft = create_draft(&app, "planned before the map changed").await;
     }
-    let batch =
-        v1::AppendRecipientsRequest { message_id: draft, batch_number: 1, user_ids: users.clone() };
+    let batch = v1::AppendRecipientsRequest {
+        message_id: draft,
+        batch_number: 1,
+        user_ids: users.clone(),
+        ..Default::default()
+    };
     app.messages().append_recipients(batch).await.unwrap();
     // Version 2 gives half of shard 0's buckets to shard 1, a quarter to shard 2.
     let map = app.ctx.pools.map().with_range(ShardId(1), 0, 127).unwrap();

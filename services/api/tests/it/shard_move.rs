@@ -138,6 +138,7 @@ async fn a_move_under_a_running_send_with_mark_reads_and_group_pulls_moves_every
             message_id: draft,
             batch_number: index as u64 + 1,
             user_ids: batch.to_vec(),
+            ..Default::default()
         };
         app.messages().append_recipients(request).await.unwrap();
     }

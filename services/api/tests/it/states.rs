@@ -42,6 +42,7 @@ async fn chunks_in_every_state(pool: &MySqlPool, message_id: MessageId) -> Vec<u
         body: "states".into(),
         category: "system".into(),
         data: Default::default(),
+        template: None,
     };
     let copy = ContentCopy {
         content: &content,
@@ -55,6 +56,7 @@ async fn chunks_in_every_state(pool: &MySqlPool, message_id: MessageId) -> Vec<u
         .map(|(index, _)| ChunkPlan {
             chunk_id: index as u64,
             user_ids: vec![9_100_001 + index as u64],
+            vars: None,
         })
         .collect();
     chunks::store(pool, message_id, &copy, &plans).await.unwrap();

@@ -91,6 +91,7 @@ async fn other_rpcs_reject_bad_input_by_field() {
             message_id: 1,
             batch_number: 0,
             user_ids: vec![1],
+            ..Default::default()
         })
         .await
         .unwrap_err();

@@ -440,7 +440,11 @@ async fn tell_everyone(
     let event = match (operation.kind, edited) {
         (OperationKind::Edit, Some(edited)) => {
             let edited_at_ms = edited.edited_at.map_or(0, |at| at.and_utc().timestamp_millis());
-            BusEvent::Edited { message_id, title: edited.title.clone(), edited_at_ms }
+            // A template's title differs by reader: streams get none, and
+            // re-read the item.
+            let title =
+                if edited.template.is_some() { String::new() } else { edited.title.clone() };
+            BusEvent::Edited { message_id, title, edited_at_ms }
         }
         (OperationKind::Cancel, _) if !announcement => return Ok(()),
         _ if operation.retire != Retire::Everyone => return Ok(()),

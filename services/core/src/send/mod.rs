@@ -12,7 +12,7 @@ use shard_router::Key;
 use tracing::{info, instrument};
 
 use crate::context::Context;
-use notify_domain::domain::{AudienceKind, Content, MessageId, Priority, SendStatus};
+use notify_domain::domain::{AudienceKind, Content, MessageId, Priority, Recipients, SendStatus};
 use notify_domain::error::{Error, Result};
 use notify_store::db::chunks::{self, ContentCopy};
 use notify_store::db::messages::{self, MessageRow, NewMessage};
@@ -158,14 +158,18 @@ fn new_message(send: &NewSend, message_id: MessageId) -> NewMessage {
 /// every target shard. Each shard stores its chunks idempotently, and the
 /// batch number is recorded last: a retry after any failure stores the
 /// missing part and nothing twice.
-#[instrument(skip_all, fields(message_id = %message_id, batch_number, recipients = user_ids.len()))]
+///
+/// Recipients' vars are checked against the draft's template here (exactly
+/// its `recipient_vars`, within the size limit), before anything is stored.
+#[instrument(skip_all, fields(message_id = %message_id, batch_number, recipients = recipients.len()))]
 pub async fn append(
     ctx: &Context,
     message_id: MessageId,
     owner: Option<&str>,
     batch_number: u64,
-    user_ids: &[u64],
+    recipients: &Recipients,
 ) -> Result<Appended> {
+    let user_ids = recipients.user_ids();
     // Each append holds a home connection while it takes one per target
     // shard; bounding concurrent appends keeps pools from starving each other.
     let _permit = ctx.cross_shard_permit().await?;
@@ -202,9 +206,15 @@ pub async fn append(
         .await?
         .ok_or_else(|| Error::NotFound(format!("message {message_id}")))?;
     let content = stored.content();
+    let vars = recipients.stored_vars(content.template.as_ref())?;
     let copy = ContentCopy { content: &content, expire_at, created_at, critical: stored.critical };
-    let planned =
-        plan::plan_batch(&ctx.pools.map(), batch_number, user_ids, ctx.settings.send.chunk_size)?;
+    let planned = plan::plan_batch(
+        &ctx.pools.map(),
+        batch_number,
+        user_ids,
+        vars.as_deref(),
+        ctx.settings.send.chunk_size,
+    )?;
     let stores = planned.iter().map(|(shard, chunk_plans)| {
         let copy = &copy;
         async move {
@@ -234,12 +244,15 @@ pub async fn append(
 
 /// Creates, fills and starts a send in one call (`SendMessage`). A retry with
 /// the same idempotency key resumes an attempt that died halfway.
-#[instrument(skip_all, fields(sender = %send.sender, recipients = user_ids.len()))]
+#[instrument(skip_all, fields(sender = %send.sender, recipients = recipients.len()))]
 pub async fn send_to_users(
     ctx: &Context,
     send: &NewSend,
-    user_ids: &[u64],
+    recipients: &Recipients,
 ) -> Result<(Created, SendStatus)> {
+    // Checked before the control record exists: a send whose recipients
+    // do not fit its template leaves nothing behind.
+    recipients.stored_vars(send.content.template.as_ref())?;
     let created = create(ctx, send).await?;
     // Routes are taken per statement here: append and start wait out
     // freezes, which a route held across them would hold back.
@@ -251,7 +264,7 @@ pub async fn send_to_users(
     if row.status()? != SendStatus::NotStarted || row.start_requested {
         return Ok((created, row.status()?));
     }
-    let started = match append(ctx, created.message_id, None, INLINE_BATCH, user_ids).await {
+    let started = match append(ctx, created.message_id, None, INLINE_BATCH, recipients).await {
         Ok(_) => start(ctx, created.message_id, None).await.map(|view| view.row),
         Err(e) => Err(e),
     };

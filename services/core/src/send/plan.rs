@@ -1,6 +1,8 @@
 //! Cutting a batch of recipients into chunks: pure and deterministic, so a
 //! retried batch produces exactly the same chunk ids and contents.
 
+use std::collections::HashMap;
+
 use shard_router::{ShardId, ShardMap};
 
 use notify_domain::error::{Error, Result};
@@ -18,8 +20,12 @@ pub fn plan_batch(
     map: &ShardMap,
     batch_number: u64,
     user_ids: &[u64],
+    vars: Option<&[String]>,
     chunk_size: usize,
 ) -> Result<Vec<(ShardId, Vec<ChunkPlan>)>> {
+    // Each recipient's vars follow them to their shard and chunk.
+    let vars_of: Option<HashMap<u64, &String>> =
+        vars.map(|vars| user_ids.iter().copied().zip(vars).collect());
     if batch_number > MAX_BATCH_NUMBER {
         return Err(Error::invalid("batch_number", &format!("must be at most {MAX_BATCH_NUMBER}")));
     }
@@ -31,9 +37,13 @@ pub fn plan_batch(
             if sequence >= 1 << SEQUENCE_BITS {
                 return Err(Error::invalid("user_ids", "too many chunks in one batch"));
             }
+            let vars = vars_of.as_ref().map(|vars_of| {
+                part.iter().filter_map(|user| vars_of.get(user).map(|v| (*v).clone())).collect()
+            });
             chunks.push(ChunkPlan {
                 chunk_id: (batch_number << SEQUENCE_BITS) | sequence,
                 user_ids: part.to_vec(),
+                vars,
             });
             sequence += 1;
         }
@@ -53,7 +63,7 @@ mod tests {
     #[test]
     fn every_user_lands_in_exactly_one_chunk_on_its_shard() {
         let users: Vec<u64> = (1..=10_001).collect();
-        let plan = plan_batch(&map(), 3, &users, 500).unwrap();
+        let plan = plan_batch(&map(), 3, &users, None, 500).unwrap();
         let mut seen = Vec::new();
         for (shard, chunks) in &plan {
             for chunk in chunks {
@@ -72,8 +82,8 @@ mod tests {
     #[test]
     fn planning_is_deterministic_and_ids_are_unique() {
         let users: Vec<u64> = (1..=3_000).map(|i| i * 7).collect();
-        let first = plan_batch(&map(), 1, &users, 500).unwrap();
-        assert_eq!(first, plan_batch(&map(), 1, &users, 500).unwrap());
+        let first = plan_batch(&map(), 1, &users, None, 500).unwrap();
+        assert_eq!(first, plan_batch(&map(), 1, &users, None, 500).unwrap());
         let mut ids: Vec<u64> =
             first.iter().flat_map(|(_, c)| c.iter().map(|c| c.chunk_id)).collect();
         let count = ids.len();
@@ -84,6 +94,22 @@ mod tests {
 
     #[test]
     fn oversized_batch_number_is_rejected() {
-        assert!(plan_batch(&map(), MAX_BATCH_NUMBER + 1, &[1], 500).is_err());
+        assert!(plan_batch(&map(), MAX_BATCH_NUMBER + 1, &[1], None, 500).is_err());
+    }
+
+    #[test]
+    fn each_recipients_vars_follow_them_to_their_chunk() {
+        let users: Vec<u64> = (1..=2_000).collect();
+        let vars: Vec<String> = users.iter().map(|u| format!("{{\"n\":\"{u}\"}}")).collect();
+        let plan = plan_batch(&map(), 1, &users, Some(&vars), 500).unwrap();
+        for (_, chunks) in plan {
+            for chunk in chunks {
+                let own = chunk.vars.expect("a personalized batch's chunks carry vars");
+                assert_eq!(own.len(), chunk.user_ids.len());
+                for (user, vars) in chunk.user_ids.iter().zip(own) {
+                    assert_eq!(vars, format!("{{\"n\":\"{user}\"}}"));
+                }
+            }
+        }
     }
 }

@@ -3,7 +3,7 @@
 //! a single transaction (each chunk row its own exactly-once guard), and the
 //! queries the scheduler, sweeper, settler, resume and cancel need.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 
 use chrono::NaiveDateTime;
 use sqlx::{MySqlPool, QueryBuilder};
@@ -78,6 +78,9 @@ pub struct ChunkPlan {
     pub chunk_id: u64,
     /// Sorted, distinct recipients on one shard.
     pub user_ids: Vec<u64>,
+    /// Each recipient's own template variables (a JSON object), aligned
+    /// with `user_ids`; `None` when the send's recipients carry none.
+    pub vars: Option<Vec<String>>,
 }
 
 /// The content copy stored once per shard with recipients.
@@ -107,6 +110,48 @@ pub fn decode_user_ids(bytes: &[u8]) -> Result<Vec<u64>> {
         .chunks_exact(8)
         .map(|b| u64::from_le_bytes([b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7]]))
         .collect())
+}
+
+/// Packs recipients' vars (JSON objects) as a chunk's `vars` stores them:
+/// each one's length (u32, little-endian), then its bytes.
+pub fn encode_vars(vars: &[String]) -> Vec<u8> {
+    let mut packed = Vec::with_capacity(vars.iter().map(|v| v.len() + 4).sum());
+    for one in vars {
+        packed.extend_from_slice(&(one.len() as u32).to_le_bytes());
+        packed.extend_from_slice(one.as_bytes());
+    }
+    packed
+}
+
+/// Unpacks vars stored by [`encode_vars`].
+pub fn decode_vars(mut packed: &[u8]) -> Result<Vec<String>> {
+    let mut vars = Vec::new();
+    while !packed.is_empty() {
+        let broken = || Error::Internal("a chunk's vars are cut short".to_owned());
+        let (len, rest) = packed.split_first_chunk::<4>().ok_or_else(broken)?;
+        let len = u32::from_le_bytes(*len) as usize;
+        let one = rest.get(..len).ok_or_else(broken)?;
+        vars.push(String::from_utf8(one.to_vec()).map_err(|e| Error::Internal(e.to_string()))?);
+        packed = &rest[len..];
+    }
+    Ok(vars)
+}
+
+/// Decodes a chunk row's recipients and vars, checking they align.
+fn decode_chunk(packed: &[u8], vars: Option<&[u8]>) -> Result<(Vec<u64>, Option<Vec<String>>)> {
+    let user_ids = decode_user_ids(packed)?;
+    let vars = vars.map(decode_vars).transpose()?;
+    if let Some(vars) = &vars
+        && vars.len() != user_ids.len()
+    {
+        return Err(Error::Internal(format!(
+            "a chunk has {} recipients and {} vars",
+            user_ids.len(),
+            vars.len()
+        ))
+        .into());
+    }
+    Ok((user_ids, vars))
 }
 
 /// Stores one batch's chunks for one shard, with the shard's content copy and
@@ -142,13 +187,14 @@ async fn insert_chunks(
     chunks: &[ChunkPlan],
 ) -> Result<u64> {
     let mut insert = QueryBuilder::new(
-        "INSERT IGNORE INTO message_chunks (message_id, chunk_id, recipients, user_ids) ",
+        "INSERT IGNORE INTO message_chunks (message_id, chunk_id, recipients, user_ids, vars) ",
     );
     insert.push_values(chunks, |mut row, chunk| {
         row.push_bind(message_id.get())
             .push_bind(chunk.chunk_id)
             .push_bind(chunk.user_ids.len() as u16)
-            .push_bind(encode_user_ids(&chunk.user_ids));
+            .push_bind(encode_user_ids(&chunk.user_ids))
+            .push_bind(chunk.vars.as_deref().map(encode_vars));
     });
     let inserted = insert.build().execute(&mut **tx).await?.rows_affected();
     if inserted == 0 {
@@ -187,6 +233,7 @@ pub struct StoredContent {
     revoked: bool,
     revoked_at: Option<NaiveDateTime>,
     critical: bool,
+    template: Option<String>,
 }
 
 /// Reads a shard's content copy of a message as stored.
@@ -197,7 +244,7 @@ pub async fn stored_content(
 ) -> Result<Option<StoredContent>> {
     Ok(sqlx::query_as(
         "SELECT title, body, category, data, expire_at, created_at, revoked <> 0 AS revoked, \
-         revoked_at, critical <> 0 AS critical FROM message_contents WHERE message_id = ?",
+         revoked_at, critical <> 0 AS critical, template FROM message_contents WHERE message_id = ?",
     )
     .bind(message_id.get())
     .fetch_optional(pool)
@@ -218,7 +265,8 @@ pub async fn store_split(
     let mut tx = pool.begin().await?;
     sqlx::query(
         "INSERT IGNORE INTO message_contents (message_id, title, body, category, data, \
-         expire_at, created_at, revoked, revoked_at, critical) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+         expire_at, created_at, revoked, revoked_at, critical, template) \
+         VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
     )
     .bind(message_id.get())
     .bind(&content.title)
@@ -230,6 +278,7 @@ pub async fn store_split(
     .bind(content.revoked)
     .bind(content.revoked_at)
     .bind(content.critical)
+    .bind(&content.template)
     .execute(&mut *tx)
     .await?;
     insert_chunks(&mut tx, message_id, std::slice::from_ref(chunk)).await?;
@@ -252,21 +301,27 @@ pub async fn shrink(
 ) -> Result<bool> {
     let mut tx = pool.begin().await?;
     let chunk = lock_chunk(&mut tx, message_id, chunk_id).await?;
-    let unchanged = match chunk {
-        Some((chunk_state, packed)) => {
-            chunk_state == state::PENDING && decode_user_ids(&packed)? == expected
+    let vars = match chunk {
+        Some((chunk_state, packed, vars)) if chunk_state == state::PENDING => {
+            let (user_ids, vars) = decode_chunk(&packed, vars.as_deref())?;
+            (user_ids == expected).then_some(vars)
         }
-        None => false,
+        _ => None,
     };
-    if !unchanged {
+    let Some(vars) = vars else {
         tx.rollback().await?;
         return Ok(false);
-    }
+    };
+    let kept_vars = vars.map(|vars| {
+        let vars = expected.iter().zip(vars).collect::<HashMap<_, _>>();
+        encode_vars(&keep.iter().filter_map(|user| vars.get(user).cloned()).collect::<Vec<_>>())
+    });
     sqlx::query(
-        "UPDATE message_chunks SET user_ids = ?, recipients = ?, updated_at = UTC_TIMESTAMP(3) \
-         WHERE message_id = ? AND chunk_id = ?",
+        "UPDATE message_chunks SET user_ids = ?, vars = ?, recipients = ?, \
+         updated_at = UTC_TIMESTAMP(3) WHERE message_id = ? AND chunk_id = ?",
     )
     .bind(encode_user_ids(keep))
+    .bind(kept_vars)
     .bind(keep.len() as u16)
     .bind(message_id.get())
     .bind(chunk_id)
@@ -292,8 +347,8 @@ pub async fn store_content<'e>(
 ) -> Result<()> {
     sqlx::query(
         "INSERT IGNORE INTO message_contents \
-         (message_id, title, body, category, data, expire_at, created_at, critical) \
-         VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+         (message_id, title, body, category, data, expire_at, created_at, critical, template) \
+         VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
     )
     .bind(message_id.get())
     .bind(&copy.content.title)
@@ -303,6 +358,7 @@ pub async fn store_content<'e>(
     .bind(copy.expire_at)
     .bind(copy.created_at)
     .bind(copy.critical)
+    .bind(copy.content.template_json())
     .execute(executor)
     .await?;
     Ok(())
@@ -319,12 +375,13 @@ pub async fn edit_content(
     edited: &super::messages::EditedContent,
 ) -> Result<()> {
     sqlx::query(
-        "UPDATE message_contents SET title = ?, body = ?, data = ?, edited_at = ?, \
+        "UPDATE message_contents SET title = ?, body = ?, data = ?, template = ?, edited_at = ?, \
          content_version = ? WHERE message_id = ? AND content_version < ?",
     )
     .bind(&edited.title)
     .bind(&edited.body)
     .bind(&edited.data)
+    .bind(&edited.template)
     .bind(edited.edited_at)
     .bind(edited.content_version)
     .bind(message_id.get())
@@ -344,14 +401,15 @@ pub async fn revoke_content(pool: &MySqlPool, message_id: MessageId) -> Result<(
     Ok(())
 }
 
-/// Locks a chunk: its state and recipients.
+/// Locks a chunk: its state, recipients and their vars.
 async fn lock_chunk(
     tx: &mut sqlx::Transaction<'_, sqlx::MySql>,
     message_id: MessageId,
     chunk_id: u64,
-) -> Result<Option<(u8, Vec<u8>)>> {
+) -> Result<Option<(u8, Vec<u8>, Option<Vec<u8>>)>> {
     Ok(sqlx::query_as(
-        "SELECT state, user_ids FROM message_chunks WHERE message_id = ? AND chunk_id = ? FOR UPDATE",
+        "SELECT state, user_ids, vars FROM message_chunks \
+         WHERE message_id = ? AND chunk_id = ? FOR UPDATE",
     )
     .bind(message_id.get())
     .bind(chunk_id)
@@ -366,6 +424,9 @@ pub struct GroupChunk {
     pub chunk_id: u64,
     /// Its recipients.
     pub user_ids: Vec<u64>,
+    /// Their own template variables, aligned with `user_ids` (see
+    /// [`ChunkPlan::vars`]).
+    pub vars: Option<Vec<String>>,
     /// True when this transaction applied it; false when an earlier one did
     /// (or failed or cancelled it), which changed nothing now.
     pub applied_now: bool,
@@ -389,6 +450,11 @@ pub struct GroupApplied {
     pub held_back: Vec<u64>,
     /// What the items show.
     pub summary: ContentSummary,
+    /// The content's template (stored JSON) when it is one: the summary's
+    /// title is then a template too, which each recipient's event renders.
+    pub template: Option<String>,
+    /// When the content was last edited (its version, for the template).
+    pub edited_at: Option<NaiveDateTime>,
 }
 
 /// What applying a group of chunks did.
@@ -430,7 +496,8 @@ pub async fn apply(
     let summary = content.summary();
     let mut tx = pool.begin().await?;
     let mut select = QueryBuilder::new(
-        "SELECT chunk_id, state, user_ids, UTC_TIMESTAMP(3) FROM message_chunks WHERE message_id = ",
+        "SELECT chunk_id, state, user_ids, vars, UTC_TIMESTAMP(3) FROM message_chunks \
+         WHERE message_id = ",
     );
     select.push_bind(message_id.get()).push(" AND chunk_id IN (");
     let mut ids = select.separated(", ");
@@ -438,18 +505,19 @@ pub async fn apply(
         ids.push_bind(*chunk_id);
     }
     select.push(") ORDER BY chunk_id FOR UPDATE");
-    let rows: Vec<(u64, u8, Vec<u8>, NaiveDateTime)> =
-        select.build_query_as().fetch_all(&mut *tx).await?;
+    let rows: Vec<LockedChunk> = select.build_query_as().fetch_all(&mut *tx).await?;
     // One statement's time, the apply's: its items' `created_at` and the
     // chunks' `applied_at`, one value, so every view of a delivery shows the
     // same time.
-    let at = rows.first().map(|row| row.3);
+    let at = rows.first().map(|row| row.4);
     let mut chunks = Vec::with_capacity(rows.len());
-    for (chunk_id, chunk_state, packed, _) in rows {
+    for (chunk_id, chunk_state, packed, vars, _) in rows {
         let pending = chunk_state == state::PENDING;
+        let (user_ids, vars) = decode_chunk(&packed, vars.as_deref())?;
         chunks.push(GroupChunk {
             chunk_id,
-            user_ids: decode_user_ids(&packed)?,
+            user_ids,
+            vars,
             applied_now: pending,
             delivered: pending || chunk_state == state::DONE || chunk_state == state::UNSETTLED,
             unsettled: pending || chunk_state == state::UNSETTLED,
@@ -470,9 +538,12 @@ pub async fn apply(
             delivered: 0,
             held_back,
             summary,
+            template: content.template,
+            edited_at: content.edited_at,
         }));
     }
     let all = pending.iter().flat_map(|c| c.user_ids.iter().copied()).collect();
+    let vars = group_vars(&pending)?;
     let at = at.ok_or_else(|| Error::Internal("a group of chunks without rows".into()))?;
     let written = Written {
         content: &content,
@@ -480,7 +551,8 @@ pub async fn apply(
         first_chunk: pending[0].chunk_id,
         done_chunks: pending.len() as u64,
     };
-    let (delivered, held_back) = write_items(&mut tx, message_id, &written, all, hold).await?;
+    let (delivered, held_back) =
+        write_items(&mut tx, message_id, &written, all, vars, hold).await?;
     let mut update = QueryBuilder::new(concat!(
         "UPDATE message_chunks SET state = ",
         chunk_state!(UNSETTLED),
@@ -506,7 +578,39 @@ pub async fn apply(
     update.build().execute(&mut *tx).await?;
 
     tx.commit().await?;
-    Ok(ApplyOutcome::Applied(GroupApplied { chunks, delivered, held_back, summary }))
+    let (template, edited_at) = (content.template, content.edited_at);
+    Ok(ApplyOutcome::Applied(GroupApplied {
+        chunks,
+        delivered,
+        held_back,
+        summary,
+        template,
+        edited_at,
+    }))
+}
+
+/// A chunk row as an apply locks it: id, state, recipients, their vars,
+/// and the statement's time.
+type LockedChunk = (u64, u8, Vec<u8>, Option<Vec<u8>>, NaiveDateTime);
+
+/// The vars of a group's recipients, in the order of their ids: every
+/// chunk of a send carries vars, or none does.
+fn group_vars(pending: &[&GroupChunk]) -> Result<Option<Vec<String>>> {
+    if pending.iter().all(|chunk| chunk.vars.is_none()) {
+        return Ok(None);
+    }
+    let mut vars = Vec::new();
+    for chunk in pending {
+        let Some(own) = &chunk.vars else {
+            return Err(Error::Internal(format!(
+                "chunk {} carries no vars beside chunks that do",
+                chunk.chunk_id
+            ))
+            .into());
+        };
+        vars.extend(own.iter().cloned());
+    }
+    Ok(Some(vars))
 }
 
 /// A chunk's recipients held back by their preferences, as its `held_back`
@@ -589,6 +693,8 @@ struct ContentRow {
     expire_at: Option<NaiveDateTime>,
     created_at: NaiveDateTime,
     critical: bool,
+    template: Option<String>,
+    edited_at: Option<NaiveDateTime>,
 }
 
 impl ContentRow {
@@ -612,8 +718,8 @@ async fn content_row<'e>(
     message_id: MessageId,
 ) -> Result<Option<ContentRow>> {
     Ok(sqlx::query_as(
-        "SELECT title, category, expire_at, created_at, critical <> 0 AS critical \
-         FROM message_contents WHERE message_id = ?",
+        "SELECT title, category, expire_at, created_at, critical <> 0 AS critical, template, \
+         edited_at FROM message_contents WHERE message_id = ?",
     )
     .bind(message_id.get())
     .fetch_optional(pool)
@@ -621,9 +727,11 @@ async fn content_row<'e>(
 }
 
 /// Recipients as the JSON array the server expands (`JSON_TABLE`), with
-/// their number.
+/// their number; with their vars, a second array of `[user_id, vars]`
+/// pairs for the insert ([`PERSONAL_ROWS`]).
 struct RecipientsJson {
     json: String,
+    personal: Option<String>,
     count: u64,
 }
 
@@ -631,13 +739,31 @@ impl RecipientsJson {
     fn of(user_ids: impl Iterator<Item = u64>) -> Result<Self> {
         let user_ids: Vec<u64> = user_ids.collect();
         let json = serde_json::to_string(&user_ids).map_err(|e| Error::Internal(e.to_string()))?;
-        Ok(Self { json, count: user_ids.len() as u64 })
+        Ok(Self { json, personal: None, count: user_ids.len() as u64 })
+    }
+
+    /// Recipients with their vars; `keep` says which of them to take.
+    fn with_vars(user_ids: &[u64], vars: &[String], keep: impl Fn(u64) -> bool) -> Result<Self> {
+        let rows: Vec<(u64, &str)> = user_ids
+            .iter()
+            .zip(vars)
+            .filter(|(user, _)| keep(**user))
+            .map(|(user, vars)| (*user, vars.as_str()))
+            .collect();
+        let ids: Vec<u64> = rows.iter().map(|(user, _)| *user).collect();
+        let json = serde_json::to_string(&ids).map_err(|e| Error::Internal(e.to_string()))?;
+        let personal = serde_json::to_string(&rows).map_err(|e| Error::Internal(e.to_string()))?;
+        Ok(Self { json, personal: Some(personal), count: ids.len() as u64 })
     }
 }
 
 /// The recipients as rows `j.user_id`.
 pub(super) const RECIPIENT_ROWS: &str =
     "JSON_TABLE(?, '$[*]' COLUMNS (user_id BIGINT UNSIGNED PATH '$')) AS j";
+
+/// The recipients with their vars as rows `j.user_id`, `j.vars`.
+const PERSONAL_ROWS: &str = "JSON_TABLE(?, '$[*]' COLUMNS (user_id BIGINT UNSIGNED PATH '$[0]', \
+     vars TEXT PATH '$[1]')) AS j";
 
 /// SQL condition on a recipient's preferences `p` (joined on `j.user_id`):
 /// they hold the send back. Binds: message id, whether mutes apply (not
@@ -680,10 +806,17 @@ async fn insert_items(
     recipients: &RecipientsJson,
     checked: bool,
 ) -> Result<u64> {
-    let insert = format!(
-        "INSERT IGNORE INTO message_items (user_id, message_id, category, expire_at, created_at) \
-         SELECT j.user_id, ?, ?, ?, ? FROM {RECIPIENT_ROWS}"
-    );
+    let insert = match recipients.personal {
+        None => format!(
+            "INSERT IGNORE INTO message_items (user_id, message_id, category, expire_at, created_at) \
+             SELECT j.user_id, ?, ?, ?, ? FROM {RECIPIENT_ROWS}"
+        ),
+        Some(_) => format!(
+            "INSERT IGNORE INTO message_items \
+             (user_id, message_id, category, expire_at, created_at, vars) \
+             SELECT j.user_id, ?, ?, ?, ?, j.vars FROM {PERSONAL_ROWS}"
+        ),
+    };
     let sql = if checked {
         insert
     } else {
@@ -697,7 +830,7 @@ async fn insert_items(
         .bind(&content.category)
         .bind(content.expire_at)
         .bind(at)
-        .bind(&recipients.json);
+        .bind(recipients.personal.as_ref().unwrap_or(&recipients.json));
     let query = if checked {
         query
     } else {
@@ -793,10 +926,14 @@ async fn write_items(
     message_id: MessageId,
     written: &Written<'_>,
     user_ids: Vec<u64>,
+    vars: Option<Vec<String>>,
     hold: HoldCheck,
 ) -> Result<(u64, Vec<u64>)> {
     let Written { content, at, first_chunk, done_chunks } = *written;
-    let recipients = RecipientsJson::of(user_ids.iter().copied())?;
+    let recipients = match &vars {
+        None => RecipientsJson::of(user_ids.iter().copied())?,
+        Some(vars) => RecipientsJson::with_vars(&user_ids, vars, |_| true)?,
+    };
     let count = recipients.count;
     let (delivered, held) = match hold {
         HoldCheck::InInsert => {
@@ -814,7 +951,14 @@ async fn write_items(
                 recipients
             } else {
                 let skip: HashSet<u64> = held.iter().copied().collect();
-                RecipientsJson::of(user_ids.into_iter().filter(|user| !skip.contains(user)))?
+                match &vars {
+                    None => RecipientsJson::of(
+                        user_ids.into_iter().filter(|user| !skip.contains(user)),
+                    )?,
+                    Some(vars) => {
+                        RecipientsJson::with_vars(&user_ids, vars, |user| !skip.contains(&user))?
+                    }
+                }
             };
             (insert_items(tx, message_id, content, at, &rest, true).await?, held)
         }

@@ -48,6 +48,15 @@ pub struct InboxRow {
     pub expire_at: Option<NaiveDateTime>,
     /// When the sender last edited the content.
     pub edited_at: Option<NaiveDateTime>,
+    /// The content's template (stored JSON) when it is one: `title`,
+    /// `body` and `data` are then templates, which the reader's render
+    /// fills (`notify_core::render`).
+    pub template: Option<String>,
+    /// The recipient's own vars (a JSON object), for a templated content.
+    pub vars: Option<String>,
+    /// The reader's language, read for a templated content only ('' when
+    /// not set).
+    pub locale: String,
 }
 
 /// Which of a user's items a list (or a bulk update) covers.
@@ -162,7 +171,9 @@ const ROW_COLUMNS: &str = concat!(
     read_time!("i"),
     " AS read_at, i.is_archived, ",
     archived_time!("i"),
-    " AS archived_at, c.title, c.body, c.category, c.data, c.created_at, c.expire_at, c.edited_at"
+    " AS archived_at, c.title, c.body, c.category, c.data, c.created_at, c.expire_at, c.edited_at, \
+     c.template, i.vars, IF(c.template IS NULL, '', COALESCE((SELECT p.locale FROM \
+     user_preferences p WHERE p.user_id = i.user_id), '')) AS locale"
 );
 
 /// Reads one inbox page, newest first, in one query on the user's shard.

@@ -16,6 +16,7 @@ use super::webhook_outbox::{Record, execute_with};
 use crate::error::Result;
 use notify_domain::Error;
 use notify_domain::domain::{AudienceKind, Content, MessageId, SendStatus};
+use notify_domain::template::Template;
 
 /// MySQL's error code for a duplicate key.
 const ER_DUP_ENTRY: &str = "23000";
@@ -88,6 +89,8 @@ pub struct MessageRow {
     pub finished_at: Option<NaiveDateTime>,
     /// When the content was last edited.
     pub edited_at: Option<NaiveDateTime>,
+    /// The content's template as JSON; `None` for plain content.
+    pub template: Option<String>,
 }
 
 impl MessageRow {
@@ -115,21 +118,22 @@ impl MessageRow {
             body: self.body.clone(),
             category: self.category.clone(),
             data: Content::data_from_json(&self.data),
+            template: self.template.as_deref().and_then(|json| Template::from_json(json).ok()),
         }
     }
 }
 
 pub(crate) const MESSAGE_COLUMNS: &str = "message_id, client, sender, idempotency_key, audience, status, start_requested, priority, lane, \
     critical <> 0 AS critical, title, body, category, data, send_at, expire_at, created_at, started_at, finished_at, \
-    edited_at";
+    edited_at, template";
 
 /// Inserts a control record in NOT_STARTED. Returns false when the id is taken.
 #[instrument(level = "debug", skip_all, fields(db.system = "mysql"))]
 pub async fn insert(pool: &MySqlPool, message: &NewMessage) -> Result<bool> {
     let result = sqlx::query(
         "INSERT INTO messages (message_id, client, sender, idempotency_key, audience, status, \
-         priority, critical, title, body, category, data, send_at, expire_at) \
-         VALUES (?, ?, ?, ?, ?, 0, ?, ?, ?, ?, ?, ?, ?, ?)",
+         priority, critical, title, body, category, data, send_at, expire_at, template) \
+         VALUES (?, ?, ?, ?, ?, 0, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
     )
     .bind(message.message_id.get())
     .bind(&message.client)
@@ -144,6 +148,7 @@ pub async fn insert(pool: &MySqlPool, message: &NewMessage) -> Result<bool> {
     .bind(message.content.data_json())
     .bind(message.send_at)
     .bind(message.expire_at)
+    .bind(message.content.template_json())
     .execute(pool)
     .await;
     match result {
@@ -376,7 +381,7 @@ pub async fn change_with_operation(
         ControlChange::Content(content) => {
             sqlx::query(concat!(
                 "UPDATE messages FORCE INDEX (PRIMARY) SET title = ?, body = ?, data = ?, \
-                 edited_at = UTC_TIMESTAMP(3), content_version = content_version + 1 \
+                 template = ?, edited_at = UTC_TIMESTAMP(3), content_version = content_version + 1 \
                  WHERE message_id = ? AND status IN (",
                 send_status!(SENDING),
                 ", ",
@@ -390,6 +395,7 @@ pub async fn change_with_operation(
             .bind(&content.title)
             .bind(&content.body)
             .bind(content.data_json())
+            .bind(content.template_json())
             .bind(message_id.get())
             .execute(&mut *tx)
             .await?
@@ -417,6 +423,8 @@ pub struct EditedContent {
     pub body: String,
     /// Data as a JSON object.
     pub data: String,
+    /// The template as JSON; `None` for plain content.
+    pub template: Option<String>,
     /// How many edits it has had.
     pub content_version: u32,
     /// When the last was made.
@@ -427,7 +435,8 @@ pub struct EditedContent {
 #[instrument(level = "debug", skip_all, fields(db.system = "mysql"))]
 pub async fn edited_content(pool: &MySqlPool, message_id: MessageId) -> Result<EditedContent> {
     sqlx::query_as(
-        "SELECT title, body, data, content_version, edited_at FROM messages WHERE message_id = ?",
+        "SELECT title, body, data, template, content_version, edited_at FROM messages \
+         WHERE message_id = ?",
     )
     .bind(message_id.get())
     .fetch_optional(pool)

@@ -42,6 +42,25 @@ impl Suppression {
     }
 }
 
+/// The languages of those of `user_ids` (on this shard) who set one.
+#[instrument(level = "debug", skip_all, fields(db.system = "mysql"))]
+pub async fn locales<'e>(
+    db: impl sqlx::MySqlExecutor<'e>,
+    user_ids: &[u64],
+) -> Result<Vec<(u64, String)>> {
+    if user_ids.is_empty() {
+        return Ok(Vec::new());
+    }
+    let json = serde_json::to_string(user_ids)
+        .map_err(|e| notify_domain::Error::Internal(e.to_string()))?;
+    let sql = format!(
+        "SELECT p.user_id, p.locale FROM {} JOIN user_preferences p ON p.user_id = j.user_id \
+         WHERE p.locale <> ''",
+        super::chunks::RECIPIENT_ROWS
+    );
+    Ok(sqlx::query_as(sqlx::AssertSqlSafe(sql)).bind(json).fetch_all(db).await?)
+}
+
 /// Reads a user's preferences (empty when the user has none).
 #[instrument(level = "debug", skip_all, fields(db.system = "mysql"))]
 pub async fn get<'e>(db: impl sqlx::MySqlExecutor<'e>, user_id: u64) -> Result<Preferences> {

@@ -1,0 +1,433 @@
+//! Personalized sends: templates filled per recipient and per language,
+//! everywhere the text shows (ListInbox, the gateway's events, the console),
+//! re-rendered by an edit; and every bad input refused naming its field.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use futures::StreamExt;
+use notify_proto::v1;
+use notify_proto::v1::event_service_client::EventServiceClient;
+use notify_proto::v1::subscribe_response::Event;
+use notify_testkit::{TestApp, spawn_app};
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::ReceiverStream;
+use tonic::Code;
+
+use crate::helpers::wait_for_status;
+
+/// An invoice reminder in English (the default), Traditional Chinese and
+/// German; each recipient carries their name and amount.
+fn invoice() -> v1::Content {
+    let translation = |title: &str, body: &str| v1::Translation {
+        title: title.to_owned(),
+        body: body.to_owned(),
+    };
+    v1::Content {
+        title: "Hi {{ name }}, your invoice of {{ amount }} is due".to_owned(),
+        body: "Pay by {{ due }}.{% if amount|length > 5 %} A large one!{% endif %}".to_owned(),
+        category: "billing".to_owned(),
+        data: [("link".to_owned(), "app://invoices/{{ name|lower }}".to_owned())].into(),
+        template: Some(v1::Template {
+            vars: [("due".to_owned(), "12 December".to_owned())].into(),
+            translations: [
+                (
+                    "zh-Hant".to_owned(),
+                    translation(
+                        "{{ name }}，您的帳單 {{ amount }} 即將到期",
+                        "請於 {{ due }} 前付款",
+                    ),
+                ),
+                (
+                    "de".to_owned(),
+                    translation("Hallo {{ name }}, {{ amount }} sind fällig", "Bis {{ due }}"),
+                ),
+            ]
+            .into(),
+            recipient_vars: vec!["name".to_owned(), "amount".to_owned()],
+        }),
+    }
+}
+
+fn recipient(user_id: u64, name: &str, amount: &str) -> v1::RecipientVars {
+    v1::RecipientVars {
+        user_id,
+        vars: [("name".to_owned(), name.to_owned()), ("amount".to_owned(), amount.to_owned())]
+            .into(),
+    }
+}
+
+fn personalized(
+    content: v1::Content,
+    recipients: Vec<v1::RecipientVars>,
+) -> v1::SendMessageRequest {
+    v1::SendMessageRequest {
+        sender: "tests".to_owned(),
+        content: Some(content),
+        audience: Some(v1::send_message_request::Audience::Users(v1::UserAudience {
+            recipients,
+            ..Default::default()
+        })),
+        ..Default::default()
+    }
+}
+
+async fn set_locale(app: &TestApp, user_id: u64, locale: &str) {
+    let preferences = v1::Preferences { locale: locale.to_owned(), ..Default::default() };
+    let request = v1::SetPreferencesRequest { user_id, preferences: Some(preferences) };
+    app.inbox().set_preferences(request).await.unwrap();
+}
+
+/// The user's item of `message_id` as ListInbox shows it.
+async fn item(app: &TestApp, user_id: u64, message_id: u64) -> v1::Content {
+    let request = v1::ListInboxRequest { user_id, page_size: 50, ..Default::default() };
+    let page = app.inbox().list_inbox(request).await.unwrap().into_inner();
+    let item = page.items.into_iter().find(|item| item.message_id == message_id);
+    item.unwrap_or_else(|| panic!("user {user_id} has no item {message_id}")).content.unwrap()
+}
+
+fn refused(status: tonic::Status, field: &str) -> String {
+    assert_eq!(status.code(), Code::InvalidArgument, "{status:?}");
+    assert!(
+        status.message().starts_with(&format!("{field}: ")),
+        "expected an error naming {field}, got {:?}",
+        status.message()
+    );
+    status.message().to_owned()
+}
+
+#[tokio::test]
+async fn each_recipient_reads_their_own_text_in_their_language_on_every_shard() {
+    let app = spawn_app().await;
+    // Forty users spread over the four shards, three languages and none.
+    let users: Vec<u64> = (0..40).map(|i| 7_300_001 + i * 7_919).collect();
+    let locales = ["zh-Hant-TW", "de-CH", "fr", ""];
+    for (index, user) in users.iter().enumerate() {
+        let locale = locales[index % locales.len()];
+        if !locale.is_empty() {
+            set_locale(&app, *user, locale).await;
+        }
+    }
+    let (ann, bo) = (users[0], users[1]);
+    let mut stream = open_stream(&app, &[ann, bo]).await;
+    let recipients =
+        users.iter().map(|u| recipient(*u, &format!("U{u}"), &format!("¥{}", u % 1000))).collect();
+    let response = app.messages().send_message(personalized(invoice(), recipients)).await;
+    let id = response.unwrap().into_inner().message_id;
+    wait_for_status(&app, id, v1::MessageStatus::Completed).await;
+
+    for (index, user) in users.iter().enumerate() {
+        let (name, amount) = (format!("U{user}"), format!("¥{}", user % 1000));
+        let shown = item(&app, *user, id).await;
+        let (title, body) = match locales[index % locales.len()] {
+            "zh-Hant-TW" => (
+                format!("{name}，您的帳單 {amount} 即將到期"),
+                "請於 12 December 前付款".to_owned(),
+            ),
+            "de-CH" => {
+                (format!("Hallo {name}, {amount} sind fällig"), "Bis 12 December".to_owned())
+            }
+            _ => {
+                let large = if amount.chars().count() > 5 { " A large one!" } else { "" };
+                (
+                    format!("Hi {name}, your invoice of {amount} is due"),
+                    format!("Pay by 12 December.{large}"),
+                )
+            }
+        };
+        assert_eq!(
+            (shown.title.as_str(), shown.body.as_str()),
+            (title.as_str(), body.as_str()),
+            "user {user}"
+        );
+        assert_eq!(shown.data["link"], format!("app://invoices/u{user}"));
+        assert!(shown.template.is_none(), "an item shows the text, not the template");
+    }
+
+    // The gateway's events carry each recipient's own title.
+    let mut titles = HashMap::new();
+    while titles.len() < 2 {
+        if let Event::ItemDelivered(item) = stream.next().await
+            && item.message_id == id
+        {
+            titles.insert(item.user_id, item.title);
+        }
+    }
+    assert_eq!(titles[&ann], format!("U{ann}，您的帳單 ¥{} 即將到期", ann % 1000));
+    assert_eq!(titles[&bo], format!("Hallo U{bo}, ¥{} sind fällig", bo % 1000));
+
+    // An edit re-renders every inbox with the vars each item keeps.
+    let mut edited = invoice();
+    edited.title = "Reminder for {{ name }}: {{ amount }}".to_owned();
+    edited.template.as_mut().unwrap().translations.clear();
+    let request = v1::EditMessageRequest { message_id: id, content: Some(edited) };
+    app.messages().edit_message(request).await.unwrap();
+    let updated = loop {
+        if let Event::ItemUpdated(update) = stream.next().await
+            && update.message_id == id
+        {
+            break update;
+        }
+    };
+    assert_eq!(updated.title, "", "a template's new title differs by reader: streams re-read it");
+    for user in [ann, bo, users[2]] {
+        let shown = item(&app, user, id).await;
+        assert_eq!(shown.title, format!("Reminder for U{user}: ¥{}", user % 1000));
+    }
+
+    // A reader who changes language reads the other variant at once.
+    let mut back = invoice();
+    back.title = "Hi {{ name }}, your invoice of {{ amount }} is due".to_owned();
+    let request = v1::EditMessageRequest { message_id: id, content: Some(back) };
+    app.messages().edit_message(request).await.unwrap();
+    set_locale(&app, users[3], "zh-Hant").await;
+    let shown = item(&app, users[3], id).await;
+    assert_eq!(shown.title, format!("U{}，您的帳單 ¥{} 即將到期", users[3], users[3] % 1000));
+    app.cleanup().await;
+}
+
+#[tokio::test]
+async fn a_draft_takes_recipients_with_vars_batch_by_batch_and_a_bad_batch_stores_nothing() {
+    let app = spawn_app().await;
+    let mut messages = app.messages();
+    let request = v1::CreateMessageRequest {
+        sender: "tests".to_owned(),
+        content: Some(invoice()),
+        ..Default::default()
+    };
+    let id = messages.create_message(request).await.unwrap().into_inner().message_id;
+    let batch = |number: u64, recipients: Vec<v1::RecipientVars>| v1::AppendRecipientsRequest {
+        message_id: id,
+        batch_number: number,
+        recipients,
+        ..Default::default()
+    };
+    let first: Vec<_> =
+        (0..600).map(|i| recipient(7_400_001 + i, &format!("N{i}"), "€5")).collect();
+    messages.append_recipients(batch(1, first)).await.unwrap();
+    let mut bad: Vec<_> = (0..3).map(|i| recipient(7_500_001 + i, "X", "€1")).collect();
+    bad[1].vars.remove("amount");
+    let status = messages.append_recipients(batch(2, bad)).await.unwrap_err();
+    let reason = refused(status, "recipients[1].vars");
+    assert!(reason.contains("\"amount\" is missing"), "{reason}");
+    let bare = v1::AppendRecipientsRequest {
+        message_id: id,
+        batch_number: 3,
+        user_ids: vec![7_600_001],
+        ..Default::default()
+    };
+    refused(messages.append_recipients(bare).await.unwrap_err(), "user_ids");
+    let message = messages.get_message(v1::GetMessageRequest { message_id: id }).await.unwrap();
+    assert_eq!(message.into_inner().progress.unwrap().total, 600, "refused batches store nobody");
+
+    messages.start_message(v1::StartMessageRequest { message_id: id }).await.unwrap();
+    wait_for_status(&app, id, v1::MessageStatus::Completed).await;
+    for (i, user) in [(0, 7_400_001), (599, 7_400_600)] {
+        let shown = item(&app, user, id).await;
+        assert_eq!(shown.title, format!("Hi N{i}, your invoice of €5 is due"));
+    }
+    app.cleanup().await;
+}
+
+#[tokio::test]
+async fn an_announcement_renders_in_each_readers_language_with_the_sends_vars() {
+    let app = spawn_app().await;
+    let (zh, plain) = (7_700_001, 7_700_002);
+    set_locale(&app, zh, "zh-Hant-TW").await;
+    let mut content = invoice();
+    content.title = "{{ product }} is out".to_owned();
+    content.body = String::new();
+    content.data.clear();
+    let template = content.template.as_mut().unwrap();
+    template.recipient_vars.clear();
+    template.vars = [("product".to_owned(), "Notify 2".to_owned())].into();
+    template.translations = [(
+        "zh-Hant".to_owned(),
+        v1::Translation { title: "{{ product }} 發佈了".to_owned(), body: String::new() },
+    )]
+    .into();
+    let request = v1::SendMessageRequest {
+        sender: "tests".to_owned(),
+        content: Some(content),
+        audience: Some(v1::send_message_request::Audience::AllUsers(v1::AllUsersAudience {})),
+        ..Default::default()
+    };
+    let id = app.messages().send_message(request).await.unwrap().into_inner().message_id;
+    assert_eq!(item(&app, zh, id).await.title, "Notify 2 發佈了");
+    assert_eq!(item(&app, plain, id).await.title, "Notify 2 is out");
+    app.cleanup().await;
+}
+
+#[tokio::test]
+async fn bad_templates_and_vars_are_refused_naming_the_field_and_store_nothing() {
+    let app = spawn_app().await;
+    let mut messages = app.messages();
+    let user = 7_800_001;
+    let with = |edit: &dyn Fn(&mut v1::Content)| {
+        let mut content = invoice();
+        edit(&mut content);
+        personalized(content, vec![recipient(user, "Ann", "¥1")])
+    };
+    let cases: Vec<(v1::SendMessageRequest, &str, &str)> = vec![
+        (
+            with(&|c| c.body = "line one\n{% if name %}open".to_owned()),
+            "content.body",
+            "line 2, column",
+        ),
+        (
+            with(&|c| c.title = "Hi {{ name|shout }}".to_owned()),
+            "content.title",
+            "line 1, column 12: unknown filter \"shout\"",
+        ),
+        (
+            with(&|c| c.body = "{{ name }}\n  {{ balance }}".to_owned()),
+            "content.body",
+            "line 2, column 6: variable \"balance\" is not provided",
+        ),
+        (
+            with(&|c| {
+                c.data.insert("x".to_owned(), "{{ nope() }}".to_owned());
+            }),
+            "content.data.x",
+            "unknown function \"nope\"",
+        ),
+        (
+            with(&|c| {
+                let t = c.template.as_mut().unwrap();
+                t.translations.insert(
+                    "english!".to_owned(),
+                    v1::Translation { title: "x".into(), body: String::new() },
+                );
+            }),
+            "content.template.translations",
+            "not a BCP 47 language tag",
+        ),
+        (
+            with(&|c| {
+                c.template.as_mut().unwrap().translations.get_mut("de").unwrap().title =
+                    "{{ name ".to_owned()
+            }),
+            "content.template.translations.de.title",
+            "line 1, column",
+        ),
+        (
+            with(&|c| {
+                c.template.as_mut().unwrap().vars.insert("1st".into(), String::new());
+            }),
+            "content.template.vars",
+            "not a variable name",
+        ),
+    ];
+    for (request, field, reason) in cases {
+        let message = refused(messages.send_message(request).await.unwrap_err(), field);
+        assert!(message.contains(reason), "{field}: {message:?} lacks {reason:?}");
+    }
+    let recipients_cases: Vec<(Vec<v1::RecipientVars>, &str, &str)> = vec![
+        (
+            vec![recipient(user, "Ann", &"9".repeat(1_100))],
+            "audience.users.recipients[0].vars",
+            "the limit is 1024",
+        ),
+        (
+            vec![
+                recipient(user, "Ann", "1"),
+                recipient(user + 1, "Bo", "2"),
+                recipient(user, "Ann", "1"),
+            ],
+            "audience.users.recipients[2].user_id",
+            "listed twice",
+        ),
+        (
+            vec![{
+                let mut r = recipient(user, "Ann", "1");
+                r.vars.insert("nmae".to_owned(), "typo".to_owned());
+                r
+            }],
+            "audience.users.recipients[0].vars",
+            "\"nmae\" is not one of the template's recipient_vars",
+        ),
+        (vec![recipient(0, "Zero", "0")], "audience.users.recipients[0].user_id", "must not be 0"),
+    ];
+    for (recipients, field, reason) in recipients_cases {
+        let status = messages.send_message(personalized(invoice(), recipients)).await.unwrap_err();
+        let message = refused(status, field);
+        assert!(message.contains(reason), "{field}: {message:?} lacks {reason:?}");
+    }
+    // Bare ids for a template that needs vars, and vars for one that needs none.
+    let mut bare = personalized(invoice(), Vec::new());
+    bare.audience = Some(v1::send_message_request::Audience::Users(v1::UserAudience {
+        user_ids: vec![user],
+        ..Default::default()
+    }));
+    refused(messages.send_message(bare).await.unwrap_err(), "audience.users.user_ids");
+    let mut plain = invoice();
+    plain.title = "Hi".into();
+    plain.body = "{{ due }}".into();
+    plain.data.clear();
+    plain.template.as_mut().unwrap().recipient_vars.clear();
+    plain.template.as_mut().unwrap().translations.clear();
+    let status = messages.send_message(personalized(plain, vec![recipient(user, "A", "1")])).await;
+    refused(status.unwrap_err(), "audience.users.recipients[0].vars");
+    // An announcement has no recipients to carry vars.
+    let announcement = v1::SendMessageRequest {
+        audience: Some(v1::send_message_request::Audience::AllUsers(v1::AllUsersAudience {})),
+        ..personalized(invoice(), Vec::new())
+    };
+    refused(
+        messages.send_message(announcement).await.unwrap_err(),
+        "content.template.recipient_vars",
+    );
+
+    // None of it left a send or an item behind.
+    let listed = messages
+        .list_messages(v1::ListMessagesRequest {
+            sender: "tests".into(),
+            page_size: 10,
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(listed.messages.is_empty(), "{:?}", listed.messages);
+
+    // An edit keeps the recipients' var names: their vars are stored.
+    let response =
+        messages.send_message(personalized(invoice(), vec![recipient(user, "Ann", "¥1")]));
+    let id = response.await.unwrap().into_inner().message_id;
+    wait_for_status(&app, id, v1::MessageStatus::Completed).await;
+    let mut renamed = invoice();
+    renamed.template.as_mut().unwrap().recipient_vars.push("plan".into());
+    let request = v1::EditMessageRequest { message_id: id, content: Some(renamed) };
+    refused(messages.edit_message(request).await.unwrap_err(), "content.template.recipient_vars");
+    assert_eq!(item(&app, user, id).await.title, "Hi Ann, your invoice of ¥1 is due");
+    app.cleanup().await;
+}
+
+/// A `Subscribe` stream following `users`, past their snapshots.
+async fn open_stream(app: &TestApp, users: &[u64]) -> EventReader {
+    let (changes, rx) = mpsc::channel(4);
+    let mut client = EventServiceClient::new(app.channel());
+    let events = client.subscribe(ReceiverStream::new(rx)).await.unwrap().into_inner();
+    let request = v1::SubscribeRequest { add_user_ids: users.to_vec(), ..Default::default() };
+    changes.send(request).await.unwrap();
+    let mut reader = EventReader { _changes: changes, events };
+    let mut snapshots = 0;
+    while snapshots < users.len() {
+        if let Event::Snapshot(_) = reader.next().await {
+            snapshots += 1;
+        }
+    }
+    reader
+}
+
+struct EventReader {
+    _changes: mpsc::Sender<v1::SubscribeRequest>,
+    events: tonic::Streaming<v1::SubscribeResponse>,
+}
+
+impl EventReader {
+    async fn next(&mut self) -> Event {
+        let item = tokio::time::timeout(Duration::from_secs(20), self.events.next()).await;
+        item.expect("an event within 20 s").expect("stream open").unwrap().event.unwrap()
+    }
+}
