@@ -125,7 +125,7 @@ pub async fn run(channel: Api, command: GroupCommand) -> anyhow::Result<()> {
         GroupCommand::Send(args) => {
             let request = v1::SendGroupMessageRequest {
                 group_id: args.group_id,
-                content: Some(args.what.content()),
+                content: Some(args.what.content(&[])?),
                 sender: args.what.sender,
                 idempotency_key: args.what.idempotency_key,
             };

@@ -8,7 +8,8 @@ use notify_proto::v1;
 use notify_proto::v1::message_service_client::MessageServiceClient;
 use tokio_stream::StreamExt;
 
-use crate::recipients;
+use crate::recipients::{self, Batch};
+use anyhow::Context as _;
 
 /// Most ids sent inline; larger lists use the draft flow.
 const INLINE_LIMIT: usize = 100_000;
@@ -32,19 +33,74 @@ pub struct ContentArgs {
     /// Idempotency key: a retry with the same key sends nothing new.
     #[arg(long, default_value = "")]
     pub idempotency_key: String,
+    /// Title and body are templates (docs/templates.md); implied by --var,
+    /// --translations and a users file with variables.
+    #[arg(long)]
+    template: bool,
+    /// A send-wide template variable, NAME=VALUE (repeatable).
+    #[arg(long = "var", value_name = "NAME=VALUE", value_parser = parse_var)]
+    vars: Vec<(String, String)>,
+    /// A JSON file of title and body templates by language:
+    /// {"zh-Hant": {"title": "...", "body": "..."}, "de": {...}}.
+    #[arg(long, value_name = "FILE")]
+    translations: Option<std::path::PathBuf>,
+}
+
+fn parse_var(text: &str) -> Result<(String, String), String> {
+    text.split_once('=')
+        .map(|(name, value)| (name.to_owned(), value.to_owned()))
+        .ok_or_else(|| format!("{text:?} is not NAME=VALUE"))
 }
 
 impl ContentArgs {
-    /// The content to send.
-    pub fn content(&self) -> v1::Content {
-        v1::Content {
+    /// The content to send: a template when asked for, or when its
+    /// recipients carry `recipient_vars`.
+    pub fn content(&self, recipient_vars: &[String]) -> anyhow::Result<v1::Content> {
+        let templated = self.template
+            || !self.vars.is_empty()
+            || self.translations.is_some()
+            || !recipient_vars.is_empty();
+        let template = if templated {
+            let translations = match &self.translations {
+                Some(path) => read_translations(path)?,
+                None => Default::default(),
+            };
+            Some(v1::Template {
+                vars: self.vars.iter().cloned().collect(),
+                translations,
+                recipient_vars: recipient_vars.to_vec(),
+            })
+        } else {
+            None
+        };
+        Ok(v1::Content {
             title: self.title.clone(),
             body: self.body.clone(),
             category: self.category.clone(),
             data: Default::default(),
-            ..Default::default()
-        }
+            template,
+        })
     }
+}
+
+/// Reads `--translations`: a JSON object of language to title and body.
+fn read_translations(
+    path: &std::path::Path,
+) -> anyhow::Result<std::collections::HashMap<String, v1::Translation>> {
+    let text = std::fs::read_to_string(path).with_context(|| format!("--translations {path:?}"))?;
+    let parsed: std::collections::HashMap<String, serde_json::Value> = serde_json::from_str(&text)
+        .with_context(|| format!("--translations {path:?}: not a JSON object of languages"))?;
+    parsed
+        .into_iter()
+        .map(|(locale, value)| {
+            let text = |field: &str| value.get(field).and_then(|v| v.as_str()).map(str::to_owned);
+            let title = text("title").with_context(|| {
+                format!("--translations {path:?}: {locale} has no \"title\" string")
+            })?;
+            let body = text("body").unwrap_or_default();
+            Ok((locale, v1::Translation { title, body }))
+        })
+        .collect()
 }
 
 /// What a send says and when it starts: shared by `send` and `announce`.
@@ -96,7 +152,7 @@ pub async fn announce(channel: Api, args: AnnounceArgs) -> anyhow::Result<()> {
         .send_message(v1::SendMessageRequest {
             sender: args.message.what.sender.clone(),
             idempotency_key: args.message.what.idempotency_key.clone(),
-            content: Some(args.message.what.content()),
+            content: Some(args.message.what.content(&[])?),
             audience: Some(v1::send_message_request::Audience::AllUsers(v1::AllUsersAudience {})),
             send_at: args.message.at.map(timestamp),
             expire_at: args.until.map(timestamp),
@@ -113,21 +169,26 @@ fn timestamp(at: DateTime<Utc>) -> prost_types::Timestamp {
     prost_types::Timestamp { seconds: at.timestamp(), nanos: at.timestamp_subsec_nanos() as i32 }
 }
 
-/// Sends inline (up to 100,000 ids) or through the draft flow.
+/// Sends inline (up to 100,000 users) or through the draft flow, reading
+/// the users batch by batch.
 pub async fn send(channel: Api, args: SendArgs) -> anyhow::Result<()> {
-    let ids = args.recipients.read()?;
+    let mut batches = args.recipients.batches(INLINE_LIMIT)?;
     let mut client = MessageServiceClient::new(channel.clone());
-    let content = args.message.what.content();
+    let content = args.message.what.content(&batches.vars)?;
     let priority = if args.high { v1::Priority::High } else { v1::Priority::Normal } as i32;
-    let message_id = if ids.len() <= INLINE_LIMIT {
+    let first = batches.next().transpose()?.unwrap_or(Batch::Ids(Vec::new()));
+    let second = batches.next().transpose()?;
+    let mut sent = first.len();
+    let message_id = if second.is_none() {
+        let (user_ids, recipients) = first.into_fields();
         let response = client
             .send_message(v1::SendMessageRequest {
                 sender: args.message.what.sender.clone(),
                 idempotency_key: args.message.what.idempotency_key.clone(),
                 content: Some(content),
                 audience: Some(v1::send_message_request::Audience::Users(v1::UserAudience {
-                    user_ids: ids.clone(),
-                    ..Default::default()
+                    user_ids,
+                    recipients,
                 })),
                 send_at: args.message.at.map(timestamp),
                 expire_at: args.expire.map(timestamp),
@@ -150,23 +211,29 @@ pub async fn send(channel: Api, args: SendArgs) -> anyhow::Result<()> {
             })
             .await?
             .into_inner();
-        let bar = bar(ids.len() as u64, "appending");
-        for (index, batch) in ids.chunks(INLINE_LIMIT).enumerate() {
+        let bar = bar(0, "appending");
+        let rest = [Ok(first)].into_iter().chain(second.map(Ok)).chain(batches);
+        sent = 0;
+        for (index, batch) in rest.enumerate() {
+            let (user_ids, recipients) = batch?.into_fields();
+            let count = (user_ids.len() + recipients.len()) as u64;
+            bar.inc_length(count);
             client
                 .append_recipients(v1::AppendRecipientsRequest {
                     message_id: created.message_id,
                     batch_number: index as u64 + 1,
-                    user_ids: batch.to_vec(),
-                    ..Default::default()
+                    user_ids,
+                    recipients,
                 })
                 .await?;
-            bar.inc(batch.len() as u64);
+            bar.inc(count);
+            sent += count as usize;
         }
         bar.finish();
         client.start_message(v1::StartMessageRequest { message_id: created.message_id }).await?;
         created.message_id
     };
-    println!("message {message_id} accepted for {} recipients", ids.len());
+    println!("message {message_id} accepted for {sent} recipients");
     if args.watch {
         watch(channel, message_id).await?;
     }

@@ -348,3 +348,35 @@ async fn shard_move_moves_buckets_with_their_rows_and_refuses_bad_input() {
     assert_eq!(app.unread_truth(users[0]).await, 1);
     app.cleanup().await;
 }
+
+#[tokio::test]
+async fn a_csv_of_users_with_vars_sends_one_personalized_message_that_inbox_shows_rendered() {
+    let app = spawn_app_with(test_settings(), true).await;
+    let addr = app.addr;
+    let dir = tempfile::tempdir().unwrap();
+    let users = dir.path().join("bills.csv");
+    std::fs::write(&users, "user_id,name,amount\n9700001,Ann,\"¥1,280\"\n9700002,Bo,€5\n").unwrap();
+    let translations = dir.path().join("translations.json");
+    let zh = r#"{"zh-Hant": {"title": "{{ name }}，帳單 {{ amount }} 於 {{ due }} 到期"}}"#;
+    std::fs::write(&translations, zh).unwrap();
+    notifyctl(addr, &["prefs", "9700002", "--locale", "zh-Hant-TW"]).await;
+    let args = [
+        "send",
+        "--users-file",
+        users.to_str().unwrap(),
+        "--title",
+        "Hi {{ name }}, {{ amount }} is due on {{ due }}",
+        "--var",
+        "due=12 December",
+        "--translations",
+        translations.to_str().unwrap(),
+        "--watch",
+    ];
+    let sent = notifyctl(addr, &args).await;
+    assert!(sent.contains("accepted for 2 recipients"), "{sent}");
+    let ann = notifyctl(addr, &["inbox", "9700001"]).await;
+    assert!(ann.contains("Hi Ann, ¥1,280 is due on 12 December"), "{ann}");
+    let bo = notifyctl(addr, &["inbox", "9700002"]).await;
+    assert!(bo.contains("Bo，帳單 €5 於 12 December 到期"), "{bo}");
+    app.cleanup().await;
+}
