@@ -15,7 +15,7 @@ use notify_domain::preferences::Preferences;
 use notify_store::db::groups::{self as group_store, GroupMessageRow};
 use notify_store::db::items::{self, InboxQuery, InboxRow, ItemFilter, View};
 use notify_store::db::lookups::{self as store, GroupRow};
-use notify_store::db::messages::{self, ShardStats};
+use notify_store::db::messages::{self, MessageRow, ShardStats};
 use notify_store::shard_map::{self, ReplicaState, StoredMap};
 use notify_store::shard_move::{self, Move};
 
@@ -188,4 +188,39 @@ pub async fn shards(ctx: &Context) -> Result<ShardOverview> {
     let replicas = shard_map::replicas(directory).await?;
     let active_move = shard_move::active(&ctx.pools).await?;
     Ok(ShardOverview { map, replicas, active_move })
+}
+
+/// A templated send rendered for one user, as the console shows it.
+#[derive(Debug, Clone)]
+pub struct Sample {
+    /// The user's language ('' when not set).
+    pub locale: String,
+    /// The variant it picks: a translation's tag, or `None` for the default.
+    pub variant: Option<String>,
+    /// True when the user has an item of the send (their own vars filled
+    /// it); false: rendered with the send-wide vars only.
+    pub has_item: bool,
+    /// The texts.
+    pub rendered: notify_domain::template::Rendered,
+}
+
+/// Renders a templated send for `user_id` as their inbox shows it: in
+/// their language, with their item's vars; `None` for plain content.
+pub async fn sample(ctx: &Context, row: &MessageRow, user_id: UserId) -> Result<Option<Sample>> {
+    let content = row.content();
+    let Some(template) = &content.template else { return Ok(None) };
+    let pool = ctx.pools.for_user(user_id.get());
+    let (preferences, vars) =
+        futures::future::try_join(crate::preferences::get(ctx, user_id), async {
+            Ok(items::item_vars(&*pool, user_id.get(), row.message_id).await?)
+        })
+        .await?;
+    let locale = preferences.locale.map(|l| l.as_str().to_owned()).unwrap_or_default();
+    let variant = notify_domain::template::fallbacks(&locale)
+        .find(|tag| template.translations.contains_key(*tag))
+        .map(str::to_owned);
+    let own = vars.clone().flatten();
+    let rendered =
+        crate::render::sample(&content, row.message_id, row.edited_at, &locale, own.as_deref());
+    Ok(rendered.map(|rendered| Sample { locale, variant, has_item: vars.is_some(), rendered }))
 }

@@ -15,6 +15,7 @@ use notify_core::inbox::View;
 use notify_core::lookups::{self, LiveProgress, SendFilter};
 use notify_core::recall;
 use notify_core::recipients;
+use notify_core::send::MessageRow;
 use notify_core::send::{self, MessageView};
 use notify_domain::Error;
 use notify_domain::domain::{AudienceKind, MessageId, SendStatus, UserId};
@@ -25,8 +26,8 @@ use super::Console;
 use super::session::{CurrentSession, Session, check_csrf};
 use super::views::{
     Action, AuditLine, Bar, ErrorPage, GroupLine, GroupMessageLine, GroupPage, ItemLine, Moment,
-    Nav, RecipientLine, RecipientsView, ReplicaLine, SendPage, SendRow, SendsPage, ShardBar,
-    ShardLine, ShardsPage, UserPage, group_digits, percent, render, when,
+    Nav, RecipientLine, RecipientsView, ReplicaLine, SampleView, SendPage, SendRow, SendsPage,
+    ShardBar, ShardLine, ShardsPage, TemplateView, UserPage, group_digits, percent, render, when,
 };
 
 /// Sends on one page of the list.
@@ -180,6 +181,9 @@ pub(crate) struct SendQuery {
     /// User ids to look up among the recipients (commas or spaces).
     #[serde(default)]
     users: String,
+    /// A user id to render a templated send's sample for.
+    #[serde(default)]
+    sample: String,
 }
 
 /// Recipients listed on a send's page.
@@ -387,8 +391,52 @@ pub(crate) async fn send(
     };
     let mut page = send_page(nav, &view, &live, &records, &session, &query.done);
     page.recipients = recipients_view(ctx, id, &query).await;
+    page.template = template_view(ctx, &view.row, &query.sample).await;
     page.rendered_at_ms = rendered_at_ms;
     render(&page)
+}
+
+/// A templated send's template, with a sample for the user typed (if any).
+async fn template_view(ctx: &Context, row: &MessageRow, sample_user: &str) -> Option<TemplateView> {
+    let template = row.content().template?;
+    let mut view = TemplateView {
+        vars: template.vars.clone().into_iter().collect(),
+        recipient_vars: template.recipient_vars.iter().cloned().collect::<Vec<_>>().join(", "),
+        translations: template
+            .translations
+            .iter()
+            .map(|(tag, t)| (tag.clone(), t.title.clone(), t.body.clone()))
+            .collect(),
+        sample_user: sample_user.trim().to_owned(),
+        ..TemplateView::default()
+    };
+    if view.sample_user.is_empty() {
+        return Some(view);
+    }
+    let user = view
+        .sample_user
+        .parse()
+        .map_err(|_| Error::invalid("sample", "is not a user id"))
+        .and_then(|raw| UserId::parse(raw, "sample"));
+    let sampled = match user {
+        Ok(user) => lookups::sample(ctx, row, user).await,
+        Err(e) => Err(e),
+    };
+    match sampled {
+        Ok(Some(sample)) => {
+            view.sample = Some(SampleView {
+                locale: sample.locale,
+                variant: sample.variant.unwrap_or_else(|| "default".to_owned()),
+                has_item: sample.has_item,
+                title: sample.rendered.title,
+                body: sample.rendered.body,
+                data: sample.rendered.data.into_iter().collect(),
+            })
+        }
+        Ok(None) => {}
+        Err(e) => view.sample_error = e.to_string(),
+    }
+    Some(view)
 }
 
 fn send_page(
@@ -451,6 +499,7 @@ fn send_page(
         notice: notice.to_owned(),
         recipients: RecipientsView::default(),
         rendered_at_ms: 0,
+        template: None,
     }
 }
 

@@ -271,6 +271,37 @@ pub(crate) struct SendPage {
     /// When the handler began reading the send (Unix ms): live updates
     /// read before it are older than the page.
     pub rendered_at_ms: i64,
+    /// The content's template, when it is one.
+    pub template: Option<TemplateView>,
+}
+
+/// A templated send's template as shown, with a sample rendered for one
+/// user.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct TemplateView {
+    /// Send-wide vars.
+    pub vars: Vec<(String, String)>,
+    /// The variables each recipient carries.
+    pub recipient_vars: String,
+    /// Translations: language, title, body.
+    pub translations: Vec<(String, String, String)>,
+    /// The user id typed for a sample ('' when none).
+    pub sample_user: String,
+    /// The sample, or why there is none.
+    pub sample: Option<SampleView>,
+    /// Why the sample could not be made ('' when it was, or none was asked).
+    pub sample_error: String,
+}
+
+/// A templated send rendered for one user.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct SampleView {
+    pub locale: String,
+    pub variant: String,
+    pub has_item: bool,
+    pub title: String,
+    pub body: String,
+    pub data: Vec<(String, String)>,
 }
 
 /// One recipient of a send as shown.

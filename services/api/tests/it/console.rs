@@ -740,3 +740,57 @@ async fn a_sends_recipients_are_listed_by_state_in_user_order_and_looked_up() {
     assert!(page.body.contains("state: must be one of all, delivered"), "{}", page.body);
     console.app.cleanup().await;
 }
+
+#[tokio::test]
+async fn a_templated_sends_page_shows_its_template_and_a_sample_for_a_typed_user() {
+    let console = Console::start(true, |_| {}).await;
+    let mut preferences = v1::inbox_service_client::InboxServiceClient::new(console.grpc());
+    let zh = v1::Preferences { locale: "zh-Hant-TW".into(), ..Default::default() };
+    let request = v1::SetPreferencesRequest { user_id: 301, preferences: Some(zh) };
+    preferences.set_preferences(request).await.unwrap();
+    let mut request = send_request(Vec::new());
+    let content = request.content.as_mut().unwrap();
+    content.title = "Hi {{ name }} & co".into();
+    content.template = Some(v1::Template {
+        vars: [("plan".to_owned(), "Pro".to_owned())].into(),
+        translations: [(
+            "zh-Hant".to_owned(),
+            v1::Translation {
+                title: "{{ name }}，您好 ({{ plan }})".into(), body: String::new()
+            },
+        )]
+        .into(),
+        recipient_vars: vec!["name".into()],
+    });
+    let recipients = [(300, "Ann"), (301, "Bo")]
+        .map(|(user_id, name)| v1::RecipientVars {
+            user_id,
+            vars: [("name".to_owned(), name.to_owned())].into(),
+        })
+        .to_vec();
+    request.audience = Some(v1::send_message_request::Audience::Users(v1::UserAudience {
+        recipients,
+        ..Default::default()
+    }));
+    let mut messages = MessageServiceClient::new(console.grpc());
+    let id = messages.send_message(request).await.unwrap().into_inner().message_id;
+    console.completed(id).await;
+    let client = console.login("viewer").await;
+
+    let page = client.get(&format!("/console/sends/{id}")).await;
+    assert!(page.body.contains("<dt>Recipient vars</dt><dd>name</dd>"), "{}", page.body);
+    assert!(page.body.contains("<dt>vars.plan</dt><dd>Pro</dd>"));
+    assert!(page.body.contains("<dt>Languages</dt><dd>default, zh-Hant</dd>"));
+    assert!(!page.body.contains("id=\"sample-render\""), "no sample until a user is typed");
+    let sample = |user: &str| format!("/console/sends/{id}?sample={user}");
+    let page = client.get(&sample("301")).await;
+    assert!(page.body.contains("zh-Hant-TW → zh-Hant"), "{}", page.body);
+    assert!(page.body.contains("data-sample=\"title\">Bo，您好 (Pro)<"), "{}", page.body);
+    let page = client.get(&sample("300")).await;
+    assert!(page.body.contains("data-sample=\"title\">Hi Ann &#38; co<"), "escaped: {}", page.body);
+    let page = client.get(&sample("999")).await;
+    assert!(page.body.contains("not a recipient (yet)"), "{}", page.body);
+    let page = client.get(&sample("abc")).await;
+    assert!(page.body.contains("sample: is not a user id"), "{}", page.body);
+    console.app.cleanup().await;
+}

@@ -15,7 +15,8 @@ use crate::context::Context;
 use notify_domain::domain::{AudienceKind, Content, MessageId, Priority, Recipients, SendStatus};
 use notify_domain::error::{Error, Result};
 use notify_store::db::chunks::{self, ContentCopy};
-use notify_store::db::messages::{self, MessageRow, NewMessage};
+pub use notify_store::db::messages::MessageRow;
+use notify_store::db::messages::{self, NewMessage};
 use notify_store::db::operations::OperationKind;
 use notify_store::error::database_error;
 

@@ -204,6 +204,22 @@ pub async fn list<'e>(
     Ok(sql.build_query_as().fetch_all(db).await?)
 }
 
+/// A user's item of a send, as a render needs it: `None` when the user
+/// has no item (not a recipient, or not delivered yet); else the item's
+/// vars (`None` for an item without).
+#[instrument(level = "debug", skip_all, fields(db.system = "mysql"))]
+pub async fn item_vars<'e>(
+    db: impl sqlx::MySqlExecutor<'e>,
+    user_id: u64,
+    message_id: u64,
+) -> Result<Option<Option<String>>> {
+    Ok(sqlx::query_scalar("SELECT vars FROM message_items WHERE user_id = ? AND message_id = ?")
+        .bind(user_id)
+        .bind(message_id)
+        .fetch_optional(db)
+        .await?)
+}
+
 /// The database truth of a badge.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct UnreadTruth {
