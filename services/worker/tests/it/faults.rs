@@ -66,6 +66,72 @@ async fn worker_killed_mid_send_loses_and_doubles_nothing() {
 }
 
 #[tokio::test]
+async fn worker_killed_mid_personalized_send_leaves_every_item_rendered_once_and_right() {
+    let mut settings = test_settings();
+    settings.send.chunk_size = 200;
+    settings.send.small_send_threshold = 10;
+    let app = spawn_app_with(settings, false).await;
+    let total = 20_000u64;
+    let mut worker = spawn_worker_process(&app);
+    let name = |user: u64| format!("user-{user}");
+    let recipients = (1..=total)
+        .map(|user_id| v1::RecipientVars {
+            user_id,
+            vars: [("name".to_owned(), name(user_id))].into(),
+        })
+        .collect();
+    let mut request = notify_testkit::send_request(Vec::new());
+    let content = request.content.as_mut().unwrap();
+    content.title = "Hi {{ name }}".to_owned();
+    content.template =
+        Some(v1::Template { recipient_vars: vec!["name".to_owned()], ..Default::default() });
+    request.audience = Some(v1::send_message_request::Audience::Users(v1::UserAudience {
+        recipients,
+        ..Default::default()
+    }));
+    let id = app.messages().send_message(request).await.unwrap().into_inner().message_id;
+    eventually("some chunks delivered", Duration::from_secs(60), || async {
+        let delivered = get(&app, id).await.progress.unwrap().delivered;
+        (delivered > 0).then_some(())
+    })
+    .await;
+    worker.start_kill().unwrap();
+    worker.wait().await.unwrap();
+    let at_kill = get(&app, id).await.progress.unwrap().delivered;
+    assert!(at_kill < total, "the kill came too late to test anything");
+
+    let mut replacement = spawn_worker_process(&app);
+    let done = wait_completed(&app, id).await;
+    assert_eq!(done.progress.unwrap().delivered, total);
+    // Every recipient has one item (the key is user and message), with
+    // their own vars.
+    let mut items: Vec<(u64, Option<String>)> = Vec::new();
+    for (_, pool) in app.ctx.pools.iter() {
+        let rows: Vec<(u64, Option<String>)> =
+            sqlx::query_as("SELECT user_id, vars FROM message_items WHERE message_id = ?")
+                .bind(id)
+                .fetch_all(pool)
+                .await
+                .unwrap();
+        items.extend(rows);
+    }
+    items.sort();
+    assert_eq!(items.len() as u64, total);
+    for (user, vars) in &items {
+        let expected = format!("{{\"name\":\"{}\"}}", name(*user));
+        assert_eq!(vars.as_deref(), Some(expected.as_str()), "user {user}");
+    }
+    for user in [1, total / 2, total] {
+        let request = v1::ListInboxRequest { user_id: user, page_size: 5, ..Default::default() };
+        let page = app.inbox().list_inbox(request).await.unwrap().into_inner();
+        assert_eq!(page.items[0].content.as_ref().unwrap().title, format!("Hi {}", name(user)));
+    }
+    replacement.start_kill().unwrap();
+    replacement.wait().await.unwrap();
+    app.cleanup().await;
+}
+
+#[tokio::test]
 async fn redelivered_tasks_are_no_ops() {
     let app = spawn_app().await;
     let id = send(&app, (1..=2_000).collect()).await;
