@@ -42,6 +42,15 @@ pub enum Format {
     Jsonl,
 }
 
+/// Most bytes of vars one batch carries: a request stays under the api's
+/// 4 MiB (`api.max_request_bytes`) whatever the vars' sizes.
+const BATCH_VARS_BYTES: usize = 3 * 1024 * 1024;
+
+/// A recipient's size in a request, roughly: its vars and their framing.
+fn weight(recipient: &v1::RecipientVars) -> usize {
+    16 + recipient.vars.iter().map(|(name, value)| name.len() + value.len() + 8).sum::<usize>()
+}
+
 /// A batch of recipients, as one request carries them.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Batch {
@@ -99,7 +108,8 @@ impl RecipientArgs {
         Ok(ids)
     }
 
-    /// Opens whichever source was given, to be read in batches of `size`.
+    /// Opens whichever source was given, to be read in batches of `size`
+    /// users (fewer when their vars would pass a request's size).
     pub fn batches(&self, size: usize) -> anyhow::Result<Batches> {
         if let Some(range) = &self.users {
             let ids = parse_range(range)?;
@@ -174,7 +184,7 @@ fn csv_batches(reader: Box<dyn BufRead>, source: String, size: usize) -> anyhow:
     let names = vars.clone();
     let mut records = csv.into_records();
     let next = std::iter::from_fn(move || {
-        let mut batch = Vec::with_capacity(size);
+        let (mut batch, mut bytes) = (Vec::new(), 0);
         for record in records.by_ref() {
             let parsed = record.map_err(anyhow::Error::from).and_then(|record| {
                 let line = record.position().map_or(0, |p| p.line());
@@ -192,10 +202,13 @@ fn csv_batches(reader: Box<dyn BufRead>, source: String, size: usize) -> anyhow:
                 Ok(v1::RecipientVars { user_id, vars })
             });
             match parsed {
-                Ok(recipient) => batch.push(recipient),
+                Ok(recipient) => {
+                    bytes += weight(&recipient);
+                    batch.push(recipient);
+                }
                 Err(e) => return Some(Err(e)),
             }
-            if batch.len() == size {
+            if batch.len() == size || bytes >= BATCH_VARS_BYTES {
                 break;
             }
         }
@@ -250,10 +263,14 @@ fn jsonl_batches(reader: Box<dyn BufRead>, source: String, size: usize) -> anyho
     let mut pending = first;
     let next = std::iter::from_fn(move || {
         let mut batch: Vec<v1::RecipientVars> = pending.take().into_iter().collect();
-        while batch.len() < size {
+        let mut bytes: usize = batch.iter().map(weight).sum();
+        while batch.len() < size && bytes < BATCH_VARS_BYTES {
             let Some((number, line)) = lines.next() else { break };
             match parse(number, line) {
-                Ok(recipient) => batch.push(recipient),
+                Ok(recipient) => {
+                    bytes += weight(&recipient);
+                    batch.push(recipient);
+                }
                 Err(e) => return Some(Err(e)),
             }
         }
@@ -359,6 +376,18 @@ mod tests {
             panic!("a header without user_id must be refused");
         };
         assert!(no_id.to_string().contains("no user_id column"), "{no_id}");
+    }
+
+    #[test]
+    fn a_batch_of_users_with_large_vars_stays_under_a_requests_size() {
+        let value = "x".repeat(900);
+        let text: String = (1..=10_000).map(|id| format!("{id},{value}\n")).collect();
+        let text = format!("user_id,note\n{text}");
+        let batches = csv_batches(Box::new(std::io::Cursor::new(text)), "big.csv".into(), 100_000);
+        let sizes: Vec<usize> = batches.unwrap().map(|b| b.unwrap().len()).collect();
+        assert!(sizes.len() > 1, "{sizes:?}");
+        assert!(sizes.iter().all(|size| size * 900 <= BATCH_VARS_BYTES + 1_000), "{sizes:?}");
+        assert_eq!(sizes.iter().sum::<usize>(), 10_000);
     }
 
     #[test]
