@@ -252,7 +252,16 @@ async fn an_announcement_renders_in_each_readers_language_with_the_sends_vars() 
         audience: Some(v1::send_message_request::Audience::AllUsers(v1::AllUsersAudience {})),
         ..Default::default()
     };
+    let mut stream = open_stream(&app, &[zh]).await;
     let id = app.messages().send_message(request).await.unwrap().into_inner().message_id;
+    let delivered = loop {
+        if let Event::ItemDelivered(item) = stream.next().await
+            && item.message_id == id
+        {
+            break item;
+        }
+    };
+    assert_eq!(delivered.title, "Notify 2 is out", "the stream's: the default, send-wide vars");
     assert_eq!(item(&app, zh, id).await.title, "Notify 2 發佈了");
     assert_eq!(item(&app, plain, id).await.title, "Notify 2 is out");
     app.cleanup().await;

@@ -69,9 +69,24 @@ pub(crate) async fn start_announcement(
         tx.rollback().await.map_err(database_error)?;
         return Ok(None);
     }
-    let summary = chunks::content_summary(&mut *tx, message_id)
+    let (mut summary, template) = chunks::content_summary(&mut *tx, message_id)
         .await?
         .ok_or_else(|| Error::Internal(format!("announcement {message_id} has no content copy")))?;
+    if let Some(template) = template {
+        // The stream does not know its readers' languages: the default
+        // variant, with the send-wide vars (each inbox shows its own).
+        let texts = crate::render::Texts {
+            message_id: message_id.get(),
+            edited_at: None,
+            template: &template,
+            title: &summary.title,
+            body: None,
+            data: "{}",
+        };
+        if let Some(compiled) = crate::render::compiled(&texts) {
+            summary.title = compiled.render_title("", None);
+        }
+    }
     let event = BusEvent::Announced { message_id: message_id.get(), summary };
     let recorded = event_outbox::record(&mut tx, &event.recorded_body()).await?;
     tx.commit().await.map_err(database_error)?;

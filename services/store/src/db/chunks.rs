@@ -676,13 +676,15 @@ impl ContentSummary {
     }
 }
 
-/// Reads a message's summary from its content copy on `pool`.
+/// Reads a message's summary from its content copy on `pool`, with the
+/// content's template (stored JSON) when it is one: the summary's title
+/// is then its title's template.
 #[instrument(level = "debug", skip_all, fields(db.system = "mysql"))]
 pub async fn content_summary<'e>(
     pool: impl sqlx::MySqlExecutor<'e>,
     message_id: MessageId,
-) -> Result<Option<ContentSummary>> {
-    Ok(content_row(pool, message_id).await?.map(|content| content.summary()))
+) -> Result<Option<(ContentSummary, Option<String>)>> {
+    Ok(content_row(pool, message_id).await?.map(|content| (content.summary(), content.template)))
 }
 
 /// What a chunk's apply reads of the shard's content copy.
