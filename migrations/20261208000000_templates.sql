@@ -4,9 +4,11 @@
 --
 -- `template`: the content's Template as JSON (vars, translations,
 -- recipient_vars), NULL for plain content; on the control record and on
--- each shard's content copy, which an edit changes together.
+-- each shard's content copy, which an edit changes together, and on a
+-- group message (send-wide vars only).
 ALTER TABLE messages ADD COLUMN IF NOT EXISTS template MEDIUMTEXT NULL;
 ALTER TABLE message_contents ADD COLUMN IF NOT EXISTS template MEDIUMTEXT NULL;
+ALTER TABLE group_messages ADD COLUMN IF NOT EXISTS template MEDIUMTEXT NULL;
 -- `vars`: each recipient's own variables, aligned with `user_ids`, as
 -- length-prefixed JSON objects (notify_store::db::chunks::encode_vars);
 -- NULL when the send's recipients carry none.

@@ -157,6 +157,7 @@ pub async fn group(ctx: &Context, group_id: u64, limit: u32) -> Result<Option<Gr
     )
     .await?;
     recent.reverse();
+    crate::render::group_messages(&mut recent, "");
     drop(home);
     let routes = ctx.pools.snapshot();
     let counts = ctx.pools.iter().map(|(shard, pool)| {

@@ -15,7 +15,8 @@ use std::sync::{Arc, OnceLock};
 use chrono::NaiveDateTime;
 use notify_domain::domain::Content;
 use notify_domain::error::Result;
-use notify_domain::template::{Compiled, Template};
+use notify_domain::template::{Compiled, Rendered, Template};
+use notify_store::db::groups::GroupMessageRow;
 use notify_store::db::items::InboxRow;
 use sqlx::MySqlPool;
 use tracing::warn;
@@ -74,6 +75,24 @@ pub fn compiled(texts: &Texts<'_>) -> Option<Arc<Compiled>> {
     Some(compiled)
 }
 
+/// Renders `texts` for a reader of `locale` with a recipient's `vars`;
+/// `None` when its template does not decode (the texts show as stored).
+fn render(texts: &Texts<'_>, locale: &str, vars: Option<&str>) -> Option<Rendered> {
+    let (rendered, ok) = compiled(texts)?.render(locale, vars);
+    if !ok {
+        warn!(
+            message_id = texts.message_id,
+            "a text of a template did not render: its source shows"
+        );
+    }
+    Some(rendered)
+}
+
+/// The stored form of rendered data (a JSON object).
+fn data_json(rendered: &Rendered) -> String {
+    serde_json::to_string(&rendered.data).unwrap_or_else(|_| "{}".to_owned())
+}
+
 /// Renders a page's templated rows in place for their reader (`locale`,
 /// the reader's, was read with the page).
 pub fn rows(rows: &mut [InboxRow]) {
@@ -87,18 +106,31 @@ pub fn rows(rows: &mut [InboxRow]) {
             body: Some(&row.body),
             data: &row.data,
         };
-        let Some(compiled) = compiled(&texts) else { continue };
-        let (rendered, ok) = compiled.render(&row.locale, row.vars.as_deref());
-        if !ok {
-            warn!(
-                message_id = row.message_id,
-                "a text of a template did not render: its source shows"
-            );
+        if let Some(rendered) = render(&texts, &row.locale, row.vars.as_deref()) {
+            row.data = data_json(&rendered);
+            (row.title, row.body) = (rendered.title, rendered.body);
         }
-        row.title = rendered.title;
-        row.body = rendered.body;
-        row.data = serde_json::to_string(&rendered.data).unwrap_or_else(|_| "{}".to_owned());
         row.vars = None;
+    }
+}
+
+/// Renders a group's templated messages in place for a member reading in
+/// `locale` (group messages carry send-wide vars only).
+pub fn group_messages(messages: &mut [GroupMessageRow], locale: &str) {
+    for message in messages.iter_mut() {
+        let Some(template) = message.template.take() else { continue };
+        let texts = Texts {
+            message_id: message.message_id,
+            edited_at: None,
+            template: &template,
+            title: &message.title,
+            body: Some(&message.body),
+            data: &message.data,
+        };
+        if let Some(rendered) = render(&texts, locale, None) {
+            message.data = data_json(&rendered);
+            (message.title, message.body) = (rendered.title, rendered.body);
+        }
     }
 }
 
@@ -136,7 +168,7 @@ pub fn sample(
     edited_at: Option<NaiveDateTime>,
     locale: &str,
     vars: Option<&str>,
-) -> Option<notify_domain::template::Rendered> {
+) -> Option<Rendered> {
     let template = content.template.as_ref()?;
     let texts = Texts {
         message_id,

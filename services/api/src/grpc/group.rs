@@ -123,10 +123,11 @@ impl GroupService for GroupApi {
         let sender = convert::sender(&caller, req.sender, "sender").into_status()?;
         domain::validate_idempotency_key(&req.idempotency_key, "idempotency_key").into_status()?;
         let content = convert::content(req.content, "content").into_status()?;
-        if content.template.is_some() {
+        if content.template.as_ref().is_some_and(|t| t.per_recipient()) {
             return Err(Error::invalid(
-                "content.template",
-                "group messages take no template (a group's messages are the same for every member)",
+                "content.template.recipient_vars",
+                "must be empty for a group message: it is stored once and rendered with the \
+                 send-wide vars in each member's language",
             ))
             .into_status();
         }

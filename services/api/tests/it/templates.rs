@@ -440,3 +440,47 @@ impl EventReader {
         item.expect("an event within 20 s").expect("stream open").unwrap().event.unwrap()
     }
 }
+
+#[tokio::test]
+async fn a_group_message_renders_in_each_members_language_and_refuses_recipient_vars() {
+    let app = spawn_app().await;
+    let group = crate::groups::create_group(&app, "ops").await;
+    let (de, plain) = (7_900_001, 7_900_002);
+    crate::groups::add(&app, group, vec![de, plain], false).await;
+    set_locale(&app, de, "de-AT").await;
+    let mut content = invoice();
+    content.title = "{{ service }} is down".to_owned();
+    content.body = "since {{ since }}".to_owned();
+    content.data.clear();
+    let template = content.template.as_mut().unwrap();
+    template.recipient_vars.clear();
+    template.vars =
+        [("service".to_owned(), "Billing".to_owned()), ("since".to_owned(), "09:00".to_owned())]
+            .into();
+    template.translations = [(
+        "de".to_owned(),
+        v1::Translation {
+            title: "{{ service }} ist ausgefallen".to_owned(),
+            body: "seit {{ since }}".to_owned(),
+        },
+    )]
+    .into();
+    let mut request = crate::groups::send_request(group, "x", "k1");
+    request.content = Some(content.clone());
+    app.groups().send_group_message(request.clone()).await.unwrap();
+    let shown = |pulled: v1::PullGroupMessagesResponse| {
+        let content = pulled.messages[0].content.clone().unwrap();
+        (content.title, content.body)
+    };
+    let pulled = crate::groups::pull(&app, de, group, None, 10).await;
+    assert_eq!(shown(pulled), ("Billing ist ausgefallen".to_owned(), "seit 09:00".to_owned()));
+    let pulled = crate::groups::pull(&app, plain, group, None, 10).await;
+    assert_eq!(shown(pulled), ("Billing is down".to_owned(), "since 09:00".to_owned()));
+
+    content.template.as_mut().unwrap().recipient_vars = vec!["name".to_owned()];
+    request.content = Some(content);
+    request.idempotency_key = "k2".to_owned();
+    let status = app.groups().send_group_message(request).await.unwrap_err();
+    refused(status, "content.template.recipient_vars");
+    app.cleanup().await;
+}

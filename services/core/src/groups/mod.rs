@@ -411,6 +411,11 @@ pub async fn pull(
     let mut messages = store::messages_after(&home, group_id, after, limit + 1).await?;
     let has_more = messages.len() > limit as usize;
     messages.truncate(limit as usize);
+    if messages.iter().any(|m| m.template.is_some()) {
+        let preferences = crate::preferences::get(ctx, user_id).await?;
+        let locale = preferences.locale.as_ref().map_or("", |l| l.as_str());
+        crate::render::group_messages(&mut messages, locale);
+    }
     Ok(Pulled { messages, has_more })
 }
 

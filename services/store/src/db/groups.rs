@@ -193,8 +193,8 @@ pub async fn append_message(
     let content = message.content;
     let inserted = sqlx::query(
         "INSERT INTO group_messages (group_id, seq, message_id, sender, client, \
-         idempotency_key, title, body, category, data, created_at) \
-         VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, UTC_TIMESTAMP(3))",
+         idempotency_key, title, body, category, data, template, created_at) \
+         VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, UTC_TIMESTAMP(3))",
     )
     .bind(message.group_id)
     .bind(seq)
@@ -206,6 +206,7 @@ pub async fn append_message(
     .bind(&content.body)
     .bind(&content.category)
     .bind(content.data_json())
+    .bind(content.template_json())
     .execute(&mut *tx)
     .await;
     match inserted {
@@ -272,6 +273,9 @@ pub struct GroupMessageRow {
     pub created_at: NaiveDateTime,
     /// When it was recalled: a tombstone, its content cleared.
     pub recalled_at: Option<NaiveDateTime>,
+    /// The content's template (stored JSON) when it is one: each reader's
+    /// render fills it in their language.
+    pub template: Option<String>,
 }
 
 /// Reads up to `limit` messages with seq above `after`, ascending (a range
@@ -284,8 +288,8 @@ pub async fn messages_after(
     limit: u32,
 ) -> Result<Vec<GroupMessageRow>> {
     Ok(sqlx::query_as(
-        "SELECT seq, message_id, sender, title, body, category, data, created_at, recalled_at \
-         FROM group_messages WHERE group_id = ? AND seq > ? ORDER BY seq LIMIT ?",
+        "SELECT seq, message_id, sender, title, body, category, data, created_at, recalled_at, \
+         template FROM group_messages WHERE group_id = ? AND seq > ? ORDER BY seq LIMIT ?",
     )
     .bind(group_id)
     .bind(after)
