@@ -16,6 +16,8 @@ pub mod backoff;
 pub mod domain;
 pub mod error;
 pub mod ids;
+pub mod limits;
+pub mod locale;
 pub mod preferences;
 pub mod scope;
 pub mod settings;

@@ -8,14 +8,12 @@
 
 use crate::domain::validate_category;
 use crate::error::{Error, Result};
+pub use crate::locale::{Locale, MAX_LOCALE_BYTES};
 
 /// Most categories a user may mute.
 pub const MAX_MUTED_CATEGORIES: usize = 100;
 /// Most groups a user may mute.
 pub const MAX_MUTED_GROUPS: usize = 1000;
-
-/// Longest locale tag stored.
-pub const MAX_LOCALE_BYTES: usize = 64;
 
 /// What a user mutes, and their language.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -26,36 +24,6 @@ pub struct Preferences {
     pub muted_group_ids: Vec<u64>,
     /// The language the user reads; none when not set.
     pub locale: Option<Locale>,
-}
-
-/// A BCP 47 language tag (`en`, `zh-Hant-TW`, `de-CH-u-co-phonebk`), well
-/// formed as ICU's parser reads it and kept in its canonical form (`zh_hant_tw`
-/// is `zh-Hant-TW`).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Locale(String);
-
-impl Locale {
-    /// Parses `text`; `field` names it in the error.
-    pub fn parse(text: &str, field: &str) -> Result<Self> {
-        if text.len() > MAX_LOCALE_BYTES {
-            return Err(Error::invalid(
-                field,
-                &format!("at most {MAX_LOCALE_BYTES} bytes (this one has {})", text.len()),
-            ));
-        }
-        // ICU reads only "-" between subtags; "_" (as in POSIX names) is
-        // taken for it.
-        let parsed =
-            icu_locale_core::Locale::try_from_str(&text.replace('_', "-")).map_err(|e| {
-                Error::invalid(field, &format!("{text:?} is not a BCP 47 language tag ({e})"))
-            })?;
-        Ok(Self(parsed.to_string()))
-    }
-
-    /// The tag, canonical.
-    pub fn as_str(&self) -> &str {
-        &self.0
-    }
 }
 
 impl Preferences {

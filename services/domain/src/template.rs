@@ -24,9 +24,9 @@ use minijinja::machinery::Instruction;
 use minijinja::{Environment, ErrorKind, UndefinedBehavior, Value};
 use serde::{Deserialize, Serialize};
 
-use crate::domain::{MAX_BODY_BYTES, MAX_DATA_BYTES, MAX_TITLE_CHARS};
 use crate::error::{Error, Result};
-use crate::preferences::Locale;
+use crate::limits::{MAX_BODY_BYTES, MAX_DATA_BYTES, MAX_TITLE_CHARS};
+use crate::locale::Locale;
 
 /// Most translations of one send.
 pub const MAX_TRANSLATIONS: usize = 32;

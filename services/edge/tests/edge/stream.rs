@@ -377,3 +377,50 @@ async fn the_edges_bus_reconnecting_loses_no_event_of_an_open_stream() {
     edge.stop().await;
     app.cleanup().await;
 }
+
+#[tokio::test]
+async fn a_personalized_item_shows_its_own_text_in_the_users_language_in_the_stream_and_the_inbox()
+{
+    let app = spawn_app().await;
+    let edge = Edge::start(&app).await;
+    let user = 8_300_101;
+    let token = edge.token(user);
+    let german = json!({ "locale": "de-CH" });
+    assert_eq!(send(&edge, &token, "PUT", "/v1/preferences", &german).await.status, 200);
+    let mut events = Events::open(edge.addr, &token, None).await;
+    events.next("snapshot").await;
+
+    let mut request = notify_testkit::send_request(Vec::new());
+    let content = request.content.as_mut().unwrap();
+    content.title = "Hi {{ name }}".to_owned();
+    content.body = "{{ amount }} due".to_owned();
+    content.template = Some(v1::Template {
+        translations: [(
+            "de".to_owned(),
+            v1::Translation {
+                title: "Hallo {{ name }}".into(),
+                body: "{{ amount }} fällig".into(),
+            },
+        )]
+        .into(),
+        recipient_vars: vec!["name".into(), "amount".into()],
+        ..Default::default()
+    });
+    let vars = [("name".to_owned(), "Eva".to_owned()), ("amount".to_owned(), "CHF 9".to_owned())];
+    request.audience = Some(v1::send_message_request::Audience::Users(v1::UserAudience {
+        recipients: vec![v1::RecipientVars { user_id: user, vars: vars.into() }],
+        ..Default::default()
+    }));
+    let id = app.messages().send_message(request).await.unwrap().into_inner().message_id;
+    let delivered = events.next("item_delivered").await;
+    assert_eq!(delivered.data["message_id"], id.to_string());
+    assert_eq!(delivered.data["title"], "Hallo Eva");
+    let page = crate::get(&edge, &token, "/v1/inbox").await;
+    let item = &page.body["items"][0];
+    assert_eq!(
+        (item["title"].clone(), item["body"].clone()),
+        (json!("Hallo Eva"), json!("CHF 9 fällig"))
+    );
+    edge.stop().await;
+    app.cleanup().await;
+}
