@@ -183,21 +183,8 @@ pub struct Content {
 impl Content {
     /// Validates every field against the limits; `field` prefixes error names.
     pub fn validate(&self, field: &str) -> Result<()> {
-        if self.title.trim().is_empty() {
-            return Err(Error::invalid(&format!("{field}.title"), "must not be empty"));
-        }
-        if self.title.chars().count() > MAX_TITLE_CHARS {
-            return Err(Error::invalid(
-                &format!("{field}.title"),
-                &format!("must be at most {MAX_TITLE_CHARS} characters"),
-            ));
-        }
-        if self.body.len() > MAX_BODY_BYTES {
-            return Err(Error::invalid(
-                &format!("{field}.body"),
-                &format!("is {} bytes, the limit is {MAX_BODY_BYTES}", self.body.len()),
-            ));
-        }
+        crate::limits::check_title(&self.title, &format!("{field}.title"))?;
+        crate::limits::check_body(&self.body, &format!("{field}.body"))?;
         validate_category(&self.category, &format!("{field}.category"))?;
         if self.data.len() > MAX_DATA_ENTRIES {
             return Err(Error::invalid(

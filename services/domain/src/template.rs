@@ -25,7 +25,7 @@ use minijinja::{Environment, ErrorKind, UndefinedBehavior, Value};
 use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
-use crate::limits::{MAX_BODY_BYTES, MAX_DATA_BYTES, MAX_TITLE_CHARS};
+use crate::limits::{MAX_BODY_BYTES, MAX_DATA_BYTES, MAX_TITLE_CHARS, check_body, check_title};
 use crate::locale::Locale;
 
 /// Most translations of one send.
@@ -155,12 +155,7 @@ impl Template {
         for (locale, translation) in &self.translations {
             let at = format!("{tfield}.translations.{locale}");
             check_title(&translation.title, &format!("{at}.title"))?;
-            if translation.body.len() > MAX_BODY_BYTES {
-                return Err(Error::invalid(
-                    &format!("{at}.body"),
-                    &format!("is {} bytes, the limit is {MAX_BODY_BYTES}", translation.body.len()),
-                ));
-            }
+            check_body(&translation.body, &format!("{at}.body"))?;
             sources.push(Source { field: format!("{at}.title"), text: &translation.title });
             sources.push(Source { field: format!("{at}.body"), text: &translation.body });
         }
@@ -321,19 +316,6 @@ fn check_names<'a>(names: impl Iterator<Item = &'a String>, field: &str) -> Resu
     }
     if count > MAX_VARS {
         return Err(Error::invalid(field, &format!("has {count} names, the limit is {MAX_VARS}")));
-    }
-    Ok(())
-}
-
-fn check_title(title: &str, field: &str) -> Result<()> {
-    if title.trim().is_empty() {
-        return Err(Error::invalid(field, "must not be empty"));
-    }
-    if title.chars().count() > MAX_TITLE_CHARS {
-        return Err(Error::invalid(
-            field,
-            &format!("must be at most {MAX_TITLE_CHARS} characters"),
-        ));
     }
     Ok(())
 }

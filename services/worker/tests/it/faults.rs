@@ -33,28 +33,44 @@ fn spawn_worker_process(app: &TestApp) -> tokio::process::Child {
         .expect("worker binary starts")
 }
 
-#[tokio::test]
-async fn worker_killed_mid_send_loses_and_doubles_nothing() {
+/// An api with small chunks (bulk lane) and no worker in process: the
+/// tests run the worker as a process they can kill.
+async fn app_for_a_worker_process() -> TestApp {
     let mut settings = test_settings();
     settings.send.chunk_size = 200;
     settings.send.small_send_threshold = 10;
-    let app = spawn_app_with(settings, false).await;
-    let total = 30_000u64;
-    let mut worker = spawn_worker_process(&app);
-    let id = send(&app, (1..=total).collect()).await;
+    spawn_app_with(settings, false).await
+}
+
+/// Waits until `worker` delivered some of send `id`'s `total` recipients,
+/// SIGKILLs it (no graceful shutdown: in-flight chunks are cut off) and
+/// starts a replacement, checking the kill came while the send went on.
+async fn kill_mid_send(
+    app: &TestApp,
+    mut worker: tokio::process::Child,
+    id: u64,
+    total: u64,
+) -> tokio::process::Child {
     eventually("some chunks delivered", Duration::from_secs(60), || async {
-        let delivered = get(&app, id).await.progress.unwrap().delivered;
+        let delivered = get(app, id).await.progress.unwrap().delivered;
         (delivered > 0).then_some(())
     })
     .await;
-    // SIGKILL: no graceful shutdown, in-flight chunks are cut off.
     worker.start_kill().unwrap();
     worker.wait().await.unwrap();
-    let at_kill = get(&app, id).await;
+    let at_kill = get(app, id).await;
     assert_eq!(at_kill.status, v1::MessageStatus::Sending as i32);
     assert!(at_kill.progress.unwrap().delivered < total, "the kill came too late to test anything");
+    spawn_worker_process(app)
+}
 
-    let mut replacement = spawn_worker_process(&app);
+#[tokio::test]
+async fn worker_killed_mid_send_loses_and_doubles_nothing() {
+    let app = app_for_a_worker_process().await;
+    let total = 30_000u64;
+    let worker = spawn_worker_process(&app);
+    let id = send(&app, (1..=total).collect()).await;
+    let mut replacement = kill_mid_send(&app, worker, id, total).await;
     let done = wait_completed(&app, id).await;
     let progress = done.progress.unwrap();
     assert_eq!(progress.delivered, total);
@@ -67,12 +83,9 @@ async fn worker_killed_mid_send_loses_and_doubles_nothing() {
 
 #[tokio::test]
 async fn worker_killed_mid_personalized_send_leaves_every_item_rendered_once_and_right() {
-    let mut settings = test_settings();
-    settings.send.chunk_size = 200;
-    settings.send.small_send_threshold = 10;
-    let app = spawn_app_with(settings, false).await;
+    let app = app_for_a_worker_process().await;
     let total = 20_000u64;
-    let mut worker = spawn_worker_process(&app);
+    let worker = spawn_worker_process(&app);
     let name = |user: u64| format!("user-{user}");
     let recipients = (1..=total)
         .map(|user_id| v1::RecipientVars {
@@ -90,17 +103,7 @@ async fn worker_killed_mid_personalized_send_leaves_every_item_rendered_once_and
         ..Default::default()
     }));
     let id = app.messages().send_message(request).await.unwrap().into_inner().message_id;
-    eventually("some chunks delivered", Duration::from_secs(60), || async {
-        let delivered = get(&app, id).await.progress.unwrap().delivered;
-        (delivered > 0).then_some(())
-    })
-    .await;
-    worker.start_kill().unwrap();
-    worker.wait().await.unwrap();
-    let at_kill = get(&app, id).await.progress.unwrap().delivered;
-    assert!(at_kill < total, "the kill came too late to test anything");
-
-    let mut replacement = spawn_worker_process(&app);
+    let mut replacement = kill_mid_send(&app, worker, id, total).await;
     let done = wait_completed(&app, id).await;
     assert_eq!(done.progress.unwrap().delivered, total);
     // Every recipient has one item (the key is user and message), with
