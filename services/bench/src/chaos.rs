@@ -10,7 +10,8 @@
 //! whose memory is compared over the second half of the run.
 //!
 //! The load: sends of 1 to 200,000 recipients (ranges of user ids, retried
-//! with their idempotency key until accepted), announcements, group sends
+//! with their idempotency key until accepted; every third one personalized:
+//! a template filled with each recipient's own var), announcements, group sends
 //! (retried with their key), inbox reads, mark-reads (by ids, and by filter:
 //! read and unread), group pulls and acks, badge reads, and a controller
 //! that cancels, recalls and edits sends and cancels announcements (each
@@ -20,6 +21,8 @@
 //! At the end, with every fault healed and every send finished:
 //! - every completed send has exactly one item per recipient, and its
 //!   progress total equals its recipients;
+//! - every item of a completed personalized send carries its own
+//!   recipient's vars, and a sample of them reads rendered for their user;
 //! - every group's seqs are 1..=max with no gap or repeat;
 //! - every touched user's badge and group unread count equal MySQL, and so
 //!   does their first inbox page (items and read states);
@@ -154,6 +157,8 @@ impl Proc {
 struct Ledger {
     /// Accepted sends: message id -> recipients (a range, so distinct).
     sends: BTreeMap<u64, (u64, u64)>,
+    /// Those of them that are personalized ([`content_for`]).
+    personalized: BTreeSet<u64>,
     announcements: Vec<u64>,
     /// Sends cancelled, recalled, and edited (with their last title), and
     /// announcements cancelled, by the controller.
@@ -282,6 +287,10 @@ async fn soak(
     );
     checks.record("group seqs: 1..=max, no gap or repeat", group_seqs(&ctx, &groups).await);
     let mut inbox = InboxServiceClient::new(channels[0].clone());
+    checks.record(
+        "personalized sends: each item its own vars, read rendered",
+        personalized(&ctx, &shared, &mut inbox, args.badge_checks).await,
+    );
     checks.record(
         "badges and group unread equal MySQL",
         badges(&ctx, &shared, &mut inbox, args.badge_checks).await,
@@ -478,6 +487,35 @@ fn content(title: String) -> v1::Content {
     v1::Content { title, body: "chaos".into(), ..Default::default() }
 }
 
+/// A send's content: a personalized one's title is a template that ends
+/// with each recipient's own `n` (their user id).
+fn content_for(title: String, personalized: bool) -> v1::Content {
+    let mut content = content(title);
+    if personalized {
+        content.title.push_str(" {{ n }}");
+        content.template =
+            Some(v1::Template { recipient_vars: vec!["n".into()], ..Default::default() });
+    }
+    content
+}
+
+/// Users `range` as a send lists them: bare ids, or each with their `n`.
+fn audience_of(
+    range: std::ops::Range<u64>,
+    personalized: bool,
+) -> (Vec<u64>, Vec<v1::RecipientVars>) {
+    if !personalized {
+        return (range.collect(), Vec::new());
+    }
+    let recipients = range
+        .map(|user_id| v1::RecipientVars {
+            user_id,
+            vars: [("n".to_owned(), user_id.to_string())].into(),
+        })
+        .collect();
+    (Vec::new(), recipients)
+}
+
 /// Calls `call` until it succeeds (alternating apis), at most `tries` times.
 async fn retried<T, F, Fut>(
     channels: &[Channel],
@@ -531,16 +569,18 @@ async fn senders(
         };
         let first = rand::rng().random_range(1..=users - size);
         let key = format!("chaos-{worker}-{serial}");
+        let personalized = serial.is_multiple_of(3);
         let id = if size > 50_000 {
-            big_send(&channels, &shared, &key, first, size).await
+            big_send(&channels, &shared, &key, first, size, personalized).await
         } else {
+            let (user_ids, recipients) = audience_of(first..first + size, personalized);
             let request = v1::SendMessageRequest {
                 sender: "chaos".into(),
                 idempotency_key: key.clone(),
-                content: Some(content(key.clone())),
+                content: Some(content_for(key.clone(), personalized)),
                 audience: Some(v1::send_message_request::Audience::Users(v1::UserAudience {
-                    user_ids: (first..first + size).collect(),
-                    ..Default::default()
+                    user_ids,
+                    recipients,
                 })),
                 ..Default::default()
             };
@@ -557,6 +597,9 @@ async fn senders(
         if let Some(id) = id {
             let mut ledger = ledger(&shared);
             ledger.sends.insert(id, (first, size));
+            if personalized {
+                ledger.personalized.insert(id);
+            }
             ledger.touched.extend(first..first + size.min(20));
         }
         tokio::time::sleep(Duration::from_secs(1)).await;
@@ -571,11 +614,12 @@ async fn big_send(
     key: &str,
     first: u64,
     size: u64,
+    personalized: bool,
 ) -> Option<u64> {
     let request = v1::CreateMessageRequest {
         sender: "chaos".into(),
         idempotency_key: key.to_owned(),
-        content: Some(content(key.to_owned())),
+        content: Some(content_for(key.to_owned(), personalized)),
         ..Default::default()
     };
     let id = retried(channels, shared, 30, |channel| {
@@ -587,11 +631,13 @@ async fn big_send(
     })
     .await?;
     for (index, start) in (first..first + size).step_by(50_000).enumerate() {
+        let (user_ids, recipients) =
+            audience_of(start..(start + 50_000).min(first + size), personalized);
         let batch = v1::AppendRecipientsRequest {
             message_id: id,
             batch_number: index as u64 + 1,
-            user_ids: (start..(start + 50_000).min(first + size)).collect(),
-            ..Default::default()
+            user_ids,
+            recipients,
         };
         retried(channels, shared, 30, |channel| {
             let batch = batch.clone();
@@ -839,19 +885,22 @@ async fn controller(channels: Vec<Channel>, shared: Shared, stop: Arc<AtomicBool
         let pause = Duration::from_millis(rand::rng().random_range(4_000..8_000));
         tokio::time::sleep(pause).await;
         serial += 1;
-        let (send, announcement) = {
+        let (send, announcement, personalized) = {
             let ledger = ledger(&shared);
             let index = rand::rng().random_range(0..ledger.sends.len().max(1));
             let send = ledger.sends.keys().nth(index).copied();
             let live = ledger.announcements.iter().rev().find(|a| !ledger.cancelled.contains(a));
-            (send, live.copied())
+            let personalized = send.is_some_and(|id| ledger.personalized.contains(&id));
+            (send, live.copied(), personalized)
         };
         let kind = serial % 4;
         let target = if kind == 3 { announcement } else { send };
         let Some(id) = target else { continue };
-        let title = format!("edited-{serial}");
+        // A personalized send's edit keeps its template's recipient vars.
+        let edited = content_for(format!("edited-{serial}"), personalized && kind != 3);
+        let title = edited.title.clone();
         let answered = retried(&channels, &shared, 30, |channel| {
-            let title = title.clone();
+            let edited = edited.clone();
             async move {
                 let mut client = MessageServiceClient::new(channel);
                 let call = match kind {
@@ -860,10 +909,8 @@ async fn controller(channels: Vec<Channel>, shared: Shared, stop: Arc<AtomicBool
                     }
                     1 => client.recall_message(v1::RecallMessageRequest { message_id: id }).await,
                     _ => {
-                        let request = v1::EditMessageRequest {
-                            message_id: id,
-                            content: Some(content(title)),
-                        };
+                        let request =
+                            v1::EditMessageRequest { message_id: id, content: Some(edited) };
                         client.edit_message(request).await
                     }
                 };
@@ -995,6 +1042,58 @@ async fn exactly_once(
             bail!("send {id}: progress total {total} for {size} recipients");
         }
         checked += 1;
+    }
+    Ok(checked)
+}
+
+/// Every item of each completed personalized send carries its own
+/// recipient's vars (`{"n":"<user id>"}`), on every shard; and for a sample
+/// of them, the user's ListInbox shows the title rendered with their id
+/// (worker kills, redeliveries and splits notwithstanding).
+async fn personalized(
+    ctx: &notify_core::Context,
+    shared: &Shared,
+    inbox: &mut InboxServiceClient<Channel>,
+    sample: usize,
+) -> anyhow::Result<u64> {
+    let (sends, recalled) = {
+        let ledger = ledger(shared);
+        let sends: Vec<(u64, (u64, u64))> =
+            ledger.personalized.iter().map(|id| (*id, ledger.sends[id])).collect();
+        (sends, ledger.recalled.clone())
+    };
+    let mut checked = 0;
+    let mut sampled = 0;
+    for (id, (first, size)) in sends {
+        if status_of(ctx, id).await? != Some(SendStatus::Completed as u8) {
+            continue;
+        }
+        for (shard, pool) in ctx.pools.iter() {
+            let wrong: i64 = sqlx::query_scalar(
+                "SELECT COUNT(*) FROM message_items WHERE message_id = ? \
+                 AND (vars IS NULL OR vars <> CONCAT('{\"n\":\"', user_id, '\"}'))",
+            )
+            .bind(id)
+            .fetch_one(pool)
+            .await?;
+            if wrong > 0 {
+                bail!("send {id}: {wrong} items on shard {shard} without their own vars");
+            }
+        }
+        checked += 1;
+        if sampled < sample && !recalled.contains(&id) {
+            let user = first + rand::rng().random_range(0..size);
+            let request =
+                v1::ListInboxRequest { user_id: user, page_size: 100, ..Default::default() };
+            let page = inbox.list_inbox(request).await?.into_inner();
+            let shown = page.items.iter().find(|item| item.message_id == id);
+            if let Some(title) = shown.and_then(|item| item.content.as_ref()).map(|c| &c.title)
+                && !title.ends_with(&format!(" {user}"))
+            {
+                bail!("send {id}: user {user} reads {title:?}, not rendered with their id");
+            }
+            sampled += 1;
+        }
     }
     Ok(checked)
 }
