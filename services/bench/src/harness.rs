@@ -266,7 +266,20 @@ impl Env {
         name: &'static str,
         extra: &str,
     ) -> anyhow::Result<(String, u32)> {
+        self.start_extra_api_tuned(name, |_| {}, extra).await
+    }
+
+    /// [`Self::start_extra_api`] with its settings changed by `tune` first
+    /// (the page cache off, say: a setting the shared sections hold, which
+    /// `extra` cannot name a second time).
+    pub async fn start_extra_api_tuned(
+        &mut self,
+        name: &'static str,
+        tune: impl FnOnce(&mut Settings),
+        extra: &str,
+    ) -> anyhow::Result<(String, u32)> {
         let mut settings = self.settings.clone();
+        tune(&mut settings);
         settings.api.listen = format!("127.0.0.1:{}", free_port()?);
         settings.api.metrics_listen = format!("127.0.0.1:{}", free_port()?);
         settings.worker.metrics_listen = format!("127.0.0.1:{}", free_port()?);

@@ -4,19 +4,14 @@
 //! of the send compared with a reference send nobody mutes.
 
 use std::fmt::Write as _;
-use std::time::Instant;
 
-use anyhow::Context as _;
 use notify_domain::Settings;
 use notify_domain::preferences::join_list;
 use notify_testkit::metrics::MetricsPage;
-use sqlx::QueryBuilder;
 
 use super::NotifyRun;
-use crate::harness::{self, thousands, verdict};
-
-/// Rows per preferences INSERT.
-const SEED_ROWS: usize = 5_000;
+use super::preferences::{self, Column};
+use crate::harness::{thousands, verdict};
 
 /// Which recipients mute the send's category: `percent` of ids `1..=N`,
 /// spread evenly (every 10th id at 10%), exactly `N * percent / 100` of them.
@@ -38,40 +33,18 @@ impl Mutes {
 }
 
 /// Writes a `user_preferences` row muting `category` for every muting user
-/// of `users`, on each user's shard (multi-row INSERTs of the store's
-/// statement, the shards in parallel). Returns the rows and the seconds.
+/// of `users`, on each user's shard ([`preferences::seed`]). Returns the
+/// rows and the seconds.
 pub(super) async fn seed_preferences(
     settings: &Settings,
     users: &[u64],
     mutes: Mutes,
     category: &str,
 ) -> anyhow::Result<(u64, f64)> {
-    let map = settings.shard_map().map_err(|e| anyhow::anyhow!("{e}"))?;
-    let muting: Vec<u64> = users.iter().copied().filter(|u| mutes.mutes(*u)).collect();
-    let pools = harness::shard_pools(settings, 2).await?;
     let list = join_list(&[category]);
-    let started = Instant::now();
-    let writes = map.partition_users(&muting).into_iter().map(|(shard, ids)| {
-        let (pools, list, slot) = (&pools, &list, map.slot_of(shard));
-        async move {
-            let pool = &pools[slot.context("shard slot")?];
-            for part in ids.chunks(SEED_ROWS) {
-                let mut insert =
-                    QueryBuilder::new("INSERT INTO user_preferences (user_id, muted_categories) ");
-                insert.push_values(part, |mut row, user_id| {
-                    row.push_bind(*user_id).push_bind(list.as_str());
-                });
-                insert.push(" ON DUPLICATE KEY UPDATE muted_categories = VALUES(muted_categories)");
-                insert.build().execute(pool).await?;
-            }
-            Ok::<_, anyhow::Error>(())
-        }
-    });
-    futures::future::try_join_all(writes).await?;
-    let secs = started.elapsed().as_secs_f64();
-    for pool in pools {
-        pool.close().await;
-    }
+    let muting: Vec<(u64, &str)> =
+        users.iter().filter(|u| mutes.mutes(**u)).map(|u| (*u, list.as_str())).collect();
+    let secs = preferences::seed(settings, Column::MutedCategories, &muting).await?;
     Ok((muting.len() as u64, secs))
 }
 
