@@ -54,8 +54,11 @@ pub async fn locales<'e>(
     let json = serde_json::to_string(user_ids)
         .map_err(|e| notify_domain::Error::Internal(e.to_string()))?;
     let sql = format!(
-        "SELECT p.user_id, p.locale FROM {} JOIN user_preferences p ON p.user_id = j.user_id \
-         WHERE p.locale <> ''",
+        // The recipients first, whatever the statistics say: a plan that
+        // scanned the preferences table (stale row counts after a bulk
+        // write) cost seconds a chunk.
+        "SELECT STRAIGHT_JOIN p.user_id, p.locale FROM {} JOIN user_preferences p \
+         ON p.user_id = j.user_id WHERE p.locale <> ''",
         super::chunks::RECIPIENT_ROWS
     );
     Ok(sqlx::query_as(sqlx::AssertSqlSafe(sql)).bind(json).fetch_all(db).await?)
