@@ -87,7 +87,7 @@ async fn measure(env: &Env, api: u32, length: Duration) -> anyhow::Result<Span> 
     let counters = |page: &notify_testkit::metrics::MetricsPage| {
         (
             page.sum("notify_console_live_polls_total", &[]),
-            page.sum("notify_console_live_reads_total", &[]),
+            page.sum("notify_console_live_reads_total", &[("by", "poller")]),
             page.sum("notify_console_live_updates_total", &[]),
         )
     };
@@ -163,7 +163,7 @@ async fn body(env: &mut Env, args: &ConsoleArgs) -> anyhow::Result<String> {
         let page = env.scrape("notify-api").await;
         (
             page.sum("notify_console_live_polls_total", &[]),
-            page.sum("notify_console_live_reads_total", &[]),
+            page.sum("notify_console_live_reads_total", &[("by", "poller")]),
             page.sum("notify_console_live_updates_total", &[]),
         )
     };
@@ -186,7 +186,8 @@ async fn body(env: &mut Env, args: &ConsoleArgs) -> anyhow::Result<String> {
             secs: delivering_secs,
             cores: 0.0,
             polls: page.sum("notify_console_live_polls_total", &[]) - delivering_from.0,
-            reads: page.sum("notify_console_live_reads_total", &[]) - delivering_from.1,
+            reads: page.sum("notify_console_live_reads_total", &[("by", "poller")])
+                - delivering_from.1,
             updates: page.sum("notify_console_live_updates_total", &[]) - delivering_from.2,
         }
     };

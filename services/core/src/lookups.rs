@@ -58,6 +58,25 @@ pub struct LiveProgress {
     pub shards: Vec<(ShardId, Progress)>,
 }
 
+/// Who reads a send's [`LiveProgress`]: the label `by` of
+/// `notify_console_live_reads_total`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LiveReader {
+    /// A live view's poller (one for all the pages open on the send).
+    Poller,
+    /// A send's page as it is rendered.
+    Page,
+}
+
+impl LiveReader {
+    fn label(self) -> &'static str {
+        match self {
+            Self::Poller => "poller",
+            Self::Page => "page",
+        }
+    }
+}
+
 /// Reads a send's [`LiveProgress`] with exactly one statement per shard
 /// (the home shard's also reads the status); `None` if there is no such
 /// send. `audience` is the send's (it never changes: read it once).
@@ -65,10 +84,11 @@ pub async fn live(
     ctx: &Context,
     message_id: MessageId,
     audience: u8,
+    by: LiveReader,
 ) -> Result<Option<LiveProgress>> {
     let home_shard = ctx.pools.snapshot().of(Key::Message(message_id.get())).0;
     let reads = ctx.pools.iter().map(|(shard, pool)| async move {
-        metrics::counter!("notify_console_live_reads_total").increment(1);
+        metrics::counter!("notify_console_live_reads_total", "by" => by.label()).increment(1);
         if shard == home_shard {
             let home = store::home_stats(pool, message_id).await?;
             Ok::<_, Error>((shard, home.map(|h| h.stats).unwrap_or_default(), home))

@@ -20,7 +20,7 @@ use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use futures::{Stream, StreamExt};
 use notify_core::Context;
-use notify_core::lookups::{self, LiveProgress};
+use notify_core::lookups::{self, LiveProgress, LiveReader};
 use notify_core::send::{self, Progress};
 use notify_domain::domain::MessageId;
 use serde::Serialize;
@@ -154,18 +154,19 @@ impl LiveHub {
                 return;
             }
             metrics::counter!("notify_console_live_polls_total").increment(1);
-            let live = match lookups::live(&self.ctx, message_id, audience).await {
-                Ok(Some(live)) => live,
-                Ok(None) => {
-                    self.retire(message_id, &feed, true);
-                    return;
-                }
-                Err(e) => {
-                    // Pages keep the last state; the next tick tries again.
-                    warn!(error = %e, message_id = %message_id, "console live read failed");
-                    continue;
-                }
-            };
+            let live =
+                match lookups::live(&self.ctx, message_id, audience, LiveReader::Poller).await {
+                    Ok(Some(live)) => live,
+                    Ok(None) => {
+                        self.retire(message_id, &feed, true);
+                        return;
+                    }
+                    Err(e) => {
+                        // Pages keep the last state; the next tick tries again.
+                        warn!(error = %e, message_id = %message_id, "console live read failed");
+                        continue;
+                    }
+                };
             if last.as_ref() != Some(&live) {
                 metrics::counter!("notify_console_live_updates_total").increment(1);
                 feed.send_replace(Some(Arc::new(LiveUpdate::new(&live))));

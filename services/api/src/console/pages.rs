@@ -12,7 +12,7 @@ use axum::response::{IntoResponse, Redirect, Response};
 use notify_core::Context;
 use notify_core::audit::{self, AuditRow, Target};
 use notify_core::inbox::View;
-use notify_core::lookups::{self, LiveProgress, SendFilter};
+use notify_core::lookups::{self, LiveProgress, LiveReader, SendFilter};
 use notify_core::recall;
 use notify_core::recipients;
 use notify_core::send::MessageRow;
@@ -381,11 +381,15 @@ pub(crate) async fn send(
     };
     let records =
         audit::list(ctx, audit::Filter::Target(Target::Message(id.get())), 0, AUDIT_LINES);
-    let (live, records) =
-        match futures::future::try_join(lookups::live(ctx, id, view.row.audience), records).await {
-            Ok(read) => read,
-            Err(e) => return error_page(Some(nav), &e),
-        };
+    let (live, records) = match futures::future::try_join(
+        lookups::live(ctx, id, view.row.audience, LiveReader::Page),
+        records,
+    )
+    .await
+    {
+        Ok(read) => read,
+        Err(e) => return error_page(Some(nav), &e),
+    };
     let Some(live) = live else {
         return error_page(Some(nav), &Error::NotFound(format!("message {id}")));
     };

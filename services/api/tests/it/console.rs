@@ -603,12 +603,15 @@ async fn a_session_opened_on_one_replica_works_on_another() {
     console.app.cleanup().await;
 }
 
-/// Reads the live counters of the api's console.
+/// Reads the live counters of the api's console: the pollers' shard reads
+/// and their polls. (The counters are the test process's: the send pages
+/// other tests render read progress too, labelled `by="page"`.)
 async fn live_counts(app: &TestApp) -> (f64, f64) {
     let page = http_get(app.metrics_addr, "/metrics").await.1;
+    let page = notify_testkit::metrics::MetricsPage::parse(&page);
     (
-        metric_sum(&page, "notify_console_live_reads_total"),
-        metric_sum(&page, "notify_console_live_polls_total"),
+        page.sum("notify_console_live_reads_total", &[("by", "poller")]),
+        page.sum("notify_console_live_polls_total", &[]),
     )
 }
 
