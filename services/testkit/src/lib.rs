@@ -5,6 +5,7 @@
 //! Redis, MariaDB and RabbitMQ instances for tests that need their own.
 
 pub mod browser;
+pub mod child;
 mod config_file;
 pub mod console;
 pub mod faults;

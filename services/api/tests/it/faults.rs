@@ -510,44 +510,31 @@ async fn returned(app: &TestApp) -> f64 {
 }
 
 /// An api process whose RabbitMQ is reached through `broker` (a proxy address).
-struct ApiProcess {
-    child: tokio::process::Child,
-    channel: tonic::transport::Channel,
-}
+struct ApiProcess(notify_testkit::child::ApiChild);
 
 impl ApiProcess {
     async fn start(app: &TestApp, broker: std::net::SocketAddr) -> Self {
-        let free = || std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap();
-        let addr = free();
-        let child =
-            tokio::process::Command::new(notify_testkit::bin(env!("CARGO_BIN_EXE_notify-api")))
-                .env("NOTIFY_CONFIG", app.write_config_file())
-                .env("NOTIFY_API__LISTEN", addr.to_string())
-                .env("NOTIFY_API__METRICS_LISTEN", free().to_string())
-                .env("NOTIFY_RABBITMQ__URL", format!("amqp://guest:guest@{broker}/%2f"))
-                .stdout(std::process::Stdio::null())
-                .stderr(std::process::Stdio::inherit())
-                .kill_on_drop(true)
-                .spawn()
-                .expect("api binary starts");
-        let channel = eventually("the api process accepts calls", Duration::from_secs(30), || {
-            let uri = format!("http://{addr}");
-            async move { tonic::transport::Channel::from_shared(uri).unwrap().connect().await.ok() }
-        })
-        .await;
-        Self { child, channel }
+        let config = app.write_config_file();
+        let binary = notify_testkit::bin(env!("CARGO_BIN_EXE_notify-api"));
+        Self(
+            notify_testkit::child::ApiChild::start(&binary, |command| {
+                command
+                    .env("NOTIFY_CONFIG", &config)
+                    .env("NOTIFY_RABBITMQ__URL", format!("amqp://guest:guest@{broker}/%2f"));
+            })
+            .await,
+        )
     }
 
     fn messages(
         &self,
     ) -> v1::message_service_client::MessageServiceClient<tonic::transport::Channel> {
-        v1::message_service_client::MessageServiceClient::new(self.channel.clone())
+        v1::message_service_client::MessageServiceClient::new(self.0.channel.clone())
     }
 
     /// SIGKILL: no drain, no cleanup.
-    async fn kill(mut self) {
-        self.child.start_kill().unwrap();
-        self.child.wait().await.unwrap();
+    async fn kill(self) {
+        self.0.kill().await;
     }
 }
 

@@ -5,8 +5,9 @@ use std::time::Duration;
 
 use notify_proto::v1;
 use notify_proto::v1::inbox_service_client::InboxServiceClient;
+use notify_testkit::child::ApiChild;
 use notify_testkit::metrics::MetricsPage;
-use notify_testkit::{eventually, spawn_app, spawn_app_with, test_settings};
+use notify_testkit::{spawn_app, spawn_app_with, test_settings};
 use tokio_stream::StreamExt;
 use tonic_health::pb::HealthCheckRequest;
 use tonic_health::pb::health_check_response::ServingStatus;
@@ -286,8 +287,7 @@ async fn the_contract_step_waits_for_replicas_of_older_builds() {
 
 /// Picks a free loopback port for a child process to bind.
 fn free_addr() -> String {
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    listener.local_addr().unwrap().to_string()
+    notify_testkit::child::free_port().to_string()
 }
 
 #[tokio::test]
@@ -295,21 +295,9 @@ async fn the_binary_serves_on_one_thread_or_a_pool_and_stops_on_sigterm() {
     let app = spawn_app_with(test_settings(), false).await;
     let config = app.write_config_file();
     for threads in ["1", "2", "0"] {
-        let addr = free_addr();
-        let mut api =
-            tokio::process::Command::new(notify_testkit::bin(env!("CARGO_BIN_EXE_notify-api")))
-                .env("NOTIFY_CONFIG", &config)
-                .env("NOTIFY_API__LISTEN", &addr)
-                .env("NOTIFY_API__METRICS_LISTEN", free_addr())
-                .env("NOTIFY_API__WORKER_THREADS", threads)
-                .stdout(Stdio::null())
-                .stderr(Stdio::inherit())
-                .kill_on_drop(true)
-                .spawn()
-                .expect("api binary starts");
-        let channel = eventually("the api binary accepts calls", Duration::from_secs(30), || {
-            let uri = format!("http://{addr}");
-            async move { tonic::transport::Channel::from_shared(uri).unwrap().connect().await.ok() }
+        let binary = notify_testkit::bin(env!("CARGO_BIN_EXE_notify-api"));
+        let ApiChild { child: mut api, channel, .. } = ApiChild::start(&binary, |command| {
+            command.env("NOTIFY_CONFIG", &config).env("NOTIFY_API__WORKER_THREADS", threads);
         })
         .await;
         let health = HealthClient::new(channel.clone())

@@ -5,36 +5,33 @@
 //! inside; a stream's span carries the status of its trailers.
 
 use std::collections::HashMap;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::time::Duration;
 
 use notify_proto::v1;
+use notify_testkit::child::ApiChild;
 use notify_testkit::otlp::{OtlpReceiver, ReceivedSpan};
-use notify_testkit::{TestApp, eventually, spawn_app_with, test_settings};
+use notify_testkit::{TestApp, spawn_app_with, test_settings};
+use tokio::process::Command;
 use tonic::metadata::MetadataValue;
 
 /// The caller's trace: its id, and the span the send is made from.
 const CALLER_TRACE: &str = "4bf92f3577b34da6a3ce929d0e0e4736";
 const CALLER_SPAN: &str = "00f067aa0ba902b7";
 
-/// A Notify binary run as a child process on the test's config, exporting
-/// spans to `receiver` every 100 ms.
-fn spawn_exporting(
-    binary: &Path,
-    app: &TestApp,
-    receiver: &OtlpReceiver,
-    env: &[(&str, String)],
-) -> tokio::process::Child {
-    tokio::process::Command::new(binary)
+/// Runs a Notify binary on the test's config, exporting spans to
+/// `receiver` every 100 ms.
+fn exporting(command: &mut Command, app: &TestApp, receiver: &OtlpReceiver) {
+    command
         .env("NOTIFY_CONFIG", app.write_config_file())
         .env("NOTIFY_TRACE__OTLP_ENDPOINT", receiver.endpoint())
-        .env("OTEL_BSP_SCHEDULE_DELAY", "100")
-        .envs(env.iter().map(|(key, value)| (*key, value.as_str())))
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::inherit())
-        .kill_on_drop(true)
-        .spawn()
-        .unwrap_or_else(|e| panic!("{} starts: {e}", binary.display()))
+        .env("OTEL_BSP_SCHEDULE_DELAY", "100");
+}
+
+/// The api as a child process exporting to `receiver`.
+async fn api_exporting(app: &TestApp, receiver: &OtlpReceiver) -> ApiChild {
+    let binary = notify_testkit::bin(env!("CARGO_BIN_EXE_notify-api"));
+    ApiChild::start(&binary, |command| exporting(command, app, receiver)).await
 }
 
 /// notify-worker, built beside notify-api by `cargo test --workspace`.
@@ -47,10 +44,6 @@ fn worker_binary() -> PathBuf {
         worker.display()
     );
     worker
-}
-
-fn free() -> std::net::SocketAddr {
-    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap()
 }
 
 /// True when `span` descends from the span `ancestor` through spans received.
@@ -76,28 +69,18 @@ fn descends_from(
 async fn one_send_is_one_trace_from_the_call_to_every_chunks_apply() {
     let app = spawn_app_with(test_settings(), false).await;
     let receiver = OtlpReceiver::start().await;
-    let api_addr = free();
-    let _api = spawn_exporting(
-        &notify_testkit::bin(env!("CARGO_BIN_EXE_notify-api")),
-        &app,
-        &receiver,
-        &[
-            ("NOTIFY_API__LISTEN", api_addr.to_string()),
-            ("NOTIFY_API__METRICS_LISTEN", free().to_string()),
-        ],
-    );
+    let api = api_exporting(&app, &receiver).await;
     // No sweep during the test: a re-publish would start traces of its own.
-    let _worker = spawn_exporting(
-        &worker_binary(),
-        &app,
-        &receiver,
-        &[("NOTIFY_WORKER__SWEEP_TIMEOUT_SECS", "300".to_owned())],
-    );
-    let channel = eventually("the api process accepts calls", Duration::from_secs(30), || {
-        let uri = format!("http://{api_addr}");
-        async move { tonic::transport::Channel::from_shared(uri).unwrap().connect().await.ok() }
-    })
-    .await;
+    let mut worker = Command::new(worker_binary());
+    exporting(&mut worker, &app, &receiver);
+    let _worker = worker
+        .env("NOTIFY_WORKER__SWEEP_TIMEOUT_SECS", "300")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::inherit())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("notify-worker starts");
+    let channel = api.channel.clone();
 
     // 3,000 users over four shards: several chunks on each.
     let mut request = tonic::Request::new(notify_testkit::send_request((1..=3_000).collect()));
@@ -206,21 +189,8 @@ async fn one_send_is_one_trace_from_the_call_to_every_chunks_apply() {
 async fn a_stream_that_fails_is_traced_with_the_code_in_its_trailers() {
     let app = spawn_app_with(test_settings(), false).await;
     let receiver = OtlpReceiver::start().await;
-    let api_addr = free();
-    let _api = spawn_exporting(
-        &notify_testkit::bin(env!("CARGO_BIN_EXE_notify-api")),
-        &app,
-        &receiver,
-        &[
-            ("NOTIFY_API__LISTEN", api_addr.to_string()),
-            ("NOTIFY_API__METRICS_LISTEN", free().to_string()),
-        ],
-    );
-    let channel = eventually("the api process accepts calls", Duration::from_secs(30), || {
-        let uri = format!("http://{api_addr}");
-        async move { tonic::transport::Channel::from_shared(uri).unwrap().connect().await.ok() }
-    })
-    .await;
+    let api = api_exporting(&app, &receiver).await;
+    let channel = api.channel.clone();
     let status = crate::helpers::subscribe_then_fail(channel).await;
     assert_eq!(status.code(), tonic::Code::InvalidArgument, "{status:?}");
     let name = "notify.v1.EventService/Subscribe";
