@@ -231,7 +231,7 @@ pub fn recipients(
         )),
         (_, true) => Recipients::ids(user_ids, max, &format!("{prefix}user_ids"), hint),
         (true, false) => Recipients::with_vars(
-            recipients.into_iter().map(|r| (r.user_id, r.vars.into_iter().collect())).collect(),
+            recipients.into_iter().map(|r| (r.user_id, r.vars)).collect(),
             max,
             &format!("{prefix}recipients"),
             hint,

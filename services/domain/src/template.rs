@@ -178,7 +178,12 @@ impl Template {
         vars: &BTreeMap<String, String>,
         field: &str,
     ) -> Result<String> {
-        if let Some(extra) = vars.keys().find(|name| !self.recipient_vars.contains(*name)) {
+        // Both in name order: the usual case, exactly the declared names,
+        // is one walk over the two.
+        let exact = vars.len() == self.recipient_vars.len()
+            && vars.keys().zip(&self.recipient_vars).all(|(given, declared)| given == declared);
+        if !exact && let Some(extra) = vars.keys().find(|name| !self.recipient_vars.contains(*name))
+        {
             return Err(Error::invalid(
                 field,
                 &format!(
@@ -187,7 +192,9 @@ impl Template {
                 ),
             ));
         }
-        if let Some(missing) = self.recipient_vars.iter().find(|name| !vars.contains_key(*name)) {
+        if !exact
+            && let Some(missing) = self.recipient_vars.iter().find(|name| !vars.contains_key(*name))
+        {
             return Err(Error::invalid(field, &format!("{missing:?} is missing")));
         }
         let json = serde_json::to_string(vars).map_err(|e| Error::Internal(e.to_string()))?;
@@ -356,6 +363,83 @@ pub struct Compiled {
     locales: BTreeSet<String>,
     data_keys: Vec<String>,
     sources: BTreeMap<String, String>,
+    /// The texts that are only literal text and `{{ name }}`s, by name.
+    plain: BTreeMap<String, Vec<Piece>>,
+}
+
+/// A piece of a [`plain`] text.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Piece {
+    Text(Box<str>),
+    Var(Box<str>),
+}
+
+/// The pieces of `name` when the engine compiled it to nothing but literal
+/// text and variables emitted as they are (`Hi {{ name }}, {{ amount }}
+/// is due`, most titles and bodies): such a text renders by concatenation,
+/// as the engine would render it (no escaping, a var's string as it is),
+/// without a context built for it. `None` for any other text.
+fn plain(env: &Environment<'static>, name: &str) -> Option<Vec<Piece>> {
+    let template = env.get_template(name).ok()?;
+    let compiled = minijinja::machinery::get_compiled_template(&template);
+    if !compiled.blocks.is_empty() {
+        return None;
+    }
+    let instructions = &compiled.instructions;
+    let mut pieces = Vec::new();
+    let mut idx = 0;
+    while let Some(instruction) = instructions.get(idx) {
+        match instruction {
+            Instruction::EmitRaw(text) => pieces.push(Piece::Text((*text).into())),
+            Instruction::Lookup(var)
+                if matches!(instructions.get(idx + 1), Some(Instruction::Emit)) =>
+            {
+                pieces.push(Piece::Var((*var).into()));
+                idx += 1;
+            }
+            _ => return None,
+        }
+        idx += 1;
+    }
+    Some(pieces)
+}
+
+/// A recipient's stored vars, read without copying what needs no unescaping.
+#[derive(Debug, Default, Deserialize, PartialEq, Eq, PartialOrd, Ord)]
+struct Str<'a>(#[serde(borrow)] std::borrow::Cow<'a, str>);
+
+impl std::borrow::Borrow<str> for Str<'_> {
+    fn borrow(&self) -> &str {
+        &self.0
+    }
+}
+
+/// The vars a recipient's texts see: their own, then the send's.
+struct Lookup<'a> {
+    own: BTreeMap<Str<'a>, Str<'a>>,
+    send: &'a BTreeMap<String, String>,
+}
+
+impl Lookup<'_> {
+    fn get(&self, name: &str) -> Option<&str> {
+        match self.own.get(name) {
+            Some(value) => Some(&value.0),
+            None => self.send.get(name).map(String::as_str),
+        }
+    }
+
+    /// `pieces` filled in; `None` when a var is missing (the engine then
+    /// renders the text, and fails it as it would).
+    fn fill(&self, pieces: &[Piece]) -> Option<String> {
+        let mut text = String::new();
+        for piece in pieces {
+            match piece {
+                Piece::Text(raw) => text.push_str(raw),
+                Piece::Var(name) => text.push_str(self.get(name)?),
+            }
+        }
+        Some(text)
+    }
 }
 
 impl std::fmt::Debug for Compiled {
@@ -391,12 +475,15 @@ impl Compiled {
             add(format!("{locale}/title"), &translation.title);
             add(format!("{locale}/body"), &translation.body);
         }
+        let plain =
+            sources.keys().filter_map(|name| Some((name.clone(), plain(&env, name)?))).collect();
         Self {
             env,
             vars: template.vars.clone(),
             locales: template.translations.keys().cloned().collect(),
             data_keys: data.keys().cloned().collect(),
             sources,
+            plain,
         }
     }
 
@@ -416,11 +503,13 @@ impl Compiled {
     /// group's reader). Returns the texts and whether each rendered (a
     /// text that failed shows its source).
     pub fn render(&self, locale: &str, recipient_vars: Option<&str>) -> (Rendered, bool) {
-        let context = self.context(recipient_vars);
+        let lookup = self.lookup(recipient_vars);
+        let mut context = None;
         let prefix = self.variant(locale).map(|tag| format!("{tag}/")).unwrap_or_default();
         let mut ok = true;
         let mut text = |name: &str, limit: Limit| {
-            let (text, rendered) = self.render_one(name, &context, limit);
+            let (text, rendered) =
+                self.render_text(name, &lookup, &mut context, recipient_vars, limit);
             ok &= rendered;
             text
         };
@@ -436,9 +525,37 @@ impl Compiled {
 
     /// Renders the title alone (what an event shows).
     pub fn render_title(&self, locale: &str, recipient_vars: Option<&str>) -> String {
-        let context = self.context(recipient_vars);
-        let prefix = self.variant(locale).map(|tag| format!("{tag}/")).unwrap_or_default();
-        self.render_one(&format!("{prefix}title"), &context, Limit::Chars(MAX_TITLE_CHARS)).0
+        let lookup = self.lookup(recipient_vars);
+        let name = match self.variant(locale) {
+            Some(tag) => format!("{tag}/title"),
+            None => "title".to_owned(),
+        };
+        let limit = Limit::Chars(MAX_TITLE_CHARS);
+        self.render_text(&name, &lookup, &mut None, recipient_vars, limit).0
+    }
+
+    /// The vars of a recipient whose stored vars are `recipient_vars`
+    /// (stored by the api, so they parse; if not, the send's alone).
+    fn lookup<'a>(&'a self, recipient_vars: Option<&'a str>) -> Lookup<'a> {
+        let own = recipient_vars.and_then(|json| serde_json::from_str(json).ok());
+        Lookup { own: own.unwrap_or_default(), send: &self.vars }
+    }
+
+    /// Renders text `name`: a plain one by filling its pieces, any other
+    /// by the engine, in `context` (built on first use).
+    fn render_text(
+        &self,
+        name: &str,
+        lookup: &Lookup<'_>,
+        context: &mut Option<Value>,
+        recipient_vars: Option<&str>,
+        limit: Limit,
+    ) -> (String, bool) {
+        if let Some(text) = self.plain.get(name).and_then(|pieces| lookup.fill(pieces)) {
+            return (limit.cut(text), true);
+        }
+        let context = context.get_or_insert_with(|| self.context(recipient_vars));
+        self.render_one(name, context, limit)
     }
 
     fn context(&self, recipient_vars: Option<&str>) -> Value {
@@ -606,5 +723,45 @@ mod tests {
         let (rendered, ok) = compiled.render("", None);
         assert!(!ok, "out of fuel must fail");
         assert_eq!(rendered.title.chars().count(), spin.chars().count().min(MAX_TITLE_CHARS));
+    }
+
+    #[test]
+    fn a_plain_text_renders_by_its_pieces_as_the_engine_renders_it() {
+        let t = template(&["name", "amount"], &[("shop", "Ann's <Shop>"), ("name", "everyone")]);
+        let texts = [
+            ("Hi {{ name }}, {{ amount }} at {{ shop }}", true),
+            ("{{name}}{{amount}}", true),
+            ("  {{- name -}}  !\n", true),
+            ("no vars at all", true),
+            ("", true),
+            ("{{ name|upper }}", false),
+            ("{% if amount %}{{ amount }}{% endif %}", false),
+            ("{{ shop ~ name }}", false),
+        ];
+        let own = [r#"{"amount":"¥128","name":"Ann \"A\""}"#, r#"{"amount":"1","name":""}"#];
+        for (text, is_plain) in texts {
+            let compiled = Compiled::new(&t, text, text, &BTreeMap::new());
+            assert_eq!(compiled.plain.contains_key("title"), is_plain, "{text:?}");
+            for vars in own.iter().copied().map(Some).chain([None]) {
+                let engine = compiled.render_one(
+                    "title",
+                    &compiled.context(vars),
+                    Limit::Chars(MAX_TITLE_CHARS),
+                );
+                let (rendered, ok) = compiled.render("", vars);
+                assert_eq!(
+                    (rendered.title.as_str(), ok),
+                    (engine.0.as_str(), engine.1),
+                    "{text:?}"
+                );
+                assert_eq!(compiled.render_title("", vars), engine.0, "{text:?} {vars:?}");
+            }
+        }
+        // A var the recipient lacks fails as the engine fails it: the
+        // source shows.
+        let compiled = Compiled::new(&t, "Hi {{ amount }}", "", &BTreeMap::new());
+        assert_eq!(compiled.render("", Some("{}")), (compiled.render("", None).0, false));
+        assert_eq!(compiled.render_title("", None), "Hi {{ amount }}");
+        assert_eq!(compiled.render_title("", Some(r#"{"amount":"3"}"#)), "Hi 3");
     }
 }

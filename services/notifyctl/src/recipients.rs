@@ -234,7 +234,7 @@ fn jsonl_batches(reader: Box<dyn BufRead>, source: String, size: usize) -> anyho
                 bail!("{at}: not a JSON object");
             };
             let mut user_id = None;
-            let mut vars = std::collections::HashMap::new();
+            let mut vars = std::collections::BTreeMap::new();
             for (name, value) in fields {
                 if name == "user_id" {
                     user_id = value.as_u64();
