@@ -1,8 +1,6 @@
 //! Cutting a batch of recipients into chunks: pure and deterministic, so a
 //! retried batch produces exactly the same chunk ids and contents.
 
-use std::collections::HashMap;
-
 use shard_router::{ShardId, ShardMap};
 
 use notify_domain::error::{Error, Result};
@@ -23,9 +21,9 @@ pub fn plan_batch(
     vars: Option<&[String]>,
     chunk_size: usize,
 ) -> Result<Vec<(ShardId, Vec<ChunkPlan>)>> {
-    // Each recipient's vars follow them to their shard and chunk.
-    let vars_of: Option<HashMap<u64, &String>> =
-        vars.map(|vars| user_ids.iter().copied().zip(vars).collect());
+    // Each recipient's vars follow them to their shard and chunk (found
+    // by their place in `user_ids`, which is sorted).
+    let vars_of = |user: &u64| user_ids.binary_search(user).ok().and_then(|at| vars?.get(at));
     if batch_number > MAX_BATCH_NUMBER {
         return Err(Error::invalid("batch_number", &format!("must be at most {MAX_BATCH_NUMBER}")));
     }
@@ -37,9 +35,7 @@ pub fn plan_batch(
             if sequence >= 1 << SEQUENCE_BITS {
                 return Err(Error::invalid("user_ids", "too many chunks in one batch"));
             }
-            let vars = vars_of.as_ref().map(|vars_of| {
-                part.iter().filter_map(|user| vars_of.get(user).map(|v| (*v).clone())).collect()
-            });
+            let vars = vars.map(|_| part.iter().filter_map(vars_of).cloned().collect());
             chunks.push(ChunkPlan {
                 chunk_id: (batch_number << SEQUENCE_BITS) | sequence,
                 user_ids: part.to_vec(),
