@@ -146,7 +146,7 @@ pub async fn user(
     )
     .await?;
     let mut items = items;
-    crate::render::rows(&mut items);
+    crate::render::rows(&pool, &mut items).await?;
     Ok(UserState { badge, groups, preferences, items })
 }
 

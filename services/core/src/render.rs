@@ -17,7 +17,7 @@ use notify_domain::domain::Content;
 use notify_domain::error::Result;
 use notify_domain::template::{Compiled, Rendered, Template};
 use notify_store::db::groups::GroupMessageRow;
-use notify_store::db::items::InboxRow;
+use notify_store::db::items::{self, InboxRow, TemplateTexts};
 use sqlx::MySqlPool;
 use tracing::warn;
 
@@ -51,10 +51,14 @@ pub struct Texts<'a> {
     pub data: &'a str,
 }
 
+/// A content version as the cache keys it.
+fn version(edited_at: Option<NaiveDateTime>) -> i64 {
+    edited_at.map_or(0, |at| at.and_utc().timestamp_millis())
+}
+
 /// Compiles `texts` once per process and version.
 pub fn compiled(texts: &Texts<'_>) -> Option<Arc<Compiled>> {
-    let version = texts.edited_at.map_or(0, |at| at.and_utc().timestamp_millis());
-    let key = (texts.message_id, version, texts.body.is_none());
+    let key = (texts.message_id, version(texts.edited_at), texts.body.is_none());
     if let Some(found) = cache().get(&key) {
         return Some(found);
     }
@@ -78,14 +82,18 @@ pub fn compiled(texts: &Texts<'_>) -> Option<Arc<Compiled>> {
 /// Renders `texts` for a reader of `locale` with a recipient's `vars`;
 /// `None` when its template does not decode (the texts show as stored).
 fn render(texts: &Texts<'_>, locale: &str, vars: Option<&str>) -> Option<Rendered> {
-    let (rendered, ok) = compiled(texts)?.render(locale, vars);
+    let compiled = compiled(texts)?;
+    Some(rendered(&compiled, texts.message_id, locale, vars))
+}
+
+/// Renders a compiled template for a reader of `locale` with a
+/// recipient's `vars`, saying so when a text did not render.
+fn rendered(compiled: &Compiled, message_id: u64, locale: &str, vars: Option<&str>) -> Rendered {
+    let (rendered, ok) = compiled.render(locale, vars);
     if !ok {
-        warn!(
-            message_id = texts.message_id,
-            "a text of a template did not render: its source shows"
-        );
+        warn!(message_id, "a text of a template did not render: its source shows");
     }
-    Some(rendered)
+    rendered
 }
 
 /// The stored form of rendered data (a JSON object).
@@ -94,24 +102,51 @@ fn data_json(rendered: &Rendered) -> String {
 }
 
 /// Renders a page's templated rows in place for their reader (`locale`,
-/// the reader's, was read with the page).
-pub fn rows(rows: &mut [InboxRow]) {
-    for row in rows.iter_mut() {
-        let Some(template) = row.template.take() else { continue };
-        let texts = Texts {
-            message_id: row.message_id,
-            edited_at: row.edited_at,
-            template: &template,
-            title: &row.title,
-            body: Some(&row.body),
-            data: &row.data,
+/// the reader's, was read with the page). A page carries no template's
+/// text: each is compiled once per process and version, and those this
+/// process has not compiled yet are read from the user's shard (`pool`) in
+/// one statement. Such a read finds the content as it is now: if it was
+/// edited since the page was read, the row shows the edit.
+pub async fn rows(pool: &MySqlPool, rows: &mut [InboxRow]) -> Result<()> {
+    let mut missing: Vec<u64> = rows
+        .iter()
+        .filter(|row| row.templated && cache().get(&key_of(row)).is_none())
+        .map(|row| row.message_id)
+        .collect();
+    missing.sort_unstable();
+    missing.dedup();
+    let mut read: HashMap<u64, TemplateTexts> =
+        items::templates(pool, &missing).await?.into_iter().map(|t| (t.message_id, t)).collect();
+    for row in rows.iter_mut().filter(|row| row.templated) {
+        row.templated = false;
+        let compiled = match cache().get(&key_of(row)) {
+            Some(compiled) => Some(compiled),
+            None => read.remove(&row.message_id).and_then(|texts| {
+                (row.title, row.body, row.data) = (texts.title, texts.body, texts.data);
+                row.edited_at = texts.edited_at;
+                compiled(&Texts {
+                    message_id: row.message_id,
+                    edited_at: row.edited_at,
+                    template: &texts.template,
+                    title: &row.title,
+                    body: Some(&row.body),
+                    data: &row.data,
+                })
+            }),
         };
-        if let Some(rendered) = render(&texts, &row.locale, row.vars.as_deref()) {
+        if let Some(compiled) = compiled {
+            let rendered = rendered(&compiled, row.message_id, &row.locale, row.vars.as_deref());
             row.data = data_json(&rendered);
             (row.title, row.body) = (rendered.title, rendered.body);
         }
         row.vars = None;
     }
+    Ok(())
+}
+
+/// The cache key of a row's template (all its texts).
+fn key_of(row: &InboxRow) -> Key {
+    (row.message_id, version(row.edited_at), false)
 }
 
 /// Renders a group's templated messages in place for a member reading in

@@ -215,7 +215,6 @@ async fn read_page(
         Box::pin(store::list(conn, user_id.get(), &fetch))
     })
     .await?;
-    crate::render::rows(&mut rows);
     let earliest_expiry_ms =
         rows.iter().filter_map(|row| row.expire_at).map(|at| at.and_utc().timestamp_millis()).min();
     let next_page_token = if rows.len() > query.limit as usize {
@@ -224,6 +223,7 @@ async fn read_page(
     } else {
         None
     };
+    crate::render::rows(&pool, &mut rows).await?;
     let page = InboxPage { items: rows, next_page_token: next_page_token.unwrap_or_default() };
     Ok((page, earliest_expiry_ms))
 }

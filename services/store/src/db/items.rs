@@ -48,10 +48,12 @@ pub struct InboxRow {
     pub expire_at: Option<NaiveDateTime>,
     /// When the sender last edited the content.
     pub edited_at: Option<NaiveDateTime>,
-    /// The content's template (stored JSON) when it is one: `title`,
-    /// `body` and `data` are then templates, which the reader's render
-    /// fills (`notify_core::render`).
-    pub template: Option<String>,
+    /// True when the content is a template: `title`, `body` and `data` are
+    /// then templates, which the reader's render fills
+    /// (`notify_core::render`, which compiles each template once per
+    /// process: a page does not carry the template's text, see
+    /// [`templates`]).
+    pub templated: bool,
     /// The recipient's own vars (a JSON object), for a templated content.
     pub vars: Option<String>,
     /// The reader's language, read for a templated content only ('' when
@@ -172,8 +174,8 @@ const ROW_COLUMNS: &str = concat!(
     " AS read_at, i.is_archived, ",
     archived_time!("i"),
     " AS archived_at, c.title, c.body, c.category, c.data, c.created_at, c.expire_at, c.edited_at, \
-     c.template, i.vars, IF(c.template IS NULL, '', COALESCE((SELECT p.locale FROM \
-     user_preferences p WHERE p.user_id = i.user_id), '')) AS locale"
+     c.template IS NOT NULL AS templated, i.vars, IF(c.template IS NULL, '', \
+     COALESCE((SELECT p.locale FROM user_preferences p WHERE p.user_id = i.user_id), '')) AS locale"
 );
 
 /// Reads one inbox page, newest first, in one query on the user's shard.
@@ -201,6 +203,42 @@ pub async fn list<'e>(
     sql.push_bind(user_id).push(" AND i.message_id < ").push_bind(query.before);
     query.filter.push_item_conditions(&mut sql)?;
     sql.push(CONTENT_VISIBLE).push(" ORDER BY i.message_id DESC LIMIT ").push_bind(query.limit);
+    Ok(sql.build_query_as().fetch_all(db).await?)
+}
+
+/// A templated content's texts, as a render compiles them.
+#[derive(Debug, Clone, FromRow)]
+pub struct TemplateTexts {
+    /// The send.
+    pub message_id: u64,
+    /// Title template.
+    pub title: String,
+    /// Body template.
+    pub body: String,
+    /// Data templates (a JSON object).
+    pub data: String,
+    /// The version: when the content was last edited.
+    pub edited_at: Option<NaiveDateTime>,
+    /// The template (stored JSON).
+    pub template: String,
+}
+
+/// The texts of the templated contents among `message_ids` (those a page
+/// shows whose template this process has not compiled yet).
+#[instrument(level = "debug", skip_all, fields(db.system = "mysql"))]
+pub async fn templates<'e>(
+    db: impl sqlx::MySqlExecutor<'e>,
+    message_ids: &[u64],
+) -> Result<Vec<TemplateTexts>> {
+    if message_ids.is_empty() {
+        return Ok(Vec::new());
+    }
+    let mut sql = QueryBuilder::new(
+        "SELECT message_id, title, body, data, edited_at, template FROM message_contents \
+         WHERE template IS NOT NULL AND message_id IN (",
+    );
+    push_ids(&mut sql, message_ids);
+    sql.push(")");
     Ok(sql.build_query_as().fetch_all(db).await?)
 }
 
