@@ -172,29 +172,48 @@ async fn announce_delivered(
     group: &GroupApplied,
     committed_at_ms: Option<i64>,
 ) -> Result<()> {
+    let mut delivered = Vec::new();
     for chunk in group.chunks.iter().filter(|c| c.delivered) {
         let (with_item, at) = if chunk.applied_now {
             (without(chunk.user_ids.clone(), &group.held_back), committed_at_ms)
         } else {
             (chunks::recipients_with_item(pool, message_id, &chunk.user_ids).await?, None)
         };
-        let titles = match &group.template {
-            Some(template) => {
-                let texts = render::Texts {
-                    message_id: message_id.get(),
-                    edited_at: group.edited_at,
-                    template,
-                    title: &group.summary.title,
-                    body: None,
-                    data: "{}",
-                };
-                let vars: Option<HashMap<u64, &str>> = chunk.vars.as_ref().map(|vars| {
-                    chunk.user_ids.iter().copied().zip(vars.iter().map(String::as_str)).collect()
-                });
-                render::titles(pool, &texts, &with_item, vars.as_ref()).await?
-            }
-            None => Vec::new(),
-        };
+        delivered.push((chunk, with_item, at));
+    }
+    // A templated content's titles, rendered for the whole group at once
+    // (one read of the recipients' languages).
+    let mut titles = match &group.template {
+        Some(template) => {
+            let texts = render::Texts {
+                message_id: message_id.get(),
+                edited_at: group.edited_at,
+                template,
+                title: &group.summary.title,
+                body: None,
+                data: "{}",
+            };
+            let recipients: Vec<render::Recipients<'_>> = delivered
+                .iter()
+                .map(|(chunk, with_item, _)| render::Recipients {
+                    user_ids: with_item,
+                    vars: chunk.vars.as_ref().map(|vars| {
+                        chunk
+                            .user_ids
+                            .iter()
+                            .copied()
+                            .zip(vars.iter().map(String::as_str))
+                            .collect()
+                    }),
+                })
+                .collect();
+            render::titles(pool, &texts, &recipients).await?
+        }
+        None => Vec::new(),
+    }
+    .into_iter();
+    for (_, with_item, at) in delivered {
+        let titles = titles.next().unwrap_or_default();
         let items = Delivered { user_ids: with_item, titles, summary: group.summary.clone() };
         announce_items(ctx, message_id, items, at).await?;
     }

@@ -169,29 +169,48 @@ pub fn group_messages(messages: &mut [GroupMessageRow], locale: &str) {
     }
 }
 
-/// The title each of `user_ids` sees in their event of a templated
-/// content, rendered with their vars (`vars`, aligned with `user_ids`) in
-/// their language, read from the shard when the template has translations.
+/// Recipients whose events show a templated title: who, and each one's
+/// own vars (by user; `None` for a send without recipient vars).
+#[derive(Debug)]
+pub struct Recipients<'a> {
+    /// Who.
+    pub user_ids: &'a [u64],
+    /// Their vars.
+    pub vars: Option<HashMap<u64, &'a str>>,
+}
+
+/// The title each recipient sees in their event of a templated content,
+/// for each of `groups` (a chunk's recipients each), rendered with their
+/// vars in their language: read from the shard in one statement for all
+/// of them, when the template has translations.
 pub async fn titles(
     pool: &MySqlPool,
     texts: &Texts<'_>,
-    user_ids: &[u64],
-    vars: Option<&HashMap<u64, &str>>,
-) -> Result<Vec<String>> {
+    groups: &[Recipients<'_>],
+) -> Result<Vec<Vec<String>>> {
     let Some(compiled) = compiled(texts) else {
-        return Ok(vec![texts.title.to_owned(); user_ids.len()]);
+        let as_stored = |group: &Recipients<'_>| vec![texts.title.to_owned(); group.user_ids.len()];
+        return Ok(groups.iter().map(as_stored).collect());
     };
-    let locales: BTreeMap<u64, String> = if compiled.has_translations() {
-        notify_store::db::preferences::locales(pool, user_ids).await?.into_iter().collect()
+    let locales: HashMap<u64, String> = if compiled.has_translations() {
+        let everyone: Vec<u64> =
+            groups.iter().flat_map(|group| group.user_ids.iter().copied()).collect();
+        notify_store::db::preferences::locales(pool, &everyone).await?.into_iter().collect()
     } else {
-        BTreeMap::new()
+        HashMap::new()
     };
-    Ok(user_ids
+    Ok(groups
         .iter()
-        .map(|user| {
-            let locale = locales.get(user).map_or("", String::as_str);
-            let own = vars.and_then(|vars| vars.get(user).copied());
-            compiled.render_title(locale, own)
+        .map(|group| {
+            group
+                .user_ids
+                .iter()
+                .map(|user| {
+                    let locale = locales.get(user).map_or("", String::as_str);
+                    let own = group.vars.as_ref().and_then(|vars| vars.get(user).copied());
+                    compiled.render_title(locale, own)
+                })
+                .collect()
         })
         .collect())
 }

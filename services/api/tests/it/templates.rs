@@ -9,7 +9,7 @@ use futures::StreamExt;
 use notify_proto::v1;
 use notify_proto::v1::event_service_client::EventServiceClient;
 use notify_proto::v1::subscribe_response::Event;
-use notify_testkit::{TestApp, spawn_app};
+use notify_testkit::{TestApp, spawn_app, spawn_app_with, test_settings};
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::Code;
@@ -98,7 +98,11 @@ fn refused(status: tonic::Status, field: &str) -> String {
 
 #[tokio::test]
 async fn each_recipient_reads_their_own_text_in_their_language_on_every_shard() {
-    let app = spawn_app().await;
+    // Chunks of three: a worker applies several of a shard's chunks in one
+    // transaction, and their events' titles are rendered together.
+    let mut settings = test_settings();
+    settings.send.chunk_size = 3;
+    let app = spawn_app_with(settings, true).await;
     // Forty users spread over the four shards, three languages and none.
     let users: Vec<u64> = (0..40).map(|i| 7_300_001 + i * 7_919).collect();
     let locales = ["zh-Hant-TW", "de-CH", "fr", ""];
@@ -108,14 +112,14 @@ async fn each_recipient_reads_their_own_text_in_their_language_on_every_shard() 
             set_locale(&app, *user, locale).await;
         }
     }
-    let (ann, bo) = (users[0], users[1]);
-    let mut stream = open_stream(&app, &[ann, bo]).await;
+    let mut stream = open_stream(&app, &users).await;
     let recipients =
         users.iter().map(|u| recipient(*u, &format!("U{u}"), &format!("¥{}", u % 1000))).collect();
     let response = app.messages().send_message(personalized(invoice(), recipients)).await;
     let id = response.unwrap().into_inner().message_id;
     wait_for_status(&app, id, v1::MessageStatus::Completed).await;
 
+    let mut expected_titles = HashMap::new();
     for (index, user) in users.iter().enumerate() {
         let (name, amount) = (format!("U{user}"), format!("¥{}", user % 1000));
         let shown = item(&app, *user, id).await;
@@ -142,19 +146,19 @@ async fn each_recipient_reads_their_own_text_in_their_language_on_every_shard() 
         );
         assert_eq!(shown.data["link"], format!("app://invoices/u{user}"));
         assert!(shown.template.is_none(), "an item shows the text, not the template");
+        expected_titles.insert(*user, title);
     }
 
     // The gateway's events carry each recipient's own title.
     let mut titles = HashMap::new();
-    while titles.len() < 2 {
+    while titles.len() < users.len() {
         if let Event::ItemDelivered(item) = stream.next().await
             && item.message_id == id
         {
             titles.insert(item.user_id, item.title);
         }
     }
-    assert_eq!(titles[&ann], format!("U{ann}，您的帳單 ¥{} 即將到期", ann % 1000));
-    assert_eq!(titles[&bo], format!("Hallo U{bo}, ¥{} sind fällig", bo % 1000));
+    assert_eq!(titles, expected_titles);
 
     // An edit re-renders every inbox with the vars each item keeps.
     let mut edited = invoice();
@@ -170,7 +174,7 @@ async fn each_recipient_reads_their_own_text_in_their_language_on_every_shard() 
         }
     };
     assert_eq!(updated.title, "", "a template's new title differs by reader: streams re-read it");
-    for user in [ann, bo, users[2]] {
+    for &user in &users[..3] {
         let shown = item(&app, user, id).await;
         assert_eq!(shown.title, format!("Reminder for U{user}: ¥{}", user % 1000));
     }
