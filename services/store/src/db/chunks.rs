@@ -6,6 +6,7 @@
 use std::collections::{HashMap, HashSet};
 
 use chrono::NaiveDateTime;
+use serde_json::value::RawValue;
 use sqlx::{MySqlPool, QueryBuilder};
 use tracing::instrument;
 
@@ -744,14 +745,23 @@ impl RecipientsJson {
         Ok(Self { json, personal: None, count: user_ids.len() as u64 })
     }
 
-    /// Recipients with their vars; `keep` says which of them to take.
+    /// Recipients with their vars; `keep` says which of them to take. Each
+    /// one's vars (a JSON object) go in as they are, not as a string: the
+    /// server then copies them instead of unescaping them (a third less
+    /// work for its `JSON_TABLE`). They are checked to be JSON here, so one
+    /// broken value fails its chunk by name instead of the statement.
     fn with_vars(user_ids: &[u64], vars: &[String], keep: impl Fn(u64) -> bool) -> Result<Self> {
-        let rows: Vec<(u64, &str)> = user_ids
+        let rows: Vec<(u64, &RawValue)> = user_ids
             .iter()
             .zip(vars)
             .filter(|(user, _)| keep(**user))
-            .map(|(user, vars)| (*user, vars.as_str()))
-            .collect();
+            .map(|(user, vars)| {
+                let raw: &RawValue = serde_json::from_str(vars).map_err(|e| {
+                    Error::Internal(format!("user {user}'s stored vars are not JSON: {e}"))
+                })?;
+                Ok((*user, raw))
+            })
+            .collect::<Result<_>>()?;
         let ids: Vec<u64> = rows.iter().map(|(user, _)| *user).collect();
         let json = serde_json::to_string(&ids).map_err(|e| Error::Internal(e.to_string()))?;
         let personal = serde_json::to_string(&rows).map_err(|e| Error::Internal(e.to_string()))?;
@@ -763,9 +773,10 @@ impl RecipientsJson {
 pub(super) const RECIPIENT_ROWS: &str =
     "JSON_TABLE(?, '$[*]' COLUMNS (user_id BIGINT UNSIGNED PATH '$')) AS j";
 
-/// The recipients with their vars as rows `j.user_id`, `j.vars`.
+/// The recipients with their vars as rows `j.user_id`, `j.vars` (a JSON
+/// column: the object's text as it is in the argument).
 const PERSONAL_ROWS: &str = "JSON_TABLE(?, '$[*]' COLUMNS (user_id BIGINT UNSIGNED PATH '$[0]', \
-     vars TEXT PATH '$[1]')) AS j";
+     vars JSON PATH '$[1]')) AS j";
 
 /// SQL condition on a recipient's preferences `p` (joined on `j.user_id`):
 /// they hold the send back. Binds: message id, whether mutes apply (not
