@@ -8,14 +8,19 @@
 //! Content-Security-Policy violation, and a violation provoked on purpose is
 //! reported and counted (so the check can fail).
 //!
-//! With `NOTIFY_CONSOLE_SCREENSHOTS=<dir>` the send, recipients and user
-//! pages are saved there as PNGs (`docs/console-send.png`,
-//! `docs/console-recipients.png` and `docs/console-user.png` come from this
-//! test).
+//! A personalized send's page shows its template and renders it for a
+//! recipient the operator types in.
+//!
+//! With `NOTIFY_CONSOLE_SCREENSHOTS=<dir>` the send, recipients, template
+//! and user pages are saved there as PNGs (`docs/console-send.png`,
+//! `docs/console-recipients.png`, `docs/console-template.png` and
+//! `docs/console-user.png` come from these tests).
 
 use std::time::Duration;
 
 use fantoccini::Locator;
+use notify_proto::v1;
+use notify_proto::v1::inbox_service_client::InboxServiceClient;
 use notify_proto::v1::message_service_client::MessageServiceClient;
 use notify_testkit::browser::Browser;
 use notify_testkit::{
@@ -36,6 +41,8 @@ trait ConsolePage {
     async fn press_confirmed(&self, action: &str) -> String;
     /// Saves the page as `name` when `NOTIFY_CONSOLE_SCREENSHOTS` is set.
     async fn shot(&self, name: &str);
+    /// Opens `url`, which asks for a login first, and logs in with `token`.
+    async fn log_in(&self, url: &str, token: &str);
 }
 
 impl ConsolePage for Browser {
@@ -54,6 +61,15 @@ impl ConsolePage for Browser {
 
     async fn shot(&self, name: &str) {
         self.screenshot("NOTIFY_CONSOLE_SCREENSHOTS", name).await;
+    }
+
+    async fn log_in(&self, url: &str, token: &str) {
+        self.client.goto(url).await.expect("goto");
+        self.wait_for("input#token", Duration::from_secs(10)).await;
+        let field = self.client.find(Locator::Css("input#token")).await.expect("token field");
+        field.send_keys(token).await.expect("typed");
+        let submit = self.client.find(Locator::Css("section.login button[type=submit]")).await;
+        submit.expect("button").click().await.expect("click");
     }
 }
 
@@ -93,20 +109,7 @@ async fn an_operator_watches_pauses_resumes_and_looks_up_a_recipient() {
     let web = &browser.client;
 
     // Log in: the login page comes first, then where it was asked for.
-    web.goto(&format!("{console}/console/sends/{id}")).await.expect("goto");
-    browser.wait_for("input#token", Duration::from_secs(10)).await;
-    web.find(Locator::Css("input#token"))
-        .await
-        .expect("token field")
-        .send_keys(&tokens["operator"])
-        .await
-        .expect("typed");
-    web.find(Locator::Css("section.login button[type=submit]"))
-        .await
-        .expect("button")
-        .click()
-        .await
-        .expect("click");
+    browser.log_in(&format!("{console}/console/sends/{id}"), &tokens["operator"]).await;
     browser.wait_for("article.send[data-live]", Duration::from_secs(10)).await;
     assert_eq!(browser.text("#status").await.to_lowercase(), "sending");
     assert_eq!(browser.counter("delivered").await, 0);
@@ -225,4 +228,104 @@ async fn an_operator_watches_pauses_resumes_and_looks_up_a_recipient() {
     drop(messages);
     app.cleanup().await;
     drop(proxies);
+}
+
+/// A personalized send's page: its template, languages and send-wide vars,
+/// and a sample rendered for a recipient the operator types in (their
+/// language, their own vars); a user id that is not one is refused on the
+/// page, naming it.
+#[tokio::test]
+async fn an_operator_renders_a_personalized_send_for_a_recipient() {
+    let mut settings = test_settings();
+    let tokens = with_clients(
+        &mut settings,
+        &[("operator", &["console.manage"]), ("app", &["send", "inbox.write"])],
+    );
+    for client in &mut settings.auth.clients {
+        client.senders = vec!["tests".to_owned()];
+    }
+    let app = spawn_app_with(settings, true).await;
+    let console = format!("http://{}", app.console_addr.expect("console on"));
+    let (ann, bo) = (FIRST_USER, FIRST_USER + 1);
+    let preferences = v1::Preferences { locale: "de-AT".to_owned(), ..Default::default() };
+    InboxServiceClient::new(authed(app.channel(), &tokens["app"]))
+        .set_preferences(v1::SetPreferencesRequest { user_id: bo, preferences: Some(preferences) })
+        .await
+        .expect("locale set");
+    let recipient = |user_id: u64, name: &str, amount: &str| v1::RecipientVars {
+        user_id,
+        vars: [("name".to_owned(), name.to_owned()), ("amount".to_owned(), amount.to_owned())]
+            .into(),
+    };
+    let content = v1::Content {
+        title: "Hi {{ name }}, your invoice of {{ amount }} is due".to_owned(),
+        body: "Pay by {{ due }}.".to_owned(),
+        category: "billing".to_owned(),
+        template: Some(v1::Template {
+            vars: [("due".to_owned(), "12 December".to_owned())].into(),
+            translations: [(
+                "de".to_owned(),
+                v1::Translation {
+                    title: "Hallo {{ name }}, {{ amount }} sind fällig".to_owned(),
+                    body: "Bitte zahlen Sie bis {{ due }}.".to_owned(),
+                },
+            )]
+            .into(),
+            recipient_vars: vec!["amount".to_owned(), "name".to_owned()],
+        }),
+        ..Default::default()
+    };
+    let request = v1::SendMessageRequest {
+        sender: "tests".to_owned(),
+        content: Some(content),
+        audience: Some(v1::send_message_request::Audience::Users(v1::UserAudience {
+            recipients: vec![recipient(ann, "Ann", "¥1,280"), recipient(bo, "Bo", "€5")],
+            ..Default::default()
+        })),
+        ..Default::default()
+    };
+    let mut messages = MessageServiceClient::new(authed(app.channel(), &tokens["app"]));
+    let id = messages.send_message(request).await.expect("send").into_inner().message_id;
+    eventually("both items delivered", Duration::from_secs(30), || async {
+        (app.count_items(id).await == 2).then_some(())
+    })
+    .await;
+
+    let browser = Browser::start(1280, 1200).await;
+    browser.log_in(&format!("{console}/console/sends/{id}"), &tokens["operator"]).await;
+    browser.wait_for("#template", Duration::from_secs(10)).await;
+    let template = browser.text("#template").await;
+    for shown in ["amount, name", "vars.due", "12 December", "default, de", "Hallo {{ name }}"] {
+        assert!(template.contains(shown), "{shown:?} not in {template:?}");
+    }
+
+    // Bo reads German (de-AT falls back to de), with his own vars.
+    let sample = browser.client.find(Locator::Css("input#sample")).await.expect("sample field");
+    sample.send_keys(&bo.to_string()).await.expect("typed");
+    let render = browser.client.find(Locator::Css("form.sample-form button")).await;
+    render.expect("render button").click().await.expect("click");
+    browser.wait_for("#sample-render", Duration::from_secs(10)).await;
+    assert_eq!(browser.text("[data-sample=\"title\"]").await, "Hallo Bo, €5 sind fällig");
+    assert_eq!(browser.text("[data-sample=\"body\"]").await, "Bitte zahlen Sie bis 12 December.");
+    assert!(browser.text("#sample-render").await.contains("de-AT"), "the reader's language shows");
+    browser.shot("console-template.png").await;
+
+    // Ann reads the default, with hers.
+    let url = format!("{console}/console/sends/{id}?sample={ann}");
+    browser.client.goto(&url).await.expect("goto");
+    browser.wait_for("#sample-render", Duration::from_secs(10)).await;
+    assert_eq!(
+        browser.text("[data-sample=\"title\"]").await,
+        "Hi Ann, your invoice of ¥1,280 is due"
+    );
+
+    // A sample for what is not a user id says so, naming the field.
+    browser.client.goto(&format!("{console}/console/sends/{id}?sample=ann")).await.expect("goto");
+    let refused = browser.wait_for("section p.error[role=alert]", Duration::from_secs(10)).await;
+    let refused = refused.text().await.expect("error text");
+    assert!(refused.contains("sample"), "{refused:?}");
+
+    browser.stop().await;
+    drop(messages);
+    app.cleanup().await;
 }
