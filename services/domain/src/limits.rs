@@ -16,14 +16,17 @@ pub const MAX_DATA_BYTES: usize = 8 * 1024;
 
 /// Checks a title (a content's or a translation's) named `field`.
 pub fn check_title(title: &str, field: &str) -> Result<()> {
-    if title.trim().is_empty() {
+    check_line(title, field, MAX_TITLE_CHARS)
+}
+
+/// Checks a short text named `field` (a title, a name): not blank, at most
+/// `max_chars` characters.
+pub fn check_line(text: &str, field: &str, max_chars: usize) -> Result<()> {
+    if text.trim().is_empty() {
         return Err(Error::invalid(field, "must not be empty"));
     }
-    if title.chars().count() > MAX_TITLE_CHARS {
-        return Err(Error::invalid(
-            field,
-            &format!("must be at most {MAX_TITLE_CHARS} characters"),
-        ));
+    if text.chars().count() > max_chars {
+        return Err(Error::invalid(field, &format!("must be at most {max_chars} characters")));
     }
     Ok(())
 }

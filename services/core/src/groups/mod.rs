@@ -39,16 +39,7 @@ pub fn validate_group_id(group_id: u64, field: &str) -> Result<u64> {
 
 /// Checks a group name: not blank, at most 200 characters.
 pub fn validate_group_name(name: &str, field: &str) -> Result<()> {
-    if name.trim().is_empty() {
-        return Err(Error::invalid(field, "must not be empty"));
-    }
-    if name.chars().count() > MAX_GROUP_NAME_CHARS {
-        return Err(Error::invalid(
-            field,
-            &format!("must be at most {MAX_GROUP_NAME_CHARS} characters"),
-        ));
-    }
-    Ok(())
+    notify_domain::limits::check_line(name, field, MAX_GROUP_NAME_CHARS)
 }
 
 /// Creates a group. With a caller's id, creating it again under the same
