@@ -108,18 +108,25 @@ fn data_json(rendered: &Rendered) -> String {
 /// one statement. Such a read finds the content as it is now: if it was
 /// edited since the page was read, the row shows the edit.
 pub async fn rows(pool: &MySqlPool, rows: &mut [InboxRow]) -> Result<()> {
-    let mut missing: Vec<u64> = rows
+    let cached: Vec<Option<Arc<Compiled>>> = rows
         .iter()
-        .filter(|row| row.templated && cache().get(&key_of(row)).is_none())
-        .map(|row| row.message_id)
+        .map(|row| if row.templated { cache().get(&key_of(row)) } else { None })
         .collect();
-    missing.sort_unstable();
-    missing.dedup();
+    // A page holds one item per send: no id twice.
+    let missing: Vec<u64> = rows
+        .iter()
+        .zip(&cached)
+        .filter(|(row, compiled)| row.templated && compiled.is_none())
+        .map(|(row, _)| row.message_id)
+        .collect();
     let mut read: HashMap<u64, TemplateTexts> =
         items::templates(pool, &missing).await?.into_iter().map(|t| (t.message_id, t)).collect();
-    for row in rows.iter_mut().filter(|row| row.templated) {
+    for (row, cached) in rows.iter_mut().zip(cached) {
+        if !row.templated {
+            continue;
+        }
         row.templated = false;
-        let compiled = match cache().get(&key_of(row)) {
+        let compiled = match cached {
             Some(compiled) => Some(compiled),
             None => read.remove(&row.message_id).and_then(|texts| {
                 (row.title, row.body, row.data) = (texts.title, texts.body, texts.data);
