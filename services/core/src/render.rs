@@ -188,23 +188,35 @@ pub struct Recipients<'a> {
 
 /// The title each recipient sees in their event of a templated content,
 /// for each of `groups` (a chunk's recipients each), rendered with their
-/// vars in their language: read from the shard in one statement for all
-/// of them, when the template has translations.
+/// vars in their language, when the template has translations: `known`
+/// (every recipient's who set one, as the apply read them), or else read
+/// from the shard in one statement for all of them.
 pub async fn titles(
     pool: &MySqlPool,
     texts: &Texts<'_>,
     groups: &[Recipients<'_>],
+    known: Option<&HashMap<u64, String>>,
 ) -> Result<Vec<Vec<String>>> {
     let Some(compiled) = compiled(texts) else {
         let as_stored = |group: &Recipients<'_>| vec![texts.title.to_owned(); group.user_ids.len()];
         return Ok(groups.iter().map(as_stored).collect());
     };
-    let locales: HashMap<u64, String> = if compiled.has_translations() {
-        let everyone: Vec<u64> =
-            groups.iter().flat_map(|group| group.user_ids.iter().copied()).collect();
-        notify_store::db::preferences::locales(pool, &everyone).await?.into_iter().collect()
-    } else {
-        HashMap::new()
+    let read;
+    let locales: &HashMap<u64, String> = match known {
+        _ if !compiled.has_translations() => {
+            read = HashMap::new();
+            &read
+        }
+        Some(known) => known,
+        None => {
+            let everyone: Vec<u64> =
+                groups.iter().flat_map(|group| group.user_ids.iter().copied()).collect();
+            read = notify_store::db::preferences::locales(pool, &everyone)
+                .await?
+                .into_iter()
+                .collect();
+            &read
+        }
     };
     Ok(groups
         .iter()

@@ -462,18 +462,23 @@ impl TestApp {
         total
     }
 
-    /// Returns every (user_id, count) with more than one item for a message,
-    /// and the number of distinct users with an item.
+    /// The users with an item of a message over every shard, sorted (a user
+    /// twice had two items). Panics when an item's `bucket` is not its
+    /// user's (`bucket_of`), which bucket moves read items by.
     pub async fn item_users(&self, message_id: u64) -> Vec<u64> {
         let mut users = Vec::new();
         for (_, pool) in self.ctx.pools.iter() {
-            let rows: Vec<u64> =
-                sqlx::query_scalar("SELECT user_id FROM message_items WHERE message_id = ?")
+            let rows: Vec<(u64, u16)> =
+                sqlx::query_as("SELECT user_id, bucket FROM message_items WHERE message_id = ?")
                     .bind(message_id)
                     .fetch_all(pool)
                     .await
                     .expect("list items");
-            users.extend(rows);
+            for (user, bucket) in rows {
+                let right = shard_router::bucket_of(user);
+                assert_eq!(u32::from(bucket), right, "user {user}'s item of {message_id}");
+                users.push(user);
+            }
         }
         users.sort_unstable();
         users

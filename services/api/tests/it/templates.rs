@@ -118,6 +118,10 @@ async fn each_recipient_reads_their_own_text_in_their_language_on_every_shard() 
     let response = app.messages().send_message(personalized(invoice(), recipients)).await;
     let id = response.unwrap().into_inner().message_id;
     wait_for_status(&app, id, v1::MessageStatus::Completed).await;
+    // One item each, in its user's bucket.
+    let mut sorted = users.clone();
+    sorted.sort_unstable();
+    assert_eq!(app.item_users(id).await, sorted);
 
     let mut expected_titles = HashMap::new();
     for (index, user) in users.iter().enumerate() {
@@ -187,6 +191,57 @@ async fn each_recipient_reads_their_own_text_in_their_language_on_every_shard() 
     set_locale(&app, users[3], "zh-Hant").await;
     let shown = item(&app, users[3], id).await;
     assert_eq!(shown.title, format!("U{}，您的帳單 ¥{} 即將到期", users[3], users[3] % 1000));
+    app.cleanup().await;
+}
+
+#[tokio::test]
+async fn a_translated_send_holds_back_who_mutes_it_and_titles_the_rest_in_their_language() {
+    // Chunks of two: the apply reads each recipient's preferences once, for
+    // who is held back and for the language of their event's title.
+    let mut settings = test_settings();
+    settings.send.chunk_size = 2;
+    let app = spawn_app_with(settings, true).await;
+    let (zh, muting, none, fr) = (7_400_001, 7_400_002, 7_400_003, 7_400_004);
+    set_locale(&app, zh, "zh-Hant-TW").await;
+    let mutes = |user_id, locale: &str, category: &str| v1::SetPreferencesRequest {
+        user_id,
+        preferences: Some(v1::Preferences {
+            locale: locale.to_owned(),
+            muted_categories: vec![category.to_owned()],
+            ..Default::default()
+        }),
+    };
+    app.inbox().set_preferences(mutes(muting, "de", "billing")).await.unwrap();
+    app.inbox().set_preferences(mutes(fr, "fr", "news")).await.unwrap();
+    let users = [zh, muting, none, fr];
+    let mut stream = open_stream(&app, &users).await;
+    let recipients = users.iter().map(|u| recipient(*u, &format!("U{u}"), "¥9")).collect();
+    let response = app.messages().send_message(personalized(invoice(), recipients)).await;
+    let id = response.unwrap().into_inner().message_id;
+    let done = wait_for_status(&app, id, v1::MessageStatus::Completed).await;
+    let progress = done.progress.unwrap();
+    assert_eq!((progress.delivered, progress.suppressed), (3, 1));
+    assert_eq!(app.item_users(id).await, [zh, none, fr]);
+
+    let expected: HashMap<u64, String> = [
+        (zh, format!("U{zh}，您的帳單 ¥9 即將到期")),
+        (none, format!("Hi U{none}, your invoice of ¥9 is due")),
+        (fr, format!("Hi U{fr}, your invoice of ¥9 is due")),
+    ]
+    .into();
+    let mut titles = HashMap::new();
+    while titles.len() < expected.len() {
+        if let Event::ItemDelivered(item) = stream.next().await
+            && item.message_id == id
+        {
+            assert_ne!(item.user_id, muting, "an event for the recipient who mutes the send");
+            titles.insert(item.user_id, item.title);
+        }
+    }
+    assert_eq!(titles, expected);
+    for user in [zh, none, fr] {
+        assert_eq!(item(&app, user, id).await.title, expected[&user]);
+    }
     app.cleanup().await;
 }
 

@@ -1,6 +1,7 @@
-//! Applying chunks whose recipients mute the send: both ways of checking
-//! preferences (in the insert, or first) write the same items and tell the
-//! same recipients held back, duplicates apart.
+//! Applying chunks whose recipients mute the send: every way of checking
+//! preferences (in the insert, first, or first with the recipients'
+//! languages) writes the same items and tells the same recipients held
+//! back, duplicates apart.
 
 use std::collections::{BTreeSet, HashSet};
 
@@ -20,7 +21,7 @@ fn expected(user_ids: &[u64], muting: &HashSet<u64>, had: &HashSet<u64>) -> (BTr
 }
 
 #[tokio::test]
-async fn both_ways_of_checking_preferences_hold_back_the_same_recipients() {
+async fn every_way_of_checking_preferences_holds_back_the_same_recipients() {
     // No worker: the test applies the chunks itself, each way.
     let app = spawn_app_with(test_settings(), false).await;
     let users: Vec<u64> = (0..6_000).map(|i| 7_100_000 + i).collect();
@@ -65,11 +66,13 @@ async fn both_ways_of_checking_preferences_hold_back_the_same_recipients() {
             .await
             .unwrap();
         }
-        // One chunk each way alone, the rest as a group checking first.
+        // One chunk each way alone (checking in the insert, and first
+        // with the languages), the rest as a group checking first.
         for (nth, (chunk_id, user_ids)) in chunks.iter().take(2).enumerate() {
-            let hold = if nth == 0 { HoldCheck::InInsert } else { HoldCheck::First };
+            let hold = if nth == 0 { HoldCheck::InInsert } else { HoldCheck::WithLocales };
             let outcome = chunks::apply(pool, message_id, &[*chunk_id], hold, |_| true).await;
-            let ApplyOutcome::Applied(GroupApplied { delivered, held_back, .. }) = outcome.unwrap()
+            let ApplyOutcome::Applied(GroupApplied { delivered, held_back, locales, .. }) =
+                outcome.unwrap()
             else {
                 panic!("chunk {chunk_id} not applied");
             };
@@ -77,9 +80,10 @@ async fn both_ways_of_checking_preferences_hold_back_the_same_recipients() {
             assert_eq!(held_back.iter().copied().collect::<BTreeSet<u64>>(), held, "{hold:?}");
             assert_eq!(held_back.len(), held.len(), "{hold:?}: each held back once");
             assert_eq!(delivered, new, "{hold:?}");
+            assert_eq!(locales.is_some(), hold == HoldCheck::WithLocales, "{hold:?}");
             held_in_all += held.len();
             match hold {
-                HoldCheck::First => applied_first += 1,
+                HoldCheck::First | HoldCheck::WithLocales => applied_first += 1,
                 HoldCheck::InInsert => applied_in_insert += 1,
             }
         }
