@@ -438,38 +438,56 @@ impl Recipients {
         self.user_ids.is_empty()
     }
 
-    /// Each recipient's vars as stored (JSON objects, aligned with
-    /// [`Self::user_ids`]) for a send with `template`; `None` when its
-    /// recipients carry none. INVALID_ARGUMENT when the template asks for
-    /// vars these recipients lack, or they carry vars it does not declare.
-    pub fn stored_vars(&self, template: Option<&Template>) -> Result<Option<Vec<String>>> {
+    /// The recipients as a batch stores them for a send with `template`:
+    /// each one's vars a JSON object, aligned with the ids, or none when
+    /// they carry none. Each recipient's vars are dropped as soon as they
+    /// are encoded, so a batch is not held twice while it is stored.
+    /// INVALID_ARGUMENT when the template asks for vars these recipients
+    /// lack, or they carry vars it does not declare.
+    pub fn into_stored(self, template: Option<&Template>) -> Result<StoredRecipients> {
         let declared = template.filter(|template| template.per_recipient());
-        match (&self.vars, declared) {
-            (None, None) => Ok(None),
-            (None, Some(template)) => Err(Error::invalid(
-                &self.field,
-                &format!(
-                    "the send's template has recipient_vars ({}): list the users as recipients, \
-                     each with their vars",
-                    template.recipient_vars.iter().cloned().collect::<Vec<_>>().join(", ")
-                ),
-            )),
+        let vars = match (self.vars, declared) {
+            (None, None) => None,
+            (None, Some(template)) => {
+                return Err(Error::invalid(
+                    &self.field,
+                    &format!(
+                        "the send's template has recipient_vars ({}): list the users as \
+                         recipients, each with their vars",
+                        template.recipient_vars.iter().cloned().collect::<Vec<_>>().join(", ")
+                    ),
+                ));
+            }
             (Some(vars), None) => match vars.iter().find(|(_, vars)| !vars.is_empty()) {
-                Some((index, _)) => Err(Error::invalid(
-                    &format!("{}[{index}].vars", self.field),
-                    "the send's template declares no recipient_vars",
-                )),
-                None => Ok(None),
+                Some((index, _)) => {
+                    return Err(Error::invalid(
+                        &format!("{}[{index}].vars", self.field),
+                        "the send's template declares no recipient_vars",
+                    ));
+                }
+                None => None,
             },
-            (Some(vars), Some(template)) => vars
-                .iter()
-                .map(|(index, vars)| {
-                    template.recipient_vars_json(vars, &format!("{}[{index}].vars", self.field))
-                })
-                .collect::<Result<Vec<_>>>()
-                .map(Some),
-        }
+            (Some(vars), Some(template)) => Some(
+                vars.into_iter()
+                    .map(|(index, vars)| {
+                        template
+                            .recipient_vars_json(&vars, &format!("{}[{index}].vars", self.field))
+                    })
+                    .collect::<Result<Vec<_>>>()?,
+            ),
+        };
+        Ok(StoredRecipients { user_ids: self.user_ids, vars })
     }
+}
+
+/// Recipients as a batch stores them ([`Recipients::into_stored`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StoredRecipients {
+    /// Sorted, distinct.
+    pub user_ids: Vec<u64>,
+    /// Each one's vars (a JSON object), aligned with `user_ids`; `None`
+    /// when they carry none.
+    pub vars: Option<Vec<String>>,
 }
 
 #[cfg(test)]

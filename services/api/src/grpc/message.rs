@@ -132,7 +132,7 @@ impl MessageService for MessageApi {
             convert::new_send(&caller, fields, audience, limits.send_at_past_tolerance_secs)
                 .into_status()?;
         let count = recipients.as_ref().map_or(0, Recipients::len);
-        let (action, result) = match &recipients {
+        let (action, result) = match recipients {
             None => {
                 let sent = match self.quotas().admit_announcement(&caller).await {
                     Ok(()) => notify_core::announce::send(&self.ctx, &new_send).await,
@@ -218,9 +218,8 @@ impl MessageService for MessageApi {
         .into_status()?;
         self.quotas().admit_recipients(&caller, recipients.len() as u64).await.into_status()?;
         let owner = caller.sends_owner_filter();
-        let appended = send::append(&self.ctx, id, owner, req.batch_number, &recipients)
-            .await
-            .into_status()?;
+        let appended =
+            send::append(&self.ctx, id, owner, req.batch_number, recipients).await.into_status()?;
         Ok(Response::new(v1::AppendRecipientsResponse {
             message_id: id.get(),
             batch_number: req.batch_number,

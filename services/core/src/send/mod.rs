@@ -12,8 +12,11 @@ use shard_router::Key;
 use tracing::{info, instrument};
 
 use crate::context::Context;
-use notify_domain::domain::{AudienceKind, Content, MessageId, Priority, Recipients, SendStatus};
+use notify_domain::domain::{
+    AudienceKind, Content, MessageId, Priority, Recipients, SendStatus, StoredRecipients,
+};
 use notify_domain::error::{Error, Result};
+use notify_domain::template::Template;
 use notify_store::db::chunks::{self, ContentCopy};
 pub use notify_store::db::messages::MessageRow;
 use notify_store::db::messages::{self, NewMessage};
@@ -30,6 +33,13 @@ pub(crate) use webhooks::{Outboxed, record_of};
 /// Batch number used for the inline recipients of `SendMessage`; client
 /// batches of `AppendRecipients` start at 1.
 pub const INLINE_BATCH: u64 = 0;
+
+/// `AppendRecipients` calls a client of ours (`notifyctl send`, the bench)
+/// keeps in flight for one draft: while the api decodes and stores one
+/// batch, the client encodes the next and MariaDB writes a third, where
+/// one at a time leaves each waiting on the others. The api admits at most
+/// half its pool's connections of appends at once, whatever the clients send.
+pub const APPENDS_IN_FLIGHT: usize = 4;
 
 /// A validated request to create a send.
 #[derive(Debug, Clone)]
@@ -168,9 +178,23 @@ pub async fn append(
     message_id: MessageId,
     owner: Option<&str>,
     batch_number: u64,
-    recipients: &Recipients,
+    recipients: Recipients,
 ) -> Result<Appended> {
-    let user_ids = recipients.user_ids();
+    let count = recipients.len();
+    let stored = |template: Option<&Template>| recipients.into_stored(template);
+    append_with(ctx, message_id, owner, batch_number, count, stored).await
+}
+
+/// [`append`] of `count` recipients that `stored` gives as stored for the
+/// draft's template, once the draft is locked.
+async fn append_with(
+    ctx: &Context,
+    message_id: MessageId,
+    owner: Option<&str>,
+    batch_number: u64,
+    count: usize,
+    stored: impl FnOnce(Option<&Template>) -> Result<StoredRecipients>,
+) -> Result<Appended> {
     // Each append holds a home connection while it takes one per target
     // shard; bounding concurrent appends keeps pools from starving each other.
     let _permit = ctx.cross_shard_permit().await?;
@@ -201,21 +225,22 @@ pub async fn append(
         )));
     }
     if messages::batch_exists(&mut *tx, message_id, batch_number).await? {
-        return Ok(Appended { accepted: user_ids.len() as u64, duplicate_batch: true });
+        return Ok(Appended { accepted: count as u64, duplicate_batch: true });
     }
-    let stored = messages::fetch(&mut *tx, message_id)
+    let row = messages::fetch(&mut *tx, message_id)
         .await?
         .ok_or_else(|| Error::NotFound(format!("message {message_id}")))?;
-    let content = stored.content();
-    let vars = recipients.stored_vars(content.template.as_ref())?;
-    let copy = ContentCopy { content: &content, expire_at, created_at, critical: stored.critical };
+    let content = row.content();
+    let batch = stored(content.template.as_ref())?;
+    let copy = ContentCopy { content: &content, expire_at, created_at, critical: row.critical };
     let planned = plan::plan_batch(
         &ctx.pools.map(),
         batch_number,
-        user_ids,
-        vars.as_deref(),
+        &batch.user_ids,
+        batch.vars.as_deref(),
         ctx.settings.send.chunk_size,
     )?;
+    drop(batch);
     let stores = planned.iter().map(|(shard, chunk_plans)| {
         let copy = &copy;
         async move {
@@ -235,12 +260,12 @@ pub async fn append(
     sqlx::query("INSERT IGNORE INTO message_batches (message_id, batch_number, recipients) VALUES (?, ?, ?)")
         .bind(message_id.get())
         .bind(batch_number)
-        .bind(user_ids.len() as u32)
+        .bind(count as u32)
         .execute(&mut *tx)
         .await.map_err(database_error)?;
     tx.commit().await.map_err(database_error)?;
-    info!(accepted = user_ids.len(), "recipients appended");
-    Ok(Appended { accepted: user_ids.len() as u64, duplicate_batch: false })
+    info!(accepted = count, "recipients appended");
+    Ok(Appended { accepted: count as u64, duplicate_batch: false })
 }
 
 /// Creates, fills and starts a send in one call (`SendMessage`). A retry with
@@ -249,11 +274,12 @@ pub async fn append(
 pub async fn send_to_users(
     ctx: &Context,
     send: &NewSend,
-    recipients: &Recipients,
+    recipients: Recipients,
 ) -> Result<(Created, SendStatus)> {
     // Checked before the control record exists: a send whose recipients
     // do not fit its template leaves nothing behind.
-    recipients.stored_vars(send.content.template.as_ref())?;
+    let count = recipients.len();
+    let batch = recipients.into_stored(send.content.template.as_ref())?;
     let created = create(ctx, send).await?;
     // Routes are taken per statement here: append and start wait out
     // freezes, which a route held across them would hold back.
@@ -265,7 +291,22 @@ pub async fn send_to_users(
     if row.status()? != SendStatus::NotStarted || row.start_requested {
         return Ok((created, row.status()?));
     }
-    let started = match append(ctx, created.message_id, None, INLINE_BATCH, recipients).await {
+    // The batch fits the template of the send just created; a send found
+    // by its idempotency key may hold another (a key reused for another
+    // content), whose recipients these were not checked against.
+    let template = send.content.template.as_ref();
+    let fits = |stored: Option<&Template>| {
+        if stored == template {
+            Ok(batch)
+        } else {
+            Err(Error::FailedPrecondition(format!(
+                "the send of idempotency key {:?} has another template than this request's",
+                send.idempotency_key.as_deref().unwrap_or_default()
+            )))
+        }
+    };
+    let appended = append_with(ctx, created.message_id, None, INLINE_BATCH, count, fits);
+    let started = match appended.await {
         Ok(_) => start(ctx, created.message_id, None).await.map(|view| view.row),
         Err(e) => Err(e),
     };
