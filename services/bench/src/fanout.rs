@@ -17,6 +17,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, bail, ensure};
 use chrono::{NaiveDateTime, Utc};
+use futures::StreamExt as _;
 use notify_core::send::plan::plan_batch;
 use notify_domain::Settings;
 use notify_domain::ids::IdGenerator;
@@ -56,6 +57,10 @@ pub struct FanoutArgs {
     /// `--personalized` (their vars make a request ~2.7 MB).
     #[arg(long)]
     batch_size: Option<usize>,
+    /// `AppendRecipients` calls in flight at once (1 sends each batch after
+    /// the last one answered), as `notifyctl send` appends.
+    #[arg(long, default_value_t = notify_core::send::APPENDS_IN_FLIGHT)]
+    appends_in_flight: usize,
     /// Order of the baseline's statements: `worker` = shard by shard, as
     /// the worker receives its tasks; `interleaved` = round-robin over shards.
     #[arg(long, value_enum, default_value_t = Order::Worker)]
@@ -172,6 +177,7 @@ struct NotifyRun {
 pub async fn run(args: FanoutArgs) -> anyhow::Result<()> {
     ensure!(args.recipients > 0 && args.shards > 0 && args.concurrency > 0, "flags must be > 0");
     ensure!(args.batch_size() > 0, "--batch-size must be > 0");
+    ensure!(args.appends_in_flight > 0, "--appends-in-flight must be > 0");
     ensure!(
         !(args.personalized && args.muted_percent > 0),
         "--personalized and --muted-percent do not run together"
@@ -625,24 +631,36 @@ async fn run_notify(
         .into_inner();
     let message_id = created.message_id;
     let create_secs = t0.elapsed().as_secs_f64();
-    let mut batch_secs = Vec::new();
-    for (index, mut request) in batches.into_iter().enumerate() {
-        let sent = (request.user_ids.len() + request.recipients.len()) as u64;
-        request.message_id = message_id;
-        let t = Instant::now();
-        let reply = client
-            .append_recipients(request)
-            .await
-            .with_context(|| format!("AppendRecipients batch {}", index + 1))?
-            .into_inner();
-        batch_secs.push(t.elapsed().as_secs_f64());
-        ensure!(
-            reply.accepted == sent,
-            "batch {} accepted {} of {sent}",
-            index + 1,
-            reply.accepted
-        );
+    // The batches go as a client with many recipients sends them: up to
+    // --appends-in-flight at once, each as soon as a slot is free.
+    let mut batch_secs = vec![0.0; batches.len()];
+    let mut appends =
+        futures::stream::iter(batches.into_iter().enumerate().map(|(index, mut request)| {
+            let mut client = client.clone();
+            async move {
+                let sent = (request.user_ids.len() + request.recipients.len()) as u64;
+                request.message_id = message_id;
+                let t = Instant::now();
+                let reply = client
+                    .append_recipients(request)
+                    .await
+                    .with_context(|| format!("AppendRecipients batch {}", index + 1))?
+                    .into_inner();
+                ensure!(
+                    reply.accepted == sent,
+                    "batch {} accepted {} of {sent}",
+                    index + 1,
+                    reply.accepted
+                );
+                anyhow::Ok((index, t.elapsed().as_secs_f64()))
+            }
+        }))
+        .buffer_unordered(args.appends_in_flight);
+    while let Some(appended) = appends.next().await {
+        let (index, secs) = appended?;
+        batch_secs[index] = secs;
     }
+    drop(appends);
     let t_appended = t0.elapsed().as_secs_f64();
     let cpu1 = tracked.snap();
     let my1 = mysql_status(server).await?;

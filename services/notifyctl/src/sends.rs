@@ -213,22 +213,37 @@ pub async fn send(channel: Api, args: SendArgs) -> anyhow::Result<()> {
             .into_inner();
         let bar = bar(0, "appending");
         let rest = [Ok(first)].into_iter().chain(second.map(Ok)).chain(batches);
+        // A few batches in flight: the file is read, and each batch encoded,
+        // while the api stores the ones before.
+        let appends = rest.enumerate().map(|(index, batch)| {
+            let mut client = client.clone();
+            let bar = bar.clone();
+            async move {
+                let (user_ids, recipients) = batch?.into_fields();
+                let count = (user_ids.len() + recipients.len()) as u64;
+                bar.inc_length(count);
+                client
+                    .append_recipients(v1::AppendRecipientsRequest {
+                        message_id: created.message_id,
+                        batch_number: index as u64 + 1,
+                        user_ids,
+                        recipients,
+                    })
+                    .await
+                    .with_context(|| format!("batch {}", index + 1))?;
+                bar.inc(count);
+                anyhow::Ok(count as usize)
+            }
+        });
+        let mut appends = futures::StreamExt::buffer_unordered(
+            futures::stream::iter(appends),
+            notify_core::send::APPENDS_IN_FLIGHT,
+        );
         sent = 0;
-        for (index, batch) in rest.enumerate() {
-            let (user_ids, recipients) = batch?.into_fields();
-            let count = (user_ids.len() + recipients.len()) as u64;
-            bar.inc_length(count);
-            client
-                .append_recipients(v1::AppendRecipientsRequest {
-                    message_id: created.message_id,
-                    batch_number: index as u64 + 1,
-                    user_ids,
-                    recipients,
-                })
-                .await?;
-            bar.inc(count);
-            sent += count as usize;
+        while let Some(appended) = futures::StreamExt::next(&mut appends).await {
+            sent += appended?;
         }
+        drop(appends);
         bar.finish();
         client.start_message(v1::StartMessageRequest { message_id: created.message_id }).await?;
         created.message_id
