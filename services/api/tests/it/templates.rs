@@ -246,6 +246,58 @@ async fn a_translated_send_holds_back_who_mutes_it_and_titles_the_rest_in_their_
 }
 
 #[tokio::test]
+async fn a_send_found_by_its_key_takes_recipients_checked_against_its_own_template() {
+    let app = spawn_app().await;
+    let mut messages = app.messages();
+    // A draft under the key, never filled: a SendMessage with the same key
+    // finds it, and fills and starts it.
+    let draft = v1::CreateMessageRequest {
+        sender: "tests".to_owned(),
+        idempotency_key: "invoices-7".to_owned(),
+        content: Some(invoice()),
+        ..Default::default()
+    };
+    let id = messages.create_message(draft).await.unwrap().into_inner().message_id;
+    let users = [7_500_001, 7_500_002];
+    let send = |content: v1::Content, names_only: bool| {
+        let recipients = users
+            .iter()
+            .map(|u| {
+                let mut one = recipient(*u, &format!("U{u}"), "¥1");
+                if names_only {
+                    one.vars.remove("amount");
+                }
+                one
+            })
+            .collect();
+        let mut request = personalized(content, recipients);
+        request.idempotency_key = "invoices-7".to_owned();
+        request
+    };
+    // Another template under the same key: these recipients fit it, not
+    // the draft's, so nothing is appended.
+    let mut other = invoice();
+    other.title = "Hi {{ name }}".to_owned();
+    other.body = "Your invoice".to_owned();
+    other.data.clear();
+    let template = other.template.as_mut().unwrap();
+    template.translations.clear();
+    template.recipient_vars = vec!["name".to_owned()];
+    let status = messages.send_message(send(other, true)).await.unwrap_err();
+    assert_eq!(status.code(), Code::FailedPrecondition, "{status:?}");
+    assert!(status.message().contains("another template"), "{status:?}");
+    assert_eq!(app.count_chunks(id).await, 0, "recipients stored against another template");
+
+    // The draft's own template: its recipients go in, and it starts.
+    let sent = messages.send_message(send(invoice(), false)).await.unwrap().into_inner();
+    assert_eq!(sent.message_id, id);
+    wait_for_status(&app, id, v1::MessageStatus::Completed).await;
+    assert_eq!(app.item_users(id).await, users);
+    assert_eq!(item(&app, users[0], id).await.title, "Hi U7500001, your invoice of ¥1 is due");
+    app.cleanup().await;
+}
+
+#[tokio::test]
 async fn a_draft_takes_recipients_with_vars_batch_by_batch_and_a_bad_batch_stores_nothing() {
     let app = spawn_app().await;
     let mut messages = app.messages();
