@@ -387,6 +387,18 @@ pub async fn bounded<T>(
     }
 }
 
+/// Closes `channel`, waiting at most [`BROKER_TIMEOUT`] for the broker's
+/// answer, and whatever the outcome: after a network blip a channel can
+/// look open while its close-ok never comes, which would hold a shutdown.
+pub async fn close_channel(channel: &Channel, why: &str) {
+    let _ = bounded("closing a channel", channel.close(200, why.into())).await;
+}
+
+/// Closes `connection` as [`close_channel`] closes a channel.
+pub async fn close_connection(connection: &Connection, why: &str) {
+    let _ = bounded("closing the connection", connection.close(200, why.into())).await;
+}
+
 /// Publishes chunk tasks as persistent messages and waits for the broker's
 /// confirms, so a task counts as queued only once RabbitMQ has it on disk.
 /// At most `rabbitmq.publish_window` tasks are awaiting their confirm at a

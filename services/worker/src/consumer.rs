@@ -148,8 +148,7 @@ impl SharedConnection {
     /// Closes the connection (after every consumer stopped).
     pub async fn close(&self) {
         if let Some(connection) = self.current.lock().await.take() {
-            let closing = connection.close(200, "worker shutting down".into());
-            let _ = queue::bounded("closing the connection", closing).await;
+            queue::close_connection(&connection, "worker shutting down").await;
         }
     }
 }
@@ -286,7 +285,7 @@ async fn consume(
     // Closing returns any unacked (never started) deliveries to the queue;
     // the connection closes after every lane's channel
     // ([`SharedConnection::close`]).
-    let _ = channel.close(200, "worker shutting down".into()).await;
+    queue::close_channel(&channel, "worker shutting down").await;
     Ok(())
 }
 

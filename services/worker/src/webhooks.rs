@@ -125,7 +125,7 @@ async fn consume(
             }
         })
         .await;
-    let _ = channel.close(200, "worker shutting down".into()).await;
+    queue::close_channel(&channel, "worker shutting down").await;
     Ok(())
 }
 

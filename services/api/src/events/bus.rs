@@ -201,8 +201,8 @@ async fn consume(
             () = stop.cancelled() => break Ok(()),
         }
     };
-    let _ = channel.close(200, "no event streams".into()).await;
-    let _ = connection.close(200, "no event streams".into()).await;
+    queue::close_channel(&channel, "no event streams").await;
+    queue::close_connection(&connection, "no event streams").await;
     result
 }
 
@@ -305,8 +305,8 @@ async fn consume_stream(
             () = stop.cancelled() => break Ok(()),
         }
     };
-    let _ = channel.close(200, "edge stopping".into()).await;
-    let _ = connection.close(200, "edge stopping".into()).await;
+    queue::close_channel(&channel, "edge stopping").await;
+    queue::close_connection(&connection, "edge stopping").await;
     result
 }
 
