@@ -207,12 +207,7 @@ async fn announce_delivered(
                     }),
                 })
                 .collect();
-            // The languages the apply read are every recipient's when it
-            // applied every chunk now (a chunk applied before is not
-            // among them).
-            let everyone_now = group.chunks.iter().filter(|c| c.delivered).all(|c| c.applied_now);
-            let known = group.locales.as_ref().filter(|_| everyone_now);
-            render::titles(pool, &texts, &recipients, known).await?
+            render::titles(pool, &texts, &recipients, group.locales.as_ref()).await?
         }
         None => Vec::new(),
     }

@@ -9,6 +9,7 @@
 //! cache), then rendered per reader: a page of 20 items costs 20 renders
 //! of already compiled templates.
 
+use std::borrow::Cow;
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, OnceLock};
 
@@ -201,21 +202,14 @@ pub async fn titles(
         let as_stored = |group: &Recipients<'_>| vec![texts.title.to_owned(); group.user_ids.len()];
         return Ok(groups.iter().map(as_stored).collect());
     };
-    let read;
-    let locales: &HashMap<u64, String> = match known {
-        _ if !compiled.has_translations() => {
-            read = HashMap::new();
-            &read
-        }
-        Some(known) => known,
+    let locales: Cow<'_, HashMap<u64, String>> = match known {
+        _ if !compiled.has_translations() => Cow::Owned(HashMap::new()),
+        Some(known) => Cow::Borrowed(known),
         None => {
             let everyone: Vec<u64> =
                 groups.iter().flat_map(|group| group.user_ids.iter().copied()).collect();
-            read = notify_store::db::preferences::locales(pool, &everyone)
-                .await?
-                .into_iter()
-                .collect();
-            &read
+            let read = notify_store::db::preferences::locales(pool, &everyone).await?;
+            Cow::Owned(read.into_iter().collect())
         }
     };
     Ok(groups

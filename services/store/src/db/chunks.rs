@@ -456,10 +456,11 @@ pub struct GroupApplied {
     pub template: Option<String>,
     /// When the content was last edited (its version, for the template).
     pub edited_at: Option<NaiveDateTime>,
-    /// The languages of the recipients of the chunks applied now who set
+    /// The languages of the recipients of the delivered chunks who set
     /// one, when the template has translations (their events' titles
     /// render in them): read with their preferences, in the apply's one
-    /// look at each recipient's row. `None` when not read.
+    /// look at each recipient's row. `None` when not read, or when some
+    /// delivered chunk was applied before (its recipients were not read).
     pub locales: Option<HashMap<u64, String>>,
 }
 
@@ -586,6 +587,8 @@ pub async fn apply(
     update.build().execute(&mut *tx).await?;
 
     tx.commit().await?;
+    let read_all = chunks.iter().filter(|c| c.delivered).all(|c| c.applied_now);
+    let locales = locales.filter(|_| read_all);
     let (template, edited_at) = (content.template, content.edited_at);
     Ok(ApplyOutcome::Applied(GroupApplied {
         chunks,
