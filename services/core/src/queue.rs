@@ -17,14 +17,15 @@ use std::collections::VecDeque;
 use std::time::Duration;
 
 use lapin::options::{
-    BasicPublishOptions, ConfirmSelectOptions, ExchangeDeclareOptions, ExchangeDeleteOptions,
-    QueueBindOptions, QueueDeclareOptions, QueueDeleteOptions,
+    BasicAckOptions, BasicNackOptions, BasicPublishOptions, ConfirmSelectOptions,
+    ExchangeDeclareOptions, ExchangeDeleteOptions, QueueBindOptions, QueueDeclareOptions,
+    QueueDeleteOptions,
 };
 use lapin::tcp::OwnedTLSConfig;
 use lapin::types::{AMQPValue, FieldTable};
 
 use lapin::{
-    BasicProperties, Channel, Confirmation, Connection, ConnectionProperties, ExchangeKind,
+    Acker, BasicProperties, Channel, Confirmation, Connection, ConnectionProperties, ExchangeKind,
     PublisherConfirm,
 };
 use secrecy::ExposeSecret;
@@ -37,7 +38,8 @@ use notify_domain::domain::Lane;
 use notify_domain::error::{Error, Result};
 use notify_domain::settings::{RabbitSettings, Settings};
 
-/// Longest wait for a broker connection or for one task's confirm.
+/// Longest wait for anything asked of the broker: a connection, a channel
+/// step, a frame written (a publish, an ack) or a confirm.
 const BROKER_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Header of an event: when it was published, ms since the epoch.
@@ -387,6 +389,20 @@ pub async fn bounded<T>(
     }
 }
 
+/// Acknowledges a delivery within the broker timeout. An ack only waits for
+/// its frame to be written, but on a connection that died without lapin
+/// noticing yet, that wait has no end, and it would hold the consumer's slot
+/// (and a shutdown) forever. An ack that fails or times out leaves the
+/// delivery unacked: the broker gives it again once the channel closes.
+pub async fn ack(acker: &Acker, options: BasicAckOptions) -> Result<()> {
+    bounded("basic.ack", acker.ack(options)).await.map(drop)
+}
+
+/// Negatively acknowledges a delivery within the broker timeout, as [`ack`].
+pub async fn nack(acker: &Acker, options: BasicNackOptions) -> Result<()> {
+    bounded("basic.nack", acker.nack(options)).await.map(drop)
+}
+
 /// Closes `channel`, waiting at most [`BROKER_TIMEOUT`] for the broker's
 /// answer, and whatever the outcome: after a network blip a channel can
 /// look open while its close-ok never comes, which would hold a shutdown.
@@ -511,16 +527,14 @@ impl Publisher {
             let properties = BasicProperties::default()
                 .with_content_type("application/json".into())
                 .with_headers(headers);
-            let confirm = channel
-                .basic_publish(
-                    self.topology.events_exchange().as_str().into(),
-                    "".into(),
-                    BasicPublishOptions::default(),
-                    body,
-                    properties,
-                )
-                .await
-                .map_err(broker_error)?;
+            let publishing = channel.basic_publish(
+                self.topology.events_exchange().as_str().into(),
+                "".into(),
+                BasicPublishOptions::default(),
+                body,
+                properties,
+            );
+            let confirm = bounded("basic.publish", publishing).await?;
             if confirmed(confirm).await?.is_ack() {
                 Ok(())
             } else {
@@ -552,16 +566,14 @@ impl Publisher {
             let properties = BasicProperties::default()
                 .with_delivery_mode(2)
                 .with_content_type("application/json".into());
-            let confirm = channel
-                .basic_publish(
-                    exchange.into(),
-                    key.into(),
-                    BasicPublishOptions { mandatory: true, ..Default::default() },
-                    body,
-                    properties,
-                )
-                .await
-                .map_err(broker_error)?;
+            let publishing = channel.basic_publish(
+                exchange.into(),
+                key.into(),
+                BasicPublishOptions { mandatory: true, ..Default::default() },
+                body,
+                properties,
+            );
+            let confirm = bounded("basic.publish", publishing).await?;
             match confirmed(confirm).await? {
                 Confirmation::Ack(None) | Confirmation::NotRequested => Ok(()),
                 Confirmation::Ack(Some(_)) => Err(Error::Unavailable(format!(
@@ -596,18 +608,17 @@ impl Publisher {
             {
                 settle(lane, oldest).await?;
             }
-            let confirm = channel
-                .basic_publish(
-                    exchange.as_str().into(),
-                    Topology::routing_key(lane, task.shard).into(),
-                    // Mandatory: a task with no queue to go to comes back
-                    // instead of being confirmed and dropped.
-                    BasicPublishOptions { mandatory: true, ..Default::default() },
-                    &task.encode(),
-                    properties.clone(),
-                )
-                .await
-                .map_err(broker_error)?;
+            let body = task.encode();
+            let publishing = channel.basic_publish(
+                exchange.as_str().into(),
+                Topology::routing_key(lane, task.shard).into(),
+                // Mandatory: a task with no queue to go to comes back
+                // instead of being confirmed and dropped.
+                BasicPublishOptions { mandatory: true, ..Default::default() },
+                &body,
+                properties.clone(),
+            );
+            let confirm = bounded("basic.publish", publishing).await?;
             in_flight.push_back(confirm);
         }
         for confirm in in_flight {

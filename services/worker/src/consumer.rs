@@ -299,7 +299,7 @@ async fn park(lane: Lane, task: &ChunkTask, delivery: &Delivery) {
         shard = task.shard,
         "shard down, chunk left pending for the sweeper"
     );
-    let _ = delivery.ack(BasicAckOptions::default()).await;
+    let _ = queue::ack(&delivery.acker, BasicAckOptions::default()).await;
 }
 
 /// The span of a task, a child of whatever published it (the send's call,
@@ -395,7 +395,7 @@ async fn apply_group(
     };
     for ((task, delivery), outcome) in tasks.into_iter().zip(outcomes) {
         record(lane, outcome, started);
-        if let Err(e) = delivery.ack(BasicAckOptions::default()).await {
+        if let Err(e) = queue::ack(&delivery.acker, BasicAckOptions::default()).await {
             // The task will be redelivered; applying it again is a no-op.
             warn!(error = %e, message_id = task.message_id, chunk_id = task.chunk_id, "ack failed");
         }
@@ -414,7 +414,11 @@ async fn handle(
         Ok(task) => task,
         Err(e) => {
             error!(error = %e, "dead-lettering a malformed task");
-            let _ = delivery.nack(BasicNackOptions { requeue: false, ..Default::default() }).await;
+            let _ = queue::nack(
+                &delivery.acker,
+                BasicNackOptions { requeue: false, ..Default::default() },
+            )
+            .await;
             return;
         }
     };
@@ -457,7 +461,7 @@ async fn handle(
         match result {
             Ok(outcome) => {
                 record(lane, outcome, started);
-                if let Err(e) = delivery.ack(BasicAckOptions::default()).await {
+                if let Err(e) = queue::ack(&delivery.acker, BasicAckOptions::default()).await {
                     // The task will be redelivered; applying it again is a no-op.
                     warn!(error = %e, message_id = task.message_id, chunk_id = task.chunk_id, "ack failed");
                 }
@@ -489,8 +493,11 @@ async fn handle(
                     // The chunk stays pending; the sweeper re-publishes it later.
                     warn!(error = %record_error, "could not record the chunk as failed");
                 }
-                let _ =
-                    delivery.nack(BasicNackOptions { requeue: false, ..Default::default() }).await;
+                let _ = queue::nack(
+                    &delivery.acker,
+                    BasicNackOptions { requeue: false, ..Default::default() },
+                )
+                .await;
                 return;
             }
         }
@@ -498,7 +505,8 @@ async fn handle(
     // Transient trouble (a shard or Redis down): nothing is lost, the task
     // goes back to the queue and is tried again later, by any worker.
     metrics::counter!("notify_chunks_requeued_total", "lane" => lane.name()).increment(1);
-    let _ = delivery.nack(BasicNackOptions { requeue: true, ..Default::default() }).await;
+    let _ = queue::nack(&delivery.acker, BasicNackOptions { requeue: true, ..Default::default() })
+        .await;
 }
 
 fn record(lane: Lane, outcome: TaskOutcome, started: std::time::Instant) {

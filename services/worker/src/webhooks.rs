@@ -160,14 +160,14 @@ async fn handle(
         let endpoint = origin(&job.url);
         warn!(client = %client, endpoint = %endpoint, "webhook endpoint no longer configured, dropping its job");
         metrics::counter!("notify_webhooks_dropped_total", "client" => client).increment(1);
-        let _ = delivery.ack(BasicAckOptions::default()).await;
+        let _ = queue::ack(&delivery.acker, BasicAckOptions::default()).await;
         return;
     };
     match call(http, &endpoint.signing_key(), &job).await {
         Ok(()) => {
             metrics::counter!("notify_webhooks_sent_total", "client" => client, "event" => job.event.clone())
                 .increment(1);
-            let _ = delivery.ack(BasicAckOptions::default()).await;
+            let _ = queue::ack(&delivery.acker, BasicAckOptions::default()).await;
         }
         Err(reason) => {
             metrics::counter!("notify_webhooks_failed_total", "client" => client.clone())
@@ -206,12 +206,12 @@ async fn handle(
 async fn settle(handed_on: Result<(), Error>, delivery: &Delivery) {
     match handed_on {
         Ok(()) => {
-            let _ = delivery.ack(BasicAckOptions::default()).await;
+            let _ = queue::ack(&delivery.acker, BasicAckOptions::default()).await;
         }
         Err(e) => {
             warn!(error = %e, "could not re-queue a webhook job, returning it to its queue");
             let requeue = BasicNackOptions { requeue: true, ..Default::default() };
-            let _ = delivery.nack(requeue).await;
+            let _ = queue::nack(&delivery.acker, requeue).await;
         }
     }
 }

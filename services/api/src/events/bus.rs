@@ -291,8 +291,9 @@ async fn consume_stream(
                     unacked += 1;
                     if unacked >= ACK_EVERY {
                         unacked = 0;
-                        if let Err(e) = delivery.ack(BasicAckOptions { multiple: true }).await {
-                            break Err(broker_error(e));
+                        let acked = queue::ack(&delivery.acker, BasicAckOptions { multiple: true });
+                        if let Err(e) = acked.await {
+                            break Err(e);
                         }
                     }
                 }
