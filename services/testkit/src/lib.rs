@@ -86,10 +86,15 @@ pub struct WorkerHandle {
 }
 
 impl WorkerHandle {
-    /// Stops the worker gracefully and waits for it.
+    /// Stops the worker gracefully and waits for it (at most
+    /// [`STOP_LIMIT`]: its in-flight chunks finish within their operation
+    /// timeout).
     pub async fn stop(self) {
         self.shutdown.cancel();
-        self.task.await.expect("worker task joins").expect("worker stops cleanly");
+        within(STOP_LIMIT, "the worker to stop", self.task)
+            .await
+            .expect("worker task joins")
+            .expect("worker stops cleanly");
     }
 }
 
@@ -132,10 +137,13 @@ impl ApiReplica {
         self.channel.clone()
     }
 
-    /// Stops the replica and waits for it.
+    /// Stops the replica and waits for it (at most [`STOP_LIMIT`]).
     pub async fn stop(self) {
         self.shutdown.cancel();
-        self.task.await.expect("replica task joins").expect("replica stops cleanly");
+        within(STOP_LIMIT, "the api replica to stop", self.task)
+            .await
+            .expect("replica task joins")
+            .expect("replica stops cleanly");
     }
 
     /// Aborts the replica, like a crash: no graceful drain, nothing it
@@ -152,7 +160,8 @@ impl ApiReplica {
 async fn connect(addr: SocketAddr, tls: bool) -> Channel {
     let endpoint = Channel::from_shared(format!("http://{addr}"))
         .expect("valid uri")
-        .connect_timeout(Duration::from_secs(5));
+        .connect_timeout(Duration::from_secs(5))
+        .timeout(CALL_LIMIT);
     if tls {
         return endpoint.connect_lazy();
     }
@@ -522,23 +531,33 @@ impl TestApp {
     }
 
     /// Stops everything and removes the test's databases, queues and keys.
+    /// Each step is bounded: one that hangs fails the test, naming itself,
+    /// instead of holding the whole suite.
     pub async fn cleanup(mut self) {
         self.stop_worker().await;
         self.api_shutdown.cancel();
-        let _ = self.api_task.await;
-        for (_, pool) in self.ctx.pools.iter() {
-            pool.close().await;
+        let _ = within(STOP_LIMIT, "the api to stop", &mut self.api_task).await;
+        for (shard, pool) in self.ctx.pools.iter() {
+            // Waits for every connection to be given back.
+            within(STOP_LIMIT, &format!("shard {shard}'s pool to close"), pool.close()).await;
         }
-        notify_store::db::drop_all(&self.settings).await.expect("drop test databases");
-        if let Ok(connection) = queue::connect(&self.settings.rabbitmq, "notify-test-cleanup").await
-        {
-            if let Ok(channel) = connection.create_channel().await {
-                let _ = Topology::new(&self.settings).delete(&channel).await;
-                let _ = channel.close(200, "done".into()).await;
-            }
-            let _ = connection.close(200, "done".into()).await;
-        }
-        delete_keys(&self.settings).await;
+        within(
+            STOP_LIMIT,
+            "the test databases to be dropped",
+            notify_store::db::drop_all(&self.settings),
+        )
+        .await
+        .expect("drop test databases");
+        let queues = async {
+            let connection = queue::connect(&self.settings.rabbitmq, "notify-test-cleanup").await?;
+            let channel = queue::bounded("opening a channel", connection.create_channel()).await?;
+            let deleted = Topology::new(&self.settings).delete(&channel).await;
+            queue::close_channel(&channel, "done").await;
+            queue::close_connection(&connection, "done").await;
+            deleted
+        };
+        let _ = within(STOP_LIMIT, "the test queues to be deleted", queues).await;
+        within(STOP_LIMIT, "the test keys to be deleted", delete_keys(&self.settings)).await;
     }
 }
 
@@ -660,6 +679,25 @@ pub async fn try_http_get(addr: SocketAddr, path: &str) -> anyhow::Result<(u16, 
     let status = response.status().as_u16();
     let body = response.into_body().collect().await?.to_bytes();
     Ok((status, String::from_utf8_lossy(&body).into_owned()))
+}
+
+/// Longest a test's call to the api may take: past it the call fails with
+/// `Cancelled` (tonic's own timeout), so a call that hangs fails its test
+/// instead of holding the suite.
+pub const CALL_LIMIT: Duration = Duration::from_secs(120);
+
+/// Longest a test waits for a service it started to stop, or for a step of
+/// its cleanup.
+pub const STOP_LIMIT: Duration = Duration::from_secs(120);
+
+/// Awaits `future`, panicking when it takes longer than `limit`: a step that
+/// hangs fails its test, naming what it waited for, instead of holding the
+/// suite until CI's own limit.
+pub async fn within<T>(limit: Duration, what: &str, future: impl Future<Output = T>) -> T {
+    match tokio::time::timeout(limit, future).await {
+        Ok(done) => done,
+        Err(_) => panic!("waited {} s for {what}", limit.as_secs()),
+    }
 }
 
 /// Polls `check` every 20 ms until it returns `Some`, or panics after `within`.
