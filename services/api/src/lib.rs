@@ -10,6 +10,7 @@ pub mod convert;
 pub mod events;
 pub mod grpc;
 pub mod metrics_layer;
+pub mod recipient_calls;
 pub mod status;
 pub mod streams;
 pub mod tls;
@@ -44,6 +45,7 @@ use crate::grpc::group::GroupApi;
 use crate::grpc::inbox::InboxApi;
 use crate::grpc::message::MessageApi;
 use crate::metrics_layer::GrpcMetricsLayer;
+use crate::recipient_calls::RecipientCallsLayer;
 use crate::tls::{ServerTls, TlsSource};
 use crate::trace_layer::GrpcTraceLayer;
 
@@ -209,6 +211,8 @@ impl Application {
             .layer(GrpcMetricsLayer)
             .layer(GrpcTraceLayer)
             .layer(AuthLayer::new(guard.clone()))
+            // Innermost: a refused call never waits for a slot.
+            .layer(RecipientCallsLayer::new(settings.max_recipient_calls))
             .add_service(health_service)
             .add_optional_service(reflection_v1)
             .add_optional_service(reflection_v1alpha)

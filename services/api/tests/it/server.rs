@@ -472,3 +472,63 @@ async fn the_binary_exits_2_on_bad_settings_and_1_when_a_shard_is_out_of_reach()
     assert_eq!(unreachable.status.code(), Some(1), "{stderr}");
     assert!(stderr.contains("notify-api: ") && stderr.contains("cannot connect"), "{stderr}");
 }
+
+/// Past `api.max_recipient_calls`, a call carrying recipients waits for a
+/// slot before it is decoded: with one slot, an append held up in its
+/// handler (its draft's control row locked here) keeps a second append, to
+/// another draft, from storing anything until it is let go; then both land.
+#[tokio::test]
+async fn recipient_calls_past_the_limit_wait_undecoded_for_a_slot() {
+    const WAIT: Duration = Duration::from_secs(30);
+    let mut settings = test_settings();
+    settings.api.max_recipient_calls = 1;
+    let app = spawn_app_with(settings, false).await;
+    let held = crate::helpers::create_draft(&app, "held").await;
+    let queued = crate::helpers::create_draft(&app, "queued").await;
+    let home = app.ctx.pools.for_message(held);
+    let mut locker = home.value().begin().await.unwrap();
+    sqlx::query("SELECT status FROM messages WHERE message_id = ? FOR UPDATE")
+        .bind(held)
+        .fetch_one(&mut *locker)
+        .await
+        .unwrap();
+    let append = |message_id: u64| {
+        let mut client = app.messages();
+        let batch = v1::AppendRecipientsRequest {
+            message_id,
+            batch_number: 1,
+            user_ids: (1..=1_000).collect(),
+            ..Default::default()
+        };
+        tokio::spawn(async move { client.append_recipients(batch).await })
+    };
+    let first = append(held);
+    notify_testkit::eventually("the first append waits for the lock", WAIT, || async {
+        let waiting: i64 = sqlx::query_scalar(
+            "SELECT COUNT(*) FROM information_schema.PROCESSLIST \
+             WHERE DB = DATABASE() AND INFO LIKE '%FROM messages%LOCK IN SHARE MODE%'",
+        )
+        .fetch_one(home.value())
+        .await
+        .unwrap();
+        (waiting == 1).then_some(())
+    })
+    .await;
+    let second = append(queued);
+    notify_testkit::eventually("the second append waits for a slot", WAIT, || async {
+        let page =
+            MetricsPage::parse(&notify_testkit::http_get(app.metrics_addr, "/metrics").await.1);
+        (page.sum("notify_recipient_calls_waiting", &[]) >= 1.0).then_some(())
+    })
+    .await;
+    assert!(!second.is_finished());
+    let stored = app.get_message(queued).await.progress.map_or(0, |p| p.total);
+    assert_eq!(stored, 0, "the waiting append stored nothing");
+    locker.rollback().await.unwrap();
+    for (message_id, append) in [(held, first), (queued, second)] {
+        assert_eq!(append.await.unwrap().unwrap().into_inner().accepted, 1_000);
+        assert_eq!(app.get_message(message_id).await.progress.unwrap().total, 1_000);
+    }
+    drop(home);
+    app.cleanup().await;
+}

@@ -95,6 +95,9 @@ pub struct ApiSettings {
     pub keepalive_timeout_secs: u64,
     /// WatchMessage streams one client may hold on one replica.
     pub max_watch_streams_per_client: usize,
+    /// Calls carrying recipient lists (SendMessage, AppendRecipients) one
+    /// replica decodes and stores at once; more wait, undecoded.
+    pub max_recipient_calls: usize,
     /// TLS on the gRPC listener.
     pub tls: ApiTlsSettings,
 }
@@ -579,6 +582,9 @@ impl Settings {
         self.edge.validate()?;
         if self.api.max_request_bytes < 1024 {
             return Err(invalid("api.max_request_bytes", "must be at least 1024"));
+        }
+        if self.api.max_recipient_calls == 0 {
+            return Err(invalid("api.max_recipient_calls", "must be at least 1"));
         }
         if self.api.max_deadline_secs == 0 {
             return Err(invalid("api.max_deadline_secs", "must be at least 1"));
