@@ -119,6 +119,8 @@ pub struct TestApp {
     channel: Channel,
     /// Files of the test (config files for child processes), removed with it.
     files: tempfile::TempDir,
+    /// Disarms the test's [`watchdog`] when the app goes.
+    _watchdog: std::sync::mpsc::Sender<()>,
 }
 
 /// A second api process (in-process) over the same databases, queues and
@@ -258,6 +260,7 @@ pub async fn spawn_app_with(settings: Settings, with_worker: bool) -> TestApp {
         api_task,
         channel,
         files: tempfile::Builder::new().prefix("notify-test-").tempdir().expect("test directory"),
+        _watchdog: watchdog(),
     };
     if with_worker {
         app.start_worker().await;
@@ -689,6 +692,39 @@ pub const CALL_LIMIT: Duration = Duration::from_secs(120);
 /// Longest a test waits for a service it started to stop, or for a step of
 /// its cleanup.
 pub const STOP_LIMIT: Duration = Duration::from_secs(120);
+
+/// Longest a test may run once it has started its app.
+pub const TEST_LIMIT: Duration = Duration::from_secs(600);
+
+/// Arms a watchdog for the test running on this thread (libtest names it
+/// after the test): unless the returned sender is dropped within
+/// [`TEST_LIMIT`], it prints the test's name and aborts the test binary. The
+/// bounds on calls, stops and cleanup fail a test that hangs in them; this
+/// ends the suite, naming the test, when one hangs anywhere else.
+fn watchdog() -> std::sync::mpsc::Sender<()> {
+    use std::io::Write as _;
+    let test = std::thread::current().name().unwrap_or("a test").to_owned();
+    let (disarm, disarmed) = std::sync::mpsc::channel::<()>();
+    std::thread::Builder::new()
+        .name(format!("watchdog of {test}"))
+        .spawn(move || {
+            if let Err(std::sync::mpsc::RecvTimeoutError::Timeout) =
+                disarmed.recv_timeout(TEST_LIMIT)
+            {
+                // Straight to the process's stderr: libtest captures the
+                // test's own output (and its threads'), and never prints it
+                // when the process aborts.
+                let _ = writeln!(
+                    std::io::stderr(),
+                    "{test} has run for {} s since it started its app: aborting the test binary",
+                    TEST_LIMIT.as_secs()
+                );
+                std::process::abort();
+            }
+        })
+        .expect("watchdog thread starts");
+    disarm
+}
 
 /// Awaits `future`, panicking when it takes longer than `limit`: a step that
 /// hangs fails its test, naming what it waited for, instead of holding the
