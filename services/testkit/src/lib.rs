@@ -551,14 +551,7 @@ impl TestApp {
         )
         .await
         .expect("drop test databases");
-        let queues = async {
-            let connection = queue::connect(&self.settings.rabbitmq, "notify-test-cleanup").await?;
-            let channel = queue::bounded("opening a channel", connection.create_channel()).await?;
-            let deleted = Topology::new(&self.settings).delete(&channel).await;
-            queue::close_channel(&channel, "done").await;
-            queue::close_connection(&connection, "done").await;
-            deleted
-        };
+        let queues = delete_queues(&self.settings, "notify-test-cleanup");
         let _ = within(STOP_LIMIT, "the test queues to be deleted", queues).await;
         within(STOP_LIMIT, "the test keys to be deleted", delete_keys(&self.settings)).await;
     }
@@ -597,15 +590,25 @@ async fn reap_stale_leftovers(settings: &Settings) {
         let mut leftover = settings.clone();
         leftover.rabbitmq.prefix = format!("notify_{tag}");
         leftover.redis.key_prefix = format!("notify_{tag}:");
-        if let Ok(broker) = queue::connect(&leftover.rabbitmq, "notify-test-reaper").await {
-            if let Ok(channel) = broker.create_channel().await {
-                let _ = Topology::new(&leftover).delete(&channel).await;
-                let _ = channel.close(200, "done".into()).await;
-            }
-            let _ = broker.close(200, "done".into()).await;
-        }
+        let _ = within(
+            STOP_LIMIT,
+            "leftover queues to be deleted",
+            delete_queues(&leftover, "notify-test-reaper"),
+        )
+        .await;
         delete_keys(&leftover).await;
     }
+}
+
+/// Deletes the queues and exchanges of `settings`' prefix; every broker
+/// step bounded by the broker timeout.
+async fn delete_queues(settings: &Settings, name: &str) -> notify_domain::Result<()> {
+    let connection = queue::connect(&settings.rabbitmq, name).await?;
+    let channel = queue::bounded("opening a channel", connection.create_channel()).await?;
+    let deleted = Topology::new(settings).delete(&channel).await;
+    queue::close_channel(&channel, "done").await;
+    queue::close_connection(&connection, "done").await;
+    deleted
 }
 
 async fn delete_keys(settings: &Settings) {
