@@ -334,6 +334,13 @@ fn names(set: &BTreeSet<String>) -> String {
     set.iter().map(String::as_str).collect::<Vec<_>>().join(", ")
 }
 
+/// What a reader of `locale` gets of `by_language` (one value per
+/// translation's tag): the value of the most specific tag its fallbacks
+/// name, or `None` for the default.
+pub fn pick_language<'a, V>(by_language: &'a BTreeMap<String, V>, locale: &str) -> Option<&'a V> {
+    fallbacks(locale).find_map(|tag| by_language.get(tag))
+}
+
 /// The languages to try for a reader of `locale`, most specific first:
 /// `zh-Hant-TW`, `zh-Hant`, `zh` (the default comes after them all).
 pub fn fallbacks(locale: &str) -> impl Iterator<Item = &str> {
@@ -534,6 +541,13 @@ impl Compiled {
         self.render_text(&name, &lookup, &mut None, recipient_vars, limit).0
     }
 
+    /// The title in each language besides the default, rendered with the
+    /// send-wide vars alone (an announcement's event, which each gateway
+    /// shows its readers in their language, [`pick_language`]).
+    pub fn titles_by_language(&self) -> BTreeMap<String, String> {
+        self.locales.iter().map(|tag| (tag.clone(), self.render_title(tag, None))).collect()
+    }
+
     /// The vars of a recipient whose stored vars are `recipient_vars`
     /// (stored by the api, so they parse; if not, the send's alone).
     fn lookup<'a>(&'a self, recipient_vars: Option<&'a str>) -> Lookup<'a> {
@@ -696,6 +710,13 @@ mod tests {
         assert_eq!(compiled.render_title("de-CH", Some(r#"{"n":"Bea"}"#)), "Hallo Bea");
         assert_eq!(compiled.render_title("fr", None), "Hi Ann");
         assert_eq!(compiled.render_title("", None), "Hi Ann");
+        let titles = compiled.titles_by_language();
+        let expected = [("de", "Hallo Ann"), ("zh-Hant", "Ann，你好")];
+        assert_eq!(titles, expected.map(|(k, v)| (k.to_owned(), v.to_owned())).into());
+        assert_eq!(pick_language(&titles, "zh-Hant-TW").unwrap(), "Ann，你好");
+        assert_eq!(pick_language(&titles, "de").unwrap(), "Hallo Ann");
+        assert_eq!(pick_language(&titles, "zh"), None, "zh is less specific than zh-Hant");
+        assert_eq!(pick_language(&titles, ""), None);
         let err = Template::new(
             BTreeMap::new(),
             [("de".to_owned(), Translation::default()), ("DE".to_owned(), Translation::default())],
