@@ -28,6 +28,8 @@
 //! The few events left best-effort ([`publish_best_effort`]) repeat one
 //! already sent (a settler's badge refresh after Redis came back).
 
+use std::collections::BTreeMap;
+
 use serde::{Deserialize, Serialize};
 use shard_router::ShardId;
 use tracing::{info, warn};
@@ -127,9 +129,14 @@ pub enum BusEvent {
         /// The announcement.
         #[serde(rename = "m")]
         message_id: u64,
-        /// What the gateway shows.
+        /// What the gateway shows (the default language's title).
         #[serde(rename = "c")]
         summary: ContentSummary,
+        /// For a template with translations: the title in each of its
+        /// languages, which a gateway shows the readers of that language
+        /// (by their `locale`, with fallbacks).
+        #[serde(rename = "lt", default, skip_serializing_if = "BTreeMap::is_empty")]
+        titles: BTreeMap<String, String>,
     },
     /// A send's items were withdrawn (a recall, an announcement's cancel).
     #[serde(rename = "revoked")]
@@ -157,6 +164,17 @@ pub enum BusEvent {
         /// When, ms since the epoch.
         #[serde(rename = "at")]
         edited_at_ms: i64,
+    },
+    /// A user changed their preferences: their badge may count other
+    /// announcements and groups, and their events speak `locale`.
+    #[serde(rename = "preferences")]
+    PreferencesChanged {
+        /// The user.
+        #[serde(rename = "u")]
+        user_id: u64,
+        /// Their language, as stored ('' for none).
+        #[serde(rename = "l", default)]
+        locale: String,
     },
     /// A user changed items (seen, read, archived, deleted...): one event
     /// per call, naming the ids that changed or the filter that selected
@@ -222,6 +240,7 @@ impl BusEvent {
             Self::MembersChanged { .. } => "members",
             Self::Announced { .. } => "announced",
             Self::Revoked { .. } => "revoked",
+            Self::PreferencesChanged { .. } => "preferences",
             Self::ItemsUpdated { .. } => "updated",
             Self::Edited { .. } => "edited",
         }
@@ -353,6 +372,30 @@ mod tests {
             BusEvent::MembersChanged { group_id: 3, added: vec![4], removed: vec![] }
         );
         assert!(BusEvent::decode(b"{}").is_err());
+        let prefs = BusEvent::PreferencesChanged { user_id: 42, locale: "zh-Hant-TW".to_owned() };
+        let text = String::from_utf8(prefs.encode()).unwrap();
+        assert_eq!(text, r#"{"t":"preferences","u":42,"l":"zh-Hant-TW"}"#);
+        assert_eq!(BusEvent::decode(text.as_bytes()).unwrap(), prefs);
+    }
+
+    #[test]
+    fn an_announcement_carries_its_titles_by_language_only_when_it_has_them() {
+        let summary = ContentSummary {
+            title: "Notify 2 is out".to_owned(),
+            category: String::new(),
+            created_at_ms: 1_700_000_000_000,
+            expire_at_ms: None,
+        };
+        let plain = BusEvent::Announced { message_id: 7, summary, titles: BTreeMap::new() };
+        let text = String::from_utf8(plain.encode()).unwrap();
+        assert!(!text.contains("\"lt\""), "{text}");
+        assert_eq!(BusEvent::decode(text.as_bytes()).unwrap(), plain);
+        let BusEvent::Announced { summary, .. } = plain else { unreachable!() };
+        let titles = BTreeMap::from([("de".to_owned(), "Notify 2 ist da".to_owned())]);
+        let translated = BusEvent::Announced { message_id: 7, summary, titles };
+        let text = String::from_utf8(translated.encode()).unwrap();
+        assert!(text.contains(r#""lt":{"de":"Notify 2 ist da"}"#), "{text}");
+        assert_eq!(BusEvent::decode(text.as_bytes()).unwrap(), translated);
     }
 
     #[test]

@@ -36,8 +36,9 @@ use std::time::Duration;
 use futures::StreamExt as _;
 use notify_core::events::{BusEvent, BusFilter, ContentSummary};
 use notify_core::inbox::{Action, InboxQuery, ItemFilter};
-use notify_core::{Context, groups, inbox};
+use notify_core::{Context, groups, inbox, preferences};
 use notify_domain::domain::UserId;
+use notify_domain::template::pick_language;
 
 use crate::convert::WirePages;
 use notify_proto::v1::{self, subscribe_response::Event};
@@ -141,8 +142,12 @@ struct Follower {
     streams: Vec<u64>,
     /// The user's groups, as of the last snapshot and member events since.
     groups: Vec<u64>,
-    /// Bumped by every membership event, so a snapshot read before one does
-    /// not overwrite it.
+    /// The user's language ('' for none), as of the last snapshot (or
+    /// resume) and preference events since: an announcement's event shows
+    /// its title in it.
+    locale: String,
+    /// Bumped by every membership and preference event, so a snapshot read
+    /// before one does not overwrite it.
     version: u64,
 }
 
@@ -475,12 +480,18 @@ impl Hub {
             self.follow_fresh(&stream, user_id);
             return Ok((stream, rx, Start::Fresh));
         };
-        // The groups route the user's group events; read before the cut.
+        // The groups route the user's group events, the language titles
+        // their announcements; both read before the cut.
         let user = UserId::parse(user_id, "user_id").map_err(crate::status::to_status)?;
-        let groups = match groups::unread(&self.inner.ctx, user).await {
-            Ok(summary) => summary.groups.iter().map(|g| g.group_id).collect(),
+        let ctx = &self.inner.ctx;
+        let read =
+            futures::future::try_join(groups::unread(ctx, user), preferences::locale(ctx, user));
+        let (groups, locale) = match read.await {
+            Ok((summary, locale)) => {
+                (summary.groups.iter().map(|g| g.group_id).collect::<Vec<_>>(), locale)
+            }
             Err(e) => {
-                warn!(error = %e, user_id, "groups unavailable for a resume, starting over");
+                warn!(error = %e, user_id, "groups or language unavailable for a resume, starting over");
                 stream.lost.store(true, Ordering::Release);
                 self.follow_fresh(&stream, user_id);
                 return Ok((stream, rx, Start::Resync(Gap::Unknown)));
@@ -508,6 +519,19 @@ impl Hub {
             let follower = tables.users.entry(user_id).or_default();
             follower.streams.push(stream.id);
             follower.groups = groups;
+            // A change of language since the read is in the history.
+            follower.locale = since
+                .iter()
+                .rev()
+                .find_map(|(_, event)| match &**event {
+                    BusEvent::PreferencesChanged { user_id: changed, locale }
+                        if *changed == user_id =>
+                    {
+                        Some(locale.clone())
+                    }
+                    _ => None,
+                })
+                .unwrap_or(locale);
             for group_id in follower.groups.clone() {
                 tables.groups.entry(group_id).or_default().insert(user_id);
             }
@@ -543,8 +567,10 @@ impl Hub {
                 let Some(at) = user_ids.iter().position(|u| *u == user_id) else { return vec![] };
                 vec![delivered(user_id, *message_id, summary, titles.get(at).map(String::as_str))]
             }
-            BusEvent::Announced { message_id, summary } => {
-                vec![delivered(user_id, *message_id, summary, None)]
+            BusEvent::Announced { message_id, summary, titles } => {
+                let locale = tables.users.get(&user_id).map_or("", |f| f.locale.as_str());
+                let title = pick_language(titles, locale).map(String::as_str);
+                vec![delivered(user_id, *message_id, summary, title)]
             }
             BusEvent::Revoked { message_id, user_ids }
                 if user_ids.as_ref().is_none_or(|ids| ids.contains(&user_id)) =>
@@ -657,7 +683,7 @@ impl Hub {
                 }
                 let titles: HashMap<u64, &str> =
                     user_ids.iter().copied().zip(titles.iter().map(String::as_str)).collect();
-                let followed = self.offer_each(at, user_ids.iter().copied(), |user_id| {
+                let followed = self.offer_each(at, user_ids.iter().copied(), |user_id, _| {
                     delivered(user_id, message_id, &summary, titles.get(&user_id).copied())
                 });
                 self.expire_later(&summary, followed.clone());
@@ -729,9 +755,12 @@ impl Hub {
                 }
                 self.badges_changed(changed);
             }
-            BusEvent::Announced { message_id, summary } => {
+            BusEvent::Announced { message_id, summary, titles } => {
                 let everyone: Vec<u64> = self.read().users.keys().copied().collect();
-                let followed = self.deliver(at, message_id, &summary, everyone);
+                let followed = self.offer_each(at, everyone, |user_id, follower| {
+                    let title = pick_language(&titles, &follower.locale).map(String::as_str);
+                    delivered(user_id, message_id, &summary, title)
+                });
                 if let Some(expire_at_ms) = summary.expire_at_ms {
                     self.revoke_later(message_id, expire_at_ms);
                 }
@@ -746,6 +775,19 @@ impl Hub {
                 let event = edited(message_id, &title, edited_at_ms);
                 for stream in streams {
                     stream.offer_to_all(at, event.clone());
+                }
+            }
+            BusEvent::PreferencesChanged { user_id, locale } => {
+                let followed = match self.write().users.get_mut(&user_id) {
+                    Some(follower) => {
+                        follower.version += 1;
+                        follower.locale = locale;
+                        true
+                    }
+                    None => false,
+                };
+                if followed {
+                    self.badges_changed(vec![user_id]);
                 }
             }
             BusEvent::ItemsUpdated { user_id, action, message_ids, filter } => {
@@ -767,36 +809,25 @@ impl Hub {
         }
     }
 
-    /// Sends `ItemDelivered` to every followed user among `user_ids`;
-    /// returns those users.
-    fn deliver(
-        &self,
-        at: Option<Position>,
-        message_id: u64,
-        summary: &ContentSummary,
-        user_ids: impl IntoIterator<Item = u64>,
-    ) -> Vec<u64> {
-        self.offer_each(at, user_ids, |user_id| delivered(user_id, message_id, summary, None))
-    }
-
     /// Offers `event` of each followed user among `user_ids` to each of the
     /// user's streams; returns those users.
     fn offer_each(
         &self,
         at: Option<Position>,
         user_ids: impl IntoIterator<Item = u64>,
-        event: impl Fn(u64) -> Event,
+        event: impl Fn(u64, &Follower) -> Event,
     ) -> Vec<u64> {
         let tables = self.read();
         let mut followed = Vec::new();
         for user_id in user_ids {
+            let Some(follower) = tables.users.get(&user_id) else { continue };
             let streams = streams_of(&tables, user_id);
             if streams.is_empty() {
                 continue;
             }
             followed.push(user_id);
             for stream in streams {
-                stream.offer_for(user_id, at, event(user_id));
+                stream.offer_for(user_id, at, event(user_id, follower));
             }
         }
         followed
@@ -817,7 +848,7 @@ impl Hub {
     /// Tells the streams of `user_ids` (a recall's recipients on one
     /// shard) that a message was withdrawn, and refreshes their badges.
     fn revoke_for(&self, at: Option<Position>, message_id: u64, user_ids: Vec<u64>) {
-        let revoked = |_| Event::ItemRevoked(v1::ItemRevoked { message_id });
+        let revoked = |_, _: &Follower| Event::ItemRevoked(v1::ItemRevoked { message_id });
         let followed = self.offer_each(at, user_ids, revoked);
         self.badges_changed(followed);
     }
@@ -1017,22 +1048,25 @@ impl Hub {
         let query = InboxQuery { before: u64::MAX, limit: 1, filter: ItemFilter::default() };
         // A snapshot must not predate an event the stream already routed.
         ctx.cache.sync_near_cache().await;
-        let (counts, groups, page) = futures::future::join3(
+        let (counts, groups, page, locale) = futures::future::join4(
             inbox::counts(ctx, &[user_id]),
             groups::unread(ctx, user),
             inbox::list::<WirePages>(ctx, user, &query),
+            preferences::locale(ctx, user),
         )
         .await;
         let counts = counts.map_err(crate::status::to_status)?.first().copied().unwrap_or_default();
         let page = page.map_err(crate::status::to_status)?;
+        let locale = locale.map_err(crate::status::to_status)?;
         let group_unread = match groups {
             Ok(summary) => {
                 let ids: Vec<u64> = summary.groups.iter().map(|g| g.group_id).collect();
-                self.set_groups(user_id, version, ids);
+                self.settle(user_id, version, Some(ids), locale);
                 Some(summary.total)
             }
             Err(e) => {
                 // The inbox badge still answers; group routes stay as they were.
+                self.settle(user_id, version, None, locale);
                 metrics::counter!("notify_badge_group_errors_total").increment(1);
                 warn!(error = %e, user_id, "group unread unavailable in a snapshot");
                 None
@@ -1057,10 +1091,11 @@ impl Hub {
         })
     }
 
-    /// Replaces a followed user's groups with what a snapshot read, unless a
-    /// membership event arrived since it started (then the events' state
-    /// stands and the user is owed another snapshot).
-    fn set_groups(&self, user_id: u64, version: Option<u64>, group_ids: Vec<u64>) {
+    /// Replaces a followed user's language and groups (when read) with
+    /// what a snapshot read, unless a membership or preference event
+    /// arrived since it started (then the events' state stands and the user
+    /// is owed another snapshot).
+    fn settle(&self, user_id: u64, version: Option<u64>, groups: Option<Vec<u64>>, locale: String) {
         let mut tables = self.write();
         let Some(follower) = tables.users.get_mut(&user_id) else { return };
         if Some(follower.version) != version {
@@ -1070,6 +1105,8 @@ impl Hub {
             }
             return;
         }
+        follower.locale = locale;
+        let Some(group_ids) = groups else { return };
         let old = std::mem::replace(&mut follower.groups, group_ids.clone());
         for group_id in old {
             remove_member(&mut tables, group_id, user_id);

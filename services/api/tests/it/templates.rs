@@ -2,7 +2,7 @@
 //! everywhere the text shows (ListInbox, the gateway's events, the console),
 //! re-rendered by an edit; and every bad input refused naming its field.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::time::Duration;
 
 use futures::StreamExt;
@@ -345,36 +345,44 @@ async fn an_announcement_renders_in_each_readers_language_with_the_sends_vars() 
     let app = spawn_app().await;
     let (zh, plain) = (7_700_001, 7_700_002);
     set_locale(&app, zh, "zh-Hant-TW").await;
-    let mut content = invoice();
-    content.title = "{{ product }} is out".to_owned();
-    content.body = String::new();
-    content.data.clear();
-    let template = content.template.as_mut().unwrap();
-    template.recipient_vars.clear();
-    template.vars = [("product".to_owned(), "Notify 2".to_owned())].into();
-    template.translations = [(
-        "zh-Hant".to_owned(),
-        v1::Translation { title: "{{ product }} 發佈了".to_owned(), body: String::new() },
-    )]
-    .into();
-    let request = v1::SendMessageRequest {
-        sender: "tests".to_owned(),
-        content: Some(content),
-        audience: Some(v1::send_message_request::Audience::AllUsers(v1::AllUsersAudience {})),
-        ..Default::default()
-    };
-    let mut stream = open_stream(&app, &[zh]).await;
-    let id = app.messages().send_message(request).await.unwrap().into_inner().message_id;
-    let delivered = loop {
-        if let Event::ItemDelivered(item) = stream.next().await
-            && item.message_id == id
-        {
-            break item;
+    let announce = |product: &str| {
+        let mut content = invoice();
+        content.title = "{{ product }} is out".to_owned();
+        content.body = String::new();
+        content.data.clear();
+        let template = content.template.as_mut().unwrap();
+        template.recipient_vars.clear();
+        template.vars = [("product".to_owned(), product.to_owned())].into();
+        let translation =
+            |title: &str| v1::Translation { title: title.into(), body: String::new() };
+        template.translations = [
+            ("zh-Hant".to_owned(), translation("{{ product }} 發佈了")),
+            ("de".to_owned(), translation("{{ product }} ist da")),
+        ]
+        .into();
+        v1::SendMessageRequest {
+            sender: "tests".to_owned(),
+            content: Some(content),
+            audience: Some(v1::send_message_request::Audience::AllUsers(v1::AllUsersAudience {})),
+            ..Default::default()
         }
     };
-    assert_eq!(delivered.title, "Notify 2 is out", "the stream's: the default, send-wide vars");
-    assert_eq!(item(&app, zh, id).await.title, "Notify 2 發佈了");
-    assert_eq!(item(&app, plain, id).await.title, "Notify 2 is out");
+    // Each reader's stream shows the title in their language, as their
+    // snapshot read it and as they change it while followed.
+    let mut stream = open_stream(&app, &[zh, plain]).await;
+    let first = app.messages().send_message(announce("Notify 2")).await.unwrap().into_inner();
+    let shown = stream.titles_of(first.message_id, 2).await;
+    let expected = [(zh, "Notify 2 發佈了"), (plain, "Notify 2 is out")];
+    assert_eq!(shown, expected.map(|(user, title)| (user, title.to_owned())).into());
+    assert_eq!(item(&app, zh, first.message_id).await.title, "Notify 2 發佈了");
+    assert_eq!(item(&app, plain, first.message_id).await.title, "Notify 2 is out");
+
+    set_locale(&app, plain, "de-AT").await;
+    let second = app.messages().send_message(announce("Notify 3")).await.unwrap().into_inner();
+    let shown = stream.titles_of(second.message_id, 2).await;
+    let expected = [(zh, "Notify 3 發佈了"), (plain, "Notify 3 ist da")];
+    assert_eq!(shown, expected.map(|(user, title)| (user, title.to_owned())).into());
+    assert_eq!(item(&app, plain, second.message_id).await.title, "Notify 3 ist da");
     app.cleanup().await;
 }
 
@@ -549,6 +557,20 @@ impl EventReader {
     async fn next(&mut self) -> Event {
         let item = tokio::time::timeout(Duration::from_secs(20), self.events.next()).await;
         item.expect("an event within 20 s").expect("stream open").unwrap().event.unwrap()
+    }
+
+    /// The titles of `message_id`'s `ItemDelivered`, by user, once `users`
+    /// of them arrived.
+    async fn titles_of(&mut self, message_id: u64, users: usize) -> BTreeMap<u64, String> {
+        let mut titles = BTreeMap::new();
+        while titles.len() < users {
+            if let Event::ItemDelivered(item) = self.next().await
+                && item.message_id == message_id
+            {
+                titles.insert(item.user_id, item.title);
+            }
+        }
+        titles
     }
 }
 

@@ -12,6 +12,8 @@
 //! one. Pause and cancel return only after the cache holds their status, so
 //! a worker that checks the cache after PauseMessage returns sees PAUSED.
 
+use std::collections::BTreeMap;
+
 use shard_router::{Key, ShardId};
 use sqlx::MySqlPool;
 use tracing::{info, instrument, warn};
@@ -72,9 +74,10 @@ pub(crate) async fn start_announcement(
     let (mut summary, template) = chunks::content_summary(&mut *tx, message_id)
         .await?
         .ok_or_else(|| Error::Internal(format!("announcement {message_id} has no content copy")))?;
+    let mut titles = BTreeMap::new();
     if let Some(template) = template {
-        // The stream does not know its readers' languages: the default
-        // variant, with the send-wide vars (each inbox shows its own).
+        // Every language's title with the send-wide vars: each gateway
+        // shows its readers theirs.
         let texts = crate::render::Texts {
             message_id: message_id.get(),
             edited_at: None,
@@ -85,9 +88,10 @@ pub(crate) async fn start_announcement(
         };
         if let Some(compiled) = crate::render::compiled(&texts) {
             summary.title = compiled.render_title("", None);
+            titles = compiled.titles_by_language();
         }
     }
-    let event = BusEvent::Announced { message_id: message_id.get(), summary };
+    let event = BusEvent::Announced { message_id: message_id.get(), summary, titles };
     let recorded = event_outbox::record(&mut tx, &event.recorded_body()).await?;
     tx.commit().await.map_err(database_error)?;
     Ok(Some((event, recorded)))

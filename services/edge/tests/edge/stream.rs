@@ -424,3 +424,58 @@ async fn a_personalized_item_shows_its_own_text_in_the_users_language_in_the_str
     edge.stop().await;
     app.cleanup().await;
 }
+
+#[tokio::test]
+async fn an_announcement_shows_its_title_in_the_users_language_live_and_after_a_resume() {
+    let app = spawn_app().await;
+    let edge = Edge::start(&app).await;
+    let user = 8_300_111;
+    let token = edge.token(user);
+    let german = json!({ "locale": "de-CH" });
+    assert_eq!(send(&edge, &token, "PUT", "/v1/preferences", &german).await.status, 200);
+    let announce = |product: &str| {
+        let mut request = notify_testkit::send_request(Vec::new());
+        request.audience =
+            Some(v1::send_message_request::Audience::AllUsers(v1::AllUsersAudience {}));
+        let content = request.content.as_mut().unwrap();
+        content.title = "{{ product }} is out".to_owned();
+        content.template = Some(v1::Template {
+            vars: [("product".to_owned(), product.to_owned())].into(),
+            translations: [(
+                "de".to_owned(),
+                v1::Translation { title: "{{ product }} ist da".into(), body: String::new() },
+            )]
+            .into(),
+            ..Default::default()
+        });
+        request
+    };
+    let title_of = |frame: &Frame, id: u64| {
+        assert_eq!(frame.data["message_id"], id.to_string());
+        frame.data["title"].as_str().unwrap().to_owned()
+    };
+
+    // Live: the language the snapshot read.
+    let mut events = Events::open(edge.addr, &token, None).await;
+    events.next("snapshot").await;
+    let live = app.messages().send_message(announce("Notify 2")).await.unwrap().into_inner();
+    let frame = events.next("item_delivered").await;
+    assert_eq!(title_of(&frame, live.message_id), "Notify 2 ist da");
+    let last = events.settled().await;
+    drop(events);
+
+    // Sent while the client was away, replayed on its resume: the language
+    // the resume read.
+    let missed = app.messages().send_message(announce("Notify 3")).await.unwrap().into_inner();
+    let mut resumed = Events::open(edge.addr, &token, Some(&last)).await;
+    let frame = loop {
+        let frame = resumed.frame().await;
+        assert!(!["resync", "snapshot"].contains(&frame.event.as_str()), "{frame:?}");
+        if frame.event == "item_delivered" {
+            break frame;
+        }
+    };
+    assert_eq!(title_of(&frame, missed.message_id), "Notify 3 ist da");
+    edge.stop().await;
+    app.cleanup().await;
+}
