@@ -22,8 +22,10 @@ use notify_store::db::items::{self, InboxRow, TemplateTexts};
 use sqlx::MySqlPool;
 use tracing::warn;
 
-/// Compiled templates kept per process.
-const CACHED_TEMPLATES: u64 = 4_096;
+/// What the compiled templates kept per process weigh at most
+/// ([`Compiled::weight`]): some 7,000 contents of plain texts, or 500 that
+/// need the engine.
+const CACHED_TEMPLATE_BYTES: u64 = 32 << 20;
 
 /// A compiled template's key: message id, the content's edit time, and
 /// whether only the title was compiled (what an event shows).
@@ -32,7 +34,12 @@ type Key = (u64, i64, bool);
 /// The compiled templates.
 fn cache() -> &'static moka::sync::Cache<Key, Arc<Compiled>> {
     static CACHE: OnceLock<moka::sync::Cache<Key, Arc<Compiled>>> = OnceLock::new();
-    CACHE.get_or_init(|| moka::sync::Cache::new(CACHED_TEMPLATES))
+    CACHE.get_or_init(|| {
+        moka::sync::Cache::builder()
+            .max_capacity(CACHED_TEMPLATE_BYTES)
+            .weigher(|_, compiled: &Arc<Compiled>| compiled.weight())
+            .build()
+    })
 }
 
 /// The texts of one version of a templated content.

@@ -365,7 +365,10 @@ pub struct Rendered {
 
 /// A template compiled once, rendered for any recipient.
 pub struct Compiled {
-    env: Environment<'static>,
+    /// The engine with every text compiled; `None` when every text is
+    /// [`plain`] (most contents), which renders without it. An engine
+    /// weighs ~60 KB with a content's texts, their pieces a few hundred bytes.
+    env: Option<Environment<'static>>,
     vars: BTreeMap<String, String>,
     locales: BTreeSet<String>,
     data_keys: Vec<String>,
@@ -482,8 +485,9 @@ impl Compiled {
             add(format!("{locale}/title"), &translation.title);
             add(format!("{locale}/body"), &translation.body);
         }
-        let plain =
+        let plain: BTreeMap<String, Vec<Piece>> =
             sources.keys().filter_map(|name| Some((name.clone(), plain(&env, name)?))).collect();
+        let env = (plain.len() < sources.len()).then_some(env);
         Self {
             env,
             vars: template.vars.clone(),
@@ -583,20 +587,51 @@ impl Compiled {
     }
 
     fn render_one(&self, name: &str, context: &Value, limit: Limit) -> (String, bool) {
-        let rendered = self.env.get_template(name).and_then(|template| template.render(context));
+        // Without an engine every text is plain, and one that did not fill
+        // misses a var: the engine (strict about undefined values) fails it.
+        let rendered = self
+            .env
+            .as_ref()
+            .map(|env| env.get_template(name).and_then(|template| template.render(context)));
         match rendered {
-            Ok(text) => (limit.cut(text), true),
-            Err(e) => {
+            Some(Ok(text)) => (limit.cut(text), true),
+            Some(Err(e)) => {
                 count_failure(&e);
-                let source = self.sources.get(name).cloned().unwrap_or_default();
-                (limit.cut(source), false)
+                (limit.cut(self.source(name)), false)
+            }
+            None => {
+                count_failed();
+                (limit.cut(self.source(name)), false)
             }
         }
     }
+
+    /// What a text that did not render shows: its source.
+    fn source(&self, name: &str) -> String {
+        self.sources.get(name).cloned().unwrap_or_default()
+    }
+
+    /// About how many bytes this takes: what a cache of compiled templates
+    /// weighs it by.
+    pub fn weight(&self) -> u32 {
+        let texts: usize = self.sources.iter().map(|(name, text)| name.len() + text.len()).sum();
+        let engine = if self.env.is_some() { ENGINE_BYTES } else { 0 };
+        // The sources, their pieces and the maps around them (measured:
+        // ~4.4 KB for seven short texts).
+        u32::try_from(engine + 3 * texts + 4_096).unwrap_or(u32::MAX)
+    }
 }
+
+/// About what an engine with a content's texts compiled weighs (measured:
+/// ~60 KB with two translations and a data value).
+const ENGINE_BYTES: usize = 64 << 10;
 
 /// Counts a text that did not render.
 fn count_failure(_e: &minijinja::Error) {
+    count_failed();
+}
+
+fn count_failed() {
     metrics::counter!("notify_template_render_failures_total").increment(1);
 }
 
@@ -760,15 +795,21 @@ mod tests {
             ("{{ shop ~ name }}", false),
         ];
         let own = [r#"{"amount":"¥128","name":"Ann \"A\""}"#, r#"{"amount":"1","name":""}"#];
+        // The engine alone, as a content that needs it renders.
+        let engine = |text: &str, context: &Value| {
+            let mut env = new_environment();
+            env.add_template("title", text).unwrap();
+            match env.get_template("title").unwrap().render(context) {
+                Ok(rendered) => (rendered, true),
+                Err(_) => (text.to_owned(), false),
+            }
+        };
         for (text, is_plain) in texts {
             let compiled = Compiled::new(&t, text, text, &BTreeMap::new());
             assert_eq!(compiled.plain.contains_key("title"), is_plain, "{text:?}");
+            assert_eq!(compiled.env.is_none(), is_plain, "an engine only where a text needs it");
             for vars in own.iter().copied().map(Some).chain([None]) {
-                let engine = compiled.render_one(
-                    "title",
-                    &compiled.context(vars),
-                    Limit::Chars(MAX_TITLE_CHARS),
-                );
+                let engine = engine(text, &compiled.context(vars));
                 let (rendered, ok) = compiled.render("", vars);
                 assert_eq!(
                     (rendered.title.as_str(), ok),
@@ -784,5 +825,12 @@ mod tests {
         assert_eq!(compiled.render("", Some("{}")), (compiled.render("", None).0, false));
         assert_eq!(compiled.render_title("", None), "Hi {{ amount }}");
         assert_eq!(compiled.render_title("", Some(r#"{"amount":"3"}"#)), "Hi 3");
+        // A content of plain texts weighs its texts, one that needs the
+        // engine the engine too: what the cache of compiled contents counts.
+        let plain = Compiled::new(&t, "Hi {{ name }}", "{{ amount }} due", &BTreeMap::new());
+        let filtered =
+            Compiled::new(&t, "Hi {{ name|upper }}", "{{ amount }} due", &BTreeMap::new());
+        assert!(plain.weight() < 8 << 10, "{}", plain.weight());
+        assert!(filtered.weight() > ENGINE_BYTES as u32, "{}", filtered.weight());
     }
 }
