@@ -25,13 +25,6 @@ pub async fn get(ctx: &Context, user_id: UserId) -> Result<Preferences> {
     Ok(store::get(&*pool, user_id.get()).await?)
 }
 
-/// Reads a user's language ('' when they set none): what a gateway stream
-/// shows them an announcement's event in.
-pub async fn locale(ctx: &Context, user_id: UserId) -> Result<String> {
-    let pool = ctx.pools.for_user(user_id.get());
-    Ok(store::locale(&*pool, user_id.get()).await?)
-}
-
 /// Replaces a user's mutes and locale; returns them as stored.
 #[instrument(skip_all, fields(user_id = user_id.get()))]
 pub async fn set(ctx: &Context, user_id: UserId, preferences: &Preferences) -> Result<Preferences> {
@@ -40,8 +33,7 @@ pub async fn set(ctx: &Context, user_id: UserId, preferences: &Preferences) -> R
     // Both caches show what preferences decide: the badge counts the live
     // announcements not muted, the group total the groups not muted.
     let repair = repair::begin(ctx, user, true).await;
-    let locale = preferences.locale.as_ref().map(|l| l.as_str().to_owned()).unwrap_or_default();
-    let event = BusEvent::PreferencesChanged { user_id: user, locale };
+    let event = BusEvent::PreferencesChanged { user_id: user, locale: preferences.language() };
     let body = event.recorded_body();
     let stored =
         retrying("preferences::set", || store::set(&pool, user, preferences, repair, &body)).await;

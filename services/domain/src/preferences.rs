@@ -27,6 +27,11 @@ pub struct Preferences {
 }
 
 impl Preferences {
+    /// The language's tag, '' when none is set (as events carry it).
+    pub fn language(&self) -> String {
+        self.locale.as_ref().map(|locale| locale.as_str().to_owned()).unwrap_or_default()
+    }
+
     /// Validates and normalizes (sorts, drops repeats) a request's lists,
     /// and parses its locale (empty: none); `field` prefixes the fields
     /// named in errors (`preferences`).

@@ -472,8 +472,8 @@ impl Compiled {
         let mut sources = BTreeMap::new();
         let mut add = |name: String, text: &str| {
             sources.insert(name.clone(), text.to_owned());
-            if let Err(e) = env.add_template_owned(name, text.to_owned()) {
-                count_failure(&e);
+            if env.add_template_owned(name, text.to_owned()).is_err() {
+                count_failure();
             }
         };
         add("title".to_owned(), title);
@@ -595,20 +595,12 @@ impl Compiled {
             .map(|env| env.get_template(name).and_then(|template| template.render(context)));
         match rendered {
             Some(Ok(text)) => (limit.cut(text), true),
-            Some(Err(e)) => {
-                count_failure(&e);
-                (limit.cut(self.source(name)), false)
-            }
-            None => {
-                count_failed();
-                (limit.cut(self.source(name)), false)
+            Some(Err(_)) | None => {
+                count_failure();
+                let source = self.sources.get(name).cloned().unwrap_or_default();
+                (limit.cut(source), false)
             }
         }
-    }
-
-    /// What a text that did not render shows: its source.
-    fn source(&self, name: &str) -> String {
-        self.sources.get(name).cloned().unwrap_or_default()
     }
 
     /// About how many bytes this takes: what a cache of compiled templates
@@ -627,11 +619,7 @@ impl Compiled {
 const ENGINE_BYTES: usize = 64 << 10;
 
 /// Counts a text that did not render.
-fn count_failure(_e: &minijinja::Error) {
-    count_failed();
-}
-
-fn count_failed() {
+fn count_failure() {
     metrics::counter!("notify_template_render_failures_total").increment(1);
 }
 

@@ -485,11 +485,12 @@ impl Hub {
         let user = UserId::parse(user_id, "user_id").map_err(crate::status::to_status)?;
         let ctx = &self.inner.ctx;
         let read =
-            futures::future::try_join(groups::unread(ctx, user), preferences::locale(ctx, user));
+            futures::future::try_join(groups::unread(ctx, user), preferences::get(ctx, user));
         let (groups, locale) = match read.await {
-            Ok((summary, locale)) => {
-                (summary.groups.iter().map(|g| g.group_id).collect::<Vec<_>>(), locale)
-            }
+            Ok((summary, preferences)) => (
+                summary.groups.iter().map(|g| g.group_id).collect::<Vec<_>>(),
+                preferences.language(),
+            ),
             Err(e) => {
                 warn!(error = %e, user_id, "groups or language unavailable for a resume, starting over");
                 stream.lost.store(true, Ordering::Release);
@@ -1052,12 +1053,12 @@ impl Hub {
             inbox::counts(ctx, &[user_id]),
             groups::unread(ctx, user),
             inbox::list::<WirePages>(ctx, user, &query),
-            preferences::locale(ctx, user),
+            preferences::get(ctx, user),
         )
         .await;
         let counts = counts.map_err(crate::status::to_status)?.first().copied().unwrap_or_default();
         let page = page.map_err(crate::status::to_status)?;
-        let locale = locale.map_err(crate::status::to_status)?;
+        let locale = locale.map_err(crate::status::to_status)?.language();
         let group_unread = match groups {
             Ok(summary) => {
                 let ids: Vec<u64> = summary.groups.iter().map(|g| g.group_id).collect();

@@ -81,17 +81,6 @@ pub async fn get<'e>(db: impl sqlx::MySqlExecutor<'e>, user_id: u64) -> Result<P
     }))
 }
 
-/// Reads a user's language as stored ('' when they set none).
-#[instrument(level = "debug", skip_all, fields(db.system = "mysql"))]
-pub async fn locale<'e>(db: impl sqlx::MySqlExecutor<'e>, user_id: u64) -> Result<String> {
-    let locale: Option<String> =
-        sqlx::query_scalar("SELECT locale FROM user_preferences WHERE user_id = ?")
-            .bind(user_id)
-            .fetch_optional(db)
-            .await?;
-    Ok(locale.unwrap_or_default())
-}
-
 /// Replaces a user's mutes and locale (an erasure marker stays as it is) and records
 /// `event` in [`super::event_outbox`] (its row id is returned); with
 /// `repair` (Redis did not answer the caller's invalidation), records the
