@@ -21,7 +21,7 @@ use lapin::options::{
     ExchangeDeclareOptions, ExchangeDeleteOptions, QueueBindOptions, QueueDeclareOptions,
     QueueDeleteOptions,
 };
-use lapin::tcp::OwnedTLSConfig;
+use lapin::tcp::{AMQPUriTcpExt, OwnedTLSConfig};
 use lapin::types::{AMQPValue, FieldTable};
 
 use lapin::{
@@ -335,11 +335,37 @@ pub async fn connect(settings: &RabbitSettings, name: &str) -> Result<Connection
         uri.query.frame_max = Some(FRAME_MAX);
     }
     let runtime = lapin::runtime::default_runtime().map_err(broker_error)?;
-    let connecting = Connection::connect_uri_with_config(uri, properties, tls, runtime);
+    let cannot = |e: &dyn std::fmt::Display| {
+        Error::Unavailable(format!("rabbitmq.url: cannot connect: {e}"))
+    };
+    let connecting = async move {
+        // The socket (and TLS) first, then the AMQP handshake over it: lapin
+        // 4.12 keeps ~10 KB of every attempt whose socket it fails to open
+        // itself, for the life of the process (300 refused attempts held
+        // 3 MB; tests/broker_connect.rs), so a process retrying through a
+        // broker outage grew with each retry. A refused connect now fails
+        // before lapin holds anything; a socket lapin reopens within the
+        // handshake it opens as it would have.
+        let socket =
+            uri.connect_with_config_async(tls.as_ref(), &runtime).await.map_err(|e| cannot(&e))?;
+        let opened = std::sync::Mutex::new(Some(socket));
+        let handshake = Connection::connector(
+            uri,
+            runtime,
+            async move |uri, runtime| {
+                let socket =
+                    opened.lock().unwrap_or_else(std::sync::PoisonError::into_inner).take();
+                match socket {
+                    Some(socket) => Ok(socket),
+                    None => Ok(uri.connect_with_config_async(tls.as_ref(), &runtime).await?),
+                }
+            },
+            properties,
+        );
+        handshake.await.map_err(|e| cannot(&e))
+    };
     match tokio::time::timeout(BROKER_TIMEOUT, connecting).await {
-        Ok(connected) => {
-            connected.map_err(|e| Error::Unavailable(format!("rabbitmq.url: cannot connect: {e}")))
-        }
+        Ok(connected) => connected,
         Err(_) => Err(Error::Unavailable("rabbitmq.url: connect timed out".to_owned())),
     }
 }
