@@ -7,7 +7,7 @@ use notify_proto::v1;
 use notify_store::shard_map;
 use notify_testkit::{TestApp, eventually, spawn_app_with, test_settings};
 
-use crate::helpers::{badge, create_draft};
+use crate::helpers::{append_and_start, badge, create_draft};
 use shard_router::{BUCKETS, BucketSet, ShardId, ShardMap, bucket_of};
 
 fn fast_settings() -> notify_domain::Settings {
@@ -198,7 +198,11 @@ async fn chunks_planned_by_an_older_map_are_split_to_the_shards_the_new_map_rout
 async fn a_frozen_bucket_holds_writes_until_the_flip_while_reads_go_on() {
     let app = spawn_app_with(fast_settings(), true).await;
     replicas_report(&app, 1, 0).await;
-    let user = users_of(&app, ShardId(0), 1)[0];
+    // The send's draft first, so that the frozen bucket is not its home
+    // bucket (1 send in 1,024): its own record's writes would wait too.
+    let sent = create_draft(&app, "frozen").await;
+    let user = users_of(&app, ShardId(0), 8).into_iter().find(|u| bucket_of(*u) != bucket_of(sent));
+    let user = user.expect("a user outside the send's home bucket");
     let bucket = bucket_of(user);
     let before = app.ctx.pools.map();
     let frozen = BucketSet::range(bucket, bucket);
@@ -208,7 +212,7 @@ async fn a_frozen_bucket_holds_writes_until_the_flip_while_reads_go_on() {
     // Reads answer at once; a send is accepted; a mark-read waits, and so
     // does the worker with the send's chunk.
     assert_eq!(badge(&app, user).await, 0);
-    let sent = app.send(vec![user]).await;
+    append_and_start(&app, sent, vec![user]).await;
     let mut inbox = app.inbox();
     let mut mark = tokio::spawn(async move {
         inbox.mark_all_read(v1::MarkAllReadRequest { user_id: user, ..Default::default() }).await
