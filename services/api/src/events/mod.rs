@@ -1049,7 +1049,7 @@ impl Hub {
         let query = InboxQuery { before: u64::MAX, limit: 1, filter: ItemFilter::default() };
         // A snapshot must not predate an event the stream already routed.
         ctx.cache.sync_near_cache().await;
-        let (counts, groups, page, locale) = futures::future::join4(
+        let (counts, groups, page, preferences) = futures::future::join4(
             inbox::counts(ctx, &[user_id]),
             groups::unread(ctx, user),
             inbox::list::<WirePages>(ctx, user, &query),
@@ -1058,7 +1058,7 @@ impl Hub {
         .await;
         let counts = counts.map_err(crate::status::to_status)?.first().copied().unwrap_or_default();
         let page = page.map_err(crate::status::to_status)?;
-        let locale = locale.map_err(crate::status::to_status)?.language();
+        let locale = preferences.map_err(crate::status::to_status)?.language();
         let group_unread = match groups {
             Ok(summary) => {
                 let ids: Vec<u64> = summary.groups.iter().map(|g| g.group_id).collect();
