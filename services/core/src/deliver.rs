@@ -174,12 +174,18 @@ async fn announce_delivered(
 ) -> Result<()> {
     let mut delivered = Vec::new();
     for chunk in group.chunks.iter().filter(|c| c.delivered) {
-        let (with_item, at) = if chunk.applied_now {
-            (without(chunk.user_ids.clone(), &group.held_back), committed_at_ms)
+        // Each recipient's own vars: the chunk's, read by the apply; for a
+        // chunk applied before (which keeps none), its items'.
+        let (with_item, item_vars, at) = if chunk.applied_now {
+            (without(chunk.user_ids.clone(), &group.held_back), None, committed_at_ms)
         } else {
-            (chunks::recipients_with_item(pool, message_id, &chunk.user_ids).await?, None)
+            let found = chunks::recipients_with_item(pool, message_id, &chunk.user_ids).await?;
+            let with_item = found.iter().map(|(user_id, _)| *user_id).collect();
+            let vars: Vec<(u64, String)> =
+                found.into_iter().filter_map(|(user_id, vars)| Some((user_id, vars?))).collect();
+            (with_item, (!vars.is_empty()).then_some(vars), None)
         };
-        delivered.push((chunk, with_item, at));
+        delivered.push((chunk, with_item, item_vars, at));
     }
     // A templated content's titles, rendered for the whole group at once
     // (one read of the recipients' languages).
@@ -195,16 +201,21 @@ async fn announce_delivered(
             };
             let recipients: Vec<render::Recipients<'_>> = delivered
                 .iter()
-                .map(|(chunk, with_item, _)| render::Recipients {
+                .map(|(chunk, with_item, item_vars, _)| render::Recipients {
                     user_ids: with_item,
-                    vars: chunk.vars.as_ref().map(|vars| {
-                        chunk
-                            .user_ids
-                            .iter()
-                            .copied()
-                            .zip(vars.iter().map(String::as_str))
-                            .collect()
-                    }),
+                    vars: match item_vars {
+                        Some(vars) => Some(
+                            vars.iter().map(|(user_id, vars)| (*user_id, vars.as_str())).collect(),
+                        ),
+                        None => chunk.vars.as_ref().map(|vars| {
+                            chunk
+                                .user_ids
+                                .iter()
+                                .copied()
+                                .zip(vars.iter().map(String::as_str))
+                                .collect()
+                        }),
+                    },
                 })
                 .collect();
             render::titles(pool, &texts, &recipients, group.locales.as_ref()).await?
@@ -212,7 +223,7 @@ async fn announce_delivered(
         None => Vec::new(),
     }
     .into_iter();
-    for (_, with_item, at) in delivered {
+    for (_, with_item, _, at) in delivered {
         let titles = titles.next().unwrap_or_default();
         let items = Delivered { user_ids: with_item, titles, summary: group.summary.clone() };
         announce_items(ctx, message_id, items, at).await?;

@@ -2,6 +2,9 @@
 //! announcement watermark, group membership and cursor of the user, on every
 //! shard, and every cached count, page and cursor in Redis.
 //!
+//! A personalized send's chunks still to apply lose the user's own vars;
+//! applied ones kept none (the items held them).
+//!
 //! What stays is a marker on the user's shard holding the user id and a
 //! message id taken at the erasure (`user_preferences.erased_before`): sends
 //! queued for the user before it (chunks not applied yet, announcements not
@@ -19,7 +22,7 @@ use crate::groups;
 use notify_domain::domain::UserId;
 use notify_domain::error::{Error, Result};
 use notify_domain::ids;
-use notify_store::db::{erasure, event_outbox, groups as group_store, preferences};
+use notify_store::db::{chunks, erasure, event_outbox, groups as group_store, preferences};
 use notify_store::error::database_error;
 
 /// How far past the erasure the marker reaches (clock skew between replicas).
@@ -78,6 +81,7 @@ pub async fn erase_user(ctx: &Context, user_id: UserId) -> Result<Erased> {
         for (shard, pool) in ctx.pools.iter() {
             let on_shard = erasure::remove_user(pool, user, shard == home.shard()).await?;
             removed.add(&on_shard);
+            chunks::forget_vars(pool, user, erased_before).await?;
         }
         Ok::<_, Error>(removed)
     }

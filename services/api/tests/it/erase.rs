@@ -1,13 +1,15 @@
 //! Erasure of a user: nothing of theirs left on any shard or in Redis, sends
 //! queued before it skip them (suppressed), the audit keeps only the id.
 
+use std::collections::BTreeMap;
+
 use notify_proto::v1;
 use notify_proto::v1::admin_service_client::AdminServiceClient;
 use notify_testkit::{TestApp, authed, spawn_app, spawn_app_with, test_settings, with_clients};
 use redis::AsyncCommands;
 use tonic::Code;
 
-use crate::helpers::{content, create_draft, send_request, wait_for_status};
+use crate::helpers::{chunk_vars, content, create_draft, send_request, wait_for_status};
 use crate::items::served;
 
 /// Rows of `user_id` in every per-user table, summed over every shard.
@@ -198,6 +200,62 @@ async fn sends_queued_before_an_erasure_skip_the_user_and_later_ones_do_not() {
     let later = app.messages().send_message(send_request(vec![user])).await.unwrap().into_inner();
     wait_for_status(&app, later.message_id, v1::MessageStatus::Completed).await;
     assert_eq!(crate::helpers::inbox_ids(&app, user).await, [later.message_id]);
+    app.cleanup().await;
+}
+
+#[tokio::test]
+async fn an_erasure_blanks_the_users_vars_in_a_queued_personalized_send() {
+    let app = spawn_app().await;
+    let users = [7_250_001u64, 7_250_002, 7_250_003];
+    let erased = users[1];
+    let mut content = content("Hi {{ name }}");
+    let recipient_vars = vec!["name".to_owned()];
+    content.template = Some(v1::Template { recipient_vars, ..Default::default() });
+    let request = v1::CreateMessageRequest {
+        sender: "tests".into(),
+        content: Some(content),
+        ..Default::default()
+    };
+    let draft = app.messages().create_message(request).await.unwrap().into_inner().message_id;
+    let vars_of = |user: u64| format!("{{\"name\":\"N{user}\"}}");
+    let recipients = users
+        .iter()
+        .map(|&user_id| v1::RecipientVars {
+            user_id,
+            vars: [("name".to_owned(), format!("N{user_id}"))].into(),
+        })
+        .collect();
+    let batch = v1::AppendRecipientsRequest {
+        message_id: draft,
+        batch_number: 1,
+        recipients,
+        ..Default::default()
+    };
+    app.messages().append_recipients(batch).await.unwrap();
+    let queued: BTreeMap<u64, String> = users.iter().map(|&user| (user, vars_of(user))).collect();
+    assert_eq!(chunk_vars(&app, draft).await, queued);
+
+    // The erasure blanks the user's vars in the queued chunks, and only
+    // theirs; a second one finds nothing more to do.
+    for _ in 0..2 {
+        erase(&app, erased).await;
+        let mut expected = queued.clone();
+        expected.insert(erased, "{}".to_owned());
+        assert_eq!(chunk_vars(&app, draft).await, expected);
+    }
+
+    app.messages().start_message(v1::StartMessageRequest { message_id: draft }).await.unwrap();
+    let done = wait_for_status(&app, draft, v1::MessageStatus::Completed).await;
+    let progress = done.progress.unwrap();
+    assert_eq!((progress.total, progress.delivered, progress.suppressed), (3, 2, 1));
+    assert!(crate::helpers::inbox_ids(&app, erased).await.is_empty());
+    for user in [users[0], users[2]] {
+        let request = v1::ListInboxRequest { user_id: user, page_size: 5, ..Default::default() };
+        let page = app.inbox().list_inbox(request).await.unwrap().into_inner();
+        assert_eq!(page.items[0].content.as_ref().unwrap().title, format!("Hi N{user}"));
+    }
+    // Applied, the chunks hold nobody's vars.
+    assert_eq!(chunk_vars(&app, draft).await, BTreeMap::new());
     app.cleanup().await;
 }
 

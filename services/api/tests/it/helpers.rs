@@ -1,6 +1,9 @@
 //! Short names for the harness helpers used by every test module.
 
+use std::collections::BTreeMap;
+
 use notify_proto::v1;
+use notify_store::db::chunks;
 use notify_testkit::TestApp;
 
 pub use notify_testkit::{content, send_request};
@@ -126,4 +129,24 @@ pub async fn idle_ids(set: &notify_store::db::direct::DirectConnections) -> Vec<
         lent.give_back();
     }
     ids
+}
+
+/// Each recipient's own vars as the send's chunks hold them, over every
+/// shard (a chunk applied or cancelled holds none).
+pub async fn chunk_vars(app: &TestApp, message_id: u64) -> BTreeMap<u64, String> {
+    let mut held = BTreeMap::new();
+    for (_, pool) in app.ctx.pools.iter() {
+        let rows: Vec<(Vec<u8>, Option<Vec<u8>>)> =
+            sqlx::query_as("SELECT user_ids, vars FROM message_chunks WHERE message_id = ?")
+                .bind(message_id)
+                .fetch_all(pool)
+                .await
+                .unwrap();
+        for (user_ids, vars) in rows {
+            let Some(vars) = vars else { continue };
+            let user_ids = chunks::decode_user_ids(&user_ids).unwrap();
+            held.extend(user_ids.into_iter().zip(chunks::decode_vars(&vars).unwrap()));
+        }
+    }
+    held
 }

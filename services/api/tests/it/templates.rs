@@ -6,6 +6,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::time::Duration;
 
 use futures::StreamExt;
+use notify_core::deliver::{self, TaskOutcome};
 use notify_proto::v1;
 use notify_proto::v1::event_service_client::EventServiceClient;
 use notify_proto::v1::subscribe_response::Event;
@@ -14,7 +15,7 @@ use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::Code;
 
-use crate::helpers::wait_for_status;
+use crate::helpers::{chunk_vars, wait_for_status};
 
 /// An invoice reminder in English (the default), Traditional Chinese and
 /// German; each recipient carries their name and amount.
@@ -163,6 +164,38 @@ async fn each_recipient_reads_their_own_text_in_their_language_on_every_shard() 
         }
     }
     assert_eq!(titles, expected_titles);
+
+    // An applied chunk keeps no vars: its items hold them.
+    let mut chunks = Vec::new();
+    for (shard, pool) in app.ctx.pools.iter() {
+        let rows: Vec<(u64, Option<Vec<u8>>)> =
+            sqlx::query_as("SELECT chunk_id, vars FROM message_chunks WHERE message_id = ?")
+                .bind(id)
+                .fetch_all(pool)
+                .await
+                .unwrap();
+        for (chunk_id, vars) in rows {
+            assert_eq!(vars, None, "chunk {chunk_id} on shard {shard} kept its recipients' vars");
+            chunks.push((shard, chunk_id));
+        }
+    }
+    assert!(chunks.len() > 4, "chunks of three on four shards: {chunks:?}");
+    // A duplicate task of each (its first attempt may have died before its
+    // event) announces it again, titled from the items' vars.
+    let send = notify_domain::domain::MessageId::from_raw(id);
+    for (shard, chunk_id) in &chunks {
+        let outcomes = deliver::apply_group(&app.ctx, *shard, send, &[*chunk_id], true).await;
+        assert_eq!(outcomes.unwrap(), [TaskOutcome::AlreadyDone]);
+    }
+    let mut again = HashMap::new();
+    while again.len() < users.len() {
+        if let Event::ItemDelivered(item) = stream.next().await
+            && item.message_id == id
+        {
+            again.insert(item.user_id, item.title);
+        }
+    }
+    assert_eq!(again, expected_titles);
 
     // An edit re-renders every inbox with the vars each item keeps.
     let mut edited = invoice();
@@ -528,6 +561,31 @@ async fn bad_templates_and_vars_are_refused_naming_the_field_and_store_nothing()
     let request = v1::EditMessageRequest { message_id: id, content: Some(renamed) };
     refused(messages.edit_message(request).await.unwrap_err(), "content.template.recipient_vars");
     assert_eq!(item(&app, user, id).await.title, "Hi Ann, your invoice of ¥1 is due");
+    app.cleanup().await;
+}
+
+#[tokio::test]
+async fn a_cancelled_personalized_draft_keeps_no_vars() {
+    let app = spawn_app().await;
+    let users = [7_360_001u64, 7_360_002, 7_360_003];
+    let request = v1::CreateMessageRequest {
+        sender: "tests".to_owned(),
+        content: Some(invoice()),
+        ..Default::default()
+    };
+    let draft = app.messages().create_message(request).await.unwrap().into_inner().message_id;
+    let recipients = users.iter().map(|u| recipient(*u, &format!("U{u}"), "¥1")).collect();
+    let batch = v1::AppendRecipientsRequest {
+        message_id: draft,
+        batch_number: 1,
+        recipients,
+        ..Default::default()
+    };
+    app.messages().append_recipients(batch).await.unwrap();
+    assert_eq!(chunk_vars(&app, draft).await.len(), users.len());
+    app.messages().cancel_message(v1::CancelMessageRequest { message_id: draft }).await.unwrap();
+    wait_for_status(&app, draft, v1::MessageStatus::Cancelled).await;
+    assert_eq!(chunk_vars(&app, draft).await, BTreeMap::new());
     app.cleanup().await;
 }
 

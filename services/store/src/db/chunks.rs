@@ -339,6 +339,99 @@ pub async fn shrink(
     Ok(true)
 }
 
+/// Blanks `user_id`'s own vars (to `{}`) in this shard's chunks still to
+/// apply (pending, or failed and waiting for a re-drive) of the sends
+/// created before `sent_before`: the user's erasure, whose marker keeps
+/// those chunks from writing the user an item. A chunk keeps no vars once
+/// applied or cancelled, so these are the only ones left. Sends created
+/// since are new messages to that id and keep theirs. Returns the chunks
+/// blanked; safe to repeat.
+#[instrument(level = "debug", skip_all, fields(db.system = "mysql"))]
+pub async fn forget_vars(pool: &MySqlPool, user_id: u64, sent_before: u64) -> Result<u64> {
+    // The sends with chunks to apply (the state index), then each one's
+    // chunks whose recipient range holds the user (the recipients index).
+    let sends: Vec<u64> = sqlx::query_scalar(concat!(
+        "SELECT DISTINCT message_id FROM message_chunks WHERE state IN (",
+        chunk_state!(PENDING),
+        ", ",
+        chunk_state!(FAILED),
+        ") AND message_id < ?"
+    ))
+    .bind(sent_before)
+    .fetch_all(pool)
+    .await?;
+    let mut blanked = 0;
+    for message_id in sends {
+        let chunk_ids: Vec<u64> = sqlx::query_scalar(concat!(
+            "SELECT chunk_id FROM message_chunks WHERE message_id = ? AND state IN (",
+            chunk_state!(PENDING),
+            ", ",
+            chunk_state!(FAILED),
+            ") AND first_user <= ? AND last_user >= ? AND vars IS NOT NULL"
+        ))
+        .bind(message_id)
+        .bind(user_id)
+        .bind(user_id)
+        .fetch_all(pool)
+        .await?;
+        for chunk_id in chunk_ids {
+            let forget = || forget_in_chunk(pool, message_id, chunk_id, user_id);
+            if super::retrying("chunks::forget_vars", forget).await? {
+                blanked += 1;
+            }
+        }
+    }
+    Ok(blanked)
+}
+
+/// [`forget_vars`] in one chunk: true when it held the user's vars.
+async fn forget_in_chunk(
+    pool: &MySqlPool,
+    message_id: u64,
+    chunk_id: u64,
+    user_id: u64,
+) -> Result<bool> {
+    let mut tx = pool.begin().await?;
+    let locked: Option<(Vec<u8>, Option<Vec<u8>>)> = sqlx::query_as(concat!(
+        "SELECT user_ids, vars FROM message_chunks WHERE message_id = ? AND chunk_id = ? \
+         AND state IN (",
+        chunk_state!(PENDING),
+        ", ",
+        chunk_state!(FAILED),
+        ") FOR UPDATE"
+    ))
+    .bind(message_id)
+    .bind(chunk_id)
+    .fetch_optional(&mut *tx)
+    .await?;
+    let Some((packed, Some(vars))) = locked else {
+        tx.rollback().await?;
+        return Ok(false);
+    };
+    let (user_ids, vars) = decode_chunk(&packed, Some(&vars))?;
+    let mut vars = vars.unwrap_or_default();
+    let Some(at) = user_ids.iter().position(|user| *user == user_id) else {
+        tx.rollback().await?;
+        return Ok(false);
+    };
+    if vars[at] == ERASED_VARS {
+        tx.rollback().await?;
+        return Ok(false);
+    }
+    vars[at] = ERASED_VARS.to_owned();
+    sqlx::query("UPDATE message_chunks SET vars = ? WHERE message_id = ? AND chunk_id = ?")
+        .bind(encode_vars(&vars))
+        .bind(message_id)
+        .bind(chunk_id)
+        .execute(&mut *tx)
+        .await?;
+    tx.commit().await?;
+    Ok(true)
+}
+
+/// What an erased recipient's vars become in a chunk still to apply.
+const ERASED_VARS: &str = "{}";
+
 /// Stores the shard's content copy of a message (a no-op if it exists).
 #[instrument(level = "debug", skip_all, fields(db.system = "mysql"))]
 pub async fn store_content<'e>(
@@ -426,7 +519,8 @@ pub struct GroupChunk {
     /// Its recipients.
     pub user_ids: Vec<u64>,
     /// Their own template variables, aligned with `user_ids` (see
-    /// [`ChunkPlan::vars`]).
+    /// [`ChunkPlan::vars`]), while it is pending: a chunk keeps them only
+    /// until it is applied (its items hold them then) or cancelled.
     pub vars: Option<Vec<String>>,
     /// True when this transaction applied it; false when an earlier one did
     /// (or failed or cancelled it), which changed nothing now.
@@ -565,7 +659,7 @@ pub async fn apply(
     let mut update = QueryBuilder::new(concat!(
         "UPDATE message_chunks SET state = ",
         chunk_state!(UNSETTLED),
-        ", updated_at = UTC_TIMESTAMP(3), applied_at = "
+        ", vars = NULL, updated_at = UTC_TIMESTAMP(3), applied_at = "
     ));
     update.push_bind(at);
     let held_by_chunk = held_by_chunk(&pending, &held_back);
@@ -1100,26 +1194,28 @@ async fn bump_stats_by(
 }
 
 /// Returns which of `user_ids` have a visible (not deleted) item of
-/// `message_id`: the recipients a redelivered chunk's event is about (those
-/// held back by their preferences, or who deleted the item since, are not).
+/// `message_id`, with the item's own vars: the recipients a redelivered
+/// chunk's event is about (those held back by their preferences, or who
+/// deleted the item since, are not), and what its titles are filled with
+/// (the applied chunk keeps no vars).
 #[instrument(level = "debug", skip_all, fields(db.system = "mysql"))]
 pub async fn recipients_with_item(
     pool: &MySqlPool,
     message_id: MessageId,
     user_ids: &[u64],
-) -> Result<Vec<u64>> {
+) -> Result<Vec<(u64, Option<String>)>> {
     if user_ids.is_empty() {
         return Ok(Vec::new());
     }
     let mut select = QueryBuilder::new(concat!(
-        "SELECT user_id FROM message_items WHERE ",
+        "SELECT user_id, vars FROM message_items WHERE ",
         not_deleted!("message_items"),
         " AND message_id = "
     ));
     select.push_bind(message_id.get()).push(" AND user_id IN (");
     push_ids(&mut select, user_ids);
     select.push(")");
-    Ok(select.build_query_scalar().fetch_all(pool).await?)
+    Ok(select.build_query_as().fetch_all(pool).await?)
 }
 
 /// Counts one more attempt at a pending chunk, committed on its own before
@@ -1217,10 +1313,14 @@ async fn finish_pending(
         let already: i64 = delivered.build_query_scalar().fetch_one(&mut *tx).await?;
         (already.max(0) as u64).min(u64::from(recipients))
     };
+    // A failed chunk keeps its recipients' vars for a re-drive; a cancelled
+    // one never delivers.
     sqlx::query(
-        "UPDATE message_chunks SET state = ?, updated_at = UTC_TIMESTAMP(3) WHERE message_id = ? AND chunk_id = ?",
+        "UPDATE message_chunks SET state = ?, vars = IF(?, vars, NULL), \
+         updated_at = UTC_TIMESTAMP(3) WHERE message_id = ? AND chunk_id = ?",
     )
     .bind(new_state)
+    .bind(new_state == state::FAILED)
     .bind(message_id.get())
     .bind(chunk_id)
     .execute(&mut *tx)
@@ -1290,7 +1390,7 @@ pub async fn cancel_pending_page(
     };
     let mut update = QueryBuilder::new("UPDATE message_chunks SET state = ");
     update.push_bind(state::CANCELLED);
-    update.push(", updated_at = UTC_TIMESTAMP(3) WHERE message_id = ");
+    update.push(", vars = NULL, updated_at = UTC_TIMESTAMP(3) WHERE message_id = ");
     update.push_bind(message_id.get()).push(" AND chunk_id IN (");
     let ids: Vec<u64> = page.iter().map(|(chunk_id, _, _)| *chunk_id).collect();
     push_ids(&mut update, &ids);
