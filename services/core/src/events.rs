@@ -20,7 +20,9 @@
 //!   refresh. After the commit the api publishes the change's own event and
 //!   forgets the record ([`publish_recorded`]); a record left (the publish
 //!   failed, the api died first) is published by a worker's relay
-//!   `events.outbox_retry_ms` later ([`relay_once`]). So a gateway hears of
+//!   `events.outbox_retry_ms` later ([`relay_once`]); an announcement's
+//!   start, whose api could not retire the cached badges (Redis away), is
+//!   left to the relay, which retires them first. So a gateway hears of
 //!   every change at least once; what it hears may be the recorded event
 //!   (fresh badges for the users, the group's followed members) rather than
 //!   the detailed one, and twice, both harmless.
@@ -296,8 +298,15 @@ pub async fn relay_once(ctx: &Context) -> Result<u64> {
     let mut published = 0;
     for (shard, pool) in ctx.pools.iter() {
         let relayed = event_outbox::relay(pool, older_than, RELAY_BATCH, |due| async move {
-            for recorded in due {
-                let kind = BusEvent::decode(&recorded.body).map_or("unknown", |event| event.kind());
+            let events: Vec<Option<BusEvent>> =
+                due.iter().map(|recorded| BusEvent::decode(&recorded.body).ok()).collect();
+            // An announcement's start left here (Redis did not answer its
+            // api) retires every cached badge before its gateways hear of it.
+            if events.iter().flatten().any(|event| matches!(event, BusEvent::Announced { .. })) {
+                ctx.cache.bump_announcement_epoch().await?;
+            }
+            for (recorded, event) in due.iter().zip(&events) {
+                let kind = event.as_ref().map_or("unknown", BusEvent::kind);
                 ctx.publisher.publish_event(kind, &recorded.body).await?;
             }
             Ok(())

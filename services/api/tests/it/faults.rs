@@ -371,6 +371,52 @@ async fn redis_down_mid_send_delivery_goes_on_and_no_stale_badge_is_served_after
     app.cleanup().await;
 }
 
+/// An announcement started while Redis is away: its api cannot retire the
+/// cached badges (bump the epoch they are counted under), so its event
+/// waits for a worker's relay, which retires them once Redis answers. No
+/// badge cached before the outage goes on without the announcement (until
+/// its ttl, inbox.counter_ttl_secs).
+#[tokio::test]
+async fn an_announcement_started_while_redis_is_away_retires_every_cached_badge_after() {
+    let mut settings = test_settings();
+    settings.events.outbox_retry_ms = 300;
+    let (app, proxies, direct) = spawn_behind_proxies_with(settings).await;
+    let redis = notify_cache::Cache::connect(&direct.redis).await.unwrap();
+    let epoch = || {
+        let (mut conn, key) = (redis.connection(), redis.keys().epoch());
+        async move { redis::AsyncCommands::get::<_, Option<u64>>(&mut conn, key).await.unwrap() }
+    };
+    let users = [11, 2_600, 5_100];
+    let first = send(&app, users.to_vec()).await;
+    wait_for_status(&app, first, v1::MessageStatus::Completed).await;
+    for user in users {
+        assert_eq!(badge(&app, user).await, 1); // cached now
+    }
+    let before = epoch().await;
+    proxies.redis.down().await;
+    eventually("the near cache lets go of Redis", Duration::from_secs(10), || async {
+        (app.ctx.cache.near_cache_held() == (0, 0)).then_some(())
+    })
+    .await;
+    let announcement = v1::SendMessageRequest {
+        sender: "tests".into(),
+        content: Some(crate::helpers::content("for all, during the outage")),
+        audience: Some(v1::send_message_request::Audience::AllUsers(v1::AllUsersAudience {})),
+        ..Default::default()
+    };
+    app.messages().send_message(announcement).await.expect("an announcement while Redis is away");
+    assert_eq!(epoch().await, before, "the api reached Redis through the proxy");
+    proxies.redis.up().await;
+    eventually("the relay retires the cached badges", Duration::from_secs(20), || async {
+        (epoch().await != before).then_some(())
+    })
+    .await;
+    for user in users {
+        assert_eq!(badge(&app, user).await, 2, "user {user}");
+    }
+    app.cleanup().await;
+}
+
 /// Users recorded for a repair of their cached state, over every shard.
 async fn badge_repairs(direct: &notify_store::db::ShardPools) -> u64 {
     let mut waiting = 0;

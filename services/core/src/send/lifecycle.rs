@@ -105,15 +105,15 @@ pub(crate) async fn activated(
     home: ShardId,
     (event, recorded): (BusEvent, u64),
 ) {
-    retire_badges(ctx, message_id).await;
-    events::publish_recorded(ctx, home, recorded, Some(&event)).await;
-}
-
-async fn retire_badges(ctx: &Context, message_id: MessageId) {
     refresh_status_best_effort(ctx, message_id).await;
-    if let Err(e) = ctx.cache.bump_announcement_epoch().await {
-        // Cached badges catch up when they expire (inbox.counter_ttl_secs).
-        warn!(error = %e, message_id = %message_id, "could not retire cached badges");
+    // Every cached badge is retired before a gateway hears of it. When Redis
+    // does not answer, the record stays for the event relay, which retires
+    // them first once it does ([`events::relay_once`]).
+    match ctx.cache.bump_announcement_epoch().await {
+        Ok(_) => events::publish_recorded(ctx, home, recorded, Some(&event)).await,
+        Err(e) => {
+            warn!(error = %e, message_id = %message_id, "cached badges left to the event relay");
+        }
     }
 }
 
