@@ -9,7 +9,9 @@ use notify_testkit::{TestApp, authed, spawn_app, spawn_app_with, test_settings, 
 use redis::AsyncCommands;
 use tonic::Code;
 
-use crate::helpers::{chunk_vars, content, create_draft, send_request, wait_for_status};
+use crate::helpers::{
+    chunk_vars, content, create_draft, personalized_draft, send_request, wait_for_status,
+};
 use crate::items::served;
 
 /// Rows of `user_id` in every per-user table, summed over every shard.
@@ -211,13 +213,6 @@ async fn an_erasure_blanks_the_users_vars_in_a_queued_personalized_send() {
     let mut content = content("Hi {{ name }}");
     let recipient_vars = vec!["name".to_owned()];
     content.template = Some(v1::Template { recipient_vars, ..Default::default() });
-    let request = v1::CreateMessageRequest {
-        sender: "tests".into(),
-        content: Some(content),
-        ..Default::default()
-    };
-    let draft = app.messages().create_message(request).await.unwrap().into_inner().message_id;
-    let vars_of = |user: u64| format!("{{\"name\":\"N{user}\"}}");
     let recipients = users
         .iter()
         .map(|&user_id| v1::RecipientVars {
@@ -225,13 +220,8 @@ async fn an_erasure_blanks_the_users_vars_in_a_queued_personalized_send() {
             vars: [("name".to_owned(), format!("N{user_id}"))].into(),
         })
         .collect();
-    let batch = v1::AppendRecipientsRequest {
-        message_id: draft,
-        batch_number: 1,
-        recipients,
-        ..Default::default()
-    };
-    app.messages().append_recipients(batch).await.unwrap();
+    let draft = personalized_draft(&app, content, recipients).await;
+    let vars_of = |user: u64| format!("{{\"name\":\"N{user}\"}}");
     let queued: BTreeMap<u64, String> = users.iter().map(|&user| (user, vars_of(user))).collect();
     assert_eq!(chunk_vars(&app, draft).await, queued);
 

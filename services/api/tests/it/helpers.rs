@@ -74,6 +74,29 @@ pub async fn create_draft(app: &TestApp, title: &str) -> u64 {
         .message_id
 }
 
+/// A draft of `content` (a template with recipient vars) holding
+/// `recipients` as batch 1.
+pub async fn personalized_draft(
+    app: &TestApp,
+    content: v1::Content,
+    recipients: Vec<v1::RecipientVars>,
+) -> u64 {
+    let request = v1::CreateMessageRequest {
+        sender: "tests".into(),
+        content: Some(content),
+        ..Default::default()
+    };
+    let draft = app.messages().create_message(request).await.unwrap().into_inner().message_id;
+    let batch = v1::AppendRecipientsRequest {
+        message_id: draft,
+        batch_number: 1,
+        recipients,
+        ..Default::default()
+    };
+    app.messages().append_recipients(batch).await.unwrap();
+    draft
+}
+
 /// Appends `user_ids` to a draft as batch 1 and starts it.
 pub async fn append_and_start(app: &TestApp, message_id: u64, user_ids: Vec<u64>) {
     let mut client = app.messages();

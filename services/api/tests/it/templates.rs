@@ -15,7 +15,7 @@ use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::Code;
 
-use crate::helpers::{chunk_vars, wait_for_status};
+use crate::helpers::{chunk_vars, personalized_draft, wait_for_status};
 
 /// An invoice reminder in English (the default), Traditional Chinese and
 /// German; each recipient carries their name and amount.
@@ -124,7 +124,7 @@ async fn each_recipient_reads_their_own_text_in_their_language_on_every_shard() 
     sorted.sort_unstable();
     assert_eq!(app.item_users(id).await, sorted);
 
-    let mut expected_titles = HashMap::new();
+    let mut expected_titles = BTreeMap::new();
     for (index, user) in users.iter().enumerate() {
         let (name, amount) = (format!("U{user}"), format!("¥{}", user % 1000));
         let shown = item(&app, *user, id).await;
@@ -155,15 +155,7 @@ async fn each_recipient_reads_their_own_text_in_their_language_on_every_shard() 
     }
 
     // The gateway's events carry each recipient's own title.
-    let mut titles = HashMap::new();
-    while titles.len() < users.len() {
-        if let Event::ItemDelivered(item) = stream.next().await
-            && item.message_id == id
-        {
-            titles.insert(item.user_id, item.title);
-        }
-    }
-    assert_eq!(titles, expected_titles);
+    assert_eq!(stream.titles_of(id, users.len()).await, expected_titles);
 
     // An applied chunk keeps no vars: its items hold them.
     let mut chunks = Vec::new();
@@ -187,15 +179,7 @@ async fn each_recipient_reads_their_own_text_in_their_language_on_every_shard() 
         let outcomes = deliver::apply_group(&app.ctx, *shard, send, &[*chunk_id], true).await;
         assert_eq!(outcomes.unwrap(), [TaskOutcome::AlreadyDone]);
     }
-    let mut again = HashMap::new();
-    while again.len() < users.len() {
-        if let Event::ItemDelivered(item) = stream.next().await
-            && item.message_id == id
-        {
-            again.insert(item.user_id, item.title);
-        }
-    }
-    assert_eq!(again, expected_titles);
+    assert_eq!(stream.titles_of(id, users.len()).await, expected_titles);
 
     // An edit re-renders every inbox with the vars each item keeps.
     let mut edited = invoice();
@@ -568,20 +552,8 @@ async fn bad_templates_and_vars_are_refused_naming_the_field_and_store_nothing()
 async fn a_cancelled_personalized_draft_keeps_no_vars() {
     let app = spawn_app().await;
     let users = [7_360_001u64, 7_360_002, 7_360_003];
-    let request = v1::CreateMessageRequest {
-        sender: "tests".to_owned(),
-        content: Some(invoice()),
-        ..Default::default()
-    };
-    let draft = app.messages().create_message(request).await.unwrap().into_inner().message_id;
     let recipients = users.iter().map(|u| recipient(*u, &format!("U{u}"), "¥1")).collect();
-    let batch = v1::AppendRecipientsRequest {
-        message_id: draft,
-        batch_number: 1,
-        recipients,
-        ..Default::default()
-    };
-    app.messages().append_recipients(batch).await.unwrap();
+    let draft = personalized_draft(&app, invoice(), recipients).await;
     assert_eq!(chunk_vars(&app, draft).await.len(), users.len());
     app.messages().cancel_message(v1::CancelMessageRequest { message_id: draft }).await.unwrap();
     wait_for_status(&app, draft, v1::MessageStatus::Cancelled).await;
