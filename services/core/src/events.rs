@@ -22,7 +22,8 @@
 //!   failed, the api died first) is published by a worker's relay
 //!   `events.outbox_retry_ms` later ([`relay_once`]); an announcement's
 //!   start, whose api could not retire the cached badges (Redis away), is
-//!   left to the relay, which retires them first. So a gateway hears of
+//!   left to the relay, which retires them first (and relays the rest
+//!   meanwhile). So a gateway hears of
 //!   every change at least once; what it hears may be the recorded event
 //!   (fresh badges for the users, the group's followed members) rather than
 //!   the detailed one, and twice, both harmless.
@@ -298,18 +299,7 @@ pub async fn relay_once(ctx: &Context) -> Result<u64> {
     let mut published = 0;
     for (shard, pool) in ctx.pools.iter() {
         let relayed = event_outbox::relay(pool, older_than, RELAY_BATCH, |due| async move {
-            let events: Vec<Option<BusEvent>> =
-                due.iter().map(|recorded| BusEvent::decode(&recorded.body).ok()).collect();
-            // An announcement's start left here (Redis did not answer its
-            // api) retires every cached badge before its gateways hear of it.
-            if events.iter().flatten().any(|event| matches!(event, BusEvent::Announced { .. })) {
-                ctx.cache.bump_announcement_epoch().await?;
-            }
-            for (recorded, event) in due.iter().zip(&events) {
-                let kind = event.as_ref().map_or("unknown", BusEvent::kind);
-                ctx.publisher.publish_event(kind, &recorded.body).await?;
-            }
-            Ok(())
+            Ok(relay_batch(ctx, shard, &due).await?)
         })
         .await;
         match relayed {
@@ -320,6 +310,37 @@ pub async fn relay_once(ctx: &Context) -> Result<u64> {
     if published > 0 {
         metrics::counter!("notify_events_relayed_total").increment(published);
         info!(published, "relayed events their api did not publish");
+    }
+    Ok(published)
+}
+
+/// Publishes a batch of one shard's recorded events; returns the rows
+/// published. An announcement's start left here (Redis did not answer its
+/// api) retires every cached badge first, before its gateways hear of it;
+/// while Redis is away it waits for a later run, and the other events go.
+async fn relay_batch(
+    ctx: &Context,
+    shard: ShardId,
+    due: &[event_outbox::Recorded],
+) -> Result<Vec<u64>> {
+    let events: Vec<Option<BusEvent>> =
+        due.iter().map(|recorded| BusEvent::decode(&recorded.body).ok()).collect();
+    let announced = |event: &Option<BusEvent>| matches!(event, Some(BusEvent::Announced { .. }));
+    let mut retired = true;
+    if events.iter().any(announced)
+        && let Err(e) = ctx.cache.bump_announcement_epoch().await
+    {
+        warn!(error = %e, shard = %shard, "announcements wait for Redis to retire the cached badges");
+        retired = false;
+    }
+    let mut published = Vec::with_capacity(due.len());
+    for (recorded, event) in due.iter().zip(&events) {
+        if !retired && announced(event) {
+            continue;
+        }
+        let kind = event.as_ref().map_or("unknown", BusEvent::kind);
+        ctx.publisher.publish_event(kind, &recorded.body).await?;
+        published.push(recorded.id);
     }
     Ok(published)
 }

@@ -406,9 +406,42 @@ async fn an_announcement_started_while_redis_is_away_retires_every_cached_badge_
     };
     app.messages().send_message(announcement).await.expect("an announcement while Redis is away");
     assert_eq!(epoch().await, before, "the api reached Redis through the proxy");
+    // Recorded events left on every shard (as by an api that died): the
+    // relay publishes them while the announcement waits for Redis.
+    let direct_pools = notify_store::db::connect(&direct).await.unwrap();
+    for (_, pool) in direct_pools.iter() {
+        let mut conn = pool.acquire().await.unwrap();
+        let body = br#"{"t":"badges","u":[11]}"#;
+        notify_store::db::event_outbox::record(&mut conn, body).await.unwrap();
+    }
+    let pools = &direct_pools;
+    let waiting = || async move {
+        let (mut others, mut announced) = (0, 0);
+        for (_, pool) in pools.iter() {
+            let (all, starts): (i64, i64) = sqlx::query_as(
+                r#"SELECT COUNT(*), CAST(COALESCE(SUM(body LIKE '{"t":"announced"%'), 0) AS SIGNED)
+                   FROM event_outbox"#,
+            )
+            .fetch_one(pool)
+            .await
+            .unwrap();
+            (others, announced) = (others + all - starts, announced + starts);
+        }
+        (others, announced)
+    };
+    eventually("the other recorded events relayed", Duration::from_secs(20), || async {
+        (waiting().await.0 == 0).then_some(())
+    })
+    .await;
+    assert_eq!(waiting().await, (0, 1), "the announcement's event waits for Redis");
+    assert_eq!(epoch().await, before);
     proxies.redis.up().await;
     eventually("the relay retires the cached badges", Duration::from_secs(20), || async {
         (epoch().await != before).then_some(())
+    })
+    .await;
+    eventually("the announcement's event relayed", Duration::from_secs(20), || async {
+        (waiting().await == (0, 0)).then_some(())
     })
     .await;
     for user in users {

@@ -51,7 +51,8 @@ pub async fn remove(pool: &MySqlPool, ids: &[u64]) -> Result<()> {
 /// Takes up to `limit` events recorded over `older_than_ms` ago (their
 /// process did not publish them, or died first), oldest first, skipping rows
 /// another relay holds, and hands them to `publish` inside the transaction
-/// that deletes them: a row is gone only once `publish` returned `Ok`.
+/// that deletes the ones it returns: a row is gone only once `publish`
+/// returned `Ok` naming it (one it leaves waits for a later run).
 /// Returns how many were published.
 #[instrument(level = "debug", skip_all, fields(db.system = "mysql"))]
 pub async fn relay<F, Fut>(
@@ -62,7 +63,7 @@ pub async fn relay<F, Fut>(
 ) -> Result<u64>
 where
     F: FnOnce(Vec<Recorded>) -> Fut,
-    Fut: Future<Output = Result<()>>,
+    Fut: Future<Output = Result<Vec<u64>>>,
 {
     let mut tx = pool.begin().await?;
     let due: Vec<Recorded> = sqlx::query_as(
@@ -78,8 +79,11 @@ where
         tx.rollback().await?;
         return Ok(0);
     }
-    let ids: Vec<u64> = due.iter().map(|event| event.id).collect();
-    publish(due).await?;
+    let ids = publish(due).await?;
+    if ids.is_empty() {
+        tx.rollback().await?;
+        return Ok(0);
+    }
     let mut delete = QueryBuilder::new("DELETE FROM event_outbox WHERE id IN (");
     super::push_ids(&mut delete, &ids);
     delete.push(")");
