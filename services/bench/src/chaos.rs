@@ -59,6 +59,7 @@ use notify_proto::v1::group_service_client::GroupServiceClient;
 use notify_proto::v1::inbox_service_client::InboxServiceClient;
 use notify_proto::v1::message_service_client::MessageServiceClient;
 use notify_testkit::faults::{FaultProxy, Proxies, route_through_proxies};
+use notify_testkit::servers::free_port;
 use rand::Rng;
 use tokio::process::{Child, Command};
 use tonic::transport::Channel;
@@ -202,12 +203,12 @@ async fn soak(
         [("api-1", true), ("api-2", true), ("worker-1", false), ("worker-2", false)]
     {
         let mut settings = proxied.clone();
-        let grpc: SocketAddr = format!("127.0.0.1:{}", harness::free_port()?).parse()?;
+        let grpc: SocketAddr = format!("127.0.0.1:{}", free_port()).parse()?;
         settings.api.listen = grpc.to_string();
-        settings.api.metrics_listen = format!("127.0.0.1:{}", harness::free_port()?);
-        settings.worker.metrics_listen = format!("127.0.0.1:{}", harness::free_port()?);
+        settings.api.metrics_listen = format!("127.0.0.1:{}", free_port());
+        settings.worker.metrics_listen = format!("127.0.0.1:{}", free_port());
         // Each api its own console port (two on the default would collide).
-        settings.console.listen = format!("127.0.0.1:{}", harness::free_port()?);
+        settings.console.listen = format!("127.0.0.1:{}", free_port());
         let config = env.dir.join(format!("{name}.toml"));
         std::fs::write(&config, config_file::to_toml(&settings))?;
         let bin = if is_api { bins.api.clone() } else { bins.worker.clone() };

@@ -43,6 +43,7 @@ use anyhow::{Context as _, bail, ensure};
 use hdrhistogram::Histogram;
 use notify_domain::Settings;
 use notify_proto::v1;
+use notify_testkit::servers::free_port;
 use tokio::sync::Semaphore;
 use tonic::transport::Channel;
 
@@ -212,8 +213,8 @@ async fn body(env: &mut Env, args: &EdgeArgs, sources: Vec<Ipv4Addr>) -> anyhow:
     env.start_services().await?;
     let signer = Arc::new(Signer::random());
     let config = EdgeConfig {
-        listen: format!("127.0.0.1:{}", harness::free_port()?).parse()?,
-        metrics: format!("127.0.0.1:{}", harness::free_port()?).parse()?,
+        listen: format!("127.0.0.1:{}", free_port()).parse()?,
+        metrics: format!("127.0.0.1:{}", free_port()).parse()?,
         worker_threads: args.edge_threads,
         heartbeat_secs: args.heartbeat_secs,
     };

@@ -16,6 +16,7 @@ use notify_domain::settings::ShardSettings;
 use notify_proto::v1;
 use notify_proto::v1::message_service_client::MessageServiceClient;
 use notify_testkit::metrics::MetricsPage;
+use notify_testkit::servers::free_port;
 use redis::AsyncCommands;
 use secrecy::ExposeSecret;
 use shard_router::ShardId;
@@ -47,11 +48,6 @@ pub fn settings_for(base: &Settings, tag: &str, shards: u32) -> Settings {
     s.redis.key_prefix = format!("notify_{tag}:");
     s.log.filter = "warn".into();
     s
-}
-
-/// A TCP port that was free a moment ago.
-pub fn free_port() -> anyhow::Result<u16> {
-    Ok(std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
 }
 
 /// The release binaries next to this one.
@@ -120,10 +116,10 @@ impl Env {
     /// Picks ports, writes the config file. Creates nothing on the servers yet.
     pub fn new(mut settings: Settings) -> anyhow::Result<Self> {
         let bins = Binaries::locate()?;
-        settings.api.listen = format!("127.0.0.1:{}", free_port()?);
-        settings.api.metrics_listen = format!("127.0.0.1:{}", free_port()?);
-        settings.worker.metrics_listen = format!("127.0.0.1:{}", free_port()?);
-        settings.console.listen = format!("127.0.0.1:{}", free_port()?);
+        settings.api.listen = format!("127.0.0.1:{}", free_port());
+        settings.api.metrics_listen = format!("127.0.0.1:{}", free_port());
+        settings.worker.metrics_listen = format!("127.0.0.1:{}", free_port());
+        settings.console.listen = format!("127.0.0.1:{}", free_port());
         settings.validate().map_err(|e| anyhow!("bench settings: {e}"))?;
         let temp = tempfile::Builder::new()
             .prefix(&format!("notify-bench-{}-", settings.rabbitmq.prefix))
@@ -280,10 +276,10 @@ impl Env {
     ) -> anyhow::Result<(String, u32)> {
         let mut settings = self.settings.clone();
         tune(&mut settings);
-        settings.api.listen = format!("127.0.0.1:{}", free_port()?);
-        settings.api.metrics_listen = format!("127.0.0.1:{}", free_port()?);
-        settings.worker.metrics_listen = format!("127.0.0.1:{}", free_port()?);
-        settings.console.listen = format!("127.0.0.1:{}", free_port()?);
+        settings.api.listen = format!("127.0.0.1:{}", free_port());
+        settings.api.metrics_listen = format!("127.0.0.1:{}", free_port());
+        settings.worker.metrics_listen = format!("127.0.0.1:{}", free_port());
+        settings.console.listen = format!("127.0.0.1:{}", free_port());
         let config = self.dir.join(format!("{name}.toml"));
         std::fs::write(&config, format!("{}\n{extra}", config_file::to_toml(&settings)))?;
         let child = self.spawn_with(name, self.bins.api.clone(), &config)?;

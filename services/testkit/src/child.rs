@@ -75,8 +75,9 @@ impl ApiChild {
     }
 }
 
-/// A loopback port free now, for a child process to bind.
+/// A loopback address free now, for a child process to bind: its port is
+/// below the kernel's ephemeral range (see [`crate::servers::free_port`]),
+/// so no outgoing connection of the child's can take it before it binds.
 pub fn free_port() -> SocketAddr {
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("a free loopback port");
-    listener.local_addr().expect("its address")
+    SocketAddr::from(([127, 0, 0, 1], crate::servers::free_port()))
 }
