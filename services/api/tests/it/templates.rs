@@ -557,6 +557,8 @@ async fn a_cancelled_personalized_draft_keeps_no_vars() {
     assert_eq!(chunk_vars(&app, draft).await.len(), users.len());
     app.messages().cancel_message(v1::CancelMessageRequest { message_id: draft }).await.unwrap();
     wait_for_status(&app, draft, v1::MessageStatus::Cancelled).await;
+    // The cancel's walk of each shard's pending chunks runs after the status.
+    app.wait_for_operations(draft).await;
     assert_eq!(chunk_vars(&app, draft).await, BTreeMap::new());
     app.cleanup().await;
 }
