@@ -44,10 +44,12 @@ use shard_router::{BUCKETS, BucketSet, ShardId, ShardMap, bucket_of_key};
 use sqlx::{AssertSqlSafe, MySqlPool};
 use tracing::{info, warn};
 
-use crate::db::ShardPools;
+use crate::db::{ShardPools, retrying};
 use crate::error::Result;
 use crate::shard_map::{self, StoredMap};
 use notify_domain::Error;
+use notify_domain::backoff::Reconnect;
+use notify_domain::error::DbFailure;
 use notify_domain::settings::Settings;
 
 /// A table whose rows move with their bucket, and its primary key.
@@ -88,6 +90,16 @@ const RUN: u32 = 8;
 
 /// A mover silent for this long can be taken over by another.
 const LEASE_SECS: f64 = 60.0;
+
+/// Most times in a row a run drives a move again after a failure that may
+/// pass (a deadlock, a lost connection, a shard that does not answer) with
+/// no step done between them.
+const SETBACKS: u32 = 8;
+
+/// The wait before driving a move again after such a failure; it doubles,
+/// jittered, up to [`SETBACK_MAX_WAIT`] (eight in a row wait 11 to 21 s).
+const SETBACK_MIN_WAIT: Duration = Duration::from_millis(100);
+const SETBACK_MAX_WAIT: Duration = Duration::from_secs(5);
 
 /// What to move.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -343,7 +355,7 @@ pub async fn run(
     // a run of buckets does not let another mover take over a live one.
     let heartbeat =
         tokio::spawn(keep_lease(shard_map::directory(pools)?.clone(), move_id, mover.name.clone()));
-    let ended = mover.drive(&mut progress).await;
+    let ended = mover.drive_through_setbacks(&mut progress).await;
     heartbeat.abort();
     if let Err(e) = &ended {
         let _ = mover.note(&e.to_string()).await;
@@ -494,7 +506,12 @@ async fn describe(pool: &MySqlPool, table: MovedTable) -> Result<Columns> {
 async fn write_json(pool: &MySqlPool, sql: &str, rows: &[String]) -> Result<()> {
     for page in rows.chunks(PAGE) {
         let json = format!("[{}]", page.join(","));
-        sqlx::query(AssertSqlSafe(sql.to_owned())).bind(json).execute(pool).await?;
+        // An upsert or a delete of given rows: the same when run again.
+        retrying("shard_move::write", || async {
+            sqlx::query(AssertSqlSafe(sql.to_owned())).bind(json.as_str()).execute(pool).await?;
+            Ok::<_, crate::error::Error>(())
+        })
+        .await?;
     }
     Ok(())
 }
@@ -722,6 +739,52 @@ impl<'p> Mover<'p> {
         }
     }
 
+    /// Drives the move, and drives it again from its journal (as
+    /// `--resume` would) after a database failure that may pass: a
+    /// deadlock, a lock wait timeout, a lost connection, a shard that does
+    /// not answer. Every step may run again, so a failure midway costs only
+    /// the step it hit. Drives it again at most [`SETBACKS`] times in a row
+    /// with no step done between them, then the move is left to `--resume`.
+    async fn drive_through_setbacks(
+        &mut self,
+        progress: &mut impl FnMut(&Progress),
+    ) -> Result<Ended> {
+        let mut waits = Reconnect::new(SETBACK_MIN_WAIT, SETBACK_MAX_WAIT);
+        let (move_id, mut setbacks) = (self.journal.move_id, 0);
+        loop {
+            let before = self.journal.steps_done();
+            let error = match self.drive(progress).await {
+                Err(e) if e.db_failure().is_some_and(DbFailure::is_transient) => e,
+                ended => return ended,
+            };
+            if self.journal.steps_done() > before {
+                setbacks = 0;
+                waits.reset();
+            }
+            setbacks += 1;
+            if setbacks > SETBACKS {
+                return Err(error);
+            }
+            warn!(move_id, %error, setbacks, "a shard move step failed; driving it again");
+            let _ = self.note(&format!("driven again after: {error}")).await;
+            tokio::time::sleep(waits.next_delay()).await;
+            // The journal as stored, with what an operator changed meanwhile
+            // (left as it was when the directory does not answer: the next
+            // drive's first write fails the same way).
+            if let Ok(journal) = get(self.pools, move_id).await {
+                self.journal = journal;
+            }
+            match self.journal.state.as_str() {
+                "running" | "aborting" => {}
+                "paused" => return Ok(Ended::Paused),
+                state => {
+                    let refused = format!("shard move {move_id} is {state}");
+                    return Err(Error::FailedPrecondition(refused).into());
+                }
+            }
+        }
+    }
+
     async fn drive(&mut self, progress: &mut impl FnMut(&Progress)) -> Result<Ended> {
         for shard in self.pools.iter().map(|(shard, _)| shard).collect::<Vec<_>>() {
             backfill_key_buckets(self.pool(shard)?).await?;
@@ -908,14 +971,11 @@ impl<'p> Mover<'p> {
                 "DELETE FROM `{}` WHERE bucket BETWEEN ? AND ? LIMIT 5000",
                 columns.table.name
             );
-            while sqlx::query(AssertSqlSafe(sql.clone()))
-                .bind(first)
-                .bind(last)
-                .execute(pool)
-                .await?
-                .rows_affected()
-                > 0
-            {}
+            let delete = || async {
+                let query = sqlx::query(AssertSqlSafe(sql.clone())).bind(first).bind(last);
+                Ok::<_, crate::error::Error>(query.execute(pool).await?.rows_affected())
+            };
+            while retrying("shard_move::clean", delete).await? > 0 {}
         }
         Ok(())
     }

@@ -1,6 +1,7 @@
 //! Moving buckets between shards while the services run: a move under a
 //! 200,000-recipient send with mark-reads and group pulls going on, a mover
-//! killed mid-copy and resumed, and an abort that leaves everything as it was.
+//! killed mid-copy and resumed, a move whose writes fail midway driven on by
+//! its mover, and an abort that leaves everything as it was.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -13,6 +14,7 @@ use notify_store::shard_map;
 use notify_store::shard_move::{self, Ended, MoveRequest, TABLES};
 use notify_testkit::{TestApp, content, eventually, send_request, spawn_app_with, test_settings};
 use shard_router::{BucketSet, ShardId, bucket_of};
+use sqlx::AssertSqlSafe;
 use tokio::sync::watch;
 
 use crate::helpers::{badge, create_draft, inbox_ids};
@@ -74,12 +76,8 @@ async fn digest_of_range(app: &TestApp, shard: ShardId) -> BTreeMap<&'static str
             row.join(", "),
             table.name
         );
-        let digest: (i64, i64) = sqlx::query_as(sqlx::AssertSqlSafe(sql))
-            .bind(FROM)
-            .bind(TO)
-            .fetch_one(pool)
-            .await
-            .unwrap();
+        let digest: (i64, i64) =
+            sqlx::query_as(AssertSqlSafe(sql)).bind(FROM).bind(TO).fetch_one(pool).await.unwrap();
         digests.insert(table.name, digest);
     }
     digests
@@ -449,6 +447,78 @@ async fn a_mover_runs_only_while_it_holds_the_lease() {
 }
 
 #[tokio::test]
+async fn a_move_whose_writes_fail_midway_is_driven_on_to_the_end() {
+    let app = spawn_app_with(fast_settings(), true).await;
+    replicas_at(&app, 1).await;
+    let users: Vec<u64> = (1..=5_000).filter(|u| moving(*u)).collect();
+    let sent = app.send(users.clone()).await;
+    app.wait_for_status(sent, v1::MessageStatus::Completed).await;
+    let before = digest_of_range(&app, SOURCE).await;
+
+    // The moving buckets' items on the target locked: the move's first
+    // write of items there waits for the lock.
+    let target = app.ctx.pools.get(TARGET).unwrap();
+    let database: String = sqlx::query_scalar("SELECT DATABASE()").fetch_one(target).await.unwrap();
+    let mut holder = target.begin().await.unwrap();
+    sqlx::query("SELECT COUNT(*) FROM message_items WHERE bucket BETWEEN ? AND ? FOR UPDATE")
+        .bind(FROM)
+        .bind(TO)
+        .execute(&mut *holder)
+        .await
+        .unwrap();
+    let started = shard_move::start(&app.ctx.pools, request()).await.unwrap();
+    let mover = {
+        let (settings, pools) = (app.settings.clone(), app.ctx.pools.clone());
+        tokio::spawn(
+            async move { shard_move::run(&settings, &pools, started.move_id, |_| {}).await },
+        )
+    };
+
+    // Its connection killed while it waits, twice: the write is run again
+    // at once on another connection, then the move is driven again from
+    // its journal. The third time the lock is let go.
+    let mut killed: Vec<i64> = Vec::new();
+    for round in 0..3 {
+        let waiting =
+            eventually("the move's write of items waits", Duration::from_secs(30), || {
+                let (database, killed) = (database.clone(), killed.clone());
+                async move {
+                    let ids: Vec<i64> = sqlx::query_scalar(
+                        "SELECT ID FROM information_schema.PROCESSLIST \
+                     WHERE DB = ? AND INFO LIKE 'INSERT INTO `message_items`%'",
+                    )
+                    .bind(database)
+                    .fetch_all(target)
+                    .await
+                    .unwrap();
+                    ids.into_iter().find(|id| !killed.contains(id))
+                }
+            })
+            .await;
+        if round == 2 {
+            break;
+        }
+        sqlx::query(AssertSqlSafe(format!("KILL CONNECTION {waiting}")))
+            .execute(target)
+            .await
+            .unwrap();
+        killed.push(waiting);
+    }
+    holder.commit().await.unwrap();
+
+    let ended = mover.await.unwrap();
+    assert_eq!(ended.unwrap(), Ended::Done);
+    assert!((FROM..=TO).all(|b| app.ctx.pools.map().shard_of_bucket(b) == TARGET));
+    let places = app.item_shards(sent).await;
+    assert_eq!(places.len(), users.len());
+    assert!(places.values().all(|shards| shards == &[TARGET]), "every item once, on the target");
+    assert_eq!(digest_of_range(&app, TARGET).await, before, "the target has what the source had");
+    assert!(rows_of_range(&app, SOURCE).await.values().all(|n| *n == 0));
+    assert_eq!(badge(&app, users[0]).await, 1);
+    app.cleanup().await;
+}
+
+#[tokio::test]
 async fn a_copy_keeps_a_revocation_the_target_has() {
     let app = spawn_app_with(fast_settings(), true).await;
     replicas_at(&app, 1).await;
@@ -609,7 +679,7 @@ async fn sql_bucket_expression_matches_bucket_of() {
     }
     for table in ["user_inbox_state", "message_items"] {
         let rows: Vec<(u64, u16)> =
-            sqlx::query_as(sqlx::AssertSqlSafe(format!("SELECT user_id, bucket FROM {table}")))
+            sqlx::query_as(AssertSqlSafe(format!("SELECT user_id, bucket FROM {table}")))
                 .fetch_all(pool)
                 .await
                 .unwrap();
