@@ -21,7 +21,7 @@ use shard_router::{Key, ShardId};
 use sqlx::MySqlPool;
 use tracing::{instrument, warn};
 
-use crate::context::Context;
+use crate::context::{Context, ShardRead};
 use crate::send::{self, Created, NewSend};
 use notify_domain::domain::{Lane, MessageId, SendStatus};
 use notify_domain::error::{Error, Result};
@@ -132,15 +132,19 @@ async fn active_list(ctx: &Context) -> Result<(Vec<Active>, bool)> {
     // for a while: only the shard the map routes it to counts.
     let routes = ctx.pools.snapshot();
     for (shard, pool) in ctx.pools.iter() {
-        // A shard that accepts and never answers counts as unreachable.
-        let read = || messages::live_announcements(pool);
-        let reading = tokio::time::timeout(
-            SHARD_READ_TIMEOUT,
-            notify_store::db::retry_read_on_broken_connection(read),
-        );
-        let read = reading.await.unwrap_or_else(|_| {
-            Err(Error::Unavailable(format!("shard {} did not answer in time", shard.0)))
-        });
+        let read = match ctx.unreachable_shards.read(shard) {
+            ShardRead::Read => read_shard(ctx, shard, pool).await,
+            skip => {
+                if skip == ShardRead::LeaveOutAndProbe {
+                    let (ctx, pool) = (ctx.clone(), pool.clone());
+                    tokio::spawn(async move { read_shard(&ctx, shard, &pool).await });
+                }
+                Err(Error::Unavailable(format!(
+                    "shard {} did not answer its last read of live announcements",
+                    shard.0
+                )))
+            }
+        };
         match read {
             Ok(live) => {
                 reached += 1;
@@ -159,7 +163,6 @@ async fn active_list(ctx: &Context) -> Result<(Vec<Active>, bool)> {
             // cached meanwhile).
             Err(e) if e.is_transient() => {
                 metrics::counter!("notify_announcement_list_shard_errors_total").increment(1);
-                warn!(error = %e, shard = shard.0, "announcements of an unreachable shard left out");
                 unreachable = Some(e);
             }
             Err(e) => return Err(e),
@@ -177,6 +180,35 @@ async fn active_list(ctx: &Context) -> Result<(Vec<Active>, bool)> {
         let _ = ctx.cache.store_announcements(epoch, &json, ACTIVE_LIST_TTL_SECS).await;
     }
     Ok((list, complete))
+}
+
+/// One shard's live announcements, within [`SHARD_READ_TIMEOUT`] (a shard
+/// that accepts and never answers counts as unreachable). Notes in
+/// [`Context::unreachable_shards`] whether it answered: one that did not
+/// is left out of the reads after this one, until a probe (this again, in
+/// the background) finds it back.
+async fn read_shard(
+    ctx: &Context,
+    shard: ShardId,
+    pool: &MySqlPool,
+) -> Result<Vec<messages::LiveAnnouncement>> {
+    let read = || messages::live_announcements(pool);
+    let reading = tokio::time::timeout(
+        SHARD_READ_TIMEOUT,
+        notify_store::db::retry_read_on_broken_connection(read),
+    );
+    let read = reading.await.unwrap_or_else(|_| {
+        Err(Error::Unavailable(format!("shard {} did not answer in time", shard.0)))
+    });
+    match &read {
+        Ok(_) => ctx.unreachable_shards.answered(shard),
+        Err(e) if e.is_transient() => {
+            warn!(error = %e, shard = shard.0, "announcements of an unreachable shard left out");
+            ctx.unreachable_shards.failed(shard);
+        }
+        Err(_) => {}
+    }
+    read
 }
 
 fn to_ms(at: NaiveDateTime) -> i64 {

@@ -1,7 +1,8 @@
 //! Faults through per-test proxies (`notify_testkit::faults`): a shard down
 //! in the middle of a send, RabbitMQ connections reset during delivery, Redis
-//! down in the middle of a send. Each ends by checking MySQL: exactly one
-//! item per recipient, and badges equal to MySQL.
+//! down in the middle of a send, a shard down under other users' inbox reads.
+//! Each send's test ends by checking MySQL: exactly one item per recipient,
+//! and badges equal to MySQL.
 
 use std::time::Duration;
 
@@ -858,11 +859,19 @@ async fn a_page_read_while_an_announcements_shard_is_down_is_not_cached() {
     assert_eq!(list().await, [sent], "the read goes on without the down shard's announcement");
     assert!(!pages_stored().await, "a page without a live announcement was cached");
 
-    // The first read after the heal: connections the outage broke are
-    // found (pinged when idle, else read again on another one), so the list
-    // is complete, and the page stored before would have hidden it.
+    // After the heal a probe finds the shard back (connections the outage
+    // broke are found: pinged when idle, else read again on another one),
+    // and the next read lists its announcement: a page stored before would
+    // have hidden it.
     proxies.shards[index].heal().await;
-    assert_eq!(list().await, [sent, announced], "the announcement once its shard is back");
+    let complete = || async {
+        let listed = list().await;
+        (listed.len() == 2).then_some(listed)
+    };
+    let listed =
+        eventually("the announcement once its shard is back", Duration::from_secs(10), complete)
+            .await;
+    assert_eq!(listed, [sent, announced]);
     assert!(pages_stored().await, "a complete read caches its page");
     app.cleanup().await;
 }
@@ -1006,5 +1015,54 @@ async fn a_group_whose_home_shard_is_down_makes_the_group_unread_unknown_not_zer
     proxies.shards[index].up().await;
     let counts = crate::helpers::counts(&app, user).await;
     assert_eq!((counts.group_unread, counts.group_unread_unknown), (1, false));
+    app.cleanup().await;
+}
+
+#[tokio::test]
+async fn a_shard_down_holds_other_users_inbox_reads_up_once_and_its_announcements_come_back() {
+    let (app, proxies, _) = spawn_behind_proxies().await;
+    let map = app.settings.shard_map().unwrap();
+    // An announcement homed on a shard that is not the first (which holds
+    // the id leases): that shard goes down. Those homed on the first are
+    // cancelled, so that the badges count only this one.
+    let first = app.settings.database.shards[0].id;
+    let mut announced = crate::helpers::announce(&app, "homed on the cut shard").await;
+    while map.home_shard_for_message(announced) == first {
+        let cancel = v1::CancelMessageRequest { message_id: announced };
+        app.messages().cancel_message(cancel).await.unwrap();
+        announced = crate::helpers::announce(&app, "homed on the cut shard").await;
+    }
+    let cut = map.home_shard_for_message(announced);
+    let index = app.settings.database.shards.iter().position(|s| s.id == cut).unwrap();
+    // Users of the other shards who have not read their inbox yet.
+    let readers: Vec<u64> =
+        (9_100_000..).filter(|user| map.shard_for_user(*user) != cut).take(20).collect();
+    proxies.shards[index].down().await;
+    // The list of live announcements cached before is retired: the next
+    // read gathers it from every shard.
+    app.ctx.cache.bump_announcement_epoch().await.unwrap();
+
+    // The first read finds the shard down (at most its 2 s read timeout);
+    // the reads after it leave the shard out at once, without its
+    // announcement.
+    let lists = |user: u64| crate::helpers::inbox_ids(&app, user);
+    assert!(!lists(readers[0]).await.contains(&announced));
+    for user in &readers[1..] {
+        let started = std::time::Instant::now();
+        assert!(!lists(*user).await.contains(&announced), "user {user}");
+        assert_eq!(badge(&app, *user).await, 0, "user {user}");
+        // Waiting for the shard, each of the two would take its 2 s.
+        let took = started.elapsed();
+        assert!(took < Duration::from_secs(2), "user {user}'s inbox and badge took {took:?}");
+    }
+
+    // Back: a probe finds it, and the next reads list its announcement.
+    proxies.shards[index].up().await;
+    for user in &readers {
+        let back = || async { lists(*user).await.contains(&announced).then_some(()) };
+        eventually("the cut shard's announcement is listed again", Duration::from_secs(30), back)
+            .await;
+        assert_eq!(badge(&app, *user).await, 1, "user {user}");
+    }
     app.cleanup().await;
 }

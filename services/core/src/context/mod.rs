@@ -8,11 +8,13 @@ mod chunk_indexes;
 mod holding_sends;
 mod outbox;
 mod stale_seqs;
+mod unreachable_shards;
 
 pub use chunk_indexes::{ChunkIndex, ChunkIndexes};
 pub use holding_sends::HoldingSends;
 pub use outbox::OutboxCleaner;
 pub use stale_seqs::StaleSeqs;
+pub use unreachable_shards::{ShardRead, UnreachableShards};
 
 use shard_router::{Key, Routed, ShardId, Snapshot};
 use sqlx::MySqlPool;
@@ -61,6 +63,9 @@ pub struct Context {
     pub holding_sends: Arc<HoldingSends>,
     /// Deletes the records of published events (the event outbox).
     pub event_outbox: Arc<OutboxCleaner>,
+    /// Shards left out of the live announcement list until a probe reads
+    /// them again ([`crate::announce::active`]).
+    pub unreachable_shards: Arc<UnreachableShards>,
 }
 
 impl Context {
@@ -166,6 +171,7 @@ impl Context {
             holding_sends: Arc::default(),
             chunk_indexes: Arc::default(),
             event_outbox: Arc::new(OutboxCleaner::start(pools_for_cleaner)),
+            unreachable_shards: Arc::default(),
         })
     }
 }
