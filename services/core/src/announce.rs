@@ -113,7 +113,7 @@ pub async fn active(ctx: &Context) -> Result<Vec<Active>> {
 
 /// [`active`], and whether the list is complete: false when a shard could
 /// not be read and its announcements are left out.
-async fn active_list(ctx: &Context) -> Result<(Vec<Active>, bool)> {
+pub async fn active_list(ctx: &Context) -> Result<(Vec<Active>, bool)> {
     let now_ms = Utc::now().timestamp_millis();
     let (epoch, cached) = match ctx.cache.cached_announcements().await {
         Ok((epoch, cached)) => (Some(epoch), cached),

@@ -1056,8 +1056,18 @@ async fn a_shard_down_holds_other_users_inbox_reads_up_once_and_its_announcement
         assert!(took < Duration::from_secs(2), "user {user}'s inbox and badge took {took:?}");
     }
 
-    // Back: a probe finds it, and the next reads list its announcement.
+    // Back: a probe finds it, and the next reads count its announcement
+    // (no badge counted without it was cached) and list it.
     proxies.shards[index].up().await;
+    for user in &readers {
+        let counted = || async { (badge(&app, *user).await == 1).then_some(()) };
+        eventually(
+            "the cut shard's announcement is counted again",
+            Duration::from_secs(30),
+            counted,
+        )
+        .await;
+    }
     for user in &readers {
         let back = || async { lists(*user).await.contains(&announced).then_some(()) };
         eventually("the cut shard's announcement is listed again", Duration::from_secs(30), back)

@@ -150,7 +150,7 @@ async fn rebuild(
 ) -> Result<HashMap<u64, Counts>> {
     // No epoch: the cache read failed, so count without caching.
     let leases = if epoch.is_some() { ctx.cache.take_leases(user_ids).await.ok() } else { None };
-    let live = announce::active(ctx).await?;
+    let (live, complete) = announce::active_list(ctx).await?;
     let ids: Vec<u64> = live.iter().map(|a| a.message_id).collect();
     // As many counts in flight as the pools have connections: more would
     // only wait for one, each holding its future (a pool acquire and a
@@ -172,7 +172,9 @@ async fn rebuild(
             None => break,
         }
     }
-    if let (Some(epoch), Some(tokens)) = (epoch, leases) {
+    // A count that left out a down shard's announcements is not cached: the
+    // reads after it count again, and count them once the shard is back.
+    if let (Some(epoch), Some(tokens), true) = (epoch, leases, complete) {
         let max_ttl_ms = ctx.settings.inbox.counter_ttl_secs * 1000;
         let now_ms = Utc::now().timestamp_millis();
         let entries: Vec<RebuiltCount> = truths
