@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 use shard_router::ShardId;
 
 /// How long a shard that failed is left out before the next probe.
-pub const PROBE_EVERY: Duration = Duration::from_secs(1);
+const PROBE_EVERY: Duration = Duration::from_secs(1);
 
 /// How long a probe keeps others from probing the same shard: longer than
 /// one takes (its read times out first), so that a probe lost with its
